@@ -79,7 +79,7 @@ class ScorerConfig:
     max_tokens: int | None = None
     retry_invalid: bool = False
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"  # bfloat16 on CUDA, float32 on CPU
     batch_size: int = 4
     serve: ServeConfig | None = None  # settings for --serve-scorer
 

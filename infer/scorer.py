@@ -357,6 +357,15 @@ class Generation:
     logprobs: list[dict] | None = None
 
 
+def scorer_dtype(device: str, dtype: str = "auto") -> str:
+    """The torch dtype name the in-process scorer loads in: ``auto`` is bfloat16 on CUDA (a 7B in
+    fp32 would need twice the memory for no gain) and float32 elsewhere (exact parity with vLLM
+    ``--dtype float32`` on CPU)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if str(device).startswith("cuda") else "float32"
+
+
 class TransformersScorer(KeyScreenshotScorer):
     """Scores in-process with transformers (greedy, batched, left-padded).
 
@@ -364,7 +373,8 @@ class TransformersScorer(KeyScreenshotScorer):
         model_dir: a checkpoint folder (weights, processor, chat template; ``keyshot.json`` optional).
         prompts: the prompt set.
         device: ``cpu`` or ``cuda``.
-        dtype: ``float32`` (exact parity with vLLM ``--dtype float32``), ``bfloat16`` or ``float16``.
+        dtype: ``auto`` (bfloat16 on CUDA, float32 elsewhere), ``float32`` (exact parity with vLLM
+            ``--dtype float32``), ``bfloat16`` or ``float16``.
         batch_size: screenshots per forward pass.
         max_new_tokens: answer length limit.
         logprobs: keep this many top alternatives per generated token and fill ``expected_score``.
@@ -376,7 +386,7 @@ class TransformersScorer(KeyScreenshotScorer):
         prompts: PromptSet,
         *,
         device: str = "cpu",
-        dtype: str = "float32",
+        dtype: str = "auto",
         batch_size: int = 4,
         max_new_tokens: int = 512,
         parse_mode: str = "strict",
@@ -399,7 +409,7 @@ class TransformersScorer(KeyScreenshotScorer):
         self._torch = torch
         self.processor = AutoProcessor.from_pretrained(self.model_dir)
         self.processor.tokenizer.padding_side = "left"
-        torch_dtype = getattr(torch, dtype)
+        torch_dtype = getattr(torch, scorer_dtype(device, dtype))
         self.model = AutoModelForImageTextToText.from_pretrained(self.model_dir, dtype=torch_dtype).to(device)
         self.model.eval()
         gen = self.model.generation_config

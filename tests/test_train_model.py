@@ -88,3 +88,40 @@ def test_flops_model_counts_what_runs(tiny_model_dir):
     report = meter.report()
     assert report["padding_fraction"] == pytest.approx(0.2)
     assert report["mfu"] == pytest.approx(report["tflops_per_s"] / 2.0)
+
+
+def test_log_totals_meet_on_the_model_device():
+    """The losses live on the model's device and the meter counts on the host: the logging step must
+    bring both to the device before concatenating (on CUDA, today's torch.cat of the two raised)."""
+    from train.throughput import log_totals
+
+    full = FlopsModel(**_FLOPS_ARGS)
+    meter = ThroughputMeter(full, peak_tflops_per_device=1.0, world_size=1)
+    meter.add_batch(
+        {"attention_mask": torch.ones(1, 10, dtype=torch.long), "image_grid_thw": torch.tensor([[1, 4, 4]])}
+    )
+    # "meta" stands in for a CUDA device here: mixing it with a CPU tensor fails the same way
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        torch.cat([torch.zeros(1, dtype=torch.float64, device="meta"), meter.local_totals()])
+    losses = [torch.tensor(2.0, device="meta"), torch.tensor(4.0, device="meta")]
+    stats = log_totals(losses, meter, "meta")
+    assert stats.device.type == "meta" and stats.shape == (5,)
+    cpu = log_totals([torch.tensor(2.0), torch.tensor(4.0)], meter, "cpu")
+    assert cpu[0].item() == 3.0 and cpu[1:3].tolist() == [1, 10]
+
+
+_FLOPS_ARGS = dict(
+    llm_params=1000,
+    llm_layers=2,
+    llm_hidden=64,
+    vision_params=500,
+    vision_layers=2,
+    vision_full_layers=1,
+    vision_hidden=64,
+    window_patches=16,
+    merger_params=100,
+    merge_unit=4,
+    llm_factor=3.0,
+    vision_factor=1.0,
+    merger_factor=3.0,
+)

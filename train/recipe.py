@@ -44,7 +44,7 @@ from train.data import (
 )
 from train.evaluate import MetricsLog, evaluate
 from train.model import load_scorer_model, parameter_groups
-from train.throughput import FlopsModel, ThroughputMeter
+from train.throughput import FlopsModel, ThroughputMeter, log_totals
 
 logger = logging.getLogger(__name__)
 
@@ -334,10 +334,7 @@ def run_training(cfg: TrainConfig) -> Path:
             state.samples_seen += cfg.global_batch_size
             if state.step % cfg.log.every_steps == 0 or state.step == total_steps:
                 stats = accelerator.reduce(
-                    torch.cat([torch.stack(losses).mean().reshape(1).double(), meter.local_totals()]).to(
-                        accelerator.device
-                    ),
-                    reduction="sum",
+                    log_totals(losses, meter, accelerator.device), reduction="sum"
                 ).cpu()
                 rates = meter.report(stats[1:])
                 record = {

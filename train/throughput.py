@@ -125,8 +125,10 @@ class ThroughputMeter:
         self.slots += slots
         self.flops += self.flops_model.batch_flops(lengths, patches)
 
-    def local_totals(self) -> torch.Tensor:
-        return torch.tensor([self.samples, self.tokens, self.slots, self.flops], dtype=torch.float64)
+    def local_totals(self, device: torch.device | str | None = None) -> torch.Tensor:
+        return torch.tensor(
+            [self.samples, self.tokens, self.slots, self.flops], dtype=torch.float64, device=device
+        )
 
     def report(self, totals: torch.Tensor | None = None) -> dict[str, float]:
         """Rates since the last reset; ``totals`` are the summed :meth:`local_totals` of all ranks."""
@@ -141,3 +143,15 @@ class ThroughputMeter:
         }
         self.reset()
         return out
+
+
+def log_totals(
+    losses: list[torch.Tensor], meter: ThroughputMeter, device: torch.device | str
+) -> torch.Tensor:
+    """``[mean loss, samples, tokens, slots, flops]`` of this rank, on ``device``, ready to all-reduce.
+
+    The losses live where the model runs (a GPU) and the meter counts on the host: both are moved to
+    ``device`` before they meet (concatenating a CUDA and a CPU tensor raises).
+    """
+    mean_loss = torch.stack([loss.to(device) for loss in losses]).mean().reshape(1).double()
+    return torch.cat([mean_loss, meter.local_totals(device)])

@@ -1,0 +1,75 @@
+"""CUDA checks of the training recipe and the in-process scorer (``-m gpu``; skipped without CUDA).
+
+CI has no GPU: these run on a lent GPU machine (``pytest -m gpu tests/test_gpu.py``). The CPU test
+that guards the same bug class is ``tests/test_train_model.py::test_log_totals_meet_on_the_model_device``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_log_totals_on_cuda():
+    from tests.test_train_model import _FLOPS_ARGS
+    from train.throughput import FlopsModel, ThroughputMeter, log_totals
+
+    meter = ThroughputMeter(FlopsModel(**_FLOPS_ARGS), peak_tflops_per_device=1.0, world_size=1)
+    meter.add_batch(
+        {"attention_mask": torch.ones(1, 10, dtype=torch.long), "image_grid_thw": torch.tensor([[1, 4, 4]])}
+    )
+    stats = log_totals([torch.tensor(1.0, device="cuda")], meter, torch.device("cuda"))
+    assert stats.is_cuda and stats[0].item() == 1.0
+
+
+def test_scorer_on_cuda_loads_bf16_and_answers(tiny_model_dir):
+    from PIL import Image
+
+    from infer.images import prepare_image
+    from infer.prompts import load_prompt_set
+    from infer.scorer import TransformersScorer
+
+    scorer = TransformersScorer(tiny_model_dir, load_prompt_set(), device="cuda", max_new_tokens=8)
+    assert scorer.model.dtype == torch.bfloat16
+    image = prepare_image(Image.new("RGB", (1280, 720), "white"), scorer.image_policy)
+    out = scorer.generate("a task", "1. a key point", [image, image])
+    assert len(out) == 2 and out[0].text == out[1].text and out[0].prompt_tokens > 0
+
+
+def test_recipe_logs_evaluates_checkpoints_and_resumes_on_cuda(tiny_model_dir, tmp_path):
+    pytest.importorskip("datasets")
+    from tests.support.train_data import build_scorer_dataset
+
+    data = build_scorer_dataset(tmp_path / "data", n_train=16, n_val=4, seed=0)
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "train.sft",
+        "--config",
+        "configs/train/tiny_cpu.yaml",
+        f"model.name_or_path={tiny_model_dir}",
+        f"data.path={data}",
+        f"run_dir={run_dir}",
+        "log.tracker=none",
+        "log.every_steps=1",
+        "eval.every_steps=2",
+        "checkpoint.every_steps=2",
+        "mixed_precision=bf16",
+    ]
+    first = subprocess.run([*command, "max_steps=4"], cwd=REPO, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-4000:]
+    resumed = subprocess.run([*command, "max_steps=6"], cwd=REPO, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert (run_dir / "final" / "model.safetensors").is_file()
