@@ -131,7 +131,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         cfg = load_synth_config(args.config, args.set)
         report = run_synth(cfg, dry_run=args.dry_run, retry_failed=args.retry_failed, build=not args.no_build)
         print(report.summary())
-        return 0
+        return report.exit_code
     if action == "import-arb":
         judges = [j.strip() for j in args.judges.split(",") if j.strip()] if args.judges else None
         report = import_arb(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from infer.errors import KeyshotError
 
-class SynthError(ValueError):
+
+class SynthError(KeyshotError, ValueError):
     """Bad synthesis input: a config, a run folder or a source file that cannot be used."""
 
 

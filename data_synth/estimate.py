@@ -83,9 +83,19 @@ def image_size(shot: Screenshot) -> tuple[int, int] | None:
         return None
 
 
+#: How a record made from a call that failed (no answer) starts its ``error``.
+CALL_FAILED = "call failed"
+
+
+def call_failed(record: object | None) -> bool:
+    """True for a record whose call got no answer: it is no label, and every run asks again."""
+    return record is not None and (getattr(record, "error", None) or "").startswith(CALL_FAILED)
+
+
 def label_needed(record: object | None, retry_failed: bool) -> bool:
-    """Whether a record still has to be made: missing, or failed and ``retry_failed``."""
-    return record is None or (retry_failed and not getattr(record, "valid", True))
+    """Whether a record still has to be made: missing, its call failed (always asked again), or its
+    answer was unreadable and ``retry_failed``."""
+    return record is None or call_failed(record) or (retry_failed and not getattr(record, "valid", True))
 
 
 def estimate_cost(

@@ -16,7 +16,6 @@ exactly those pixels, so a build refuses another policy or prompt set for such a
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -24,7 +23,6 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO
 
 from data_synth.errors import SynthError
 from infer.usage import UsageLedger
@@ -36,7 +34,6 @@ CACHE_FILE = "calls.sqlite"
 USAGE_DIR = "usage"
 IMAGES_DIR = "images"
 DATASET_DIR = "dataset"
-LOCK_FILE = ".lock"
 
 
 @dataclass
@@ -113,36 +110,6 @@ def open_manifest(
     )
     write_json_atomic(run_dir / MANIFEST_FILE, asdict(manifest))
     return manifest
-
-
-class RunLock:
-    """An exclusive lock on a run folder, so two processes never append to one label store.
-    The kernel releases it when the holder dies, kill -9 included."""
-
-    def __init__(self, run_dir: Path):
-        self.path = run_dir / LOCK_FILE
-        self._fh: IO[str] | None = None
-
-    def __enter__(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = self.path.open("w")
-        try:
-            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._fh.close()
-            self._fh = None
-            raise SynthError(
-                f"{self.path.parent}: another keyshot synth process is using this run folder"
-            ) from None
-        self._fh.write(str(os.getpid()))
-        self._fh.flush()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fh is not None:
-            fcntl.flock(self._fh, fcntl.LOCK_UN)
-            self._fh.close()
-            self._fh = None
 
 
 class UsageRecorder:

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from data_synth.dataset import BuildConfig, BuildResult, build_dataset
 from data_synth.errors import SynthError
-from data_synth.estimate import CostEstimate, estimate_cost, label_needed
+from data_synth.estimate import CALL_FAILED, CostEstimate, call_failed, estimate_cost, label_needed
 from data_synth.labels import (
     JUDGE_ORIGIN,
     LABELS_FILE,
@@ -43,7 +43,6 @@ from data_synth.labels import (
 )
 from data_synth.run_folder import (
     CACHE_FILE,
-    RunLock,
     UsageRecorder,
     open_manifest,
     read_usage,
@@ -51,12 +50,21 @@ from data_synth.run_folder import (
 from data_synth.sources import TrajectorySource, iter_trajectories, trajectory_record
 from data_synth.teachers import TeacherConfig, TeacherSet, load_teacher_set
 from infer.cache import CallCache
-from infer.client import BudgetExceededError, JudgeCallError, JudgeClient, MissingAPIKeyError
+from infer.client import JudgeCallError, JudgeClient, MissingAPIKeyError
 from infer.config import ConfigError, load_config
+from infer.errors import (
+    EXIT_BUDGET,
+    EXIT_ENDPOINT_DOWN,
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    EndpointDownError,
+    RunStopError,
+)
 from infer.images import DEFAULT_POLICY, ImagePolicy
 from infer.messages import MAX_KEPT_IMAGES, key_points_messages, outcome_messages, scorer_messages
 from infer.parsing import ParseError, parse_key_points, parse_score, parse_status
 from infer.prompts import PromptSet, load_prompt_set
+from infer.runlock import RunLock
 from infer.trajectory import Screenshot, Trajectory, TrajectoryError
 from infer.usage import UsageLedger
 
@@ -124,9 +132,22 @@ class SynthReport:
     outcomes_new: int = 0
     unreadable_screenshots: list[str] = field(default_factory=list)
     budget_stopped: list[str] = field(default_factory=list)
+    endpoints_down: list[str] = field(default_factory=list)
+    calls_failed: int = 0  # calls that got no answer: nothing learnt from them, asked again next run
     usage: dict[str, dict] = field(default_factory=dict)
     usage_table: str = ""
     dataset: BuildResult | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every needed call answered; else :mod:`infer.errors`' code for why not."""
+        if self.dry_run:
+            return EXIT_OK
+        if self.endpoints_down:
+            return EXIT_ENDPOINT_DOWN
+        if self.budget_stopped:
+            return EXIT_BUDGET
+        return EXIT_INCOMPLETE if self.calls_failed else EXIT_OK
 
     def summary(self) -> str:
         if self.dry_run:
@@ -142,6 +163,13 @@ class SynthReport:
             lines.append(f"unreadable screenshots (not labelled): {len(self.unreadable_screenshots)}")
         if self.budget_stopped:
             lines.append(f"budget reached, stopped: {', '.join(self.budget_stopped)}")
+        for down in self.endpoints_down:
+            lines.append(f"stopped: {down}")
+        if self.calls_failed:
+            lines.append(
+                f"incomplete: {self.calls_failed} calls got no answer (no label was made from them); "
+                "re-run the same command to retry them"
+            )
         if self.usage_table:
             lines += ["", "Usage and cost of this session:", self.usage_table]
         if self.dataset is not None:
@@ -183,7 +211,7 @@ class _Run:
 
     # -- validators handed to the client: an answer without a readable score is asked again
     def _score_error(self, text: str) -> str | None:
-        result = parse_score(text, self.cfg.parse_mode)
+        result = parse_score(text, self.cfg.parse_mode, variant=self.prompts.variant)
         return None if result.valid else (result.error or "no score")
 
     def _key_points_error(self, text: str) -> str | None:
@@ -243,7 +271,7 @@ class _Run:
 
     async def _key_points(self, traj: Trajectory) -> str | None:
         existing = self.store.contents.key_points.get((traj.uid, JUDGE_ORIGIN))
-        if existing is not None and (existing.valid or not self.retry_failed):
+        if existing is not None and not call_failed(existing) and (existing.valid or not self.retry_failed):
             if not existing.valid:
                 self.report.key_points_failed += 1
             return existing.key_points if existing.valid else None
@@ -255,12 +283,13 @@ class _Run:
             done = await self.judge.complete(
                 messages, prompt_version=self.prompts.version, validate=self._key_points_error
             )
-        except BudgetExceededError:
-            self._stop(judge)
+        except RunStopError as exc:
+            self._stop(judge, exc)
             return None
         except JudgeCallError as exc:
+            self.report.calls_failed += 1
             self.store.append(
-                KeyPointsRecord(traj.uid, JUDGE_ORIGIN, None, False, f"call failed: {exc}", judge)
+                KeyPointsRecord(traj.uid, JUDGE_ORIGIN, None, False, f"{CALL_FAILED}: {exc}", judge)
             )
             self.report.key_points_failed += 1
             return None
@@ -317,22 +346,23 @@ class _Run:
                 done = await self.clients[teacher.name].complete(
                     messages, prompt_version=self.prompts.version, validate=self._score_error
                 )
-            except BudgetExceededError:
-                self._stop(teacher.name)
+            except RunStopError as exc:
+                self._stop(teacher.name, exc)
                 return
             except JudgeCallError as exc:
+                self.report.calls_failed += 1
                 record = LabelRecord(
                     traj.uid,
                     step,
                     teacher.name,
                     None,
                     False,
-                    f"call failed: {exc}",
+                    f"{CALL_FAILED}: {exc}",
                     model=teacher.endpoint.model,
                     prompt_version=self.prompts.version,
                 )
             else:
-                parsed = parse_score(done.text, self.cfg.parse_mode)
+                parsed = parse_score(done.text, self.cfg.parse_mode, variant=self.prompts.variant)
                 valid = done.valid and parsed.valid
                 record = LabelRecord(
                     traj.uid,
@@ -367,8 +397,8 @@ class _Run:
             return
         judge = self.teachers.key_points_judge.name
         labels = [contents.labels.get((traj.uid, s.index, teacher)) for s in traj.screenshots]
-        if judge in self.stopped or any(lb is None for lb in labels):
-            return  # not every screenshot labelled by this teacher yet
+        if judge in self.stopped or any(lb is None or call_failed(lb) for lb in labels):
+            return  # not every screenshot answered by this teacher yet: no verdict on partial scores
         kept = [
             (shot, lb.thought)
             for shot, lb in zip(traj.screenshots, labels, strict=True)
@@ -393,11 +423,12 @@ class _Run:
             done = await self.judge.complete(
                 messages, prompt_version=self.prompts.version, validate=self._status_error
             )
-        except BudgetExceededError:
-            self._stop(judge)
+        except RunStopError as exc:
+            self._stop(judge, exc)
             return
         except JudgeCallError as exc:
-            self.store.append(OutcomeRecord(traj.uid, teacher, None, False, f"call failed: {exc}"))
+            self.report.calls_failed += 1
+            self.store.append(OutcomeRecord(traj.uid, teacher, None, False, f"{CALL_FAILED}: {exc}"))
             return
         status = parse_status(done.text, self.cfg.parse_mode)
         valid = done.valid and status.valid
@@ -408,10 +439,15 @@ class _Run:
         )
         self.report.outcomes_new += 1
 
-    def _stop(self, name: str) -> None:
-        if name not in self.stopped:
+    def _stop(self, name: str, exc: RunStopError) -> None:
+        if name in self.stopped:
+            return
+        self.stopped.add(name)
+        if isinstance(exc, EndpointDownError):
+            logger.error("%s; no further call is sent to it in this run", exc)
+            self.report.endpoints_down.append(str(exc))
+        else:
             logger.warning("endpoint %r reached its budget: no further call is sent to it in this run", name)
-            self.stopped.add(name)
             self.report.budget_stopped.append(name)
 
 

@@ -15,7 +15,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
+
+from infer.errors import EXIT_USAGE, Interrupted, KeyshotError
 
 # Each module registers its subcommand with ``add_parser(subparsers)`` and sets ``func``.
 SUBCOMMAND_MODULES = (
@@ -48,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="keyshot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).add_parser(subparsers)
@@ -64,11 +68,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted; re-run the same command to resume", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Interrupted) as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        print(
+            f"keyshot {args.command}: stopped by {signal.Signals(signum).name}; what was finished is saved, "
+            "re-run the same command to resume",
+            file=sys.stderr,
+        )
+        return 128 + signum
+    except KeyshotError as exc:
+        if args.debug:
+            raise
+        print(f"keyshot {args.command}: error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", EXIT_USAGE)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGTERM/SIGINT: unwind through every ``finally`` (servers stopped, files flushed), then exit 128+N."""
+    raise Interrupted(signum)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from urllib.parse import urlparse
 import httpx
 
 from infer.cache import CallCache, cache_key
+from infer.errors import EndpointDownError
+from infer.redaction import check_env_name, redact, redact_url
 from infer.usage import BudgetExceededError, UsageLedger, token_cost_usd
 
 logger = logging.getLogger(__name__)
@@ -34,6 +36,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "BudgetExceededError",
     "Completion",
+    "EndpointDownError",
     "EndpointConfig",
     "JudgeCallError",
     "JudgeClient",
@@ -43,6 +46,9 @@ __all__ = [
 ]
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
+#: Non-retryable answers that say the endpoint itself is wrong (key, permission, URL or model), not
+#: the request: they count towards the circuit breaker.
+ENDPOINT_FAULT_STATUS = frozenset({401, 403, 404})
 _REASONING_MODEL = re.compile(r"^(o1|o3|o4|gpt-5)")
 _BODY_EXCERPT = 300
 
@@ -68,6 +74,10 @@ class EndpointConfig:
     ``api_key_env`` names the environment variable holding the key (the key itself is never
     stored). Prices are USD per million tokens. ``reasoning_model`` overrides the name rule of
     :func:`is_reasoning_model`.
+
+    Fault bounds: a call is retried at most ``max_retries`` times; a run retries at most
+    ``max_run_retries`` times in all; ``breaker_failures`` failed requests in a row (any call) declare
+    the endpoint down (:class:`~infer.errors.EndpointDownError`) and stop the run.
     """
 
     base_url: str
@@ -88,10 +98,28 @@ class EndpointConfig:
     extra_body: dict[str, Any] = field(default_factory=dict)
     reasoning_model: bool | None = None
     name: str = ""
+    breaker_failures: int = 8
+    max_run_retries: int = 1000
 
     def __post_init__(self) -> None:
         if not self.name:
             self.name = self.model
+        check_env_name(self.api_key_env, f"endpoint {self.name!r}: api_key_env")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"endpoint {self.name!r}: base_url must start with http:// or https://, "
+                f"got {redact_url(self.base_url)!r}"
+            )
+        if self.breaker_failures < 1:
+            raise ValueError(f"endpoint {self.name!r}: breaker_failures must be >= 1")
+        if self.max_run_retries < 0:
+            raise ValueError(f"endpoint {self.name!r}: max_run_retries must be >= 0")
+        if self.max_tokens < 1:
+            raise ValueError(f"endpoint {self.name!r}: max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.temperature <= 2:
+            raise ValueError(
+                f"endpoint {self.name!r}: temperature must be within [0, 2], got {self.temperature}"
+            )
         if self.max_concurrency < 1:
             raise ValueError(f"endpoint {self.name!r}: max_concurrency must be >= 1")
         if self.timeout_s <= 0:
@@ -102,6 +130,11 @@ class EndpointConfig:
     @property
     def chat_url(self) -> str:
         return self.base_url.rstrip("/") + "/chat/completions"
+
+    @property
+    def display_url(self) -> str:
+        """``base_url`` as it may be printed or written (credentials redacted)."""
+        return redact_url(self.base_url)
 
     @property
     def is_reasoning(self) -> bool:
@@ -129,7 +162,7 @@ class EndpointConfig:
             raise MissingAPIKeyError(
                 self.name,
                 f"environment variable {self.api_key_env} is not set; it must hold the API key for "
-                f"{self.base_url} (or set api_key_env to null for an endpoint without keys)",
+                f"{self.display_url} (or set api_key_env to null for an endpoint without keys)",
             )
         return None
 
@@ -306,13 +339,31 @@ class JudgeClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http: httpx.AsyncClient | None = None
         self._semaphore: asyncio.Semaphore | None = None
+        self._failures_in_a_row = 0
+        self._run_retries = 0
+        self.down: EndpointDownError | None = None
         if endpoint.budget_usd is not None and not (
             endpoint.price_input_per_mtok or endpoint.price_output_per_mtok
         ):
             logger.warning("endpoint %r has a budget but no prices: the budget never binds", endpoint.name)
 
     def __repr__(self) -> str:
-        return f"JudgeClient({self.endpoint.name!r}, url={self.endpoint.base_url!r})"
+        return f"JudgeClient({self.endpoint.name!r}, url={self.endpoint.display_url!r})"
+
+    # ------------------------------------------------------------------ circuit breaker
+    def _request_failed(self, reason: str) -> None:
+        """Count a failed request; trips the breaker (raises EndpointDownError) at the limit."""
+        self._failures_in_a_row += 1
+        if self.down is None and self._failures_in_a_row >= self.endpoint.breaker_failures:
+            self.down = EndpointDownError(
+                self.endpoint.name, self.endpoint.display_url, self._failures_in_a_row, reason
+            )
+            logger.error("%s", self.down)
+        if self.down is not None:
+            raise self.down
+
+    def _request_answered(self) -> None:
+        self._failures_in_a_row = 0
 
     # ------------------------------------------------------------------ loop-bound resources
     def _resources(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
@@ -390,6 +441,8 @@ class JudgeClient:
                     saved_cost_usd=hit.cost_usd,
                 )
 
+        if self.down is not None:
+            raise self.down
         api_key = ep.api_key()
         headers = {"Content-Type": "application/json"}
         if api_key:
@@ -403,10 +456,22 @@ class JudgeClient:
         spent = 0.0  # every paid answer of this call, malformed ones included
         while True:
             attempts += 1
+            if self.down is not None:  # tripped by another call while this one waited
+                raise self.down
             try:
                 answer, cost = await self._send(body, headers, api_key, is_retry=attempts > 1)
             except _Transient as exc:
                 transient_failures += 1
+                self._request_failed(exc.reason)
+                self._run_retries += 1
+                if self._run_retries > ep.max_run_retries:
+                    self.ledger.record_failure(ep.name)
+                    raise JudgeCallError(
+                        ep.name,
+                        f"the run's retry budget ({ep.max_run_retries}) is spent; last error: {exc.reason}",
+                        status=exc.status,
+                        attempts=attempts,
+                    ) from None
                 if transient_failures > ep.max_retries:
                     self.ledger.record_failure(ep.name)
                     raise JudgeCallError(
@@ -428,8 +493,11 @@ class JudgeClient:
             except JudgeCallError as exc:
                 exc.attempts = attempts
                 self.ledger.record_failure(ep.name)
+                if exc.status in ENDPOINT_FAULT_STATUS:
+                    self._request_failed(str(exc))
                 raise
 
+            self._request_answered()
             spent += cost
             error = validate(answer.text) if validate is not None else None
             if error is not None and invalid_answers < ep.max_invalid_retries:
@@ -511,7 +579,7 @@ class JudgeClient:
                     raise _Transient(f"no answer within {ep.timeout_s:g}s") from None
                 except httpx.TransportError as exc:
                     raise _Transient(
-                        f"connection error: {type(exc).__name__}: {_redact(str(exc), api_key)}"
+                        f"connection error: {type(exc).__name__}: {redact(str(exc), [api_key])}"
                     ) from None
                 status = response.status_code
                 if status == 200:
@@ -524,7 +592,7 @@ class JudgeClient:
                     )
                     paid = True
                     return answer, cost
-                excerpt = _redact(response.text[:_BODY_EXCERPT], api_key).replace("\n", " ")
+                excerpt = redact(response.text[:_BODY_EXCERPT], [api_key]).replace("\n", " ")
                 if status in RETRYABLE_STATUS or status >= 500:
                     raise _Transient(
                         f"HTTP {status}: {excerpt}", delay_s=retry_after_s(response.headers), status=status
@@ -541,9 +609,3 @@ class JudgeClient:
                     )
                 else:
                     self.ledger.end_request(ep.name)
-
-
-def _redact(text: str, secret: str | None) -> str:
-    if secret and secret in text:
-        return text.replace(secret, "***")
-    return text

@@ -9,11 +9,13 @@ converted to the annotated field types, nested dataclasses included.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import tempfile
 import types
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -84,16 +86,31 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+def closest_key(key: str, known: Iterable[str]) -> str | None:
+    """The valid key a mistyped one most likely meant (``epoch`` → ``epochs``, ``learning_rate`` → ``lr``)."""
+    known = list(known)
+    initials = "".join(word[:1] for word in key.lower().split("_"))
+    for name in known:
+        if len(initials) > 1 and name == initials:
+            return name
+    close = difflib.get_close_matches(key.lower(), known, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def _build(cls: type[T], data: dict, where: str) -> T:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(fields)}")
+        named = [
+            f"{key!r} (did you mean {close!r}?)" if (close := closest_key(key, fields)) else repr(key)
+            for key in unknown
+        ]
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(named)}; known: {sorted(fields)}")
     kwargs = {k: _convert(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
     try:
         return cls(**kwargs)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # a dataclass's own checks (ranges) name the field
         raise ConfigError(f"{where or cls.__name__}: {exc}") from None
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -34,9 +35,12 @@ from infer.cache import CacheError, CallCache
 from infer.checkpoint import CheckpointError
 from infer.client import EndpointConfig, JudgeClient
 from infer.config import ConfigError, config_to_dict, load_config
-from infer.images import DEFAULT_POLICY, ImagePolicy
+from infer.errors import EXIT_INCOMPLETE, EXIT_OK, KeyshotError, RunStopError
+from infer.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy
 from infer.pipeline import PipelineConfig, WebJudge
 from infer.prompts import load_prompt_set
+from infer.redaction import redact_config
+from infer.runlock import RunLock
 from infer.scorer import KeyScreenshotScorer, OpenAIScorer, TransformersScorer, checkpoint_image_policy
 from infer.serve import ServeConfig, ServeError, VLLMServer
 from infer.trajectory import Trajectory, TrajectoryError, load_trajectories
@@ -83,6 +87,14 @@ class ScorerConfig:
     batch_size: int = 4
     serve: ServeConfig | None = None  # settings for --serve-scorer
 
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be within [0, 20] (or null), got {self.logprobs}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1 (or null), got {self.max_tokens}")
+
 
 @dataclass
 class JudgeRunConfig:
@@ -99,9 +111,18 @@ class JudgeRunConfig:
     concurrency: int = 4  # trajectories judged at once
     limit: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1 (or null for all), got {self.limit}")
 
-class JudgeRunError(RuntimeError):
-    """A run that cannot start (bad config, no trajectories, unreadable files)."""
+
+class JudgeRunError(KeyshotError):
+    """A run that cannot start (bad config, no trajectories, unreadable files, another protocol)."""
+
+
+RUN_FILE = "run.json"
 
 
 # ---------------------------------------------------------------------------- building blocks
@@ -180,16 +201,28 @@ def load_all(paths: list[str], cfg: JudgeRunConfig) -> tuple[list[Trajectory], l
     return unique, errors
 
 
-def import_reference(path: str, out_file: Path, threshold: float) -> int:
-    """Append the reference outputs' verdicts that ``out_file`` does not have yet; returns how many."""
+def import_reference(
+    path: str, out_file: Path, threshold: float, trajectories: list[Trajectory] | None = None
+) -> tuple[int, int]:
+    """Append the reference outputs' verdicts that ``out_file`` does not have yet, only for tasks of
+    ``trajectories`` (when given); returns (imported, left out because not in the input)."""
     records = read_reference_records(path, threshold=int(threshold))
+    left_out = 0
+    if trajectories is not None:
+        keys = {(t.task_id, t.agent or "") for t in trajectories}
+        tasks = {t.task_id for t in trajectories}
+        kept = [r for r in records if ((r.task_id, r.agent or "") in keys if r.agent else r.task_id in tasks)]
+        left_out = len(records) - len(kept)
+        records = kept
     have = ResumeIndex(read_verdicts(out_file))
     new = [r for r in records if not have.done(r.task_id, r.agent)]
     with VerdictWriter(out_file) as writer:
         for v in new:
             writer.append(v)
     logger.info("imported %d of %d reference records from %s", len(new), len(records), path)
-    return len(new)
+    if left_out:
+        logger.warning("%s: %d records are of tasks not in the input; left out", path, left_out)
+    return len(new), left_out
 
 
 # ---------------------------------------------------------------------------- the run
@@ -203,7 +236,8 @@ async def judge_all(
 ) -> list[Verdict]:
     """Judge ``trajectories`` (at most ``concurrency`` at once), appending each verdict as it is done.
 
-    Stops starting new trajectories once an endpoint's budget is spent (they are judged on resume).
+    Stops starting new trajectories once an endpoint's budget is spent or an endpoint is down (they
+    are judged on resume).
     """
     slots = asyncio.Semaphore(max(1, concurrency))
     done: list[Verdict] = []
@@ -216,15 +250,15 @@ async def judge_all(
                 return
             try:
                 verdict = await webjudge.judge(t)
-            except BudgetExceededError as exc:
+            except RunStopError as exc:
                 if not stop.is_set():
-                    logger.error("%s; stopping (re-run with a larger budget to finish)", exc)
+                    logger.error("%s; stopping: re-run the same command to finish", exc)
                 stop.set()
                 return  # not judged: left for a resumed run
             writer.append(verdict)
             done.append(verdict)
             bar.update(1)
-            bar.set_postfix(errors=sum(not v.finished for v in done))
+            bar.set_postfix(incomplete=sum(not v.finished for v in done))
 
     try:
         await asyncio.gather(*(one(t) for t in trajectories))
@@ -250,6 +284,13 @@ def summarize(verdicts: list[Verdict], *, run: dict) -> dict:
         "failure": failure,
         "no_verdict": n - success - failure,
         "errors": sum(not v.finished for v in verdicts),
+        "incomplete": sum(not v.finished for v in verdicts),
+        "incomplete_trajectories": [
+            {"task_id": v.task_id, "agent": v.agent, "source": v.source, "error": v.error}
+            for v in verdicts
+            if not v.finished
+        ],
+        "partial": sum(bool(v.partial) for v in verdicts),
         "success_rate": success / n if n else None,
         "screenshots": screenshots,
         # unreadable: the scorer answered without a readable score; failed: no answer (unreadable
@@ -268,16 +309,17 @@ def summary_markdown(summary: dict, ledger_table: str) -> str:
     lines = [
         "# keyshot judge summary",
         "",
-        "| trajectories | success | failure | no verdict | errors | success rate | screenshots | kept "
+        "| trajectories | success | failure | no verdict | incomplete | success rate | screenshots | kept "
         "| unreadable scores | failed screenshots |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| {summary['trajectories']} | {summary['success']} | {summary['failure']} | {summary['no_verdict']} | "
-        f"{summary['errors']} | {'n/a' if sr is None else f'{100 * sr:.1f}%'} | {summary['screenshots']} | "
+        f"{summary['incomplete']} | {'n/a' if sr is None else f'{100 * sr:.1f}%'} | {summary['screenshots']} | "
         f"{summary['kept_screenshots']} | {summary['unreadable_scores']} | {summary['failed_screenshots']} |",
         "",
         "Success rate: successes over all trajectories in the verdict file (no verdict counts as not success). "
-        "Errors: trajectories whose judge calls failed (judged again on resume). Unreadable scores: the scorer "
-        "answered without a 1-5 score; failed screenshots: unreadable image or failed call.",
+        "Incomplete: trajectories a call of which failed (no verdict; re-run the same command to retry them, "
+        "answered calls come from the cache). Unreadable scores: the scorer answered without a 1-5 score; "
+        "failed screenshots: unreadable image or failed call.",
         "",
         "## Calls per role (all verdicts in the file)",
         "",
@@ -298,8 +340,22 @@ def summary_markdown(summary: dict, ledger_table: str) -> str:
         ledger_table or "(no calls)",
         "",
     ]
-    if run.get("budget_stop"):
-        lines.append("**Stopped: an endpoint's budget is spent.** Re-run with a larger budget to finish.\n")
+    if run.get("stopped"):
+        lines.append(f"**Stopped:** {run['stopped']}\n")
+    if run.get("not_reached"):
+        lines.append(
+            f"{run['not_reached']} trajectories were not reached; re-run the same command to judge them.\n"
+        )
+    if summary["incomplete"]:
+        lines.append("## Incomplete trajectories (re-run the same command to retry them)\n")
+        lines += [
+            f"- {t['source'] or t['task_id']}: {t['error']}" for t in summary["incomplete_trajectories"][:50]
+        ]
+        lines.append("")
+    if run.get("load_error_messages"):
+        lines.append("## Trajectories that could not be read (not judged)\n")
+        lines += [f"- {m}" for m in run["load_error_messages"]]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -312,6 +368,74 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(fh.name, path)
 
 
+def protocol_fingerprint(cfg: JudgeRunConfig) -> dict:
+    """What decides a run's verdicts: a run folder keeps its verdicts only for this protocol."""
+    sc, pipe = cfg.scorer, cfg.pipeline
+    if sc.backend == "none":
+        policy, scorer_model = REFERENCE_POLICY, None
+    else:
+        policy = _policy(sc) or DEFAULT_POLICY
+        scorer_model = sc.checkpoint or (sc.endpoint.model if sc.endpoint else None)
+    return {
+        "prompt_version": load_prompt_set(pipe.variant).version,
+        "variant": pipe.variant,
+        "outcome_mode": pipe.outcome_mode,
+        "parse_mode": pipe.parse_mode,
+        "threshold": pipe.threshold,
+        "threshold_on": pipe.threshold_on,
+        "max_kept": pipe.max_kept,
+        "outcome_images": pipe.outcome_images,
+        "allow_partial": pipe.allow_partial,
+        "judge_model": cfg.judge.model,
+        "judge_max_tokens": cfg.judge.max_tokens,
+        "judge_temperature": cfg.judge.temperature,
+        "judge_seed": cfg.judge.seed,
+        "scorer_backend": sc.backend,
+        "scorer_model": scorer_model,
+        "scorer_checkpoint_hash": checkpoint_hash(sc.checkpoint) if sc.checkpoint else None,
+        "image_policy": policy.to_dict(),
+    }
+
+
+def checkpoint_hash(folder: str) -> str | None:
+    """A short hash of a checkpoint's identity: its config, keyshot metadata and weight files' sizes."""
+    root = Path(folder)
+    if not root.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for name in ("config.json", "keyshot.json", "adapter_config.json"):
+        if (root / name).is_file():
+            digest.update(name.encode() + (root / name).read_bytes())
+    for weights in sorted(root.glob("*.safetensors")):
+        digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
+    return digest.hexdigest()[:16]
+
+
+def check_fingerprint(out: Path, fingerprint: dict) -> None:
+    """Record the protocol in ``OUT/run.json``, or refuse a run folder made with another one."""
+    path = out / RUN_FILE
+    if path.exists():
+        try:
+            recorded = json.loads(path.read_text(encoding="utf-8")).get("protocol", {})
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+            raise JudgeRunError(
+                f"{path}: not a keyshot run file ({exc}); move it away or use another --out"
+            ) from None
+        differ = [
+            k for k in sorted(set(fingerprint) | set(recorded)) if fingerprint.get(k) != recorded.get(k)
+        ]
+        if differ:
+            shown = "; ".join(
+                f"{k}: {recorded.get(k)!r} in the folder, {fingerprint.get(k)!r} now" for k in differ
+            )
+            raise JudgeRunError(
+                f"{out} holds verdicts of another protocol ({shown}); its verdicts cannot be reused: "
+                "use a new --out (or the settings the folder was made with)"
+            )
+        return
+    _atomic_write(path, json.dumps({"protocol": fingerprint}, indent=2) + "\n")
+
+
 def run_judge(
     paths: list[str],
     cfg: JudgeRunConfig,
@@ -319,18 +443,46 @@ def run_judge(
     resume_from: str | None = None,
     serve_scorer: str | None = None,
     progress: bool = True,
+    wait: bool = False,
 ) -> dict:
     """The whole ``keyshot judge`` run; returns the summary (also written to OUT)."""
     t0 = time.perf_counter()
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    verdicts_path = out / VERDICTS_FILE
-    if resume_from:
-        import_reference(resume_from, verdicts_path, cfg.pipeline.threshold)
-
+    if serve_scorer:
+        cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
+    fingerprint = protocol_fingerprint(cfg)
     trajectories, load_errors = load_all(paths, cfg)
     if not trajectories and not load_errors:
         raise JudgeRunError(f"no trajectories found in {', '.join(paths)}")
+    with RunLock(out, wait=wait, what="keyshot judge"):
+        check_fingerprint(out, fingerprint)
+        return _judge_locked(
+            out,
+            trajectories,
+            load_errors,
+            cfg,
+            t0,
+            resume_from=resume_from,
+            serve_scorer=serve_scorer,
+            progress=progress,
+        )
+
+
+def _judge_locked(
+    out: Path,
+    trajectories: list[Trajectory],
+    load_errors: list[TrajectoryError],
+    cfg: JudgeRunConfig,
+    t0: float,
+    *,
+    resume_from: str | None,
+    serve_scorer: str | None,
+    progress: bool,
+) -> dict:
+    verdicts_path = out / VERDICTS_FILE
+    left_out = 0
+    if resume_from:
+        _, left_out = import_reference(resume_from, verdicts_path, cfg.pipeline.threshold, trajectories)
     existing = read_verdicts(verdicts_path)
     index = ResumeIndex(existing)
     todo = [t for t in trajectories if not index.done(t.task_id, t.agent)]
@@ -348,7 +500,7 @@ def run_judge(
     ledger = UsageLedger()
     server: VLLMServer | None = None
     done: list[Verdict] = []
-    budget_stop = False
+    stop_error: RunStopError | None = None
     try:
         scorer_endpoint = None
         if serve_scorer and todo:
@@ -367,14 +519,13 @@ def run_judge(
                     else {}
                 )
             )
-            cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
         if todo:
             judge = JudgeClient(cfg.judge, cache, ledger)
             scorer = build_scorer(cfg, cache, ledger, scorer_endpoint)
             webjudge = WebJudge(judge, scorer, cfg.pipeline)
             with VerdictWriter(verdicts_path) as writer:
                 done = asyncio.run(judge_all(webjudge, todo, writer, cfg.concurrency, progress=progress))
-            budget_stop = webjudge.budget_exhausted
+            stop_error = webjudge.stop_error
     finally:
         if server is not None:
             server.stop()
@@ -386,12 +537,16 @@ def run_judge(
         run={
             "judged": len(done),
             "skipped": skipped,
+            "not_reached": len(todo) - len(done),
             "load_errors": len(load_errors),
             "load_error_messages": [str(e) for e in load_errors],
+            "resume_from_left_out": left_out,
             "seconds": time.perf_counter() - t0,
-            "budget_stop": budget_stop,
+            "budget_stop": isinstance(stop_error, BudgetExceededError),
+            "stopped": str(stop_error) if stop_error else None,
+            "exit_code": stop_error.exit_code if stop_error else None,
             "ledger": ledger.as_dict(),
-            "config": config_to_dict(cfg),
+            "config": redact_config(config_to_dict(cfg)),
         },
     )
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
@@ -399,6 +554,13 @@ def run_judge(
     _atomic_write(out / "summary.md", markdown)
     summary["markdown"] = markdown
     return summary
+
+
+def exit_code(summary: dict) -> int:
+    """The run's exit code (:mod:`infer.errors`): a stop's own code, 3 when incomplete, else 0."""
+    if summary["run"].get("exit_code"):
+        return summary["run"]["exit_code"]
+    return EXIT_INCOMPLETE if summary["incomplete"] else EXIT_OK
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -440,6 +602,21 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--serve-scorer", metavar="CHECKPOINT", help="start vLLM for this checkpoint for the run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="judge a trajectory even when some screenshot calls failed (counted as score 0, as the "
+        "reference does; recorded in each verdict) instead of marking it incomplete",
+    )
+    p.add_argument("--wait", action="store_true", help="wait for another process writing in --out")
+    p.add_argument(
+        "--allow-outside",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also read screenshots that trajectory files reference inside DIR (default: only inside the "
+        "input paths)",
+    )
     p.set_defaults(func=run)
 
 
@@ -458,6 +635,8 @@ def run(args: argparse.Namespace) -> int:
     paths, overrides = split_items(args.items)
     if args.out:
         overrides.append(f"out={args.out}")
+    if args.allow_partial:
+        overrides.append("pipeline.allow_partial=true")
     try:
         if not paths:
             raise JudgeRunError("no trajectory path given")
@@ -468,6 +647,7 @@ def run(args: argparse.Namespace) -> int:
             resume_from=args.resume_from,
             serve_scorer=args.serve_scorer,
             progress=not args.no_progress,
+            wait=args.wait,
         )
     except (
         ConfigError,
@@ -483,6 +663,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(summary["markdown"])
     print(f"verdicts: {Path(cfg.out) / VERDICTS_FILE}")
-    if summary["run"]["budget_stop"]:
-        return 3
-    return 1 if summary["errors"] else 0
+    code = exit_code(summary)
+    if summary["run"]["stopped"]:
+        print(f"keyshot judge: stopped: {summary['run']['stopped']}", file=sys.stderr)
+    elif code == EXIT_INCOMPLETE:
+        print(
+            f"keyshot judge: {summary['incomplete']} trajectories incomplete; re-run the same command to retry them",
+            file=sys.stderr,
+        )
+    return code

@@ -20,9 +20,16 @@
      (0.489 being the share of ≤ 3-key-point tasks implied by the CoT rows: 86.1p + 81.4(1-p) = 83.7).
 
 So with a scorer a trajectory costs exactly 2 judge calls in ``cot`` mode whatever its length, and
-N + 2 in the reference configuration. Failures never drop a trajectory: a screenshot that cannot be
-read or scored is recorded as an error on that screenshot, and a trajectory whose judge calls fail
-after the client's retries gets ``success=None`` and ``error`` (and is judged again on resume).
+N + 2 in the reference configuration.
+
+Complete or not at all: a verdict is only computed when every call it needs answered. A call that
+fails for good (after the client's retries) makes the trajectory *incomplete*: ``success=None``,
+``error`` and ``incomplete`` name the failed calls, no outcome call is paid on partial scores, and a
+re-run judges it again with every answered call from the cache. ``allow_partial=True`` keeps the
+reference's behaviour instead (a failed screenshot call counts as score 0), recorded in
+``Verdict.partial``. A screenshot whose *image* cannot be read is not a failed call: it is recorded
+as an error on that screenshot and the rest is judged. A spent budget or an endpoint that is down
+(:class:`~infer.errors.RunStopError`) stops the run; the trajectories in flight are judged on resume.
 """
 
 from __future__ import annotations
@@ -35,13 +42,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from infer.client import JudgeCallError, JudgeClient
+from infer.errors import RunStopError
 from infer.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy, PreparedImage
 from infer.messages import MAX_KEPT_IMAGES, key_points_messages, outcome_messages
 from infer.parsing import ParseError, parse_key_points, parse_status
 from infer.prompts import PromptSet, load_prompt_set
 from infer.scorer import KeyScreenshotScorer, OpenAIScorer, ScreenshotScore
 from infer.trajectory import Trajectory, TrajectoryError
-from infer.usage import BudgetExceededError
 from infer.verdicts import OutcomeCall, RoleUsage, ScreenshotRecord, Verdict
 
 logger = logging.getLogger(__name__)
@@ -71,14 +78,23 @@ class PipelineConfig:
     key_points_max_tokens: int | None = None
     outcome_max_tokens: int | None = None
     image_workers: int = 4
+    allow_partial: bool = False
 
     def __post_init__(self) -> None:
         if self.outcome_mode not in OUTCOME_MODES:
             raise ValueError(f"outcome_mode must be one of {OUTCOME_MODES}, got {self.outcome_mode!r}")
+        if not 1 <= self.threshold <= 5:
+            raise ValueError(f"threshold must be within the score scale [1, 5], got {self.threshold}")
         if not 1 <= self.max_kept <= MAX_KEPT_IMAGES:
             raise ValueError(f"max_kept must be within [1, {MAX_KEPT_IMAGES}], got {self.max_kept}")
         if self.image_workers < 1:
-            raise ValueError("image_workers must be >= 1")
+            raise ValueError(f"image_workers must be >= 1, got {self.image_workers}")
+        if self.combined_max_key_points < 0:
+            raise ValueError(f"combined_max_key_points must be >= 0, got {self.combined_max_key_points}")
+        for name in ("key_points_max_tokens", "outcome_max_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or null for the endpoint's), got {value}")
 
 
 def select_kept(
@@ -148,7 +164,7 @@ class WebJudge:
                 f"scorer parse mode {scorer.parse_mode!r} != pipeline's {self.config.parse_mode!r}"
             )
         self.scorer = scorer
-        self.budget_exhausted = False  # set once an endpoint refused a call for its budget
+        self.stop_error: RunStopError | None = None  # a spent budget or an endpoint that is down
         self.policy = image_policy or scorer.image_policy or default_policy
         if image_policy is None and scorer.image_policy is None and scorer.role == "scorer":
             logger.warning(
@@ -170,6 +186,7 @@ class WebJudge:
             "scorer_model": self.scorer.name if self.scorer.role == "scorer" else None,
             "scorer_backend": type(self.scorer).__name__ if self.scorer.role == "scorer" else "judge",
             "image_policy": self.policy.to_dict(),
+            "allow_partial": cfg.allow_partial,
         }
 
     # ------------------------------------------------------------------ judge calls
@@ -195,8 +212,9 @@ class WebJudge:
                 max_tokens=self.config.key_points_max_tokens,
                 validate=validate if mode == "strict" else None,
             )
-        except JudgeCallError:
+        except JudgeCallError as exc:
             verdict.usage["judge"].errors += 1
+            verdict.incomplete.append(f"key points: {exc}")
             raise
         self._record_call(verdict, "judge", completion)
         try:
@@ -235,8 +253,10 @@ class WebJudge:
                 max_tokens=self.config.outcome_max_tokens,
                 validate=validate if mode == "strict" else None,
             )
-        except JudgeCallError:
+        except JudgeCallError as exc:
             verdict.usage["judge"].errors += 1
+            what = "outcome" if key_point is None else f"outcome for key point {key_point!r}"
+            verdict.incomplete.append(f"{what}: {exc}")
             raise
         self._record_call(verdict, "judge", completion)
         status = parse_status(completion.text, mode=mode)
@@ -287,11 +307,17 @@ class WebJudge:
                 record.visual_tokens = img.visual_tokens
                 record.score, record.thought, record.valid = s.score, s.thought, s.valid
                 record.error, record.expected_score, record.raw = s.error, s.expected_score, s.raw or None
-                record.cached = s.cached
-                if s.raw or s.prompt_tokens:
-                    usage.add_call(s.prompt_tokens, s.completion_tokens, s.cost_usd, s.cached)
-                else:  # the call itself failed after retries
+                record.cached, record.call_failed = s.cached, s.call_failed
+                if s.call_failed:  # no answer: the call failed after retries
                     usage.errors += 1
+                    failed = f"screenshot {shot.index}: {s.error}"
+                    if self.config.allow_partial:
+                        record.score = 0  # the reference's reading of a failed call
+                        verdict.partial.append(failed)
+                    else:
+                        verdict.incomplete.append(failed)
+                else:
+                    usage.add_call(s.prompt_tokens, s.completion_tokens, s.cost_usd, s.cached)
             if record.error:
                 verdict.errors.append(f"screenshot {shot.index}: {record.error}")
             verdict.screenshots.append(record)
@@ -299,8 +325,9 @@ class WebJudge:
 
     # ------------------------------------------------------------------ one trajectory
     async def judge(self, trajectory: Trajectory) -> Verdict:
-        """Judge one trajectory. Call failures end up in the verdict; only a spent budget raises
-        (:class:`~infer.usage.BudgetExceededError`): the run stops and the trajectory is judged on resume."""
+        """Judge one trajectory. Call failures make the verdict incomplete; a spent budget or an
+        endpoint that is down raises (:class:`~infer.errors.RunStopError`): the run stops and the
+        trajectory is judged on resume."""
         started = time.time()
         t0 = time.perf_counter()
         verdict = Verdict(
@@ -323,6 +350,12 @@ class WebJudge:
             t1 = time.perf_counter()
             images = await self._score_screenshots(trajectory, verdict.key_points, verdict)
             timing["scoring_s"] = time.perf_counter() - t1
+            if verdict.incomplete:  # no outcome is paid for on partial scores
+                failed = [r.index for r in verdict.screenshots if r.call_failed]
+                raise _StepError(
+                    f"incomplete: the scorer call failed for screenshot(s) {failed} "
+                    f"({verdict.incomplete[-1].split(': ', 1)[-1]}); re-run to retry them"
+                )
             verdict.kept = select_kept(
                 verdict.screenshots,
                 self.config.threshold,
@@ -335,8 +368,8 @@ class WebJudge:
             t2 = time.perf_counter()
             await self._outcome(trajectory, verdict, images)
             timing["outcome_s"] = time.perf_counter() - t2
-        except BudgetExceededError:
-            self.budget_exhausted = True
+        except RunStopError as exc:
+            self.stop_error = self.stop_error or exc
             raise
         except (JudgeCallError, _StepError) as exc:
             verdict.success, verdict.status_valid = None, False

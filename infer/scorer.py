@@ -47,7 +47,8 @@ class ScreenshotScore:
     """A scorer's answer for one screenshot.
 
     ``score`` is 1..5, or None when the answer could not be read in strict mode (0 in reference
-    mode, as the reference). ``error`` is set for unreadable answers and for failed calls.
+    mode, as the reference). ``error`` is set for unreadable answers and for failed calls;
+    ``call_failed`` tells the two apart (a failed call has no answer: its trajectory is incomplete).
     """
 
     score: int | None
@@ -61,10 +62,11 @@ class ScreenshotScore:
     cached: bool = False
     cost_usd: float = 0.0
     finish_reason: str | None = None
+    call_failed: bool = False
 
     @classmethod
     def failed(cls, error: str) -> ScreenshotScore:
-        return cls(score=None, thought="", raw="", valid=False, error=error)
+        return cls(score=None, thought="", raw="", valid=False, error=error, call_failed=True)
 
 
 class KeyScreenshotScorer(ABC):

@@ -11,11 +11,15 @@ import logging
 import threading
 from dataclasses import asdict, dataclass
 
+from infer.errors import EXIT_BUDGET, RunStopError
+
 logger = logging.getLogger(__name__)
 
 
-class BudgetExceededError(RuntimeError):
+class BudgetExceededError(RunStopError):
     """A call was refused because the endpoint's spending cap is reached."""
+
+    exit_code = EXIT_BUDGET
 
     def __init__(self, endpoint: str, spent_usd: float, budget_usd: float, projected_usd: float):
         self.endpoint = endpoint

@@ -70,6 +70,7 @@ class ScreenshotRecord:
     raw: str | None = None
     cached: bool = False
     visual_tokens: int | None = None
+    call_failed: bool = False
 
 
 @dataclass
@@ -119,9 +120,12 @@ def _usage_factory() -> dict[str, RoleUsage]:
 class Verdict:
     """The WebJudge result for one trajectory.
 
-    ``success`` is None when no verdict could be reached: ``error`` says why when the judge calls
-    failed for good (such a trajectory is judged again on resume); ``status_valid=False`` with
-    ``error=None`` means the judge answered but its verdict could not be read (``errors`` says how).
+    ``success`` is None when no verdict could be reached. A verdict is *incomplete* when a call it
+    needs failed for good (``error`` says why, ``incomplete`` names the calls): it holds no verdict
+    and is judged again on resume, every answered call coming from the cache. ``status_valid=False``
+    with ``error=None`` means the judge answered but its verdict could not be read (``errors`` says
+    how). ``partial`` lists the failed calls a run with ``allow_partial`` went on without (the
+    reference's behaviour: such a screenshot counts as score 0).
     """
 
     task_id: str
@@ -144,6 +148,8 @@ class Verdict:
     reward: float | None = None
     timing: dict[str, float] = field(default_factory=dict)
     record_format: str = FORMAT_KEYSHOT
+    incomplete: list[str] = field(default_factory=list)
+    partial: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -151,8 +157,8 @@ class Verdict:
 
     @property
     def finished(self) -> bool:
-        """True when the judge calls went through (the verdict itself may still be unreadable)."""
-        return self.error is None
+        """True when every call went through (the verdict itself may still be unreadable)."""
+        return self.error is None and not self.incomplete
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

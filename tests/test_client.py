@@ -105,7 +105,7 @@ def test_payload_override_logprobs_seed_and_extra_body():
     assert "seed" not in body
     assert body["logprobs"] is True and body["top_logprobs"] == 5
     assert body["top_p"] == 0.5
-    plain = build_payload(EndpointConfig(base_url="x", model="o3", reasoning_model=False), [])
+    plain = build_payload(EndpointConfig(base_url="http://x", model="o3", reasoning_model=False), [])
     assert plain["max_tokens"] == 1024 and plain["temperature"] == 0.0
 
 
@@ -153,7 +153,7 @@ def test_retry_after_parsing_and_backoff_bounds():
     assert retry_after_s(httpx.Headers({"retry-after-ms": "1500", "Retry-After": "9"})) == 1.5
     assert retry_after_s(httpx.Headers({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0
     assert retry_after_s(httpx.Headers({})) is None
-    ep = EndpointConfig(base_url="x", model="m", backoff_base_s=1.0, backoff_max_s=5.0)
+    ep = EndpointConfig(base_url="http://x", model="m", backoff_base_s=1.0, backoff_max_s=5.0)
     client = JudgeClient(ep)
     for n, ceiling in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 5.0), (10, 5.0)]:
         d = client._delay(n, None)

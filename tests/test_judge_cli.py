@@ -126,10 +126,12 @@ def test_resume_from_reference_output(tmp_path):
         assert keyshot(argv) == 0
         assert server.stats.completions_served == 3 + 2  # only the other task (3 screenshots) is judged
     rows = lines_of(out / "verdicts.jsonl")
-    assert [r["task_id"] for r in rows] == ["om2w-task-a", "om2w-task-b", "fb7b4f784cfde003e2548fdf4e8d6b4f"]
-    assert rows[0]["record_format"] == "online_mind2web_run" and rows[2]["record_format"] == "keyshot"
+    # om2w-task-b is in the reference output but not in the input: left out, and counted
+    assert [r["task_id"] for r in rows] == ["om2w-task-a", "fb7b4f784cfde003e2548fdf4e8d6b4f"]
+    assert rows[0]["record_format"] == "online_mind2web_run" and rows[1]["record_format"] == "keyshot"
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["trajectories"] == 3 and summary["run"]["judged"] == 1 and summary["run"]["skipped"] == 1
+    assert summary["trajectories"] == 2 and summary["run"]["judged"] == 1 and summary["run"]["skipped"] == 1
+    assert summary["run"]["resume_from_left_out"] == 1
 
 
 def test_budget_stop_then_finish(tmp_path):
@@ -142,7 +144,7 @@ def test_budget_stop_then_finish(tmp_path):
         code = keyshot(
             [*argv, *judge_overrides(server.base_url, out, **prices, **{"judge.budget_usd": "0.5"})]
         )
-        assert code == 3  # stopped by the budget
+        assert code == 5  # stopped by the budget (its own exit code)
         partial = lines_of(out / "verdicts.jsonl") if (out / "verdicts.jsonl").exists() else []
         assert len(partial) < 3 and all(r["error"] is None for r in partial)
         paid = server.stats.completions_served

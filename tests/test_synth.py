@@ -120,36 +120,43 @@ def test_faulty_teacher_is_retried_and_its_failures_recorded(tmp_path):
 
     contents = read_store(tmp_path / "run" / LABELS_FILE)
     by_teacher = {n: [lb for (_, _, t), lb in contents.labels.items() if t == n] for n in urls}
-    assert all(len(v) == N_SHOTS for v in by_teacher.values())
+    assert len(by_teacher["flaky"]) == len(by_teacher["garbage"]) == N_SHOTS
     assert all(lb.valid for lb in by_teacher["flaky"]), "transient faults must be retried away"
     bad = [lb for lb in by_teacher["garbage"] if not lb.valid]
     assert 0 < len(bad) < N_SHOTS
     assert all(lb.error.startswith("unparseable answer") and lb.score is None for lb in bad)
-    assert all(not lb.valid and "HTTP 500" in lb.error for lb in by_teacher["down"])
-    assert down_requests == N_SHOTS * 2  # one try plus one retry each, then recorded as failed
-    assert report.labels_failed == len(bad) + N_SHOTS
+    # the teacher that fails every request trips its breaker (8 failures in a row) and is stopped:
+    # its failed calls are recorded as such (no label), and the run says it is down
+    down_labels = by_teacher["down"]
+    assert all(not lb.valid and "HTTP 500" in lb.error for lb in down_labels)
+    assert down_requests <= 8 + 8  # the breaker's limit plus the requests already in flight
+    assert len(report.endpoints_down) == 1 and "'down'" in report.endpoints_down[0]
+    assert report.exit_code == 4
+    assert report.labels_failed == len(bad) + len(down_labels)
 
     # the run folder still builds: failed labels are dropped, the others aggregated
     from data_synth.dataset import build_dataset
 
     result = build_dataset(tmp_path / "run")
-    assert result.report.teacher_labels["down"] == {"valid": 0, "invalid": N_SHOTS}
+    assert result.report.teacher_labels["down"] == {"valid": 0, "invalid": len(down_labels)}
     assert sum(result.meta.rows.values()) == N_SHOTS
 
 
-def test_retry_failed_asks_again_only_for_failed_labels(tmp_path):
+def test_failed_calls_are_asked_again_by_a_plain_rerun(tmp_path):
     with FakeOpenAI(make_teacher("brightness"), faults={"500": 1.0}) as down:
         teachers = teacher_set({"t": down.base_url})
         teachers["key_points_judge"]["endpoint"]["max_retries"] = 0
         cfg = synth_config(tmp_path / "s.yaml", tmp_path / "run", teachers)
         report = run_synth(cfg, build=False)
     assert report.key_points_failed == N_TRAJ and report.labels_new == 0
+    assert report.calls_failed == N_TRAJ and report.exit_code == 3  # incomplete: re-run to retry
     with FakeOpenAI(make_teacher("brightness")) as healthy:
         cfg = synth_config(tmp_path / "s.yaml", tmp_path / "run", teacher_set({"t": healthy.base_url}))
-        assert run_synth(cfg, build=False).labels_new == 0  # failures stay recorded
-        assert healthy.stats.requests == 0
-        report = run_synth(cfg, build=False, retry_failed=True)
-        assert report.labels_new == N_SHOTS and report.labels_failed == 0
+        report = run_synth(cfg, build=False)  # no --retry-failed needed: a failed call made no label
+        assert report.labels_new == N_SHOTS and report.labels_failed == 0 and report.exit_code == 0
+        assert healthy.stats.requests == N_TRAJ + N_SHOTS
+        # --retry-failed re-asks only unreadable answers; there are none, so nothing is sent
+        assert run_synth(cfg, build=False, retry_failed=True).labels_new == 0
         assert healthy.stats.requests == N_TRAJ + N_SHOTS
 
 

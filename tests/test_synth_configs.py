@@ -66,12 +66,12 @@ def test_bad_synth_settings_are_named(overrides, message, monkeypatch):
 
 def test_bad_teacher_set_names_the_file(tmp_path):
     path = tmp_path / "t.yaml"
-    path.write_text("key_points_judge: {endpoint: {base_url: x, model: m}}\nteachers: []\n")
+    path.write_text("key_points_judge: {endpoint: {base_url: 'http://x', model: m}}\nteachers: []\n")
     with pytest.raises(SynthError, match=r"t.yaml: .*at least one teacher"):
         load_teacher_set(path)
     path.write_text(
-        "key_points_judge: {endpoint: {base_url: x, model: m}}\n"
-        "teachers: [{endpoint: {base_url: x, model: m}, image_tokens: pixels}]\n"
+        "key_points_judge: {endpoint: {base_url: 'http://x', model: m}}\n"
+        "teachers: [{endpoint: {base_url: 'http://x', model: m}, image_tokens: pixels}]\n"
     )
     with pytest.raises(SynthError, match="image_tokens 'pixels' is not one of"):
         load_teacher_set(path)
@@ -80,7 +80,7 @@ def test_bad_teacher_set_names_the_file(tmp_path):
 def test_judge_and_teacher_may_not_share_a_name(tmp_path):
     path = tmp_path / "t.yaml"
     path.write_text(
-        "key_points_judge: {endpoint: {base_url: x, model: gpt-4o}}\nteachers: [{endpoint: {base_url: x, model: gpt-4o}}]\n"
+        "key_points_judge: {endpoint: {base_url: 'http://x', model: gpt-4o}}\nteachers: [{endpoint: {base_url: 'http://x', model: gpt-4o}}]\n"
     )
     with pytest.raises(SynthError, match="give the judge its own endpoint.name"):
         load_teacher_set(path)

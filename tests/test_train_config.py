@@ -63,7 +63,7 @@ def test_gradient_accumulation_must_divide():
 
 def test_unknown_and_bad_keys_are_rejected():
     path = REPO / "configs/train/tiny_cpu.yaml"
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['learning_rate'\]"):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) 'learning_rate' \(did you mean 'lr'\?\)"):
         load_config(TrainConfig, path, ["optim.learning_rate=1e-4"])
     with pytest.raises(ConfigError, match="batching"):
         load_config(TrainConfig, path, ["data.batching=packed"])

@@ -1,0 +1,64 @@
+"""keyshot's error classes and exit codes: what the CLI prints as one line, and the code it exits with.
+
+Exit codes of every keyshot command:
+
+======  =========================================================================================
+0       the job did what was asked: every input judged or listed with the reason it was not
+1       a bug (a traceback was printed)
+2       a user mistake (bad config, bad path, a second writer on a run folder ...): one line says
+        which file or field, what is wrong and what to do
+3       incomplete: some trajectories need calls that failed; re-run the same command to retry them
+4       an endpoint is down (the circuit breaker tripped); re-run once it answers
+5       a spending cap was reached; re-run with a larger budget to finish
+128+N   stopped by signal N (SIGINT 130, SIGTERM 143); partial results are flushed, re-run resumes
+======  =========================================================================================
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_INCOMPLETE = 3
+EXIT_ENDPOINT_DOWN = 4
+EXIT_BUDGET = 5
+
+
+class KeyshotError(Exception):
+    """A user-facing error: the CLI prints its message as one line and exits with ``exit_code``."""
+
+    exit_code = EXIT_USAGE
+
+
+class RunStopError(RuntimeError):
+    """Stops a whole run (not one trajectory): a spent budget, an endpoint that is down.
+
+    Trajectories in flight are not written; a re-run of the same command judges them."""
+
+    exit_code = EXIT_INCOMPLETE
+
+
+class EndpointDownError(RunStopError):
+    """The circuit breaker of an endpoint tripped: ``failures`` requests in a row failed."""
+
+    exit_code = EXIT_ENDPOINT_DOWN
+
+    def __init__(self, name: str, url: str, failures: int, last_error: str):
+        self.endpoint = name
+        self.url = url
+        self.failures = failures
+        self.last_error = last_error
+        super().__init__(
+            f"endpoint {name!r} at {url} is down: {failures} requests in a row failed (last: {last_error}); "
+            "check the server, the model name and the API key, then re-run the same command to resume"
+        )
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT/SIGTERM arrived: unwind (flushing files, stopping servers) and exit 128+signal.
+
+    A KeyboardInterrupt so that asyncio propagates it out of a running loop (other BaseExceptions
+    raised in a callback are only logged)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"stopped by signal {signum}")
