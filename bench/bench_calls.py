@@ -4,7 +4,7 @@
     python bench/bench_calls.py runs/agentlab --json runs/bench_calls.json
 
 Both configurations judge the same trajectories with the same WebJudge pipeline, in one process.
-The judge is the test suite's deterministic fake OpenAI server (``tests/support/fake_openai.py``):
+The judge is the test suite's deterministic fake OpenAI server (``infer/testing/fake_openai.py``):
 it answers all three steps and counts tokens with a stand-in tokenizer (characters / 4, 1,000 per
 image: about what GPT-4o bills for a 1280×720 screenshot at high detail). In the keyshot
 configuration a second fake server plays the scorer, with the same scoring rule, so both
@@ -33,9 +33,9 @@ from infer.images import DEFAULT_POLICY  # noqa: E402
 from infer.pipeline import WebJudge  # noqa: E402
 from infer.prompts import load_prompt_set  # noqa: E402
 from infer.scorer import OpenAIScorer  # noqa: E402
+from infer.testing.fake_openai import FakeOpenAI, make_judge  # noqa: E402
 from infer.trajectory import Trajectory, load_trajectories  # noqa: E402
 from infer.verdicts import Verdict  # noqa: E402
-from tests.support.fake_openai import FakeOpenAI, make_judge  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

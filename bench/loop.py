@@ -2,7 +2,7 @@
 
     make loop                                   # or: .venv/bin/python bench/loop.py --work runs/loop
 
-1. A learnable world (tests/support/cue_world.py): tasks "open the <colour> panel", screenshots
+1. A learnable world (infer/testing/cue_world.py): tasks "open the <colour> panel", screenshots
    (real fixtures or rendered pages) with or without a coloured panel. Agents a and b make the
    training data; agent c is held out.
 2. A teacher (a local OpenAI-compatible server of the tests' own) scores each screenshot from its
@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from infer.images import ImagePolicy, prepare_image  # noqa: E402
+from infer.testing.cue_world import WorldSpec, agreement, cue_score, cue_teacher, make_world  # noqa: E402
+from infer.testing.fake_openai import FakeOpenAI  # noqa: E402
 from infer.tiny_model import TINY_MAX_PIXELS, TINY_MIN_PIXELS  # noqa: E402
-from tests.support.cue_world import WorldSpec, agreement, cue_score, cue_teacher, make_world  # noqa: E402
-from tests.support.fake_openai import FakeOpenAI  # noqa: E402
 
 BIN = Path(sys.executable).parent
 POLICY = ImagePolicy(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS)

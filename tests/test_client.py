@@ -26,8 +26,7 @@ from infer.client import (
 from infer.messages import key_points_messages, scorer_messages
 from infer.parsing import parse_score
 from infer.prompts import load_prompt_set
-from infer.usage import UsageLedger
-from tests.support.fake_openai import (
+from infer.testing.fake_openai import (
     FAULT_KINDS,
     FakeOpenAI,
     FaultPlan,
@@ -36,6 +35,7 @@ from tests.support.fake_openai import (
     judge_responder,
     score_image,
 )
+from infer.usage import UsageLedger
 
 PROMPTS = load_prompt_set()
 VERSION = PROMPTS.version

@@ -22,7 +22,7 @@ from data_synth.synth import run_synth
 from infer.images import DEFAULT_POLICY, prepare_image
 from infer.messages import scorer_messages
 from infer.prompts import load_prompt_set
-from tests.support.fake_openai import FakeOpenAI, make_teacher
+from infer.testing.fake_openai import FakeOpenAI, make_teacher
 from tests.support.synth_env import (
     RULES,
     SPLITS,

@@ -16,7 +16,7 @@ from infer.client import EndpointConfig, JudgeClient
 from infer.messages import key_points_messages, outcome_messages, scorer_messages
 from infer.parsing import parse_key_points, parse_score, parse_status
 from infer.prompts import load_prompt_set
-from tests.support.fake_openai import (
+from infer.testing.fake_openai import (
     GARBAGE_TEXT,
     FakeOpenAI,
     ResponderError,

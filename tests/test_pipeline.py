@@ -18,6 +18,7 @@ from infer.images import REFERENCE_POLICY
 from infer.pipeline import PipelineConfig, WebJudge, select_kept, split_key_points
 from infer.prompts import load_prompt_set
 from infer.scorer import OpenAIScorer, checkpoint_image_policy, expected_score_from_logprobs
+from infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge, score_image
 from infer.trajectory import Screenshot, Trajectory, load_trajectories
 from infer.verdicts import (
     ResumeIndex,
@@ -29,7 +30,6 @@ from infer.verdicts import (
     read_reference_records,
     read_verdicts,
 )
-from tests.support.fake_openai import FakeOpenAI, FaultPlan, make_judge, score_image
 
 FIXTURES = Path(__file__).parent / "fixtures"
 AGENTLAB_DIRS = [FIXTURES / "trajectories" / "agentlab", FIXTURES / "agentlab_small"]

@@ -17,7 +17,7 @@ from data_synth.synth import run_synth
 from data_synth.teachers import image_token_count
 from infer.images import DEFAULT_POLICY, REFERENCE_POLICY, visual_tokens
 from infer.parsing import parse_key_points
-from tests.support.fake_openai import FakeOpenAI, key_points_answer, make_teacher
+from infer.testing.fake_openai import FakeOpenAI, key_points_answer, make_teacher
 from tests.support.synth_env import (
     FIXTURES,
     RULES,

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from data_synth.labels import LABELS_FILE, read_store
-from tests.support.fake_openai import fetch_stats, spawn_fake_openai
+from infer.testing.fake_openai import fetch_stats, spawn_fake_openai
 from tests.support.synth_env import fixture_trajectories, teacher_set, write_config
 
 ROOT = Path(__file__).resolve().parents[1]

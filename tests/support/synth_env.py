@@ -1,6 +1,6 @@
 """Helpers for the data_synth tests: fixture trajectory sources, teacher sets on fake servers, configs.
 
-Two teachers with different deterministic scoring rules (``tests.support.fake_openai``): the first
+Two teachers with different deterministic scoring rules (``infer.testing.fake_openai``): the first
 also answers the key-point step, so it doubles as the key-point judge.
 """
 
@@ -13,8 +13,8 @@ import yaml
 
 from data_synth.synth import SynthConfig, load_synth_config
 from infer.images import DEFAULT_POLICY
+from infer.testing.fake_openai import score_image
 from infer.trajectory import Trajectory, load_trajectories
-from tests.support.fake_openai import score_image
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TRAJECTORIES = FIXTURES / "trajectories"

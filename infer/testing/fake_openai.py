@@ -9,7 +9,7 @@ In-process::
 
 As a subprocess (so a test can kill -9 a judging process while the server keeps counting)::
 
-    python -m tests.support.fake_openai --port 0 --responder judge --fault-rate 0.2 --seed 0
+    python -m infer.testing.fake_openai --port 0 --responder judge --fault-rate 0.2 --seed 0
 
 prints ``FAKE_OPENAI_READY http://127.0.0.1:PORT/v1`` once listening; ``GET /stats`` returns the
 counters as JSON. :func:`spawn_fake_openai` wraps that for tests.
@@ -635,7 +635,7 @@ def _parse_faults(spec: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.support.fake_openai", description=__doc__.splitlines()[0]
+        prog="python -m infer.testing.fake_openai", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = a free port (printed on the READY line)")
@@ -694,7 +694,7 @@ def spawn_fake_openai(
     cmd = [
         sys.executable,
         "-m",
-        "tests.support.fake_openai",
+        "infer.testing.fake_openai",
         "--port",
         "0",
         "--responder",
