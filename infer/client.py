@@ -76,8 +76,10 @@ class EndpointConfig:
     :func:`is_reasoning_model`.
 
     Fault bounds: a call is retried at most ``max_retries`` times; a run retries at most
-    ``max_run_retries`` times in all; ``breaker_failures`` failed requests in a row (any call) declare
-    the endpoint down (:class:`~infer.errors.EndpointDownError`) and stop the run.
+    ``max_run_retries`` times in all. The endpoint is declared down (:class:`~infer.errors.EndpointDownError`,
+    the run stops) once ``breaker_failures`` requests in a row failed (any call) and none has
+    succeeded for ``breaker_window_s`` seconds: a dead endpoint trips within seconds, a flaky one
+    whose requests still get through now and then does not.
     """
 
     base_url: str
@@ -99,6 +101,7 @@ class EndpointConfig:
     reasoning_model: bool | None = None
     name: str = ""
     breaker_failures: int = 8
+    breaker_window_s: float = 10.0
     max_run_retries: int = 1000
 
     def __post_init__(self) -> None:
@@ -110,8 +113,10 @@ class EndpointConfig:
                 f"endpoint {self.name!r}: base_url must start with http:// or https://, "
                 f"got {redact_url(self.base_url)!r}"
             )
-        if self.breaker_failures < 1:
-            raise ValueError(f"endpoint {self.name!r}: breaker_failures must be >= 1")
+        if self.breaker_failures < 1 or self.breaker_window_s < 0:
+            raise ValueError(
+                f"endpoint {self.name!r}: breaker_failures must be >= 1 and breaker_window_s >= 0"
+            )
         if self.max_run_retries < 0:
             raise ValueError(f"endpoint {self.name!r}: max_run_retries must be >= 0")
         if self.max_tokens < 1:
@@ -340,6 +345,7 @@ class JudgeClient:
         self._http: httpx.AsyncClient | None = None
         self._semaphore: asyncio.Semaphore | None = None
         self._failures_in_a_row = 0
+        self._last_good: float | None = None  # last answered request (or the first request sent)
         self._run_retries = 0
         self.down: EndpointDownError | None = None
         if endpoint.budget_usd is not None and not (
@@ -354,7 +360,12 @@ class JudgeClient:
     def _request_failed(self, reason: str) -> None:
         """Count a failed request; trips the breaker (raises EndpointDownError) at the limit."""
         self._failures_in_a_row += 1
-        if self.down is None and self._failures_in_a_row >= self.endpoint.breaker_failures:
+        quiet_s = time.monotonic() - (self._last_good or time.monotonic())
+        if (
+            self.down is None
+            and self._failures_in_a_row >= self.endpoint.breaker_failures
+            and quiet_s >= self.endpoint.breaker_window_s
+        ):
             self.down = EndpointDownError(
                 self.endpoint.name, self.endpoint.display_url, self._failures_in_a_row, reason
             )
@@ -364,6 +375,7 @@ class JudgeClient:
 
     def _request_answered(self) -> None:
         self._failures_in_a_row = 0
+        self._last_good = time.monotonic()
 
     # ------------------------------------------------------------------ loop-bound resources
     def _resources(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
@@ -443,6 +455,8 @@ class JudgeClient:
 
         if self.down is not None:
             raise self.down
+        if self._last_good is None:
+            self._last_good = time.monotonic()  # the breaker's quiet time counts from the first request
         api_key = ep.api_key()
         headers = {"Content-Type": "application/json"}
         if api_key:

@@ -111,7 +111,7 @@ def test_faulty_teacher_is_retried_and_its_failures_recorded(tmp_path):
         FakeOpenAI(make_teacher("red_fraction"), faults={"500": 1.0}) as down,
     ):
         urls = {"flaky": flaky.base_url, "garbage": garbage.base_url, "down": down.base_url}
-        teachers = teacher_set(urls, flaky={"max_retries": 8}, down={"max_retries": 1})
+        teachers = teacher_set(urls, flaky={"max_retries": 8}, down={"max_retries": 1, "breaker_window_s": 0})
         teachers["key_points_judge"]["endpoint"]["max_retries"] = 8
         cfg = synth_config(tmp_path / "synth.yaml", tmp_path / "run", teachers)
         report = run_synth(cfg, build=False)
@@ -277,3 +277,20 @@ def test_outcome_verdicts_feed_the_human_label_filter(tmp_path, teacher_servers)
     for row in load_from_disk(str(report.dataset.path))["train"]:
         used = {t["teacher"] for t in row["teacher_scores"]}
         assert used == set(RULES) - dropped_teachers.get(row["uid"], set())
+
+
+def test_synthesis_writes_no_secret(tmp_path, monkeypatch, capsys):
+    key, password = "sk-live-SYNTH-SECRET-0123456789", "synth-url-password-42"
+    monkeypatch.setenv("KEYSHOT_TEST_TEACHER_KEY", key)
+    with FakeOpenAI(make_teacher("brightness"), faults={"500": 0.2}, leak_auth_in_errors=True) as server:
+        url = server.base_url.replace("http://", f"http://user:{password}@")
+        teachers = teacher_set({"t": url}, t={"api_key_env": "KEYSHOT_TEST_TEACHER_KEY", "max_retries": 6})
+        cfg = synth_config(tmp_path / "s.yaml", tmp_path / "run", teachers)
+        report = run_synth(cfg)
+        assert server.stats.total_faults > 0 and report.dataset is not None
+    printed = capsys.readouterr()
+    for secret in (key, password):
+        assert secret not in printed.out + printed.err + report.summary()
+        for path in (tmp_path / "run").rglob("*"):
+            if path.is_file():
+                assert secret.encode() not in path.read_bytes(), path

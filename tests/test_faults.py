@@ -1,0 +1,298 @@
+"""Trust under faults and hostile input: no verdict from a failed call, a breaker per endpoint, one
+writer per run folder, no secret written, a protocol fingerprint per run, config ranges, and the
+reference configuration's exact request parameters."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infer.cli import main as keyshot
+from infer.runlock import RunLock
+from infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge
+from infer.testing.worlds import synthetic_trajectories
+from infer.verdicts import latest_verdicts, read_verdicts
+
+REPO = Path(__file__).resolve().parents[1]
+WEBJUDGE7B = str(REPO / "configs/judge/webjudge7b.yaml")
+REFERENCE = str(REPO / "configs/judge/reference_gpt4o.yaml")
+N_TRAJ, N_SHOTS = 12, 4
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    return synthetic_trajectories(tmp_path_factory.mktemp("world"), N_TRAJ, N_SHOTS, seed=3)
+
+
+def judge_argv(world: Path, out: Path, judge_url: str, scorer_url: str, *extra: str) -> list[str]:
+    return [
+        "judge",
+        str(world),
+        "--config",
+        WEBJUDGE7B,
+        "--no-progress",
+        f"out={out}",
+        f"judge.base_url={judge_url}",
+        "judge.model=fake-judge",
+        "judge.api_key_env=null",
+        "judge.backoff_base_s=0.01",
+        f"scorer.endpoint.base_url={scorer_url}",
+        "scorer.endpoint.model=fake-scorer",
+        "scorer.endpoint.backoff_base_s=0.01",
+        "scorer.logprobs=null",
+        *extra,
+    ]
+
+
+def outcome_of(v) -> tuple:
+    return (v.success, v.kept, [s.score for s in v.screenshots], v.key_points)
+
+
+@pytest.fixture(scope="module")
+def clean_run(world, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("clean") / "run"
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
+        assert keyshot(judge_argv(world, out, judge.base_url, scorer.base_url)) == 0
+        scorer_calls = scorer.stats.completions_served
+    verdicts = {v.task_id: outcome_of(v) for v in read_verdicts(out / "verdicts.jsonl")}
+    assert len(verdicts) == N_TRAJ
+    return {"verdicts": verdicts, "scorer_calls": scorer_calls}
+
+
+def test_half_failing_scorer_keeps_no_wrong_verdict_and_a_rerun_repays_nothing(
+    world, clean_run, tmp_path, capsys
+):
+    out = tmp_path / "run"
+    faults = FaultPlan({"500": 0.3, "429": 0.2}, seed=1)
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge(), faults=faults) as scorer:
+        code = keyshot(
+            judge_argv(world, out, judge.base_url, scorer.base_url, "scorer.endpoint.max_retries=1")
+        )
+        answered = scorer.stats.completions_served
+    err = capsys.readouterr().err
+    verdicts = latest_verdicts(read_verdicts(out / "verdicts.jsonl"))
+    assert len(verdicts) == N_TRAJ  # nothing lost
+    incomplete = [v for v in verdicts if not v.finished]
+    assert incomplete, "with 50% faults and one retry some scorer calls must give up"
+    assert code == 3 and f"{len(incomplete)} trajectories incomplete; re-run the same command" in err
+    for v in verdicts:
+        if v.finished:
+            assert outcome_of(v) == clean_run["verdicts"][v.task_id]  # a kept verdict is the clean one
+        else:
+            assert v.success is None and v.outcome_calls == [] and v.incomplete
+            assert v.error.startswith("key screenshots: incomplete")
+            assert any(s.call_failed for s in v.screenshots)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["incomplete"] == len(incomplete)
+    assert {t["task_id"] for t in summary["incomplete_trajectories"]} == {v.task_id for v in incomplete}
+
+    # the same command against a healthy scorer: only the failed calls are paid, all verdicts are clean
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
+        assert keyshot(judge_argv(world, out, judge.base_url, scorer.base_url)) == 0
+        repaid = scorer.stats.completions_served
+        assert judge.stats.completions_served == len(incomplete)  # their outcome calls only
+    assert repaid == clean_run["scorer_calls"] - answered
+    final = latest_verdicts(read_verdicts(out / "verdicts.jsonl"))
+    assert {v.task_id: outcome_of(v) for v in final} == clean_run["verdicts"]
+    assert len(read_verdicts(out / "verdicts.jsonl")) == N_TRAJ + len(incomplete)  # a new line each
+
+
+def test_allow_partial_keeps_the_reference_behaviour_and_says_so(world, tmp_path):
+    out = tmp_path / "run"
+    faults = FaultPlan(script=["500"])  # the first scorer request fails and, with no retry, its call
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge(), faults=faults) as scorer:
+        argv = judge_argv(
+            world, out, judge.base_url, scorer.base_url, "scorer.endpoint.max_retries=0", "concurrency=1"
+        )
+        assert keyshot([*argv, "--allow-partial"]) == 0
+    verdicts = read_verdicts(out / "verdicts.jsonl")
+    partial = [v for v in verdicts if v.partial]
+    assert len(partial) == 1 and partial[0].finished and partial[0].success is not None
+    failed = [s for s in partial[0].screenshots if s.call_failed]
+    assert len(failed) == 1 and failed[0].score == 0 and failed[0].index not in partial[0].kept
+    assert all(v.config["allow_partial"] for v in verdicts)
+
+
+def test_an_endpoint_that_fails_everything_trips_the_breaker(world, tmp_path, capsys):
+    out = tmp_path / "run"
+    with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
+        argv = judge_argv(world, out, judge.base_url, scorer.base_url)
+        argv.remove("judge.backoff_base_s=0.01")  # the shipped backoff
+        started = time.monotonic()
+        code = keyshot(argv)
+        elapsed = time.monotonic() - started
+        requests = judge.stats.requests
+        url = judge.base_url
+    err = capsys.readouterr().err
+    assert code == 4
+    assert requests <= 60 and elapsed < 90, (requests, elapsed)
+    assert re.search(
+        rf"endpoint 'fake-judge' at {re.escape(url)} is down: \d+ requests in a row failed \(last: HTTP 500",
+        err,
+    )
+    assert "re-run the same command" in err
+    assert not read_verdicts(out / "verdicts.jsonl")  # nothing half-judged was written
+
+
+def test_second_writer_is_refused_naming_the_holder(world, tmp_path, capsys):
+    out = tmp_path / "run"
+    with RunLock(out, what="keyshot judge (the first terminal)"):
+        code = keyshot(judge_argv(world, out, "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1"))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "another keyshot process is writing here" in err and f"pid {os.getpid()}" in err
+    assert "(the first terminal)" in err and "--wait" in err
+
+
+def test_second_process_is_refused_at_once(world, tmp_path):
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            "python",
+            "-c",
+            f"from infer.runlock import RunLock; import time\nwith RunLock({str(out)!r}): time.sleep(30)",
+        ],
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not (out / ".lock").exists() or not (out / ".lock").read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        started = time.monotonic()
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "infer.cli",
+                *judge_argv(world, out, "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 2 and time.monotonic() - started < 20
+        assert f"pid {holder.pid}" in proc.stderr and proc.stderr.count("\n") <= 2, proc.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_stale_lock_is_taken_over_with_a_warning(world, tmp_path, caplog):
+    out = tmp_path / "run"
+    out.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (out / ".lock").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "command": "old"}))
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
+        assert keyshot(judge_argv(world, out, judge.base_url, scorer.base_url, "limit=1")) == 0
+    assert f"taking over a stale lock left by pid {dead.pid}" in caplog.text
+
+
+def test_an_api_key_in_the_name_field_is_refused_without_echoing_it(world, tmp_path, capsys):
+    key = "sk-proj-4f8a9c0d1e2b3a4f5e6d7c8b"
+    code = keyshot(
+        judge_argv(
+            world,
+            tmp_path / "run",
+            "http://127.0.0.1:9/v1",
+            "http://127.0.0.1:9/v1",
+            f"judge.api_key_env={key}",
+        )
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "api_key_env must name an environment variable" in err
+    assert "'sk-p…'" in err and key[4:] not in err
+
+
+def test_no_secret_reaches_a_file_or_the_terminal(world, tmp_path, capsys, monkeypatch):
+    key, password = "sk-live-KEYSHOT-SECRET-0123456789", "hunter2-url-password"
+    monkeypatch.setenv("KEYSHOT_TEST_JUDGE_KEY", key)
+    out = tmp_path / "run"
+    faults = FaultPlan(script=["500", "429"])  # error bodies quote the Authorization header
+    with (
+        FakeOpenAI(make_judge(), faults=faults, leak_auth_in_errors=True) as judge,
+        FakeOpenAI(make_judge()) as scorer,
+    ):
+        url = judge.base_url.replace("http://", f"http://user:{password}@")
+        argv = judge_argv(
+            world,
+            out,
+            url,
+            scorer.base_url,
+            "judge.api_key_env=KEYSHOT_TEST_JUDGE_KEY",
+            "limit=3",
+        )
+        assert keyshot(["--verbose", *argv]) == 0
+        assert judge.auth_headers and all(judge.auth_headers)  # credentials were sent (URL's win in httpx)
+    printed = capsys.readouterr()
+    for secret in (key, password):
+        assert secret not in printed.out + printed.err
+        for path in out.rglob("*"):
+            if path.is_file():
+                assert secret.encode() not in path.read_bytes(), path
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run"]["config"]["judge"]["base_url"].startswith("http://***@127.0.0.1:")
+
+
+def test_another_protocol_on_the_same_folder_is_refused(world, tmp_path, capsys):
+    out = tmp_path / "run"
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
+        assert keyshot(judge_argv(world, out, judge.base_url, scorer.base_url, "limit=2")) == 0
+        before = (out / "verdicts.jsonl").read_bytes()
+        code = keyshot(
+            judge_argv(world, out, judge.base_url, scorer.base_url, "limit=2", "pipeline.threshold=4")
+        )
+    err = capsys.readouterr().err
+    assert code == 2 and "threshold: 3.0 in the folder, 4.0 now" in err and "use a new --out" in err
+    assert (out / "verdicts.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("concurrency=0", "concurrency must be >= 1, got 0"),
+        ("pipeline.threshold=99", "pipeline: threshold must be within the score scale [1, 5], got 99"),
+        ("judge.timeout_s=0", "timeout_s must be > 0"),
+        ("judge.max_tokens=0", "max_tokens must be >= 1"),
+        ("scorer.batch_size=0", "batch_size must be >= 1"),
+        ("concurency=2", "unknown key(s) 'concurency' (did you mean 'concurrency'?)"),
+    ],
+)
+def test_impossible_values_are_refused_naming_the_key(world, tmp_path, capsys, override, message):
+    code = keyshot(
+        judge_argv(world, tmp_path / "run", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1", override)
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_reference_configuration_sends_the_reference_request_parameters(world, tmp_path):
+    with FakeOpenAI(make_judge()) as judge:
+        argv = [
+            "judge",
+            str(world),
+            "--config",
+            REFERENCE,
+            "--no-progress",
+            f"out={tmp_path / 'run'}",
+            "limit=2",
+        ]
+        argv += [f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]
+        assert keyshot(argv) == 0
+        bodies = list(judge.requests)
+    assert len(bodies) == 2 * (N_SHOTS + 2)  # key points, every screenshot, outcome
+    for body in bodies:
+        assert {k: v for k, v in body.items() if k not in ("model", "messages")} == {
+            "max_tokens": 512,
+            "temperature": 0.0,
+        }
