@@ -21,6 +21,7 @@ import logging
 import os
 import tempfile
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -119,7 +120,8 @@ class UsageRecorder:
 
     def __init__(self, run_dir: Path, kind: str, ledger: UsageLedger, interval_s: float = 2.0):
         stamp = time.strftime("%Y%m%dT%H%M%S")
-        self.path = run_dir / USAGE_DIR / f"{stamp}-{os.getpid()}-{kind}.json"
+        # unique per session even for two sessions of one process within a second (each its own file)
+        self.path = run_dir / USAGE_DIR / f"{stamp}-{os.getpid()}-{uuid.uuid4().hex[:8]}-{kind}.json"
         self.kind = kind
         self.ledger = ledger
         self.interval_s = interval_s

@@ -176,13 +176,21 @@ def build_scorer(
     )
 
 
-def load_all(paths: list[str], cfg: JudgeRunConfig) -> tuple[list[Trajectory], list[TrajectoryError]]:
+def load_all(
+    paths: list[str], cfg: JudgeRunConfig, allow_outside: tuple[str, ...] = ()
+) -> tuple[list[Trajectory], list[TrajectoryError]]:
     trajectories: list[Trajectory] = []
     errors: list[TrajectoryError] = []
     for p in paths:
         trajectories.extend(
             load_trajectories(
-                p, cfg.format, on_error="skip", agent=cfg.agent, benchmark=cfg.benchmark, errors=errors
+                p,
+                cfg.format,
+                on_error="skip",
+                agent=cfg.agent,
+                benchmark=cfg.benchmark,
+                errors=errors,
+                allow_outside=allow_outside,
             )
         )
     seen: set[tuple[str, str]] = set()
@@ -444,6 +452,7 @@ def run_judge(
     serve_scorer: str | None = None,
     progress: bool = True,
     wait: bool = False,
+    allow_outside: tuple[str, ...] = (),
 ) -> dict:
     """The whole ``keyshot judge`` run; returns the summary (also written to OUT)."""
     t0 = time.perf_counter()
@@ -451,7 +460,7 @@ def run_judge(
     if serve_scorer:
         cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
     fingerprint = protocol_fingerprint(cfg)
-    trajectories, load_errors = load_all(paths, cfg)
+    trajectories, load_errors = load_all(paths, cfg, allow_outside)
     if not trajectories and not load_errors:
         raise JudgeRunError(f"no trajectories found in {', '.join(paths)}")
     with RunLock(out, wait=wait, what="keyshot judge"):
@@ -648,6 +657,7 @@ def run(args: argparse.Namespace) -> int:
             serve_scorer=args.serve_scorer,
             progress=not args.no_progress,
             wait=args.wait,
+            allow_outside=tuple(args.allow_outside),
         )
     except (
         ConfigError,

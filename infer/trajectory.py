@@ -136,6 +136,7 @@ def load_trajectories(
     agent: str | None = None,
     benchmark: str | None = None,
     errors: list[TrajectoryError] | None = None,
+    allow_outside: tuple[Path | str, ...] = (),
 ) -> Iterator[Trajectory]:
     """Yield the trajectories in a trajectory folder, a folder of trajectory folders, or a JSONL file.
 
@@ -145,13 +146,21 @@ def load_trajectories(
         on_error: ``"raise"`` stops at the first bad trajectory; ``"skip"`` logs a warning naming the
             file, appends the error to ``errors`` (when given) and goes on.
         agent, benchmark: defaults for trajectories whose format does not name them.
+        allow_outside: folders outside ``path`` that screenshot references may point into (by
+            default a reference that resolves outside ``path`` fails its trajectory).
 
     A missing ``path`` raises :class:`TrajectoryError` at once, whatever ``on_error`` says.
     """
     from infer.loaders import iter_trajectories
 
     return iter_trajectories(
-        Path(path), fmt, on_error=on_error, agent=agent, benchmark=benchmark, errors=errors
+        Path(path),
+        fmt,
+        on_error=on_error,
+        agent=agent,
+        benchmark=benchmark,
+        errors=errors,
+        allow_outside=allow_outside,
     )
 
 

@@ -296,3 +296,97 @@ def test_reference_configuration_sends_the_reference_request_parameters(world, t
             "max_tokens": 512,
             "temperature": 0.0,
         }
+
+
+# ----------------------------------------------------------------------------- nothing outside the input
+V2 = Path(__file__).parent / "fixtures" / "trajectories" / "online_mind2web_v2"
+
+
+def _v2_copies(root: Path, n: int) -> list[Path]:
+    import shutil
+
+    src = next(p for p in V2.iterdir() if p.is_dir())
+    folders = []
+    for i in range(n):
+        dst = root / "input" / f"task{i}"
+        shutil.copytree(src, dst)
+        data = json.loads((dst / "result.json").read_text())
+        data["task_id"] = f"task{i}"
+        data["task"] += f" (copy {i})"
+        (dst / "result.json").write_text(json.dumps(data))
+        folders.append(dst)
+    return folders
+
+
+def _point_first_screenshot_at(folder: Path, ref: str) -> None:
+    data = json.loads((folder / "result.json").read_text())
+    data["action_history"][0]["screenshot"] = ref
+    (folder / "result.json").write_text(json.dumps(data))
+
+
+def _load(root: Path, **kwargs) -> tuple[list, list]:
+    from infer.trajectory import load_trajectories
+
+    errors: list = []
+    found = list(load_trajectories(root, on_error="skip", errors=errors, **kwargs))
+    return found, errors
+
+
+def test_screenshot_references_outside_the_input_are_refused(tmp_path):
+    secret_dir = tmp_path / "home"
+    secret_dir.mkdir()
+    secret = secret_dir / "private.png"
+    from PIL import Image
+
+    Image.new("RGB", (64, 64), "red").save(secret)
+    folders = _v2_copies(tmp_path, 4)
+    _point_first_screenshot_at(folders[0], "../../home/private.png")  # a `..` escape
+    _point_first_screenshot_at(folders[1], str(secret))  # an absolute path
+    (folders[2] / "trajectory" / "escape.png").symlink_to(secret)  # a symlink inside that leads out
+    _point_first_screenshot_at(folders[2], "escape.png")
+    found, errors = _load(tmp_path / "input")
+    assert [t.task_id for t in found] == ["task3"]  # the clean one is judged
+    assert len(errors) == 3
+    for err in errors:
+        assert "is outside the input" in str(err) and "--allow-outside" in str(err)
+    assert "'../../home/private.png'" in str(errors[0]) and str(folders[0] / "result.json") in str(errors[0])
+    # the user can allow that folder explicitly
+    found, errors = _load(tmp_path / "input", allow_outside=(secret_dir,))
+    assert len(found) == 4 and not errors
+
+
+def test_fifo_and_other_non_files_are_refused_without_opening(tmp_path):
+    folders = _v2_copies(tmp_path, 3)
+    fifo = folders[0] / "trajectory" / "pipe.png"
+    os.mkfifo(fifo)
+    _point_first_screenshot_at(folders[0], "pipe.png")
+    (folders[1] / "result.json").unlink()
+    os.mkfifo(folders[1] / "result.json")  # would block read_text() forever
+    dangling = folders[2] / "trajectory" / "gone.png"
+    dangling.symlink_to(folders[2] / "trajectory" / "nowhere.png")
+    _point_first_screenshot_at(folders[2], "gone.png")
+    started = time.monotonic()
+    found, errors = _load(tmp_path / "input")
+    assert time.monotonic() - started < 10 and not found
+    messages = sorted(map(str, errors))
+    assert any("pipe.png" in m and "not a regular file" in m for m in messages), messages
+    assert any("result.json" in m and "not a regular file" in m for m in messages), messages
+    assert any("gone.png" in m and "missing" in m for m in messages), messages
+
+
+def test_judge_refuses_an_escaping_reference_and_judges_the_rest(tmp_path, capsys):
+    folders = _v2_copies(tmp_path, 2)
+    outside = tmp_path / "elsewhere.jpg"
+    outside.write_bytes((folders[0] / "trajectory" / "0000.jpg").read_bytes())
+    _point_first_screenshot_at(folders[0], "../../elsewhere.jpg")
+    out = tmp_path / "run"
+    with FakeOpenAI(make_judge()) as judge:
+        argv = ["judge", str(tmp_path / "input"), "--config", REFERENCE, "--no-progress", f"out={out}"]
+        argv += [f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]
+        assert keyshot(argv) == 0
+        sent = json.dumps(judge.requests)
+    assert [v.task_id for v in read_verdicts(out / "verdicts.jsonl")] == ["task1"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run"]["load_errors"] == 1 and "elsewhere.jpg" in summary["run"]["load_error_messages"][0]
+    assert "elsewhere.jpg" in capsys.readouterr().out  # listed in the printed summary
+    assert "(copy 0)" not in sent and "(copy 1)" in sent  # nothing of the escaping trajectory was sent

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from infer.loaders.agentlab import FORMAT as AGENTLAB
 from infer.loaders.agentlab import is_agentlab_run, load_agentlab, parse_experiment_analysis
-from infer.loaders.common import read_json
+from infer.loaders.common import InputScope, read_json
 from infer.loaders.human_labels import HumanLabels, attach_human_labels, read_human_labels
 from infer.loaders.jsonl import FORMAT as JSONL
 from infer.loaders.jsonl import JSONL_SUFFIXES, iter_jsonl, write_jsonl
@@ -57,7 +57,7 @@ def detect_format(path: Path | str) -> str:
     if not path.is_dir():
         raise TrajectoryError(path, "no such file or folder")
     result_path = path / RESULT_FILE
-    if result_path.is_file():
+    if result_path.exists() or result_path.is_symlink():  # read_json refuses a FIFO, folder or dangling link
         return schema_of(result_path, read_json(result_path))
     if is_agentlab_run(path):
         return AGENTLAB
@@ -73,13 +73,15 @@ def detect_format(path: Path | str) -> str:
     )
 
 
-def _load_folder(folder: Path, fmt: str, *, agent: str | None, benchmark: str | None) -> Trajectory:
+def _load_folder(
+    folder: Path, fmt: str, *, agent: str | None, benchmark: str | None, scope: InputScope
+) -> Trajectory:
     found = detect_format(folder) if fmt == "auto" else fmt
     if found in (V1, V2, MIND2WEB_ANY):
         version = None if found == MIND2WEB_ANY or fmt == "auto" else found
-        return load_online_mind2web(folder, version=version, agent=agent, benchmark=benchmark)
+        return load_online_mind2web(folder, version=version, agent=agent, benchmark=benchmark, scope=scope)
     if found == AGENTLAB:
-        return load_agentlab(folder, agent=agent, benchmark=benchmark)
+        return load_agentlab(folder, agent=agent, benchmark=benchmark, scope=scope)
     raise TrajectoryError(
         folder, f"format {found!r} is not a folder format (a JSONL trajectory set is a file)"
     )
@@ -93,14 +95,18 @@ def iter_trajectories(
     agent: str | None = None,
     benchmark: str | None = None,
     errors: list[TrajectoryError] | None = None,
+    allow_outside: tuple[Path | str, ...] = (),
 ) -> Iterator[Trajectory]:
-    """See :func:`infer.trajectory.load_trajectories`. Path problems raise at once; others per ``on_error``."""
+    """See :func:`infer.trajectory.load_trajectories`. Path problems raise at once; others per ``on_error``.
+
+    Screenshot files must lie inside ``path`` (its folder, for a file) or one of ``allow_outside``."""
     if fmt not in _FMT_CHOICES:
         raise ValueError(f"unknown trajectory format {fmt!r}; choose one of {list(_FMT_CHOICES)}")
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     if not path.exists():
         raise TrajectoryError(path, "no such file or folder")
+    scope = InputScope.of(path, allow_outside=allow_outside)
     if path.is_file():
         if path.name == RESULT_FILE and fmt != JSONL:
             path = path.parent  # a result.json stands for its task folder
@@ -109,7 +115,9 @@ def iter_trajectories(
                 raise TrajectoryError(
                     path, f"not a trajectory file: expected a {' or '.join(JSONL_SUFFIXES)} file"
                 )
-            return iter_jsonl(path, on_error=on_error, agent=agent, benchmark=benchmark, errors=errors)
+            return iter_jsonl(
+                path, on_error=on_error, agent=agent, benchmark=benchmark, errors=errors, scope=scope
+            )
         else:
             raise TrajectoryError(path, f"format {fmt} is read from a folder, not a file")
     elif fmt == JSONL:
@@ -117,18 +125,20 @@ def iter_trajectories(
 
     if _is_trajectory_folder(path):
         jobs: list[tuple[Path, Callable[[], Iterator[Trajectory]]]] = [
-            (path, _single(path, fmt, agent, benchmark))
+            (path, _single(path, fmt, agent, benchmark, scope))
         ]
     else:
-        jobs = _folder_jobs(path, fmt, on_error=on_error, agent=agent, benchmark=benchmark, errors=errors)
+        jobs = _folder_jobs(
+            path, fmt, on_error=on_error, agent=agent, benchmark=benchmark, errors=errors, scope=scope
+        )
     return _run(jobs, on_error, errors)
 
 
 def _single(
-    folder: Path, fmt: str, agent: str | None, benchmark: str | None
+    folder: Path, fmt: str, agent: str | None, benchmark: str | None, scope: InputScope
 ) -> Callable[[], Iterator[Trajectory]]:
     def load() -> Iterator[Trajectory]:
-        yield _load_folder(folder, fmt, agent=agent, benchmark=benchmark)
+        yield _load_folder(folder, fmt, agent=agent, benchmark=benchmark, scope=scope)
 
     return load
 
@@ -141,6 +151,7 @@ def _folder_jobs(
     agent: str | None,
     benchmark: str | None,
     errors: list[TrajectoryError] | None,
+    scope: InputScope,
 ) -> list[tuple[Path, Callable[[], Iterator[Trajectory]]]]:
     jobs: list[tuple[Path, Callable[[], Iterator[Trajectory]]]] = []
     children = [child for child in sorted(folder.iterdir()) if not child.name.startswith((".", "__"))]
@@ -152,13 +163,13 @@ def _folder_jobs(
                 "%s: %s is not a trajectory folder (screenshots of the JSONL files?)", folder, child.name
             )
         elif child.is_dir() and fmt != JSONL:
-            jobs.append((child, _single(child, fmt, agent, benchmark)))
+            jobs.append((child, _single(child, fmt, agent, benchmark, scope)))
         elif child.is_file() and child.suffix.lower() in JSONL_SUFFIXES and fmt in ("auto", JSONL):
             jobs.append(
                 (
                     child,
                     lambda c=child: iter_jsonl(
-                        c, on_error=on_error, agent=agent, benchmark=benchmark, errors=errors
+                        c, on_error=on_error, agent=agent, benchmark=benchmark, errors=errors, scope=scope
                     ),
                 )
             )

@@ -17,7 +17,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from infer.loaders.common import check_counts, read_json, screenshot_file
+from infer.loaders.common import InputScope, check_counts, read_json, require_regular_file, screenshot_file
 from infer.trajectory import Screenshot, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
@@ -103,6 +103,7 @@ class AnalysisSteps:
 def parse_experiment_analysis(path: Path) -> AnalysisSteps:
     """Goal, model name and per-step thought/action from an AgentLab ``experiment_analysis.md``."""
     try:
+        require_regular_file(path)
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise TrajectoryError(path, f"cannot read file: {exc}") from exc
@@ -170,14 +171,14 @@ def _goal_from(lines: list[str]) -> str | None:
     return textwrap.dedent("\n".join(goal_lines)).strip() or None
 
 
-def _screenshots(run_dir: Path, summary_path: Path) -> list[Screenshot]:
+def _screenshots(run_dir: Path, summary_path: Path, scope: InputScope) -> list[Screenshot]:
     found = []
     for path in run_dir.iterdir():
         match = _SCREENSHOT.match(path.name)
         if match:
             found.append((int(match.group("n")), path))
     found.sort()
-    return [screenshot_file(path, i, summary_path) for i, (_, path) in enumerate(found)]
+    return [screenshot_file(path, i, summary_path, scope=scope) for i, (_, path) in enumerate(found)]
 
 
 def _summary(summary_path: Path) -> dict:
@@ -206,11 +207,14 @@ def _message_of(action: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def load_agentlab(run_dir: Path, *, agent: str | None = None, benchmark: str | None = None) -> Trajectory:
-    """Load one AgentLab run folder (see the module docstring for the layout)."""
+def load_agentlab(
+    run_dir: Path, *, agent: str | None = None, benchmark: str | None = None, scope: InputScope | None = None
+) -> Trajectory:
+    """Load one AgentLab run folder (see the module docstring for the layout); screenshots must lie
+    inside ``scope`` (default: the run folder)."""
     summary_path = run_dir / SUMMARY_FILE
     summary = _summary(summary_path)
-    screenshots = _screenshots(run_dir, summary_path)
+    screenshots = _screenshots(run_dir, summary_path, scope or InputScope.of(run_dir))
     analysis_path = run_dir / ANALYSIS_FILE
     if not screenshots:
         crashed = f"; the run failed: {_one_line(summary['err_msg'])}" if summary.get("err_msg") else ""

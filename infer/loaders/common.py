@@ -1,4 +1,5 @@
-"""Helpers shared by the trajectory loaders: JSON reading, field checks, screenshot references."""
+"""Helpers shared by the trajectory loaders: JSON reading, field checks, screenshot references, and
+the input scope (:class:`InputScope`): keyshot reads nothing outside the input the user named."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import base64
 import binascii
 import json
 import logging
+import os
 import re
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +29,55 @@ _DATA_URL = re.compile(
 _BASE64_TEXT = re.compile(r"^[A-Za-z0-9+/\s]+={0,2}\s*$")
 
 
+@dataclass(frozen=True)
+class InputScope:
+    """The folders trajectory files may point into: the input the user named (plus ``--allow-outside``).
+
+    A screenshot reference that resolves (symlinks followed) outside every root is refused, so a
+    downloaded trajectory cannot make keyshot read, and send to a remote judge, a local file.
+    """
+
+    roots: tuple[Path, ...]
+
+    @classmethod
+    def of(cls, *paths: Path | str, allow_outside: Iterable[Path | str] = ()) -> InputScope:
+        roots = []
+        for p in (*paths, *allow_outside):
+            p = Path(p)
+            roots.append((p if p.is_dir() or not p.exists() else p.parent).resolve())
+        return cls(tuple(roots))
+
+    def contains(self, path: Path) -> bool:
+        resolved = path.resolve()
+        return any(resolved == root or resolved.is_relative_to(root) for root in self.roots)
+
+    def check(self, path: Path, source: Path, what: str, line: int | None = None) -> None:
+        if not self.contains(path):
+            raise TrajectoryError(
+                source,
+                f"{what} ({path}) is outside the input ({', '.join(map(str, self.roots))}); keyshot reads "
+                "nothing outside the input you named: pass --allow-outside DIR to allow that folder",
+                line,
+            )
+
+
+def require_regular_file(path: Path, what: str = "file") -> None:
+    """Refuse, without opening it, anything that is not a regular file (a FIFO would hang the run)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError as exc:
+        raise TrajectoryError(
+            path, f"{what} is missing" + (" (a dangling symlink)" if path.is_symlink() else "")
+        ) from exc
+    except OSError as exc:
+        raise TrajectoryError(path, f"cannot read {what}: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(mode):
+        raise TrajectoryError(path, f"{what} is not a regular file (a folder, FIFO or device); not read")
+
+
 def read_json(path: Path) -> Any:
     """Parse a JSON file; a missing, unreadable or malformed file raises TrajectoryError naming it."""
+    require_regular_file(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
@@ -122,8 +174,11 @@ def check_counts(actions: list[str], screenshots: list[Screenshot], path: Path) 
         )
 
 
-def screenshot_file(path: Path, index: int, source: Path, line: int | None = None) -> Screenshot:
-    """A screenshot on disk; missing and zero-byte files raise TrajectoryError at load time.
+def screenshot_file(
+    path: Path, index: int, source: Path, line: int | None = None, scope: InputScope | None = None
+) -> Screenshot:
+    """A screenshot on disk; missing, zero-byte and non-regular files, and files outside ``scope``,
+    raise TrajectoryError at load time (nothing is opened to tell).
 
     The error names the image; for a JSONL record (``line`` given) it starts with ``source:line``.
     """
@@ -133,28 +188,37 @@ def screenshot_file(path: Path, index: int, source: Path, line: int | None = Non
             return TrajectoryError(path, problem)
         return TrajectoryError(source, f"screenshot {index} ({path}): {problem}", line)
 
+    if scope is not None and not scope.contains(path):
+        scope.check(path, source, f"screenshot {index}", line)
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except FileNotFoundError as exc:
         raise error(f"screenshot file is missing (referenced by {source})") from exc
     except OSError as exc:
         raise error(f"cannot read screenshot: {exc.strerror or exc}") from exc
-    if not path.is_file():
-        raise error("screenshot is not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise error("screenshot is not a regular file (a folder, FIFO or device); not read")
+    size = st.st_size
     if size == 0:
         raise error("screenshot file is empty (0 bytes)")
     return Screenshot(path=path, index=index)
 
 
 def screenshot_from_ref(
-    ref: str, index: int, bases: list[Path], source: Path, line: int | None = None
+    ref: str,
+    index: int,
+    bases: list[Path],
+    source: Path,
+    line: int | None = None,
+    scope: InputScope | None = None,
 ) -> Screenshot:
     """Resolve a screenshot reference from a trajectory file.
 
     A reference is a path (absolute, or relative to the first of ``bases`` where it exists), a
     ``data:image/...;base64,`` URL, or bare base64 text. Remote URLs are refused (keyshot never
-    downloads screenshots).
+    downloads screenshots), and so is a path that resolves outside ``scope`` (default: the first base).
     """
+    scope = scope or InputScope.of(bases[0])
     ref = ref.strip()
     if not ref:
         raise TrajectoryError(source, f"screenshot {index} is an empty string", line)
@@ -171,8 +235,10 @@ def screenshot_from_ref(
         )
     candidates = [Path(ref)] if Path(ref).is_absolute() else [base / ref for base in bases]
     for candidate in candidates:
-        if candidate.exists():
-            return screenshot_file(candidate, index, source, line)
+        if not scope.contains(candidate):
+            scope.check(candidate, source, f"screenshot {index} {ref!r}", line)
+        if candidate.exists() or candidate.is_symlink():
+            return screenshot_file(candidate, index, source, line, scope)
     if len(ref) >= 256 and _BASE64_TEXT.match(ref):
         return Screenshot(path=source, index=index, data=_b64decode(ref, index, source, line))
     tried = ", ".join(str(c) for c in candidates)

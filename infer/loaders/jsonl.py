@@ -17,7 +17,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from infer.loaders.common import check_counts, require_str, screenshot_from_ref, string_list
+from infer.loaders.common import (
+    InputScope,
+    check_counts,
+    require_regular_file,
+    require_str,
+    screenshot_from_ref,
+    string_list,
+)
 from infer.trajectory import HUMAN_LABELS, OnError, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
@@ -29,8 +36,17 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson")
 LINE_KEY = "jsonl_line"  # set in Trajectory.extra: the line a trajectory was read from
 
 
-def parse_line(record: Any, path: Path, line: int, *, agent: str | None, benchmark: str | None) -> Trajectory:
-    """One parsed JSONL record → Trajectory (``agent``/``benchmark`` fill in missing values)."""
+def parse_line(
+    record: Any,
+    path: Path,
+    line: int,
+    *,
+    agent: str | None,
+    benchmark: str | None,
+    scope: InputScope | None = None,
+) -> Trajectory:
+    """One parsed JSONL record → Trajectory (``agent``/``benchmark`` fill in missing values);
+    screenshot paths must lie inside ``scope`` (default: the JSONL file's folder)."""
     if not isinstance(record, dict):
         raise TrajectoryError(path, f"expected a JSON object, found a {type(record).__name__}", line)
     missing = [key for key in REQUIRED_KEYS if key not in record]
@@ -62,7 +78,9 @@ def parse_line(record: Any, path: Path, line: int, *, agent: str | None, benchma
     refs = string_list(record["screenshots"], "screenshots", path, line)
     if not refs:
         raise TrajectoryError(path, "trajectory has no screenshots ('screenshots' is empty)", line)
-    screenshots = [screenshot_from_ref(ref, i, [path.parent], path, line) for i, ref in enumerate(refs)]
+    screenshots = [
+        screenshot_from_ref(ref, i, [path.parent], path, line, scope=scope) for i, ref in enumerate(refs)
+    ]
 
     label = record.get("human_label")
     if label is not None and label not in HUMAN_LABELS:
@@ -106,8 +124,11 @@ def iter_jsonl(
     agent: str | None = None,
     benchmark: str | None = None,
     errors: list[TrajectoryError] | None = None,
+    scope: InputScope | None = None,
 ) -> Iterator[Trajectory]:
     """Yield the trajectories of a JSONL file, one per non-blank line."""
+    require_regular_file(path, "JSONL file")
+    scope = scope or InputScope.of(path.parent)
     try:
         handle = path.open(encoding="utf-8")
     except OSError as exc:
@@ -132,7 +153,7 @@ def iter_jsonl(
                     raise TrajectoryError(
                         path, f"invalid JSON: {exc.msg} (column {exc.colno})", line_no
                     ) from exc
-                trajectory = parse_line(record, path, line_no, agent=agent, benchmark=benchmark)
+                trajectory = parse_line(record, path, line_no, agent=agent, benchmark=benchmark, scope=scope)
             except TrajectoryError as exc:
                 if on_error == "raise":
                     raise

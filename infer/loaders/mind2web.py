@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from infer.loaders.common import (
+    InputScope,
     align_thoughts,
     check_counts,
     first_int,
@@ -58,11 +59,18 @@ def schema_of(result_path: Path, data: object) -> str:
 
 
 def load_online_mind2web(
-    task_dir: Path, *, version: str | None = None, agent: str | None = None, benchmark: str | None = None
+    task_dir: Path,
+    *,
+    version: str | None = None,
+    agent: str | None = None,
+    benchmark: str | None = None,
+    scope: InputScope | None = None,
 ) -> Trajectory:
-    """Load one Online-Mind2Web task folder; ``version`` (``V1``/``V2``) insists on a schema."""
+    """Load one Online-Mind2Web task folder; ``version`` (``V1``/``V2``) insists on a schema.
+    Screenshots must lie inside ``scope`` (default: the task folder)."""
+    scope = scope or InputScope.of(task_dir)
     result_path = task_dir / RESULT_FILE
-    if not result_path.is_file():
+    if not (result_path.exists() or result_path.is_symlink()):
         raise TrajectoryError(
             task_dir,
             f"no {RESULT_FILE}: an Online-Mind2Web task folder holds {RESULT_FILE} and {SCREENSHOT_DIR}/",
@@ -72,7 +80,7 @@ def load_online_mind2web(
     if version is not None and version != found:
         raise TrajectoryError(result_path, f"format {version} was requested but the file is {found}")
     loader = _load_v2 if found == V2 else _load_v1
-    return loader(task_dir, result_path, data, agent=agent, benchmark=benchmark or BENCHMARK)
+    return loader(task_dir, result_path, data, agent=agent, benchmark=benchmark or BENCHMARK, scope=scope)
 
 
 def _task_id(data: dict, task_dir: Path, result_path: Path) -> str:
@@ -111,7 +119,7 @@ def ordered_screenshot_files(folder: Path) -> list[Path]:
 
 
 def _load_v1(
-    task_dir: Path, result_path: Path, data: dict, *, agent: str | None, benchmark: str
+    task_dir: Path, result_path: Path, data: dict, *, agent: str | None, benchmark: str, scope: InputScope
 ) -> Trajectory:
     task = require_str(data, "task", result_path)
     if "action_history" not in data:
@@ -122,7 +130,7 @@ def _load_v1(
     if raw_thoughts is not None:
         thoughts = string_list(raw_thoughts, "thoughts", result_path, none_as_empty=True)
     files = ordered_screenshot_files(task_dir / SCREENSHOT_DIR)
-    screenshots = [screenshot_file(path, i, result_path) for i, path in enumerate(files)]
+    screenshots = [screenshot_file(path, i, result_path, scope=scope) for i, path in enumerate(files)]
     check_counts(actions, screenshots, result_path)
     return Trajectory(
         task_id=_task_id(data, task_dir, result_path),
@@ -139,7 +147,7 @@ def _load_v1(
 
 
 def _load_v2(
-    task_dir: Path, result_path: Path, data: dict, *, agent: str | None, benchmark: str
+    task_dir: Path, result_path: Path, data: dict, *, agent: str | None, benchmark: str, scope: InputScope
 ) -> Trajectory:
     task = require_str(data, "task", result_path)
     steps = data.get("action_history")
@@ -165,7 +173,7 @@ def _load_v2(
     for i, step in enumerate(steps):
         ref = step.get("screenshot")
         if isinstance(ref, str) and ref.strip():
-            screenshots.append(screenshot_from_ref(ref, len(screenshots), bases, result_path))
+            screenshots.append(screenshot_from_ref(ref, len(screenshots), bases, result_path, scope=scope))
         elif ref is not None:
             raise TrajectoryError(
                 result_path, f"action_history[{i}].screenshot must be a string, found {ref!r}"
