@@ -333,8 +333,18 @@ class VLLMServer:
         Path(plan.env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
         logger.info("starting vLLM: %s", " ".join(plan.command))
         self._log = open(plan.log_file, "ab")  # noqa: SIM115 (closed in stop())
+        # The guard runs vLLM in its own process group and ends it (engine core and workers included)
+        # when this process dies, kill -9 included: a server keyshot starts never outlives keyshot.
+        guard = [
+            sys.executable,
+            "-I",
+            str(Path(__file__).with_name("process_guard.py")),
+            "--grace-s",
+            "20",
+            "--",
+        ]
         self.process = subprocess.Popen(
-            plan.command,
+            [*guard, *plan.command],
             env=plan.env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
