@@ -6,8 +6,10 @@ that guards the same bug class is ``tests/test_train_model.py::test_log_totals_m
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,8 +70,17 @@ def test_recipe_logs_evaluates_checkpoints_and_resumes_on_cuda(tiny_model_dir, t
         "checkpoint.every_steps=2",
         "mixed_precision=bf16",
     ]
-    first = subprocess.run([*command, "max_steps=4"], cwd=REPO, capture_output=True, text=True)
-    assert first.returncode == 0, first.stderr[-4000:]
-    resumed = subprocess.run([*command, "max_steps=6"], cwd=REPO, capture_output=True, text=True)
+    # preempted mid-run (SIGUSR1 as SLURM sends it), then resumed to the end
+    proc = subprocess.Popen([*command, "max_steps=8"], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 600
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-4000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=600) == 75, proc.stderr.read()[-4000:]
+    assert (run_dir / "preempted.json").is_file()
+    resumed = subprocess.run([*command, "max_steps=8"], cwd=REPO, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "resumed from" in resumed.stderr
     assert (run_dir / "final" / "model.safetensors").is_file()

@@ -126,6 +126,8 @@ def test_slurm_launch_gives_each_node_its_own_rank(tmp_path):
     # a long host list: `| head -n1` closes the pipe early, which must not fail the job (SIGPIPE)
     _fake_tool(bin_dir, "scontrol", "printf 'gpu-a17\\ngpu-b03\\n'; seq 1 100000 | sed s/^/gpu-c/")
     _fake_tool(bin_dir, "accelerate", f'echo "$*" >> {log}')
+    # the srun task ignores USR1 before exec'ing the launcher (SLURM signals every process of the step)
+    assert "trap '' USR1; exec accelerate launch" in script.read_text()
     env = {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
@@ -141,6 +143,8 @@ def test_slurm_launch_gives_each_node_its_own_rank(tmp_path):
     )
     launches = log.read_text(encoding="utf-8").splitlines()
     assert len(launches) == 2
+    text = script.read_text()
+    assert "#SBATCH --signal=USR1@" in text and "#SBATCH --requeue" in text  # preemption-safe
     for rank, line in enumerate(launches):
         args = line.split()
         assert args[args.index("--machine_rank") + 1] == str(rank)
@@ -156,3 +160,39 @@ def test_other_slurm_scripts_are_a_header_and_one_launch(name):
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     body = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln and not ln.startswith("#")]
     assert body[0] == "set -euo pipefail" and len(body) == 2 and body[1].startswith("keyshot ")
+
+
+def test_slurm_train_requeues_a_preempted_job(tmp_path):
+    """When training stops for SLURM's warning signal (marker file written by rank 0), the batch
+    script requeues the job instead of failing it."""
+    script = REPO / "slurm" / "train.sh"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol.txt"
+    _fake_tool(bin_dir, "srun", 'shift; SLURM_NODEID=0 "$@"')
+    _fake_tool(bin_dir, "scontrol", f'echo "$*" >> {calls}; [ "$1" = show ] && echo gpu-a17; true')
+    # the launcher's training process was preempted: marker written, exit 75 through the launcher
+    _fake_tool(
+        bin_dir, "accelerate", 'echo \'{"step": 7, "signal": "SIGUSR1"}\' > "$KEYSHOT_PREEMPTED_FILE"; exit 1'
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "gpu-a17",
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_ID": "4242",
+    }
+    proc = subprocess.run(
+        ["bash", str(script), "configs/train/webjudge7b_full.yaml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "requeue 4242" in calls.read_text() and "preempted" in proc.stdout
+    assert not (tmp_path / ".keyshot-preempted-4242").exists()
+    # an ordinary failure is not requeued: the job fails with the launcher's status
+    _fake_tool(bin_dir, "accelerate", "exit 3")
+    proc = subprocess.run(["bash", str(script), "configs/train/webjudge7b_full.yaml"], cwd=tmp_path, env=env)
+    assert proc.returncode == 3 and calls.read_text().count("requeue") == 1

@@ -290,6 +290,75 @@ def test_resume_after_kill_continues_the_same_schedule(tiny_model_dir, datasets_
     assert records(resumed_dir, "train") == resumed
 
 
+def test_preemption_signal_saves_and_the_requeued_run_finishes_the_same(
+    tiny_model_dir, datasets_dir, launch_env, tmp_path
+):
+    """SLURM's USR1 before a time limit: the worker saves at the next step and exits 75 (the launcher
+    ignores USR1, as slurm/train.sh arranges); the requeued launch resumes and ends where an
+    uninterrupted run ends."""
+    from safetensors.torch import load_file
+
+    common = ["max_steps=12", "checkpoint.every_steps=100", "log.every_steps=1", "data.eval_split=null"]
+    reference_dir, preempted_dir = tmp_path / "reference", tmp_path / "preempted"
+    launch("cpu1.yaml", _overrides(tiny_model_dir, datasets_dir["small"], reference_dir, *common), launch_env)
+
+    marker = tmp_path / "requeue-me"
+    command = _command("cpu1.yaml", _overrides(tiny_model_dir, datasets_dir["small"], preempted_dir, *common))
+    proc = subprocess.Popen(
+        ["bash", "-c", "trap '' USR1; exec \"$@\"", "train", *command],
+        cwd=REPO,
+        env={**launch_env, "KEYSHOT_PREEMPTED_FILE": str(marker)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        _wait_for_step(preempted_dir, proc, 3, timeout=600)
+        os.killpg(proc.pid, signal.SIGUSR1)  # as slurmstepd signals every process of the step
+        output = proc.communicate(timeout=300)[0].decode()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "SIGUSR1 received: saving a checkpoint at the next step" in output, output[-3000:]
+    assert "checkpoint saved; run the same command again" in output
+    stopped = json.loads((preempted_dir / "preempted.json").read_text())
+    assert stopped["signal"] == "SIGUSR1" and 3 <= stopped["step"] < 12
+    assert json.loads(marker.read_text())["run_dir"] == str(preempted_dir)
+    assert (preempted_dir / "checkpoints" / f"step_{stopped['step']:08d}").is_dir()
+    assert not (preempted_dir / "final").exists()
+
+    output = launch(
+        "cpu1.yaml", _overrides(tiny_model_dir, datasets_dir["small"], preempted_dir, *common), launch_env
+    )
+    assert f"step_{stopped['step']:08d}" in output.split("resumed from ")[1][:200]
+    assert not (preempted_dir / "preempted.json").exists()
+    reference, resumed = records(reference_dir, "train"), records(preempted_dir, "train")
+    assert [r["step"] for r in resumed] == list(range(1, 13))
+    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in reference], rel=1e-5)
+    ref_weights = load_file(str(reference_dir / "final" / "model.safetensors"))
+    new_weights = load_file(str(preempted_dir / "final" / "model.safetensors"))
+    assert ref_weights.keys() == new_weights.keys()
+    for name, tensor in ref_weights.items():
+        assert (tensor.float() - new_weights[name].float()).abs().max().item() < 1e-5, name
+
+
+def test_a_schedule_at_learning_rate_zero_is_refused_before_the_model_loads(
+    tiny_model_dir, datasets_dir, launch_env, tmp_path
+):
+    proc = subprocess.run(
+        [sys.executable, "-m", "train.sft", "--config", TINY_CONFIG]
+        + _overrides(tiny_model_dir, datasets_dir["small"], tmp_path / "run", "max_steps=1"),
+        cwd=REPO,
+        env=launch_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert "optim.warmup_ratio: 1 warmup steps for a run of 1 steps" in proc.stderr
+    assert not (tmp_path / "run" / "final").exists()
+
+
 # ----------------------------------------------------------------------------- LoRA and merge-lora
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 
 from infer.checkpoint import CheckpointMeta, read_meta
-from infer.config import config_to_dict
+from infer.config import ConfigError, config_to_dict
 from train.checkpointing import (
     CheckpointManager,
     ResumeError,
@@ -44,6 +45,7 @@ from train.data import (
 )
 from train.evaluate import MetricsLog, evaluate
 from train.model import load_scorer_model, parameter_groups
+from train.preemption import Preempted, PreemptionWatch, clear_marker
 from train.throughput import FlopsModel, ThroughputMeter, log_totals
 
 logger = logging.getLogger(__name__)
@@ -135,8 +137,31 @@ def _log_scalars(accelerator, metrics_log: MetricsLog, record: dict, prefix: str
         accelerator.log(scalars, step=record["step"])
 
 
+def check_schedule(total_steps: int, warmup: int, lr: float) -> None:
+    """Refuse, before the model loads, a schedule that would train at learning rate 0 throughout
+    (linear warmup starts at 0: with ``warmup >= total_steps`` a 1-step run never moves)."""
+    if lr <= 0:
+        raise ConfigError(f"optim.lr must be > 0, got {lr}")
+    if warmup > 0 and warmup >= total_steps:
+        raise ConfigError(
+            f"optim.warmup_ratio: {warmup} warmup steps for a run of {total_steps} steps; warmup must be "
+            f"shorter than the run (a run of {total_steps} step(s) with warmup trains at learning rate "
+            "0): lower warmup_ratio or train for more steps"
+        )
+
+
 def run_training(cfg: TrainConfig) -> Path:
-    """Train the scorer as ``cfg`` says; return the final checkpoint folder (``RUN/final``)."""
+    """Train the scorer as ``cfg`` says; return the final checkpoint folder (``RUN/final``).
+
+    SIGUSR1/SIGTERM save a checkpoint at the next optimizer step and raise :class:`Preempted`."""
+    watch = PreemptionWatch()
+    try:
+        return _run_training(cfg, watch)
+    finally:
+        watch.close()
+
+
+def _run_training(cfg: TrainConfig, watch: PreemptionWatch) -> Path:
     from accelerate.utils import set_seed
     from transformers import AutoProcessor, get_scheduler
 
@@ -212,6 +237,7 @@ def run_training(cfg: TrainConfig) -> Path:
     steps_per_epoch = sampler.num_steps // accumulation
     total_steps = cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch)
     warmup = math.ceil(cfg.optim.warmup_ratio * total_steps)
+    check_schedule(total_steps, warmup, cfg.optim.lr)
     logger.info(
         "train: %d examples, %d optimizer steps per epoch, %d steps in all (%d warmup)",
         len(train_set),
@@ -299,6 +325,8 @@ def run_training(cfg: TrainConfig) -> Path:
         _log_scalars(accelerator, metrics_log, record, "eval")
 
     # -- train
+    if accelerator.is_main_process:
+        clear_marker(run_dir)
     meter = ThroughputMeter(flops_model, cfg.log.peak_tflops_per_device, world)
     model.train()
     losses: list[torch.Tensor] = []
@@ -362,6 +390,10 @@ def run_training(cfg: TrainConfig) -> Path:
             losses.clear()
             if cfg.eval.every_steps and state.step % cfg.eval.every_steps == 0 and state.step < total_steps:
                 run_eval()
+            if state.step < total_steps and watch.requested(accelerator):
+                checkpoints.save(accelerator, _normalised(state, len(loader)))
+                accelerator.end_training()
+                raise Preempted(watch.signum or signal.SIGTERM, state.step)
             if state.step % cfg.checkpoint.every_steps == 0 and state.step < total_steps:
                 checkpoints.save(accelerator, _normalised(state, len(loader)))
             if state.step >= total_steps:

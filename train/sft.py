@@ -9,7 +9,9 @@
     # overrides: key.sub=value after the config
     accelerate launch ... -m train.sft --config configs/train/tiny_cpu.yaml run_dir=runs/x optim.lr=1e-4 max_steps=20
 
-Re-running the same command resumes from the newest checkpoint in ``run_dir``.
+Re-running the same command resumes from the newest checkpoint in ``run_dir``. SIGUSR1 or SIGTERM
+(SLURM's warning before a time limit or preemption) saves a checkpoint at the next step and exits
+with code 75, so that ``slurm/train.sh`` requeues the job (``train/preemption.py``).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from train.checkpointing import ResumeError
     from train.data import DataError
     from train.model import ModelSetupError
+    from train.preemption import EXIT_REQUEUE, Preempted, write_marker
     from train.recipe import run_training
 
     try:
@@ -64,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, ImageError, CheckpointError, ResumeError, ModelSetupError) as exc:
         logger.error("%s", exc)
         return 2
+    except Preempted as stop:
+        if rank == 0:
+            write_marker(Path(cfg.run_dir), stop)
+        logger.warning(
+            "%s: checkpoint saved; run the same command again (or requeue the job) to resume", stop
+        )
+        return EXIT_REQUEUE
     return 0
 
 
