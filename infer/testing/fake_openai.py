@@ -467,6 +467,12 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 256  # the default backlog (5) drops bursts of connections: spurious timeouts
     fake: FakeOpenAI
 
+    def handle_error(self, request, client_address) -> None:
+        """A client that hung up (its timeout, a killed judge) is normal here; anything else is printed."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
 
 class FakeOpenAI:
     """An OpenAI-compatible chat server on 127.0.0.1 in a background thread.
