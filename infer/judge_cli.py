@@ -376,6 +376,19 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(fh.name, path)
 
 
+def nothing_found_message(paths: list[str], load_errors: list[TrajectoryError]) -> str:
+    """What was looked for and what was seen instead, when no trajectory could be read."""
+    looked = (
+        "looked for Online-Mind2Web task folders (result.json + trajectory/), per-agent folders of them, "
+        "AgentLab runs (summary_info.json, screenshot_step_N.png) and .jsonl files"
+    )
+    if not load_errors:
+        return f"no trajectories in {', '.join(paths)}: {looked}"
+    shown = "; ".join(str(e) for e in load_errors[:3])
+    more = f" (and {len(load_errors) - 3} more)" if len(load_errors) > 3 else ""
+    return f"no readable trajectory in {', '.join(paths)} ({looked}): {len(load_errors)} failed: {shown}{more}"
+
+
 def protocol_fingerprint(cfg: JudgeRunConfig) -> dict:
     """What decides a run's verdicts: a run folder keeps its verdicts only for this protocol."""
     sc, pipe = cfg.scorer, cfg.pipeline
@@ -461,8 +474,8 @@ def run_judge(
         cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
     fingerprint = protocol_fingerprint(cfg)
     trajectories, load_errors = load_all(paths, cfg, allow_outside)
-    if not trajectories and not load_errors:
-        raise JudgeRunError(f"no trajectories found in {', '.join(paths)}")
+    if not trajectories:
+        raise JudgeRunError(nothing_found_message(paths, load_errors))
     with RunLock(out, wait=wait, what="keyshot judge"):
         check_fingerprint(out, fingerprint)
         return _judge_locked(

@@ -485,6 +485,8 @@ def records_from_verdicts(
         arb[(row.benchmark, agent_key(row.agent), row.task_id)] = row.human
     records = []
     no_prediction = 0
+    matched = 0
+    verdict_keys: list[tuple[str, str]] = []
     for v in verdicts:
         task_id = str(v.get("task_id", ""))
         agent = str(v.get("agent") or "unknown")
@@ -502,11 +504,23 @@ def records_from_verdicts(
             )
             human = None
         key = (task_id, agent_key(agent))
+        verdict_keys.append((task_id, agent))
         if human_labels is not None and key in human_labels:
             human = human_labels[key]
+            matched += 1
         elif (benchmark, agent_key(agent), task_id) in arb:
             human = arb[(benchmark, agent_key(agent), task_id)]
+            matched += 1
         records.append(JudgedRecord(task_id, agent, benchmark, predicted, human))
+    if (human_labels is not None or arb_index is not None) and records and matched * 2 < len(records):
+        label_keys = list(human_labels or {})[:3] or [(r.task_id, r.agent) for r in list(arb_index or [])[:3]]
+        raise MetricsInputError(
+            f"only {matched} of {len(records)} verdicts matched a human label: verdicts are keyed (task id, agent) "
+            f"like {verdict_keys[:3]}, the labels like {label_keys}; the agent of a verdict comes from the "
+            "trajectory (Online-Mind2Web: the agent folder's name, or keyshot judge --agent NAME)"
+        )
+    if human_labels is not None or arb_index is not None:
+        logger.info("%d of %d verdicts matched a human label", matched, len(records))
     if no_prediction:
         logger.warning(
             "%d verdicts have none of the fields %s; counted as no verdict",

@@ -47,6 +47,14 @@ def _is_trajectory_folder(folder: Path) -> bool:
     return (folder / RESULT_FILE).is_file() or (folder / SCREENSHOT_DIR).is_dir() or is_agentlab_run(folder)
 
 
+def _holds_trajectories(folder: Path) -> bool:
+    """A folder (not itself a trajectory) with at least one trajectory folder directly inside."""
+    try:
+        return any(c.is_dir() and _is_trajectory_folder(c) for c in folder.iterdir())
+    except OSError:
+        return False
+
+
 def detect_format(path: Path | str) -> str:
     """The format of one trajectory (a folder, or a JSONL file); raises TrajectoryError if none fits."""
     path = Path(path)
@@ -162,6 +170,17 @@ def _folder_jobs(
             logger.debug(
                 "%s: %s is not a trajectory folder (screenshots of the JSONL files?)", folder, child.name
             )
+        elif (
+            child.is_dir()
+            and fmt != JSONL
+            and not _is_trajectory_folder(child)
+            and _holds_trajectories(child)
+        ):
+            # a folder of trajectory folders inside the input: the Online-Mind2Web release layout has one
+            # per agent (SeeAct/<task_id>/...), so its name is the agent unless the user named one
+            for grandchild in sorted(child.iterdir()):
+                if grandchild.is_dir() and not grandchild.name.startswith((".", "__")):
+                    jobs.append((grandchild, _single(grandchild, fmt, agent or child.name, benchmark, scope)))
         elif child.is_dir() and fmt != JSONL:
             jobs.append((child, _single(child, fmt, agent, benchmark, scope)))
         elif child.is_file() and child.suffix.lower() in JSONL_SUFFIXES and fmt in ("auto", JSONL):

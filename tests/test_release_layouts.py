@@ -1,0 +1,120 @@
+"""Published layouts judged as they are downloaded: the Online-Mind2Web release (one folder per agent,
+the agent taken from the folder's name), then metrics joined with human labels by task id and agent."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from infer.cli import main as keyshot
+from infer.testing.fake_openai import FakeOpenAI, make_judge
+from infer.verdicts import read_verdicts
+
+REPO = Path(__file__).resolve().parents[1]
+V1 = Path(__file__).parent / "fixtures" / "trajectories" / "online_mind2web_v1"
+REFERENCE = str(REPO / "configs/judge/reference_gpt4o.yaml")
+
+
+def release_layout(root: Path) -> tuple[Path, list[str]]:
+    """root/SeeAct/<task>/..., root/Browser_Use/<task>/... sharing task ids, and human_label.json."""
+    tasks = sorted(p.name for p in V1.iterdir() if p.is_dir())
+    for agent in ("SeeAct", "Browser_Use"):
+        for task in tasks:
+            shutil.copytree(V1 / task, root / "online_mind2web" / agent / task)
+    labels = [
+        {"task_id": t, "confirmed_task": "…", "SeeAct_human_label": "1", "Browser_Use_human_label": "0"}
+        for t in tasks
+    ]
+    (root / "human_label.json").write_text(json.dumps(labels))
+    return root / "online_mind2web", tasks
+
+
+def test_release_layout_is_judged_per_agent_and_joins_human_labels(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    data, tasks = release_layout(tmp_path)
+    out = tmp_path / "judged"
+    with FakeOpenAI(make_judge()) as judge:
+        argv = ["judge", str(data), "--config", REFERENCE, "--no-progress", f"out={out}"]
+        assert keyshot([*argv, f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]) == 0
+    verdicts = read_verdicts(out / "verdicts.jsonl")
+    assert sorted((v.agent, v.task_id) for v in verdicts) == sorted(
+        (a, t) for a in ("SeeAct", "Browser_Use") for t in tasks
+    )  # the same task run by two agents is two trajectories
+    metrics = tmp_path / "metrics"
+    code = keyshot(
+        [
+            "metrics",
+            str(out / "verdicts.jsonl"),
+            "--human-labels",
+            str(tmp_path / "human_label.json"),
+            "--out",
+            str(metrics),
+        ]
+    )
+    assert code == 0
+    report = json.loads((metrics / "metrics.json").read_text())
+    assert json.dumps(report).count("SeeAct") and json.dumps(report).count("Browser_Use")
+    assert f"{2 * len(tasks)} of {2 * len(tasks)} verdicts matched a human label" in caplog.text
+
+
+def test_a_join_that_matches_nothing_is_an_error_naming_both_sides(tmp_path, capsys):
+    data, tasks = release_layout(tmp_path)
+    out = tmp_path / "judged"
+    with FakeOpenAI(make_judge()) as judge:
+        argv = ["judge", str(data / "SeeAct"), "--config", REFERENCE, "--no-progress", f"out={out}"]
+        assert keyshot([*argv, f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]) == 0
+    assert all(v.agent is None for v in read_verdicts(out / "verdicts.jsonl"))  # one agent's folder: no name
+    capsys.readouterr()
+    code = keyshot(
+        [
+            "metrics",
+            str(out / "verdicts.jsonl"),
+            "--human-labels",
+            str(tmp_path / "human_label.json"),
+            "--out",
+            str(tmp_path / "m"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and f"only 0 of {len(tasks)} verdicts matched a human label" in err
+    assert tasks[0] in err and "--agent NAME" in err
+    # naming the agent fixes it
+    out2 = tmp_path / "judged2"
+    with FakeOpenAI(make_judge()) as judge:
+        argv = [
+            "judge",
+            str(data / "SeeAct"),
+            "--config",
+            REFERENCE,
+            "--no-progress",
+            f"out={out2}",
+            "agent=SeeAct",
+        ]
+        assert keyshot([*argv, f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]) == 0
+    assert (
+        keyshot(
+            [
+                "metrics",
+                str(out2 / "verdicts.jsonl"),
+                "--human-labels",
+                str(tmp_path / "human_label.json"),
+                "--out",
+                str(tmp_path / "m2"),
+            ]
+        )
+        == 0
+    )
+
+
+def test_nothing_readable_is_an_error_that_says_what_was_seen(tmp_path, capsys):
+    (tmp_path / "deep" / "benchmark" / "agent" / "task").mkdir(parents=True)
+    (tmp_path / "deep" / "benchmark" / "agent" / "task" / "notes.txt").write_text("hello")
+    out = tmp_path / "out"
+    assert (
+        keyshot(["judge", str(tmp_path / "deep"), "--config", REFERENCE, "--no-progress", f"out={out}"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "no readable trajectory in" in err and "looked for Online-Mind2Web task folders" in err
+    assert not out.exists()  # no empty --out left behind
