@@ -17,6 +17,7 @@ from pathlib import Path
 from infer.checkpoint import read_meta
 from infer.config import load_config
 from infer.judge_cli import JudgeRunConfig, run_judge
+from infer.report import build_report
 from infer.serve import ServeConfig, VLLMServer
 from infer.tiny_model import build_tiny_scorer
 
@@ -91,11 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         run_judge([str(args.samples)], judge_cfg)
     judged = out / "judged"
+    report = build_report(judged, judged / "report", progress=False)
     print("\n" + verdict_table(judged / "verdicts.jsonl"))
     print(
         f"\nOutputs: {judged / 'verdicts.jsonl'} (one line per trajectory), {judged / 'summary.md'}, "
         f"{judged / 'calls.sqlite'} (call cache: re-running repays nothing), vLLM log {out / 'vllm.log'}"
     )
+    print(f"Report: {report}  (open it in a browser: every screenshot, its score and the verdict)")
     return 0
 
 

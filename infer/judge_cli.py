@@ -386,7 +386,9 @@ def nothing_found_message(paths: list[str], load_errors: list[TrajectoryError]) 
         return f"no trajectories in {', '.join(paths)}: {looked}"
     shown = "; ".join(str(e) for e in load_errors[:3])
     more = f" (and {len(load_errors) - 3} more)" if len(load_errors) > 3 else ""
-    return f"no readable trajectory in {', '.join(paths)} ({looked}): {len(load_errors)} failed: {shown}{more}"
+    return (
+        f"no readable trajectory in {', '.join(paths)} ({looked}): {len(load_errors)} failed: {shown}{more}"
+    )
 
 
 def protocol_fingerprint(cfg: JudgeRunConfig) -> dict:
@@ -632,6 +634,9 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--wait", action="store_true", help="wait for another process writing in --out")
     p.add_argument(
+        "--report", action="store_true", help="build the HTML report (keyshot report OUT) at the end"
+    )
+    p.add_argument(
         "--allow-outside",
         action="append",
         default=[],
@@ -686,6 +691,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(summary["markdown"])
     print(f"verdicts: {Path(cfg.out) / VERDICTS_FILE}")
+    if args.report:
+        from infer.report import build_report
+
+        with RunLock(Path(cfg.out) / "report", what="keyshot judge --report"):
+            index = build_report(Path(cfg.out), Path(cfg.out) / "report", progress=not args.no_progress)
+        print(f"report: {index}")
+    else:
+        print(f"browse it: keyshot report {cfg.out}")
     code = exit_code(summary)
     if summary["run"]["stopped"]:
         print(f"keyshot judge: stopped: {summary['run']['stopped']}", file=sys.stderr)

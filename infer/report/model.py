@@ -1,0 +1,129 @@
+"""What the report shows, computed from a judged run: its verdicts, their ground truth, their kind.
+
+A run is a keyshot run folder (``verdicts.jsonl`` beside ``summary.json`` and ``run.json``), a
+keyshot verdict file, or released judge records keyshot imports (the reference implementation's
+output file, AgentRewardBench WebJudge record folders): :func:`load_run` reads any of them into
+:class:`~infer.verdicts.Verdict` objects.
+
+Ground truth, where the data has it: the Online-Mind2Web human label (from ``--human-labels`` or the
+verdict), else the benchmark's own reward recorded with the trajectory (AgentLab/BrowserGym,
+AgentRewardBench). Each trajectory also gets a *kind*: an agent's own outcome, a task humans marked
+not executable (Online-Mind2Web label 2), an infrastructure failure (site blocked, CAPTCHA, crashed
+run: these are not the agent's fault), or a run that could not be judged (incomplete).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infer.metrics import JudgedRecord, MetricsReport, agent_key, compute_metrics, normalize_human_label
+from infer.verdicts import Verdict, VerdictFileError, latest_verdicts, read_reference_records, read_verdicts
+
+KIND_AGENT = "agent"
+KIND_NOT_EXECUTABLE = "not executable"
+KIND_INFRASTRUCTURE = "infrastructure"
+KIND_INCOMPLETE = "incomplete"
+_INFRASTRUCTURE = re.compile(
+    r"captcha|access denied|blocked by|bot detection|403 forbidden|site (?:is )?(?:down|unavailable)|"
+    r"page (?:failed|did not) load|cloudflare|the run failed|crash",
+    re.IGNORECASE,
+)
+
+
+@dataclass
+class Run:
+    """A judged run as the report sees it."""
+
+    name: str
+    verdicts: list[Verdict]
+    summary: dict = field(default_factory=dict)
+    protocol: dict = field(default_factory=dict)
+    source_kind: str = "keyshot"
+
+
+def load_run(path: Path) -> Run:
+    """A run folder, a verdict file, or released judge records (see the module docstring)."""
+    if path.is_dir() and (path / "verdicts.jsonl").is_file():
+        verdicts = latest_verdicts(read_verdicts(path / "verdicts.jsonl"))
+        summary = _read_json(path / "summary.json")
+        protocol = _read_json(path / "run.json").get("protocol", {})
+        return Run(path.name, verdicts, summary, protocol or _protocol_of(verdicts))
+    if path.is_file() and path.suffix == ".jsonl":
+        try:
+            verdicts = latest_verdicts(read_verdicts(path))
+            return Run(path.parent.name, verdicts, protocol=_protocol_of(verdicts))
+        except VerdictFileError:
+            pass  # perhaps the reference implementation's output: read below
+    verdicts = list(read_reference_records(path))
+    if not verdicts:
+        raise VerdictFileError(
+            f"{path}: no verdicts (expected a keyshot run folder, a verdicts.jsonl or judge records)"
+        )
+    return Run(
+        path.name, latest_verdicts(verdicts), protocol=_protocol_of(verdicts), source_kind="released records"
+    )
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _protocol_of(verdicts: list[Verdict]) -> dict:
+    """The protocol recorded in the verdicts themselves (every verdict carries its config)."""
+    return dict(verdicts[0].config) if verdicts and verdicts[0].config else {}
+
+
+def ground_truth(v: Verdict, human_labels: dict[tuple[str, str], str] | None = None) -> str | None:
+    """``success``/``failure``/``not_executable``/``unsure``, or None when the data has none."""
+    if human_labels is not None:
+        label = human_labels.get((str(v.task_id), agent_key(v.agent or "")))
+        if label is not None:
+            return label
+    try:
+        human = normalize_human_label(v.human_label)
+    except ValueError:
+        human = None
+    if human is not None:
+        return human
+    if v.reward is not None:
+        return "success" if v.reward > 0 else "failure"
+    return None
+
+
+def kind_of(v: Verdict, truth: str | None) -> str:
+    if not v.finished:
+        return KIND_INCOMPLETE
+    if truth == "not_executable":
+        return KIND_NOT_EXECUTABLE
+    text = " ".join(filter(None, [v.outcome_text, v.error, *(s.thought for s in v.screenshots[-2:])]))
+    if _INFRASTRUCTURE.search(text):
+        return KIND_INFRASTRUCTURE
+    return KIND_AGENT
+
+
+def verdict_word(v: Verdict) -> str:
+    if not v.finished:
+        return "incomplete"
+    return {True: "success", False: "failure"}.get(v.success, "unreadable")
+
+
+def truth_success(truth: str | None) -> bool | None:
+    return {"success": True, "failure": False, "not_executable": False}.get(truth or "")
+
+
+def metrics_of(run: Run, truths: list[str | None]) -> MetricsReport | None:
+    """Agreement, SR gap and P/R/F1 against the ground truth, or None when no verdict has any."""
+    if not any(t is not None for t in truths):
+        return None
+    records = [
+        JudgedRecord(v.task_id, v.agent or "unknown", v.benchmark or "unknown", v.success, t)
+        for v, t in zip(run.verdicts, truths, strict=True)
+    ]
+    return compute_metrics(records)

@@ -1,0 +1,109 @@
+"""The report's plots (PNG, matplotlib's Agg backend): score histogram, keyshot vs human success rate
+per agent, and the confusion matrix of verdicts against ground truth. A plot without data says so."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+
+from infer.metrics import MetricsReport
+
+
+def _figure(width: float = 5.2, height: float = 3.4):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig) -> bytes:
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _no_data(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no data: {what}", ha="center", va="center", fontsize=11, color="#5b6475")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def score_histogram(scores: list[int | None], threshold: float) -> bytes:
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    counts = Counter("unreadable" if s is None else str(s) for s in scores)
+    if not scores:
+        _no_data(ax, "no screenshot was scored")
+    else:
+        labels = ["1", "2", "3", "4", "5", "unreadable"]
+        colors = ["#aab4c5" if lb == "unreadable" or float(lb) < threshold else "#2f5bd3" for lb in labels]
+        ax.bar(labels, [counts.get(lb, 0) for lb in labels], color=colors)
+        ax.set_ylabel("screenshots")
+        ax.set_title(f"Screenshot scores (blue: kept, score ≥ {threshold:g})", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    return _png(fig)
+
+
+def agent_success_rates(report: MetricsReport | None) -> bytes:
+    import numpy as np
+
+    rows = [r for r in report.agreement if r.scope == "agent" and r.n] if report else []
+    fig = _figure(max(5.2, 1.1 * len(rows) + 2.5))
+    ax = fig.add_subplot(1, 1, 1)
+    if not rows:
+        _no_data(ax, "no ground truth to compare with")
+        return _png(fig)
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [100 * (r.judge_sr or 0) for r in rows], 0.4, label="keyshot", color="#2f5bd3")
+    ax.bar(x + 0.2, [100 * (r.human_sr or 0) for r in rows], 0.4, label="ground truth", color="#8fa3c7")
+    ax.set_xticks(x)
+    ax.set_xticklabels(
+        [r.group if len(r.group) < 22 else r.group[:21] + "…" for r in rows],
+        rotation=20,
+        ha="right",
+        fontsize=8,
+    )
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("success rate %")
+    ax.set_title("Success rate per agent: keyshot vs ground truth", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return _png(fig)
+
+
+def confusion_matrix(pairs: list[tuple[str, str]]) -> bytes:
+    """``pairs`` of (verdict word, ground-truth word) for the trajectories that have ground truth."""
+    fig = _figure(4.6, 3.6)
+    ax = fig.add_subplot(1, 1, 1)
+    if not pairs:
+        _no_data(ax, "no ground truth to compare with")
+        return _png(fig)
+    rows = ["success", "failure", "unreadable", "incomplete"]
+    cols = sorted({t for _, t in pairs}, key=["success", "failure", "not_executable", "unsure"].index)
+    counts = Counter(pairs)
+    grid = [[counts.get((r, c), 0) for c in cols] for r in rows]
+    ax.imshow(grid, cmap="Blues")
+    top = max(max(r) for r in grid) or 1
+    for i in range(len(rows)):
+        for j in range(len(cols)):
+            dark = grid[i][j] > 0.5 * top
+            ax.text(
+                j,
+                i,
+                str(grid[i][j]),
+                ha="center",
+                va="center",
+                fontsize=10,
+                color="white" if dark else "#1d2330",
+            )
+    ax.set_xticks(range(len(cols)))
+    ax.set_xticklabels([c.replace("_", " ") for c in cols], fontsize=8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(rows, fontsize=8)
+    ax.set_xlabel("ground truth")
+    ax.set_ylabel("keyshot verdict")
+    ax.set_title("Verdicts vs ground truth", fontsize=10)
+    return _png(fig)

@@ -1,0 +1,105 @@
+"""Screenshot copies for the report: a thumbnail (≤ 320 px wide) and a view size (≤ 1280 px wide),
+JPEG, named by the image's content hash so that one image is converted once however often it
+appears (dedup within a trajectory, the same page across runs) and a rebuilt report converts
+nothing it already has.
+
+The cache index (``index.json``) maps (path, size, mtime) to the content hash, so a rebuild does not
+even read unchanged screenshots.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+
+from infer.fileio import write_bytes_atomic, write_text_atomic
+
+logger = logging.getLogger(__name__)
+
+THUMB_WIDTH = 320
+VIEW_WIDTH = 1280
+INDEX_FILE = "index.json"
+
+
+@dataclass(frozen=True)
+class ShotImages:
+    """Paths relative to the report folder, and the image's content hash."""
+
+    digest: str
+    thumb: str
+    view: str
+
+
+class ThumbnailCache:
+    """``images/<sha>.t.jpg`` and ``images/<sha>.v.jpg`` under the report folder."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = out_dir
+        self.folder = out_dir / "images"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._index_path = self.folder / INDEX_FILE
+        try:
+            self._index: dict[str, str] = json.loads(self._index_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            self._index = {}
+        self.converted = 0
+        self.reused = 0
+
+    def images(self, path: Path | None, data: bytes | None = None) -> ShotImages | None:
+        """The copies of one screenshot (a file, or embedded ``data``); None when it cannot be read."""
+        try:
+            if data is None:
+                assert path is not None
+                st = path.stat()
+                stamp = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+                digest = self._index.get(stamp)
+                if digest is None:
+                    data = path.read_bytes()
+                    digest = hashlib.sha256(data).hexdigest()[:32]
+                    self._index[stamp] = digest
+            else:
+                digest = hashlib.sha256(data).hexdigest()[:32]
+        except OSError as exc:
+            logger.warning("report: cannot read screenshot %s (%s)", path, exc.strerror or exc)
+            return None
+        thumb, view = self.folder / f"{digest}.t.jpg", self.folder / f"{digest}.v.jpg"
+        if thumb.exists() and view.exists():
+            self.reused += 1
+        else:
+            try:
+                self._convert(data if data is not None else path.read_bytes(), thumb, view)  # type: ignore[union-attr]
+            except (OSError, ValueError, Image.DecompressionBombError) as exc:
+                logger.warning("report: cannot decode screenshot %s (%s)", path, exc)
+                return None
+            self.converted += 1
+        rel = os.path.relpath(self.folder, self.out_dir)
+        return ShotImages(digest, f"{rel}/{thumb.name}", f"{rel}/{view.name}")
+
+    def _convert(self, data: bytes, thumb: Path, view: Path) -> None:
+        with Image.open(io.BytesIO(data)) as img:
+            img.draft("RGB", (VIEW_WIDTH, VIEW_WIDTH * 8))
+            img = img.convert("RGB")
+            for target, width, quality in ((view, VIEW_WIDTH, 82), (thumb, THUMB_WIDTH, 75)):
+                scaled = img
+                if img.width > width:
+                    # cap very tall full pages at 4:1 so a thumbnail stays readable
+                    height = min(round(img.height * width / img.width), 4 * width)
+                    crop = img.crop((0, 0, img.width, min(img.height, round(height * img.width / width))))
+                    scaled = crop.resize((width, height), Image.Resampling.BILINEAR, reducing_gap=2.0)
+                _write_jpeg(scaled, target, quality)
+
+    def save_index(self) -> None:
+        write_text_atomic(self._index_path, json.dumps(self._index))
+
+
+def _write_jpeg(img: Image.Image, target: Path, quality: int) -> None:
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=quality)
+    write_bytes_atomic(target, buf.getvalue())
