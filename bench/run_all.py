@@ -108,12 +108,43 @@ def _train(d: dict) -> list[Row]:
     ]
 
 
+def _report(d: dict) -> list[Row]:
+    size = f"{d['trajectories']:,} trajectories × {d['screenshots_per_trajectory']} screenshots, one core"
+    return [
+        (
+            "report (bench_report.py)",
+            "first build vs rebuild with thumbnails cached, seconds",
+            f"{d['ratio_first_over_cached']:.2f}×",
+            f"{d['first_build_s']:.1f} s vs {d['cached_build_s']:.1f} s (target ≤ 60 s); index.html "
+            f"{d['index_html_mb']:.2f} MB (target ≤ 2 MB); {size}",
+        )
+    ]
+
+
+def _faults(d: dict) -> list[Row]:
+    rows = []
+    for o in d["outcomes"]:
+        bad = o["lost"] + o["duplicated"] + o["wrong"] + o["wrong_after_rerun"] + o["lost_after_rerun"]
+        rows.append(
+            (
+                f"faults, {o['tool']} (faults.py)",
+                f"{o['scenario']}: wall time vs a clean run",
+                f"{o['time_ratio']:.2f}×",
+                f"lost/duplicated/wrong {bad}, incomplete {o['incomplete']}, repaid calls {o['repaid']}, "
+                f"exit codes {' '.join(map(str, o['exit_codes']))}",
+            )
+        )
+    return rows
+
+
 BENCHES: dict[str, tuple[list[str], Callable[[dict], list[Row]]]] = {
     "images": (["bench/bench_images.py"], _images),
     "calls": (["bench/bench_calls.py"], _calls),
     "scorer": (["bench/bench_scorer.py"], _scorer),
     "synth": (["bench/bench_synth.py", "--rows", "1000", "--small", "100"], _synth),
     "train": (["bench/bench_train.py"], _train),
+    "report": (["bench/bench_report.py"], _report),
+    "faults": (["bench/faults.py"], _faults),
 }
 
 
