@@ -55,6 +55,7 @@ from infer.verdicts import (
     latest_verdicts,
     read_reference_records,
     read_verdicts,
+    verdict_key,
 )
 
 logger = logging.getLogger(__name__)
@@ -178,7 +179,8 @@ def build_scorer(
 
 def load_all(
     paths: list[str], cfg: JudgeRunConfig, allow_outside: tuple[str, ...] = ()
-) -> tuple[list[Trajectory], list[TrajectoryError]]:
+) -> tuple[list[Trajectory], list[TrajectoryError], list[str]]:
+    """The input's trajectories (one per identity), the ones that could not be read, and duplicates."""
     trajectories: list[Trajectory] = []
     errors: list[TrajectoryError] = []
     for p in paths:
@@ -193,20 +195,26 @@ def load_all(
                 allow_outside=allow_outside,
             )
         )
-    seen: set[tuple[str, str]] = set()
+    seen: dict[tuple[str, str, str], Trajectory] = {}
     unique = []
+    duplicates: list[str] = []
     for t in trajectories:
-        key = (t.task_id, t.agent or "")
+        key = verdict_key(t.task_id, t.agent, t.run)
         if key in seen:
-            logger.warning(
-                "%s: task %s (agent %s) appears twice; judging it once", t.source, t.task_id, t.agent
+            first = seen[key].source
+            same = (
+                "the same trajectory reached twice" if first == t.source else f"the same identity as {first}"
             )
+            duplicates.append(
+                f"{t.source}: task {t.task_id} (agent {t.agent}, run {t.run}) is {same}; judged once"
+            )
+            logger.warning("%s", duplicates[-1])
             continue
-        seen.add(key)
+        seen[key] = t
         unique.append(t)
     if cfg.limit is not None:
         unique = unique[: cfg.limit]
-    return unique, errors
+    return unique, errors, duplicates
 
 
 def import_reference(
@@ -364,6 +372,10 @@ def summary_markdown(summary: dict, ledger_table: str) -> str:
         lines.append("## Trajectories that could not be read (not judged)\n")
         lines += [f"- {m}" for m in run["load_error_messages"]]
         lines.append("")
+    if run.get("duplicates"):
+        lines.append("## Duplicates (judged once)\n")
+        lines += [f"- {m}" for m in run["duplicates"]]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -475,7 +487,7 @@ def run_judge(
     if serve_scorer:
         cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
     fingerprint = protocol_fingerprint(cfg)
-    trajectories, load_errors = load_all(paths, cfg, allow_outside)
+    trajectories, load_errors, duplicates = load_all(paths, cfg, allow_outside)
     if not trajectories:
         raise JudgeRunError(nothing_found_message(paths, load_errors))
     with RunLock(out, wait=wait, what="keyshot judge"):
@@ -484,6 +496,7 @@ def run_judge(
             out,
             trajectories,
             load_errors,
+            duplicates,
             cfg,
             t0,
             resume_from=resume_from,
@@ -496,6 +509,7 @@ def _judge_locked(
     out: Path,
     trajectories: list[Trajectory],
     load_errors: list[TrajectoryError],
+    duplicates: list[str],
     cfg: JudgeRunConfig,
     t0: float,
     *,
@@ -509,7 +523,7 @@ def _judge_locked(
         _, left_out = import_reference(resume_from, verdicts_path, cfg.pipeline.threshold, trajectories)
     existing = read_verdicts(verdicts_path)
     index = ResumeIndex(existing)
-    todo = [t for t in trajectories if not index.done(t.task_id, t.agent)]
+    todo = [t for t in trajectories if not index.done(t.task_id, t.agent, t.run)]
     skipped = len(trajectories) - len(todo)
     if skipped:
         logger.info(
@@ -564,6 +578,7 @@ def _judge_locked(
             "not_reached": len(todo) - len(done),
             "load_errors": len(load_errors),
             "load_error_messages": [str(e) for e in load_errors],
+            "duplicates": duplicates,
             "resume_from_left_out": left_out,
             "seconds": time.perf_counter() - t0,
             "budget_stop": isinstance(stop_error, BudgetExceededError),
@@ -627,6 +642,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--serve-scorer", metavar="CHECKPOINT", help="start vLLM for this checkpoint for the run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
+        "--agent",
+        help="the agent's name for trajectories that do not record one (one agent's Online-Mind2Web folder)",
+    )
+    p.add_argument(
         "--allow-partial",
         action="store_true",
         help="judge a trajectory even when some screenshot calls failed (counted as score 0, as the "
@@ -664,6 +683,8 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"out={args.out}")
     if args.allow_partial:
         overrides.append("pipeline.allow_partial=true")
+    if args.agent:
+        overrides.append(f"agent={args.agent}")
     try:
         if not paths:
             raise JudgeRunError("no trajectory path given")

@@ -337,7 +337,7 @@ def read_verdicts(path: str | Path) -> list[dict]:
         if not isinstance(row, dict):
             logger.warning("%s: skipping entry %d: not a JSON object", path, lineno)
             continue
-        key = (str(row.get("task_id")), str(row.get("agent")), str(row.get("benchmark")))
+        key = (str(row.get("task_id")), str(row.get("agent")), str(row.get("benchmark")), str(row.get("run")))
         if key in verdicts:
             duplicates += 1
             del verdicts[key]
@@ -479,7 +479,8 @@ def records_from_verdicts(
 ) -> list[JudgedRecord]:
     """Turn verdict rows into records; human labels come from ``human_labels`` (Online-Mind2Web,
     keyed by task id and agent) or ``arb_index`` (keyed by benchmark, agent and task id) when they
-    have the trajectory, else from the verdict's own ``human_label``."""
+    have the trajectory, else from the verdict's own ``human_label``, else from the benchmark's
+    reward recorded with the trajectory (AgentLab/BrowserGym ``cum_reward``: > 0 is success)."""
     arb: dict[tuple[str, str, str], str | None] = {}
     for row in arb_index or []:
         arb[(row.benchmark, agent_key(row.agent), row.task_id)] = row.human
@@ -503,6 +504,8 @@ def records_from_verdicts(
                 "task %s (%s): unknown human label %r, treated as missing", task_id, agent, human_raw
             )
             human = None
+        if human is None and isinstance(v.get("reward"), int | float) and not isinstance(v.get("reward"), bool):
+            human = SUCCESS if v["reward"] > 0 else FAILURE  # the benchmark's own reward (AgentLab runs)
         key = (task_id, agent_key(agent))
         verdict_keys.append((task_id, agent))
         if human_labels is not None and key in human_labels:

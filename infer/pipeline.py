@@ -335,6 +335,7 @@ class WebJudge:
             task=trajectory.task,
             agent=trajectory.agent,
             benchmark=trajectory.benchmark,
+            run=trajectory.run,
             source=str(trajectory.source) if trajectory.source is not None else None,
             human_label=trajectory.human_label,
             reward=trajectory.reward,

@@ -92,6 +92,8 @@ class Trajectory:
     ``actions`` are the actions the agent executed (its final answer is not an action, see
     ``final_answer``); ``thoughts``, when the format has them, align one-to-one with ``actions``.
     ``human_label`` is one of :data:`HUMAN_LABELS`; ``reward`` is a benchmark's rule-based reward.
+    ``run`` tells apart runs of one task by one agent (AgentLab: the run's timestamp; JSONL: ``run``):
+    identity is benchmark + task + agent + run, so distinct runs are never merged.
     ``final_answer`` is recorded but never shown to the judge (agents' answers hallucinate).
     """
 
@@ -108,6 +110,7 @@ class Trajectory:
     format: str = "memory"
     final_answer: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    run: str | None = None
 
     def __post_init__(self) -> None:
         if self.human_label is not None and self.human_label not in HUMAN_LABELS:
@@ -120,8 +123,9 @@ class Trajectory:
 
     @property
     def uid(self) -> str:
-        """A key that stays unique across agents and benchmarks: ``benchmark/agent/task_id``."""
-        return "/".join(part for part in (self.benchmark, self.agent, self.task_id) if part)
+        """A key that stays unique across agents, benchmarks and runs: ``benchmark/agent/task_id[@run]``."""
+        uid = "/".join(part for part in (self.benchmark, self.agent, self.task_id) if part)
+        return f"{uid}@{self.run}" if self.run else uid
 
     @property
     def num_screenshots(self) -> int:

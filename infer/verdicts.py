@@ -148,12 +148,13 @@ class Verdict:
     reward: float | None = None
     timing: dict[str, float] = field(default_factory=dict)
     record_format: str = FORMAT_KEYSHOT
+    run: str | None = None
     incomplete: list[str] = field(default_factory=list)
     partial: list[str] = field(default_factory=list)
 
     @property
-    def key(self) -> tuple[str, str]:
-        return verdict_key(self.task_id, self.agent)
+    def key(self) -> tuple[str, str, str]:
+        return verdict_key(self.task_id, self.agent, self.run)
 
     @property
     def finished(self) -> bool:
@@ -186,9 +187,10 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
     return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def verdict_key(task_id: str, agent: str | None) -> tuple[str, str]:
-    """Identity of a judged trajectory: the same task run by two agents is two trajectories."""
-    return (str(task_id), agent or "")
+def verdict_key(task_id: str, agent: str | None, run: str | None = None) -> tuple[str, str, str]:
+    """Identity of a judged trajectory: the same task run by two agents, or twice by one agent (two
+    AgentLab runs), is two trajectories."""
+    return (str(task_id), agent or "", run or "")
 
 
 # ---------------------------------------------------------------------------- writing
@@ -325,8 +327,8 @@ class ResumeIndex:
         else:
             self._agentless.add(verdict.task_id)
 
-    def done(self, task_id: str, agent: str | None) -> bool:
-        return verdict_key(task_id, agent) in self._keys or str(task_id) in self._agentless
+    def done(self, task_id: str, agent: str | None, run: str | None = None) -> bool:
+        return verdict_key(task_id, agent, run) in self._keys or str(task_id) in self._agentless
 
     def __len__(self) -> int:
         return len(self._keys) + len(self._agentless)

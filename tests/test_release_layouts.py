@@ -118,3 +118,34 @@ def test_nothing_readable_is_an_error_that_says_what_was_seen(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no readable trajectory in" in err and "looked for Online-Mind2Web task folders" in err
     assert not out.exists()  # no empty --out left behind
+
+
+AGENTLAB = Path(__file__).parent / "fixtures" / "trajectories" / "agentlab"
+
+
+def test_agentlab_runs_of_one_task_are_kept_apart_and_true_duplicates_reported(tmp_path):
+    runs = tmp_path / "study"
+    original = next(p for p in sorted(AGENTLAB.iterdir()) if p.is_dir())
+    shutil.copytree(original, runs / original.name)
+    stamp = original.name[:19]
+    rerun = original.name.replace(stamp, "2030-01-01_00-00-00")  # the same task, agent and seed, run again
+    shutil.copytree(original, runs / rerun)
+    out = tmp_path / "judged"
+    with FakeOpenAI(make_judge()) as judge:
+        argv = ["judge", str(runs), str(runs / rerun), "--config", REFERENCE, "--no-progress", f"out={out}"]
+        assert keyshot([*argv, f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]) == 0
+    verdicts = read_verdicts(out / "verdicts.jsonl")
+    assert len(verdicts) == 2 and {v.run for v in verdicts} == {stamp, "2030-01-01_00-00-00"}
+    assert len({(v.task_id, v.agent) for v in verdicts}) == 1  # one task, one agent, two runs
+    summary = json.loads((out / "summary.json").read_text())
+    assert (
+        len(summary["run"]["duplicates"]) == 1
+        and "the same trajectory reached twice" in summary["run"]["duplicates"][0]
+    )
+    assert "## Duplicates (judged once)" in (out / "summary.md").read_text()
+    # the runs' own rewards are the ground truth for metrics
+    assert all(v.reward is not None for v in verdicts)
+    assert keyshot(["metrics", str(out / "verdicts.jsonl"), "--out", str(tmp_path / "m")]) == 0
+    report = json.loads((tmp_path / "m" / "metrics.json").read_text())
+    overall = next(r for r in report["classification"] if r["scope"] == "overall")
+    assert overall["n"] == 2

@@ -27,7 +27,7 @@ ANALYSIS_FILE = "experiment_analysis.md"
 SUMMARY_FILE = "summary_info.json"
 NO_ACTION = "No next action available"
 
-_RUN_NAME = re.compile(r"^\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}_(?P<agent>.+?)_on_(?P<task>.+)$")
+_RUN_NAME = re.compile(r"^(?P<stamp>\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2})_(?P<agent>.+?)_on_(?P<task>.+)$")
 _SCREENSHOT = re.compile(r"^screenshot_step_(?P<n>\d+)\.(?:png|jpe?g|webp)$", re.IGNORECASE)
 _STEP_PICKLE = re.compile(r"^step_\d+\.pkl(?:\.gz)?$")
 _HEADING = re.compile(r"^(?P<hashes>#{1,6})\s+(?P<title>.*?)\s*$")
@@ -269,4 +269,5 @@ def load_agentlab(
         format=FORMAT,
         final_answer=final_answer,
         extra=extra,
+        run=name_match.group("stamp") if name_match else run_dir.name,
     )

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT = "jsonl"
 REQUIRED_KEYS = ("task_id", "task", "actions", "screenshots")
-OPTIONAL_KEYS = ("thoughts", "agent", "benchmark", "human_label", "reward", "final_answer", "extra")
+OPTIONAL_KEYS = ("thoughts", "agent", "benchmark", "human_label", "reward", "final_answer", "extra", "run")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 LINE_KEY = "jsonl_line"  # set in Trajectory.extra: the line a trajectory was read from
 
@@ -91,7 +91,7 @@ def parse_line(
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
         raise TrajectoryError(path, f"reward must be a number or null, found {reward!r}", line)
     strings = {}
-    for key in ("agent", "benchmark", "final_answer"):
+    for key in ("agent", "benchmark", "final_answer", "run"):
         value = record.get(key)
         if value is not None and not isinstance(value, str):
             raise TrajectoryError(path, f"field {key!r} must be a string or null, found {value!r}", line)
@@ -114,6 +114,7 @@ def parse_line(
         format=FORMAT,
         final_answer=strings["final_answer"],
         extra={**extra, LINE_KEY: line},
+        run=strings["run"],
     )
 
 
@@ -207,6 +208,7 @@ def trajectory_record(trajectory: Trajectory, out_dir: Path) -> dict[str, Any]:
         "human_label": trajectory.human_label,
         "reward": trajectory.reward,
         "final_answer": trajectory.final_answer,
+        "run": trajectory.run,
         "extra": {k: v for k, v in trajectory.extra.items() if k != LINE_KEY} or None,
     }
     record.update({key: value for key, value in optional.items() if value is not None})
