@@ -42,7 +42,9 @@ def write_run(root: Path, n: int, shots: int) -> Path:
             for i in range(shots):
                 path = images / f"{t:05d}_{i:02d}.png"
                 # distinct content per screenshot (a real run's pages differ), small on disk
-                Image.new("RGB", (128, 72), ((t * 7) % 256, (i * 9) % 256, (t + i) % 256)).save(path)
+                img = Image.new("RGB", (128, 72), ((t * 7) % 256, (i * 9) % 256, (t + i) % 256))
+                img.putpixel((0, 0), (t % 256, t // 256, i))  # every screenshot's content distinct
+                img.save(path)
                 score = 1 + (t + i) % 5
                 records.append(
                     ScreenshotRecord(

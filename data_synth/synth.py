@@ -50,7 +50,7 @@ from data_synth.run_folder import (
 from data_synth.sources import TrajectorySource, iter_trajectories, trajectory_record
 from data_synth.teachers import TeacherConfig, TeacherSet, load_teacher_set
 from infer.cache import CallCache
-from infer.client import JudgeCallError, JudgeClient, MissingAPIKeyError
+from infer.client import JudgeCallError, JudgeClient
 from infer.config import ConfigError, load_config
 from infer.errors import (
     EXIT_BUDGET,
@@ -63,6 +63,7 @@ from infer.errors import (
 from infer.images import DEFAULT_POLICY, ImagePolicy
 from infer.messages import MAX_KEPT_IMAGES, key_points_messages, outcome_messages, scorer_messages
 from infer.parsing import ParseError, parse_key_points, parse_score, parse_status
+from infer.preflight import preflight
 from infer.prompts import PromptSet, load_prompt_set
 from infer.runlock import RunLock
 from infer.trajectory import Screenshot, Trajectory, TrajectoryError
@@ -494,11 +495,7 @@ def run_synth(
     if dry_run:
         return SynthReport(estimate=estimate, dry_run=True)
 
-    for t in [teachers.key_points_judge, *teachers.teachers]:
-        try:
-            t.endpoint.api_key()
-        except MissingAPIKeyError as exc:
-            raise SynthError(str(exc)) from None
+    preflight([t.endpoint for t in [teachers.key_points_judge, *teachers.teachers]])
 
     with RunLock(run_dir):
         open_manifest(

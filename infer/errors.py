@@ -10,6 +10,7 @@ Exit codes of every keyshot command:
 3       incomplete: some trajectories need calls that failed; re-run the same command to retry them
 4       an endpoint is down (the circuit breaker tripped); re-run once it answers
 5       a spending cap was reached; re-run with a larger budget to finish
+6       preflight: an endpoint is unreachable, its key missing or refused, or its model not served
 128+N   stopped by signal N (SIGINT 130, SIGTERM 143); partial results are flushed, re-run resumes
 ======  =========================================================================================
 """
@@ -21,6 +22,7 @@ EXIT_USAGE = 2
 EXIT_INCOMPLETE = 3
 EXIT_ENDPOINT_DOWN = 4
 EXIT_BUDGET = 5
+EXIT_PREFLIGHT = 6
 
 
 class KeyshotError(Exception):

@@ -38,6 +38,7 @@ from infer.config import ConfigError, config_to_dict, load_config
 from infer.errors import EXIT_INCOMPLETE, EXIT_OK, KeyshotError, RunStopError
 from infer.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy
 from infer.pipeline import PipelineConfig, WebJudge
+from infer.preflight import preflight
 from infer.prompts import load_prompt_set
 from infer.redaction import redact_config
 from infer.runlock import RunLock
@@ -534,6 +535,9 @@ def _judge_locked(
             len(todo),
         )
 
+    if todo:  # before any server starts or any call is paid
+        served = cfg.scorer.backend == "openai" and not serve_scorer
+        preflight([cfg.judge, cfg.scorer.endpoint if served else None])
     cache = CallCache(cfg.cache or out / CACHE_FILE)
     ledger = UsageLedger()
     server: VLLMServer | None = None
@@ -558,6 +562,12 @@ def _judge_locked(
                 )
             )
         if todo:
+            preflight(
+                [
+                    cfg.judge,
+                    scorer_endpoint or (cfg.scorer.endpoint if cfg.scorer.backend == "openai" else None),
+                ]
+            )
             judge = JudgeClient(cfg.judge, cache, ledger)
             scorer = build_scorer(cfg, cache, ledger, scorer_endpoint)
             webjudge = WebJudge(judge, scorer, cfg.pipeline)

@@ -504,7 +504,11 @@ def records_from_verdicts(
                 "task %s (%s): unknown human label %r, treated as missing", task_id, agent, human_raw
             )
             human = None
-        if human is None and isinstance(v.get("reward"), int | float) and not isinstance(v.get("reward"), bool):
+        if (
+            human is None
+            and isinstance(v.get("reward"), int | float)
+            and not isinstance(v.get("reward"), bool)
+        ):
             human = SUCCESS if v["reward"] > 0 else FAILURE  # the benchmark's own reward (AgentLab runs)
         key = (task_id, agent_key(agent))
         verdict_keys.append((task_id, agent))

@@ -390,3 +390,46 @@ def test_judge_refuses_an_escaping_reference_and_judges_the_rest(tmp_path, capsy
     assert summary["run"]["load_errors"] == 1 and "elsewhere.jpg" in summary["run"]["load_error_messages"][0]
     assert "elsewhere.jpg" in capsys.readouterr().out  # listed in the printed summary
     assert "(copy 0)" not in sent and "(copy 1)" in sent  # nothing of the escaping trajectory was sent
+
+
+# ----------------------------------------------------------------------------- preflight
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", ["closed port", "key refused", "model not served", "variable missing"])
+def test_preflight_fails_fast_naming_url_model_and_variable(world, tmp_path, capsys, monkeypatch, case):
+    monkeypatch.setenv("KEYSHOT_TEST_KEY", "right-key")
+    monkeypatch.delenv("KEYSHOT_TEST_UNSET", raising=False)
+    out = tmp_path / "run"
+    with (
+        FakeOpenAI(
+            make_judge(), model="gpt-4o", api_key="right-key" if case != "key refused" else "other"
+        ) as judge,
+        FakeOpenAI(make_judge()) as scorer,
+    ):
+        url = f"http://127.0.0.1:{_free_port()}/v1" if case == "closed port" else judge.base_url
+        argv = judge_argv(world, out, url, scorer.base_url, "judge.api_key_env=KEYSHOT_TEST_KEY")
+        argv[argv.index("judge.model=fake-judge")] = "judge.model=" + (
+            "gpt-5-typo" if case == "model not served" else "gpt-4o"
+        )
+        if case == "variable missing":
+            argv.append("judge.api_key_env=KEYSHOT_TEST_UNSET")
+        started = time.monotonic()
+        code = keyshot(argv)
+        elapsed = time.monotonic() - started
+        chat_requests = judge.stats.requests + scorer.stats.requests
+    err = capsys.readouterr().err
+    assert code == 6 and elapsed < 10, (code, elapsed, err)
+    assert chat_requests == 0  # nothing was paid
+    assert err.count("\n") == 1 and "endpoint 'gpt" in err and "127.0.0.1" in err, err
+    expected = {
+        "closed port": "cannot connect",
+        "key refused": "the key in $KEYSHOT_TEST_KEY was refused (HTTP 401)",
+        "model not served": "model 'gpt-5-typo' is not served there; it serves: gpt-4o",
+        "variable missing": "the environment variable KEYSHOT_TEST_UNSET is not set",
+    }[case]
+    assert expected in err
+    assert not read_verdicts(out / "verdicts.jsonl")

@@ -17,6 +17,7 @@ from data_synth.synth import run_synth
 from data_synth.teachers import image_token_count
 from infer.images import DEFAULT_POLICY, REFERENCE_POLICY, visual_tokens
 from infer.parsing import parse_key_points
+from infer.preflight import PreflightError
 from infer.testing.fake_openai import FakeOpenAI, key_points_answer, make_teacher
 from tests.support.synth_env import (
     FIXTURES,
@@ -244,7 +245,7 @@ def test_missing_api_key_is_refused_before_any_call(tmp_path, monkeypatch):
     teachers = teacher_set({"remote": "https://api.example.com/v1"})
     teachers["teachers"][0]["endpoint"]["api_key_env"] = "KEYSHOT_TEST_MISSING_KEY"
     cfg = synth_config(tmp_path / "s.yaml", tmp_path / "run", teachers)
-    with pytest.raises(SynthError, match="KEYSHOT_TEST_MISSING_KEY"):
+    with pytest.raises(PreflightError, match="environment variable KEYSHOT_TEST_MISSING_KEY is not set"):
         run_synth(cfg)
     assert not (tmp_path / "run" / LABELS_FILE).exists()
 

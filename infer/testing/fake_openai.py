@@ -384,11 +384,17 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self._send_json(200, {"status": "ok"})
         elif self.path in ("/v1/models", "/models"):
+            if not fake._key_ok(self.headers.get("Authorization")):
+                self._send_json(401, {"error": {"message": "Incorrect API key provided"}})
+                return
             self._send_json(
                 200,
                 {
                     "object": "list",
-                    "data": [{"id": fake.model, "object": "model", "owned_by": "keyshot-tests"}],
+                    # model None: a server that answers for any model name (lists none, like some proxies)
+                    "data": [
+                        {"id": m, "object": "model", "owned_by": "keyshot-tests"} for m in [fake.model] if m
+                    ],
                 },
             )
         elif self.path == "/stats":
@@ -417,6 +423,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _chat(self, fake: FakeOpenAI, raw: bytes) -> None:
         fake._record_auth(self.headers.get("Authorization"))
+        if not fake._key_ok(self.headers.get("Authorization")):
+            self._send_json(401, {"error": {"message": "Incorrect API key provided"}})
+            return
         fault = fake.faults.next_fault() if fake.faults else None
         if fault is not None:
             fake._count_fault(fault)
@@ -480,7 +489,8 @@ class FakeOpenAI:
     Args:
         responder: ``(request_json) -> completion text``.
         faults: a :class:`FaultPlan`, a ``{kind: rate}`` dict, or None.
-        model: the model id ``/v1/models`` lists.
+        model: the model id ``/v1/models`` lists (None: lists none and answers for any name).
+        api_key: when set, requests without ``Authorization: Bearer <api_key>`` get HTTP 401.
         timeout_sleep_s: how long a ``timeout`` fault stalls before dropping the connection.
         latency_s: time each normal answer takes (to make concurrency observable).
         leak_auth_in_errors: error bodies quote the request's Authorization header, like a careless
@@ -492,17 +502,19 @@ class FakeOpenAI:
         responder: Responder = judge_responder,
         faults: FaultPlan | dict[str, float] | None = None,
         *,
-        model: str = "fake-judge",
+        model: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         timeout_sleep_s: float = 5.0,
         latency_s: float = 0.0,
         record_requests: bool = True,
         leak_auth_in_errors: bool = False,
+        api_key: str | None = None,
     ):
         self.responder = responder
         self.faults = FaultPlan(dict(faults)) if isinstance(faults, dict) else faults
         self.model = model
+        self.api_key = api_key
         self.timeout_sleep_s = timeout_sleep_s
         self.latency_s = latency_s
         self.record_requests = record_requests
@@ -590,6 +602,9 @@ class FakeOpenAI:
         with self._lock:
             self._stats.responder_errors += 1
 
+    def _key_ok(self, authorization: str | None) -> bool:
+        return self.api_key is None or authorization == f"Bearer {self.api_key}"
+
     def _record_auth(self, value: str | None) -> None:
         with self._lock:
             self.auth_headers.append(value)
@@ -620,7 +635,7 @@ class FakeOpenAI:
             "id": "chatcmpl-" + hashlib.sha256(text.encode()).hexdigest()[:24],
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": request.get("model", self.model),
+            "model": request.get("model", self.model or "fake"),
             "choices": [choice],
             "usage": {
                 "prompt_tokens": prompt_tokens,
@@ -657,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-sleep", type=float, default=5.0)
     parser.add_argument("--latency", type=float, default=0.0)
-    parser.add_argument("--model", default="fake-judge")
+    parser.add_argument("--model", default=None, help="the model /v1/models lists (default: none, any name)")
     args = parser.parse_args(argv)
 
     if args.faults:

@@ -1,0 +1,91 @@
+"""Fail fast before spending: check every endpoint a run will call before its first trajectory.
+
+For each endpoint, at once and within ``timeout_s`` in all: its API-key variable is set when the
+endpoint needs one; ``GET {base_url}/models`` answers (reachable); the key is accepted (not 401/403);
+the named model is listed (when the server lists models; a server that lists none, or has no
+``/models`` route, is taken on trust). A failure is one :class:`PreflightError` naming the URL,
+the model and the variable, with its own exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from infer.client import EndpointConfig, MissingAPIKeyError
+from infer.errors import EXIT_PREFLIGHT, KeyshotError
+from infer.redaction import redact
+
+logger = logging.getLogger(__name__)
+
+
+class PreflightError(KeyshotError):
+    """An endpoint that cannot be used: unreachable, key missing or refused, model not served."""
+
+    exit_code = EXIT_PREFLIGHT
+
+
+async def _check(client: httpx.AsyncClient, ep: EndpointConfig) -> str | None:
+    where = f"endpoint {ep.name!r} ({ep.display_url}, model {ep.model!r})"
+    try:
+        key = ep.api_key()
+    except MissingAPIKeyError:
+        return (
+            f"{where}: the environment variable {ep.api_key_env} is not set; export {ep.api_key_env}=<key> "
+            "(or set api_key_env: null for a server without keys)"
+        )
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    url = ep.base_url.rstrip("/") + "/models"
+    try:
+        response = await client.get(url, headers=headers)
+    except httpx.TimeoutException:
+        return f"{where}: no answer from {ep.display_url} within the preflight's time; is the server up?"
+    except httpx.TransportError as exc:
+        return f"{where}: cannot connect ({type(exc).__name__}: {redact(str(exc), [key])}); is the server up and the URL right?"
+    if response.status_code in (401, 403):
+        if key is None and ep.api_key_env:
+            return (
+                f"{where}: the server wants a key (HTTP {response.status_code}) and the environment variable "
+                f"{ep.api_key_env} is not set; export {ep.api_key_env}=<key>"
+            )
+        variable = f"the key in ${ep.api_key_env}" if ep.api_key_env else "the request (no key sent)"
+        return f"{where}: {variable} was refused (HTTP {response.status_code}); check the key and its permissions"
+    if response.status_code == 404:
+        logger.info("%s: no /models route; the model name is not checked", where)
+        return None
+    if response.status_code != 200:
+        return (
+            f"{where}: GET /models answered HTTP {response.status_code}: {redact(response.text[:200], [key])}"
+        )
+    try:
+        served = [m.get("id") for m in response.json().get("data", []) if isinstance(m, dict)]
+    except (ValueError, AttributeError):
+        return (
+            f"{where}: GET /models did not answer an OpenAI model list; is this an OpenAI-compatible /v1 URL?"
+        )
+    if served and ep.model not in served:
+        shown = ", ".join(map(str, served[:8])) + (" …" if len(served) > 8 else "")
+        return f"{where}: model {ep.model!r} is not served there; it serves: {shown}"
+    return None
+
+
+async def _check_all(endpoints: list[EndpointConfig], timeout_s: float) -> list[str]:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s)) as client:
+        results = await asyncio.gather(*(_check(client, ep) for ep in endpoints))
+    return [r for r in results if r]
+
+
+def preflight(endpoints: list[EndpointConfig | None], timeout_s: float = 8.0) -> None:
+    """Check ``endpoints`` (None entries skipped, duplicates checked once); raise on the first problem."""
+    unique: dict[tuple[str, str], EndpointConfig] = {}
+    for ep in endpoints:
+        if ep is not None:
+            unique.setdefault((ep.base_url, ep.model), ep)
+    if not unique:
+        return
+    problems = asyncio.run(_check_all(list(unique.values()), timeout_s))
+    if problems:
+        raise PreflightError("; ".join(problems))
+    logger.info("preflight: %d endpoint(s) reachable, keys accepted, models served", len(unique))
