@@ -11,6 +11,7 @@ the environment at call time and never appears in logs, exceptions, reprs or the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import email.utils
 import ipaddress
 import json
@@ -348,6 +349,8 @@ class JudgeClient:
         self._last_good: float | None = None  # last answered request (or the first request sent)
         self._run_retries = 0
         self.down: EndpointDownError | None = None
+        self._in_flight: dict[str, asyncio.Future] = {}  # identical requests in flight share one answer
+        self._flight_loop: asyncio.AbstractEventLoop | None = None
         if endpoint.budget_usd is not None and not (
             endpoint.price_input_per_mtok or endpoint.price_output_per_mtok
         ):
@@ -427,11 +430,50 @@ class JudgeClient:
     ) -> Completion:
         """One chat completion, from the cache or the endpoint.
 
-        ``validate(text)`` returns an error string for a malformed answer; such an answer is asked
+        Identical requests in flight at the same time are sent once: the others wait for that
+        answer (returned to them as ``cached``, at no cost). ``validate(text)`` returns an error string
+        for a malformed answer; such an answer is asked
         again up to ``max_invalid_retries`` times, and if it stays malformed the last one is returned
         with ``valid=False`` and the error (never cached). Raises :class:`JudgeCallError` when the
         endpoint fails for good and :class:`BudgetExceededError` when the budget is spent.
         """
+        key = self.key_for(messages, prompt_version=prompt_version, max_tokens=max_tokens, logprobs=logprobs)
+        loop = asyncio.get_running_loop()
+        if self._flight_loop is not loop:
+            self._in_flight, self._flight_loop = {}, loop
+        pending = self._in_flight.get(key)
+        if pending is not None:  # the same request is already on its way: wait for its answer, pay once
+            first: Completion = await asyncio.shield(pending)
+            self.ledger.record_cache_hit(self.endpoint.name, first.cost_usd)
+            return dataclasses.replace(
+                first, cached=True, cost_usd=0.0, attempts=0, saved_cost_usd=first.cost_usd
+            )
+        future: asyncio.Future = loop.create_future()
+        self._in_flight[key] = future
+        try:
+            result = await self._complete(messages, prompt_version, max_tokens, logprobs, validate)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                future.cancel()
+            else:
+                future.set_exception(exc)
+                future.exception()  # retrieved: waiters get it, nobody else needs to
+            raise
+        else:
+            future.set_result(result)
+            return result
+        finally:
+            self._in_flight.pop(key, None)
+
+    async def _complete(
+        self,
+        messages: list[dict],
+        prompt_version: str,
+        max_tokens: int | None,
+        logprobs: int | None,
+        validate: Callable[[str], str | None] | None,
+    ) -> Completion:
+        """One call without coalescing: the cache, else the endpoint (see :meth:`complete`)."""
         ep = self.endpoint
         payload = build_payload(ep, messages, max_tokens=max_tokens, logprobs=logprobs)
         key = cache_key(ep.model, prompt_version, messages, _answer_params(payload))

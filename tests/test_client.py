@@ -406,3 +406,28 @@ def test_ledger_summary_table_and_dict():
     table = ledger.table().splitlines()
     assert table[0].startswith("| endpoint |") and len(table) == 5  # header, rule, 2 endpoints, total
     assert table[-1].startswith("| **total** |") and "1,000" in table[-1] and "0.0035" in table[-1]
+
+
+def test_identical_requests_in_flight_are_sent_once():
+    from infer.testing.fake_openai import FakeOpenAI, make_judge
+
+    messages = [
+        {"role": "system", "content": "You are a judge."},
+        {"role": "user", "content": "Is the sky blue? Answer yes or no."},
+    ]
+    with FakeOpenAI(lambda request: "yes", latency_s=0.3) as server:
+        client = JudgeClient(EndpointConfig(base_url=server.base_url, model="m", api_key_env=None))
+
+        async def eight() -> list:
+            try:
+                return await asyncio.gather(
+                    *(client.complete(messages, prompt_version="v") for _ in range(8))
+                )
+            finally:
+                await client.aclose()
+
+        answers = asyncio.run(eight())
+        assert server.stats.requests == 1  # one paid, seven waited for it
+    assert [a.text for a in answers] == ["yes"] * 8
+    assert sum(not a.cached for a in answers) == 1 and sum(a.cost_usd > 0 for a in answers) <= 1
+    assert client.ledger.usage("m").cache_hits == 7
