@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from data_synth.agreement import pairwise_agreement
 from data_synth.labels import StoreContents
-from data_synth.run_folder import read_usage, write_bytes_atomic
+from data_synth.run_folder import read_usage
+from infer.fileio import write_bytes_atomic
 
 if TYPE_CHECKING:
     from data_synth.aggregate import AggregationReport

@@ -24,6 +24,7 @@ from data_synth.errors import SynthError
 from data_synth.importers import import_arb, import_reference
 from data_synth.synth import load_synth_config, run_synth
 from infer.config import ConfigError, load_config
+from infer.helptext import plain
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "synth",
         help="distil teacher labels into a training dataset",
-        description=__doc__.split("\n\n")[0],
+        description=plain(__doc__.split("\n\n")[0]),
     )
     actions = parser.add_subparsers(dest="synth_action", metavar="ACTION", required=True)
 

@@ -42,9 +42,10 @@ from tqdm import tqdm
 
 from data_synth.errors import RecordImportError, SynthError
 from data_synth.labels import KeyPointsRecord, LabelRecord, LabelStore, OutcomeRecord, TrajectoryRecord
-from data_synth.run_folder import IMAGES_DIR, open_manifest, write_bytes_atomic
+from data_synth.run_folder import IMAGES_DIR, open_manifest
 from data_synth.sources import load_human_labels, trajectory_record
 from data_synth.synth import KEEP_THRESHOLD
+from infer.fileio import write_bytes_atomic
 from infer.messages import MAX_KEPT_IMAGES
 from infer.parsing import parse_score, parse_status
 from infer.prompts import load_prompt_set

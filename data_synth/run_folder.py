@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from data_synth.errors import SynthError
+from infer.fileio import write_bytes_atomic
 from infer.usage import UsageLedger
 
 logger = logging.getLogger(__name__)
@@ -47,15 +47,6 @@ class RunManifest:
     image_policy: dict | None = None
     parse_mode: str = "strict"
     sessions: list[dict] = field(default_factory=list)  # {"kind", "started", "source"}
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write a file so that readers see the old content or the new one, never a part (mode 0644)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as fh:
-        fh.write(data)
-    os.chmod(fh.name, 0o644)
-    os.replace(fh.name, path)
 
 
 def write_json_atomic(path: Path, data: object) -> None:

@@ -13,11 +13,19 @@ from pathlib import Path
 
 from data_synth.errors import SynthError
 from data_synth.labels import TrajectoryRecord
-from data_synth.run_folder import IMAGES_DIR, write_bytes_atomic
+from data_synth.run_folder import IMAGES_DIR
+from infer.fileio import write_bytes_atomic
 from infer.loaders.human_labels import LABEL_CODES, read_human_labels
 from infer.trajectory import HUMAN_LABELS, Screenshot, Trajectory, TrajectoryError, load_trajectories
 
 logger = logging.getLogger(__name__)
+
+#: What a fresh clone lacks to run the paper's recipe, and where it goes.
+MISSING_DATA_HINT = (
+    "download the Online-Mind2Web release (osunlp/Online-Mind2Web on the Hugging Face hub: one folder "
+    "per agent of <task_id>/result.json + trajectory/, and human_label.json) into data/online_mind2web/, "
+    "or point the config's sources[].path and human_labels at your copy (docs/trajectory-formats.md)"
+)
 
 
 @dataclass
@@ -40,7 +48,7 @@ def load_human_labels(path: str | os.PathLike, agent: str | None) -> dict[str, s
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise SynthError(f"{p}: human-label file not found") from None
+        raise SynthError(f"{p}: human-label file not found; {MISSING_DATA_HINT}") from None
     except json.JSONDecodeError as exc:
         raise SynthError(f"{p}: not valid JSON ({exc.msg})") from None
     if isinstance(data, dict):
@@ -92,7 +100,8 @@ def iter_trajectories(
                 count += 1
                 yield traj
         except TrajectoryError as exc:
-            raise SynthError(str(exc)) from None
+            hint = f"; {MISSING_DATA_HINT}" if not Path(source.path).exists() else ""
+            raise SynthError(f"{exc}{hint}") from None
         finally:
             errors.extend(str(e) for e in errs)
 

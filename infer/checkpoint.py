@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+
+from infer.fileio import write_text_atomic
 
 META_FILE = "keyshot.json"
 
@@ -51,10 +52,7 @@ def write_meta(checkpoint_dir: str | os.PathLike, meta: CheckpointMeta) -> Path:
             meta.keyshot_version = version("keyshot")
         except PackageNotFoundError:
             meta.keyshot_version = "unknown"
-    with tempfile.NamedTemporaryFile("w", dir=d, delete=False, suffix=".tmp", encoding="utf-8") as fh:
-        json.dump(dataclasses.asdict(meta), fh, indent=2)
-    os.replace(fh.name, d / META_FILE)
-    return d / META_FILE
+    return write_text_atomic(d / META_FILE, json.dumps(dataclasses.asdict(meta), indent=2))
 
 
 def read_meta(checkpoint_dir: str | os.PathLike) -> CheckpointMeta | None:

@@ -20,6 +20,7 @@ import signal
 import sys
 
 from infer.errors import EXIT_USAGE, Interrupted, KeyshotError
+from infer.helptext import plain
 
 # Each module registers its subcommand with ``add_parser(subparsers)`` and sets ``func``.
 SUBCOMMAND_MODULES = (
@@ -50,7 +51,7 @@ def _add_tiny_model(subparsers) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="keyshot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="keyshot", description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")

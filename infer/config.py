@@ -12,7 +12,6 @@ import dataclasses
 import difflib
 import json
 import os
-import tempfile
 import types
 import typing
 from collections.abc import Iterable
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from infer.fileio import write_text_atomic
 
 T = TypeVar("T")
 
@@ -156,9 +157,4 @@ def config_to_dict(cfg: Any) -> dict:
 
 def dump_config(cfg: Any, path: str | os.PathLike) -> Path:
     """Write the resolved config as YAML, atomically."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=p.parent, delete=False, suffix=".tmp", encoding="utf-8") as fh:
-        yaml.safe_dump(config_to_dict(cfg), fh, sort_keys=False)
-    os.replace(fh.name, p)
-    return p
+    return write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

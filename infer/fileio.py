@@ -1,11 +1,17 @@
-"""Atomic file writes: readers see the old content or the new, never a part; files get mode 0644
-(shareable), whatever the temporary file's default."""
+"""Atomic file writes: readers see the old content or the new, never a part; files get the mode the
+user's umask gives a new file (0644 under the usual 022), not the 0600 of a temporary file."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+
+def _file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
@@ -15,7 +21,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -20,10 +20,8 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import re
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +34,8 @@ from infer.checkpoint import CheckpointError
 from infer.client import EndpointConfig, JudgeClient
 from infer.config import ConfigError, config_to_dict, load_config
 from infer.errors import EXIT_INCOMPLETE, EXIT_OK, KeyshotError, RunStopError
+from infer.fileio import write_text_atomic
+from infer.helptext import plain
 from infer.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy
 from infer.pipeline import PipelineConfig, WebJudge
 from infer.preflight import preflight
@@ -380,15 +380,6 @@ def summary_markdown(summary: dict, ledger_table: str) -> str:
     return "\n".join(lines)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, delete=False, suffix=".tmp", encoding="utf-8"
-    ) as fh:
-        fh.write(text)
-    os.replace(fh.name, path)
-
-
 def nothing_found_message(paths: list[str], load_errors: list[TrajectoryError]) -> str:
     """What was looked for and what was seen instead, when no trajectory could be read."""
     looked = (
@@ -469,7 +460,7 @@ def check_fingerprint(out: Path, fingerprint: dict) -> None:
                 "use a new --out (or the settings the folder was made with)"
             )
         return
-    _atomic_write(path, json.dumps({"protocol": fingerprint}, indent=2) + "\n")
+    write_text_atomic(path, json.dumps({"protocol": fingerprint}, indent=2) + "\n")
 
 
 def run_judge(
@@ -548,6 +539,7 @@ def _judge_locked(
         if serve_scorer and todo:
             serve_cfg = dataclasses.replace(cfg.scorer.serve or ServeConfig(), model=serve_scorer)
             serve_cfg.prompt_variant = cfg.pipeline.variant
+            serve_cfg.log_file = serve_cfg.log_file or str(out / "vllm.log")  # logs beside the run, not in /tmp
             server = VLLMServer(serve_cfg).start()
             base = cfg.scorer.endpoint
             scorer_endpoint = server.endpoint(
@@ -598,9 +590,9 @@ def _judge_locked(
             "config": redact_config(config_to_dict(cfg)),
         },
     )
-    _atomic_write(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     markdown = summary_markdown(summary, ledger.table() if ledger.names() else "")
-    _atomic_write(out / "summary.md", markdown)
+    write_text_atomic(out / "summary.md", markdown)
     summary["markdown"] = markdown
     return summary
 
@@ -633,7 +625,7 @@ def add_parser(subparsers) -> None:
         p = subparsers.add_parser(
             "judge",
             help="run WebJudge over trajectories (resumable; verdicts.jsonl + summary)",
-            description=__doc__,
+            description=plain(__doc__),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     finally:

@@ -15,14 +15,14 @@ import csv
 import io
 import json
 import logging
-import os
 import re
-import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from infer.fileio import write_bytes_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -607,17 +607,6 @@ def metrics_csv(report: MetricsReport) -> str:
     return buf.getvalue()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _short(name: str, width: int = 26) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
@@ -648,6 +637,11 @@ def metrics_png(report: MetricsReport) -> bytes:
     )
     for i, (rows, keys, labels, title) in enumerate(panels):
         ax = fig.add_subplot(2, 1, i + 1)
+        if not rows:
+            ax.text(0.5, 0.5, f"{title}: no data (no verdict has a human label)", ha="center", va="center")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
         x = np.arange(len(rows))
         width = 0.8 / len(keys)
         for j, (key, label) in enumerate(zip(keys, labels, strict=True)):
@@ -677,5 +671,5 @@ def write_metrics(report: MetricsReport, out_dir: str | Path) -> dict[str, Path]
         "png": (out_dir / "metrics.png", metrics_png(report)),
     }
     for path, data in files.values():
-        _atomic_write(path, data)
+        write_bytes_atomic(path, data)
     return {kind: path for kind, (path, _) in files.items()}

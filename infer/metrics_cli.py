@@ -14,6 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
+from infer.helptext import plain
 from infer.metrics import (
     LABEL_2_POLICIES,
     MetricsInputError,
@@ -67,7 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "metrics",
         help="success rate, agreement, SR gap, precision/recall/F1 against human labels",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return _configure(parser)
@@ -103,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _configure(
         argparse.ArgumentParser(
-            prog="keyshot metrics", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+            prog="keyshot metrics",
+            description=plain(__doc__),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

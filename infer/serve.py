@@ -44,6 +44,7 @@ import httpx
 from infer.checkpoint import CheckpointError, CheckpointMeta, processor_pixel_bounds, read_meta
 from infer.client import EndpointConfig
 from infer.config import ConfigError, load_config
+from infer.helptext import plain
 from infer.prompts import load_prompt_set
 
 logger = logging.getLogger(__name__)
@@ -422,7 +423,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "serve",
         help="serve a scorer checkpoint with vLLM (OpenAI API) using its training pixel bounds",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", help="YAML ServeConfig (configs/serve/*.yaml)")

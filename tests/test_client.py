@@ -409,7 +409,7 @@ def test_ledger_summary_table_and_dict():
 
 
 def test_identical_requests_in_flight_are_sent_once():
-    from infer.testing.fake_openai import FakeOpenAI, make_judge
+    from infer.testing.fake_openai import FakeOpenAI
 
     messages = [
         {"role": "system", "content": "You are a judge."},

@@ -149,3 +149,28 @@ def test_agentlab_runs_of_one_task_are_kept_apart_and_true_duplicates_reported(t
     report = json.loads((tmp_path / "m" / "metrics.json").read_text())
     overall = next(r for r in report["classification"] if r["scope"] == "overall")
     assert overall["n"] == 2
+
+
+def test_outputs_are_shareable_and_help_is_plain_text(tmp_path, capsys):
+    import os
+    import stat
+
+    data, _ = release_layout(tmp_path)
+    out = tmp_path / "judged"
+    old = os.umask(0o022)
+    try:
+        with FakeOpenAI(make_judge()) as judge:
+            argv = ["judge", str(data), "--config", REFERENCE, "--no-progress", f"out={out}", "--report"]
+            assert keyshot([*argv, f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]) == 0
+    finally:
+        os.umask(old)
+    for name in ("verdicts.jsonl", "summary.json", "summary.md", "run.json", "report/index.html"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name  # the umask's mode, not 0600
+    capsys.readouterr()
+    for command in (["judge"], ["report"], ["serve"], ["metrics"], ["synth", "run"]):
+        try:
+            keyshot([*command, "--help"])
+        except SystemExit:
+            pass
+        text = capsys.readouterr().out
+        assert text and "``" not in text and ":class:" not in text, command

@@ -20,12 +20,12 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from infer.checkpoint import CheckpointMeta, write_meta
+from infer.fileio import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +51,7 @@ class TrainerState:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, delete=False, suffix=".tmp", encoding="utf-8"
-    ) as fh:
-        fh.write(text)
-    os.replace(fh.name, path)
+    write_text_atomic(path, text)
 
 
 class CheckpointManager:

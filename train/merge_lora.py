@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 
 from infer.checkpoint import CheckpointError, CheckpointMeta, read_meta
+from infer.helptext import plain
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "merge-lora",
         help="merge a LoRA adapter into its base model (servable keyshot checkpoint)",
-        description=__doc__,
+        description=plain(__doc__),
     )
     p.add_argument("adapter_dir", type=Path, help="peft adapter folder (RUN/final_adapter)")
     p.add_argument("--out", type=Path, required=True, help="folder for the merged checkpoint")

@@ -15,6 +15,7 @@ import argparse
 from pathlib import Path
 
 from infer.errors import KeyshotError
+from infer.helptext import plain
 from infer.metrics import MetricsInputError, load_human_labels
 from infer.runlock import RunLock
 from infer.verdicts import VerdictFileError
@@ -24,7 +25,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "report",
         help="a browsable HTML report of a judged run (index, metrics, plots, a page per trajectory)",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("run", type=Path, help="run folder, verdicts.jsonl, or released judge records")
