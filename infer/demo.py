@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
 from pathlib import Path
 
 from infer.checkpoint import read_meta
 from infer.config import load_config
-from infer.judge_cli import JudgeRunConfig, run_judge
+from infer.judge_cli import RUN_FILE, JudgeRunConfig, protocol_fingerprint, run_judge
 from infer.report import build_report
 from infer.serve import ServeConfig, VLLMServer
 from infer.tiny_model import build_tiny_scorer
@@ -49,6 +50,17 @@ def verdict_table(verdicts_path: Path) -> str:
             f"{len(v['kept'])} | {v['usage']['judge']['calls']} | {v['usage']['scorer']['calls']} | {verdict} |"
         )
     return "\n".join(rows)
+
+
+def _forget_other_protocol(judged: Path, fingerprint: dict) -> None:
+    """A demo folder left by an older keyshot (another protocol) is started over, not refused."""
+    try:
+        recorded = json.loads((judged / RUN_FILE).read_text(encoding="utf-8")).get("protocol")
+    except (OSError, ValueError):
+        return
+    if recorded != fingerprint:
+        logger.info("%s was judged under another protocol (an older demo); starting it over", judged)
+        shutil.rmtree(judged)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,9 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"judge.model={server.model_name}",
                 f"scorer.endpoint.base_url={server.base_url}",
                 f"scorer.endpoint.model={server.model_name}",
+                f"scorer.checkpoint={model}",
                 f"out={out / 'judged'}",
             ],
         )
+        _forget_other_protocol(out / "judged", protocol_fingerprint(judge_cfg))
         run_judge([str(args.samples)], judge_cfg)
     judged = out / "judged"
     report = build_report(judged, judged / "report", progress=False)
@@ -99,6 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{judged / 'calls.sqlite'} (call cache: re-running repays nothing), vLLM log {out / 'vllm.log'}"
     )
     print(f"Report: {report}  (open it in a browser: every screenshot, its score and the verdict)")
+    verdicts = [json.loads(line) for line in (judged / "verdicts.jsonl").read_text().splitlines()]
+    judge_calls = sum(v["usage"]["judge"]["calls"] for v in verdicts)
+    scorer_calls = sum(v["usage"]["scorer"]["calls"] for v in verdicts)
+    print(
+        f"\nThe demo ran every step for real: {len(verdicts)} trajectories judged with {judge_calls} judge calls "
+        f"({judge_calls / max(1, len(verdicts)):.0f} each, whatever their length) and {scorer_calls} scorer calls "
+        "on a vLLM server that was started and stopped cleanly; an untrained model's answers are noise, "
+        "so its verdicts are counted as unreadable, not as errors."
+    )
     return 0
 
 

@@ -93,6 +93,7 @@ class ServeConfig:
     max_logprobs: int = 20
     startup_timeout_s: float = 900.0
     log_file: str | None = None
+    shutdown_timeout_s: int = 10  # on stop, let requests in flight finish (≤ this long) before exiting
     cache_root: str | None = None  # VLLM_CACHE_ROOT
     tmpdir: str | None = None  # TMPDIR for vLLM's sockets and compile caches
     extra_args: list[str] = field(default_factory=list)
@@ -236,6 +237,9 @@ def plan_server(cfg: ServeConfig) -> ServePlan:
         cmd += ["--max-num-seqs", str(cfg.max_num_seqs)]
     if cfg.enforce_eager:
         cmd.append("--enforce-eager")
+    if cfg.shutdown_timeout_s:
+        # drain in-flight requests on SIGTERM instead of aborting them (an abort logs EngineDeadError)
+        cmd += ["--shutdown-timeout", str(cfg.shutdown_timeout_s)]
     kv = cfg.kv_cache_memory_bytes
     if kv is None and device == "cpu":
         kv = DEFAULT_CPU_KV_BYTES
