@@ -539,7 +539,9 @@ def _judge_locked(
         if serve_scorer and todo:
             serve_cfg = dataclasses.replace(cfg.scorer.serve or ServeConfig(), model=serve_scorer)
             serve_cfg.prompt_variant = cfg.pipeline.variant
-            serve_cfg.log_file = serve_cfg.log_file or str(out / "vllm.log")  # logs beside the run, not in /tmp
+            serve_cfg.log_file = serve_cfg.log_file or str(
+                out / "vllm.log"
+            )  # logs beside the run, not in /tmp
             server = VLLMServer(serve_cfg).start()
             base = cfg.scorer.endpoint
             scorer_endpoint = server.endpoint(

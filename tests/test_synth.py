@@ -295,3 +295,59 @@ def test_synthesis_writes_no_secret(tmp_path, monkeypatch, capsys):
         for path in (tmp_path / "run").rglob("*"):
             if path.is_file():
                 assert secret.encode() not in path.read_bytes(), path
+
+
+def _general_teacher():
+    """A teacher answering in the `general` prompt set's format, with a two-paragraph reasoning."""
+    from infer.testing.fake_openai import decode_image, identify_step, make_judge, score_image, user_parts
+
+    judge = make_judge()
+
+    def respond(request: dict) -> str:
+        if identify_step(request) != "key_screenshot":
+            return judge(request)
+        image = decode_image(user_parts(request)[1][0])
+        score = score_image("brightness", image)
+        return (
+            f"### Reasoning: The screenshot is a page of mean brightness {sum(image.convert('L').getdata()) // (image.width * image.height)}."
+            f"\n\nIts second paragraph explains why it rates {score}.\n### Score: {score}"
+        )
+
+    return respond
+
+
+def test_general_variant_targets_split_the_teacher_answer_like_judge_does(tmp_path):
+    """Synthesis and `keyshot judge` read a `general` answer with the same rule (one implementation of
+    the parse): the whole reasoning, both paragraphs, and the score after `### Score`."""
+    from datasets import load_from_disk
+
+    from infer.cli import main as keyshot
+    from infer.verdicts import read_verdicts
+
+    with FakeOpenAI(_general_teacher()) as server:
+        teachers = teacher_set({"t": server.base_url})
+        cfg = synth_config(tmp_path / "s.yaml", tmp_path / "run", teachers, prompt_variant="general")
+        run_synth(cfg)
+        out = tmp_path / "judged"
+        argv = ["judge", str(FIXTURES / "trajectories" / "online_mind2web_v1"), "--no-progress"]
+        argv += ["--config", str(Path(__file__).parents[1] / "configs/judge/webjudge7b.yaml"), f"out={out}"]
+        argv += [f"judge.base_url={server.base_url}", "judge.api_key_env=null", "judge.model=fake-t"]
+        argv += [f"scorer.endpoint.base_url={server.base_url}", "scorer.endpoint.model=fake-t"]
+        argv += ["scorer.logprobs=null", "pipeline.variant=general", "agent=SeeAct"]
+        assert keyshot(argv) == 0
+    judged = {(v.task_id, s.index): s for v in read_verdicts(out / "verdicts.jsonl") for s in v.screenshots}
+    labels = read_store(tmp_path / "run" / LABELS_FILE).labels
+    compared = 0
+    for (uid, step, _), label in labels.items():
+        task_id = uid.rsplit("/", 1)[-1]
+        if (task_id, step) in judged:
+            assert (
+                label.thought == judged[(task_id, step)].thought
+                and label.score == judged[(task_id, step)].score
+            )
+            assert "second paragraph" in label.thought and "### Score" not in label.thought
+            compared += 1
+    assert compared == len(judged) > 0
+    rows = load_from_disk(str(tmp_path / "run" / "dataset"))
+    answers = [a for split in rows.values() for a in split["answer"]]
+    assert answers and all("second paragraph" in a for a in answers)
