@@ -463,6 +463,56 @@ def check_fingerprint(out: Path, fingerprint: dict) -> None:
     write_text_atomic(path, json.dumps({"protocol": fingerprint}, indent=2) + "\n")
 
 
+def dry_run(
+    paths: list[str], cfg: JudgeRunConfig, *, serve_scorer: str | None, allow_outside: tuple[str, ...]
+) -> str:
+    """What a run would do, checked as far as it can be without a paid call."""
+    for folder in filter(None, [serve_scorer, cfg.scorer.checkpoint]):
+        if not (Path(folder) / "config.json").is_file():
+            raise JudgeRunError(
+                f"{folder}: not a model checkpoint (no config.json); pass the folder a training run wrote (RUN/final)"
+            )
+    if serve_scorer:
+        cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
+    fingerprint = protocol_fingerprint(cfg)
+    trajectories, load_errors, duplicates = load_all(paths, cfg, allow_outside)
+    if not trajectories:
+        raise JudgeRunError(nothing_found_message(paths, load_errors))
+    out = Path(cfg.out)
+    if (out / RUN_FILE).exists():
+        recorded = json.loads((out / RUN_FILE).read_text(encoding="utf-8")).get("protocol", {})
+        differ = [
+            k for k in sorted(set(fingerprint) | set(recorded)) if fingerprint.get(k) != recorded.get(k)
+        ]
+        if differ:
+            raise JudgeRunError(
+                f"{out} holds verdicts of another protocol (differs in {', '.join(differ)}): use a new --out"
+            )
+    index = ResumeIndex(read_verdicts(out / VERDICTS_FILE))
+    todo = [t for t in trajectories if not index.done(t.task_id, t.agent, t.run)]
+    served = cfg.scorer.backend == "openai" and not serve_scorer
+    preflight([cfg.judge, cfg.scorer.endpoint if served else None])
+    shots = sum(t.num_screenshots for t in todo)
+    per_trajectory = 2 if cfg.pipeline.outcome_mode == "cot" else None
+    judge_calls = (
+        f"{len(todo) * per_trajectory:,}"
+        if per_trajectory
+        else f"≥ {2 * len(todo):,} (one outcome call per key point)"
+    )
+    if cfg.scorer.backend == "none":
+        judge_calls = f"{len(todo) * 2 + shots:,} (the judge scores every screenshot)"
+    agents = sorted({t.agent or "(no agent name)" for t in trajectories})
+    lines = [
+        f"dry run: {len(trajectories)} trajectories found ({', '.join(agents)}), {len(trajectories) - len(todo)} already "
+        f"judged in {out}, {len(todo)} to judge with {shots:,} screenshots",
+        f"judge calls: {judge_calls} to {cfg.judge.model} at {cfg.judge.display_url}",
+        f"unreadable: {len(load_errors)}; duplicates: {len(duplicates)}",
+        *[f"  {e}" for e in load_errors[:20]],
+        "endpoints reachable, keys accepted, models served; nothing was called",
+    ]
+    return "\n".join(lines)
+
+
 def run_judge(
     paths: list[str],
     cfg: JudgeRunConfig,
@@ -660,6 +710,11 @@ def add_parser(subparsers) -> None:
         "--report", action="store_true", help="build the HTML report (keyshot report OUT) at the end"
     )
     p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check paths, the checkpoint and every endpoint, say what would be judged; call no model",
+    )
+    p.add_argument(
         "--allow-outside",
         action="append",
         default=[],
@@ -693,6 +748,11 @@ def run(args: argparse.Namespace) -> int:
         if not paths:
             raise JudgeRunError("no trajectory path given")
         cfg = load_config(JudgeRunConfig, args.config, overrides)
+        if args.dry_run:
+            print(
+                dry_run(paths, cfg, serve_scorer=args.serve_scorer, allow_outside=tuple(args.allow_outside))
+            )
+            return 0
         summary = run_judge(
             paths,
             cfg,

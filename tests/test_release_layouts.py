@@ -173,3 +173,26 @@ def test_outputs_are_shareable_and_help_is_plain_text(tmp_path, capsys):
             keyshot([*command, "--help"])
         text = capsys.readouterr().out
         assert text and "``" not in text and ":class:" not in text, command
+
+
+def test_dry_run_checks_everything_and_calls_no_model(tmp_path, capsys):
+    data, tasks = release_layout(tmp_path)
+    with FakeOpenAI(make_judge(), model="gpt-4o") as judge:
+        argv = [
+            "judge",
+            str(data),
+            "--config",
+            REFERENCE,
+            "--no-progress",
+            f"out={tmp_path / 'o'}",
+            "--dry-run",
+        ]
+        argv += [f"judge.base_url={judge.base_url}", "judge.api_key_env=null", "judge.model=gpt-4o"]
+        assert keyshot(argv) == 0
+        assert judge.stats.requests == 0
+    out = capsys.readouterr().out
+    assert f"dry run: {2 * len(tasks)} trajectories found (Browser_Use, SeeAct)" in out
+    assert "nothing was called" in out and not (tmp_path / "o").exists()
+    missing = tmp_path / "no-such-checkpoint"
+    assert keyshot([*argv, "--serve-scorer", str(missing)]) == 2
+    assert f"{missing}: not a model checkpoint" in capsys.readouterr().err
