@@ -314,6 +314,10 @@ def read_verdicts(path: str | Path) -> list[dict]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise MetricsInputError(f"{path}: cannot read verdicts ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise MetricsInputError(
+            f"{path}: not UTF-8 text (byte {exc.start}); is it a keyshot verdict file?"
+        ) from exc
     if text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
@@ -361,6 +365,8 @@ def load_human_labels(path: str | Path) -> dict[tuple[str, str], str]:
         rows = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise MetricsInputError(f"{path}: cannot read human labels ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise MetricsInputError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
     except json.JSONDecodeError as exc:
         raise MetricsInputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
     if not isinstance(rows, list):

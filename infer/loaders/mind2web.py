@@ -99,8 +99,8 @@ def ordered_screenshot_files(folder: Path) -> list[Path]:
     numbered: list[tuple[int, str, Path]] = []
     with os.scandir(folder) as entries:
         for entry in entries:
-            if not entry.is_file():
-                continue
+            # an image-named entry that is not a regular file (a folder, FIFO, dangling link) is kept
+            # here so that screenshot_file refuses it by name instead of it vanishing from the trajectory
             if not is_image_name(entry.name):
                 logger.warning("%s: skipping %r, not an image file", folder, entry.name)
                 continue
