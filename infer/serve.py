@@ -134,6 +134,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def looks_like_local_path(model: str) -> bool:
+    """A path rather than a hub id (``org/name``): starts with / . ~ or has more than one slash."""
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1
+
+
+def check_vllm_installed(python: str) -> None:
+    """Refuse at once, with what to do, an interpreter that has no vLLM."""
+    probe = subprocess.run(
+        [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+        capture_output=True,
+        timeout=60,
+    )
+    if probe.returncode != 0:
+        raise ServeError(
+            f"{python} has no vLLM: pass --vllm-python PATH (a Python that has it; on CPU `make setup-vllm` "
+            f"builds .venv-vllm) or set ${ENV_VLLM_PYTHON}, or pip install vllm into this environment"
+        )
+
+
 def check_prompt_version(
     folder: str | Path, prompt_variant: str, *, allow_missing: bool = True
 ) -> CheckpointMeta | None:
@@ -192,6 +211,11 @@ def plan_server(cfg: ServeConfig) -> ServePlan:
     """Check the checkpoint and build the vLLM command; launches nothing."""
     if not cfg.model:
         raise ServeError("no model: set model=<checkpoint folder>")
+    if looks_like_local_path(cfg.model) and not Path(cfg.model).expanduser().exists():
+        raise ServeError(
+            f"{cfg.model}: no such checkpoint folder; pass the folder a training run wrote (RUN/final) "
+            "or a Hugging Face model id (org/name)"
+        )
     meta = check_prompt_version(cfg.model, cfg.prompt_variant, allow_missing=cfg.allow_missing_meta)
     for name, adapter in cfg.lora_modules.items():
         if not Path(adapter).is_dir():
@@ -334,6 +358,7 @@ class VLLMServer:
 
     def start(self) -> VLLMServer:
         plan = self.plan
+        check_vllm_installed(plan.command[0])
         plan.log_file.parent.mkdir(parents=True, exist_ok=True)
         Path(plan.env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
         logger.info("starting vLLM: %s", " ".join(plan.command))

@@ -200,3 +200,20 @@ def test_image_limit_is_one_unless_the_server_also_judges(scorer_checkpoint, tmp
         ServeConfig(**base, max_images_per_prompt=0)
     demo = load_config(ServeConfig, REPO / "configs" / "serve" / "demo_cpu.yaml")
     assert demo.max_images_per_prompt == 4
+
+
+def test_a_missing_checkpoint_and_a_python_without_vllm_are_refused_with_what_to_do(tiny_model_dir, tmp_path):
+    import sys
+
+    from infer.serve import ServeConfig, ServeError, VLLMServer, plan_server
+
+    with pytest.raises(ServeError, match=r"/no/such/ckpt: no such checkpoint folder"):
+        plan_server(ServeConfig(model="/no/such/ckpt"))
+    server = VLLMServer(
+        ServeConfig(
+            model=str(tiny_model_dir), vllm_python=sys.executable, device="cpu", log_file=str(tmp_path / "l")
+        )
+    )
+    with pytest.raises(ServeError, match=r"has no vLLM: pass --vllm-python PATH"):
+        server.start()
+    assert server.process is None  # nothing was started
