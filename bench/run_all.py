@@ -137,6 +137,18 @@ def _faults(d: dict) -> list[Row]:
     return rows
 
 
+def _vision(d: dict) -> list[Row]:
+    return [
+        (
+            "vision tower (bench_vision.py)",
+            "batched windows vs transformers' per-window loop (sdpa, no flash-attn), screenshots/s",
+            f"{d['speedup']:.2f}×",
+            f"{d['batched_screenshots_per_s']:.1f} vs {d['per_window_loop_screenshots_per_s']:.1f} /s, tiny model, "
+            f"1280×720 at 7B pixel bounds ({d['patches_per_image']} patches, {d['windows_per_image']} windows)",
+        )
+    ]
+
+
 BENCHES: dict[str, tuple[list[str], Callable[[dict], list[Row]]]] = {
     "images": (["bench/bench_images.py"], _images),
     "calls": (["bench/bench_calls.py"], _calls),
@@ -144,6 +156,7 @@ BENCHES: dict[str, tuple[list[str], Callable[[dict], list[Row]]]] = {
     "synth": (["bench/bench_synth.py", "--rows", "1000", "--small", "100"], _synth),
     "train": (["bench/bench_train.py"], _train),
     "report": (["bench/bench_report.py"], _report),
+    "vision": (["bench/bench_vision.py"], _vision),
     "faults": (["bench/faults.py"], _faults),
 }
 

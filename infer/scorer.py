@@ -398,6 +398,8 @@ class TransformersScorer(KeyScreenshotScorer):
         import torch
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
+        from infer.vision_attention import use_batched_window_attention
+
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.model_dir = Path(model_dir)
@@ -413,6 +415,7 @@ class TransformersScorer(KeyScreenshotScorer):
         self.processor.tokenizer.padding_side = "left"
         torch_dtype = getattr(torch, scorer_dtype(device, dtype))
         self.model = AutoModelForImageTextToText.from_pretrained(self.model_dir, dtype=torch_dtype).to(device)
+        use_batched_window_attention(self.model)  # without flash-attn: windows in batched SDPA calls
         self.model.eval()
         gen = self.model.generation_config
         eos = gen.eos_token_id if gen.eos_token_id is not None else self.processor.tokenizer.eos_token_id

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from infer.vision_attention import use_batched_window_attention
 from train.config import ModelSettings, OptimSettings
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ def load_scorer_model(settings: ModelSettings):
         settings.name_or_path, dtype=getattr(torch, settings.dtype), attn_implementation=attn
     )
     model.config.get_text_config().use_cache = False  # no KV cache while training (checkpointing)
+    use_batched_window_attention(model)  # without flash-attn: each layer's windows in a few batched calls
     freeze(model, settings)
     if settings.gradient_checkpointing:
         kwargs = {"use_reentrant": False}

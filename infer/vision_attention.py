@@ -1,0 +1,77 @@
+"""Qwen2.5-VL's vision tower without flash-attn: every layer's windows in a few batched SDPA calls.
+
+The vision tower attends within windows (most layers) or within each image (a few full layers). With
+flash-attn, transformers runs them as one variable-length call. Without it (the default ``sdpa``
+path), transformers splits the sequence at every window boundary and calls attention once per window:
+a 1280×720 screenshot is ~75 windows of 64 patches, so each layer makes ~75 tiny calls, and on an
+H100 the tower then runs at a few percent of peak.
+
+:func:`use_batched_window_attention` replaces that loop in a model's vision attention modules: the
+windows are grouped by length (nearly all windows are full; edge windows are shorter), and each group
+is ONE ``scaled_dot_product_attention`` call over a batch of windows. No padding and no mask, so every
+window attends exactly as before (checked against transformers' own path in tests/test_vision_attention.py).
+With flash-attn (``attn_implementation="flash_attention_2"``) nothing is changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+
+def _batched_forward(
+    self,
+    hidden_states: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    max_seqlen: int | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
+
+    seq_length = hidden_states.shape[0]
+    q, k, v = self.qkv(hidden_states).reshape(seq_length, 3, self.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+    cos, sin = position_embeddings
+    q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)  # (seq, heads, head_dim)
+    bounds = cu_seqlens.tolist()  # one host sync per layer, as transformers' own loop makes
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        if end > start:
+            by_length[end - start].append(start)
+    out = torch.empty_like(q)
+    dropout = self.attention_dropout if self.training else 0.0
+    for length, starts in by_length.items():
+        index = (
+            torch.tensor(starts, device=q.device)[:, None] + torch.arange(length, device=q.device)[None, :]
+        )
+        qb, kb, vb = (t[index].transpose(1, 2) for t in (q, k, v))  # (windows, heads, length, head_dim)
+        attended = F.scaled_dot_product_attention(qb, kb, vb, dropout_p=dropout, scale=self.scaling)
+        out[index] = attended.transpose(1, 2).to(out.dtype)
+    return self.proj(out.reshape(seq_length, -1))
+
+
+def use_batched_window_attention(model: torch.nn.Module) -> int:
+    """Patch every Qwen2.5-VL vision attention module of ``model`` that does not use flash-attn;
+    returns how many were patched."""
+    try:
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLVisionAttention
+    except ImportError:  # an older or newer transformers without this class: leave the model as it is
+        return 0
+    patched = 0
+    for module in model.modules():
+        if not isinstance(module, Qwen2_5_VLVisionAttention):
+            continue
+        implementation = getattr(module.config, "_attn_implementation", "sdpa") or "sdpa"
+        if "flash" in implementation:
+            continue
+        module.forward = types.MethodType(_batched_forward, module)
+        patched += 1
+    if patched:
+        logger.info("vision attention: %d layers run their windows as batched SDPA calls", patched)
+    return patched

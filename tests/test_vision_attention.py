@@ -1,0 +1,55 @@
+"""The batched window attention of the vision tower equals transformers' per-window loop (CPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+
+def _vision_inputs(model_dir, sizes, max_pixels):
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for w, h in sizes]
+    batch = processor.image_processor(images=images, return_tensors="pt", max_pixels=max_pixels)
+    return batch["pixel_values"], batch["image_grid_thw"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_windows_match_the_per_window_loop(tiny_model_dir, dtype):
+    from transformers import AutoModelForImageTextToText
+
+    from infer.vision_attention import use_batched_window_attention
+
+    reference = AutoModelForImageTextToText.from_pretrained(
+        tiny_model_dir, dtype=dtype, attn_implementation="sdpa"
+    )
+    batched = AutoModelForImageTextToText.from_pretrained(
+        tiny_model_dir, dtype=dtype, attn_implementation="sdpa"
+    )
+    assert use_batched_window_attention(batched) == batched.config.vision_config.depth
+    # screenshots of several sizes: full windows, edge windows of other lengths, two full-attention images
+    pixels, grid = _vision_inputs(tiny_model_dir, [(1280, 720), (700, 2600), (160, 90)], max_pixels=200704)
+    with torch.no_grad():
+        want = reference.model.visual(pixels.to(dtype), grid_thw=grid)
+        got = batched.model.visual(pixels.to(dtype), grid_thw=grid)
+    want = want.pooler_output if hasattr(want, "pooler_output") else want
+    got = got.pooler_output if hasattr(got, "pooler_output") else got
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert got.shape == want.shape
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_flash_attention_models_are_left_alone(tiny_model_dir):
+    from transformers import AutoModelForImageTextToText
+
+    from infer.vision_attention import use_batched_window_attention
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
+    for module in model.modules():
+        if type(module).__name__ == "Qwen2_5_VLVisionAttention":
+            module.config._attn_implementation = "flash_attention_2"
+    assert use_batched_window_attention(model) == 0
