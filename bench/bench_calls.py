@@ -1,7 +1,8 @@
-"""Judge calls and tokens per trajectory: keyshot (a scorer scores) vs the reference configuration.
+"""Judge calls, tokens and dollars per trajectory: keyshot (a scorer scores) vs the reference configuration.
 
-    python bench/bench_calls.py                          # the fixture trajectories
+    python bench/bench_calls.py                          # 40 trajectories at Online-Mind2Web length (27 shots avg)
     python bench/bench_calls.py runs/agentlab --json runs/bench_calls.json
+    python bench/bench_calls.py --fixtures               # the test fixtures (3.4 screenshots each)
 
 Both configurations judge the same trajectories with the same WebJudge pipeline, in one process.
 The judge is the test suite's deterministic fake OpenAI server (``infer/testing/fake_openai.py``):
@@ -21,21 +22,31 @@ import logging
 import os
 import platform
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # the fake judge lives in tests/support
+import numpy as np
 
-from infer.client import EndpointConfig, JudgeClient  # noqa: E402
-from infer.images import DEFAULT_POLICY  # noqa: E402
-from infer.pipeline import WebJudge  # noqa: E402
-from infer.prompts import load_prompt_set  # noqa: E402
-from infer.scorer import OpenAIScorer  # noqa: E402
-from infer.testing.fake_openai import FakeOpenAI, make_judge  # noqa: E402
-from infer.trajectory import Trajectory, load_trajectories  # noqa: E402
-from infer.verdicts import Verdict  # noqa: E402
+from infer.client import EndpointConfig, JudgeClient
+from infer.images import DEFAULT_POLICY
+from infer.pipeline import WebJudge
+from infer.prompts import load_prompt_set
+from infer.scorer import OpenAIScorer
+from infer.testing.fake_openai import FakeOpenAI, make_judge
+from infer.testing.worlds import synthetic_trajectories
+from infer.trajectory import Trajectory, load_trajectories
+from infer.verdicts import Verdict
+
+REPO = Path(__file__).resolve().parents[1]
+#: USD per million tokens (input, output), list prices
+PRICES = {"gpt-4o": (2.50, 10.00), "o4-mini": (1.10, 4.40)}
+#: The scorer's compute per screenshot at Qwen2.5-VL-7B shape (prefill of one 1280×720 request):
+#: 2 · 7.6e9 LM parameters · ~1,300 tokens (1,196 visual + the prompt) + 2 · 0.67e9 vision parameters ·
+#: 4,784 patches, and the answer's ~60 generated tokens at 2 · 7.6e9 each. Divided by an H100's dense
+#: bf16 peak (989 TFLOP/s) it is a ceiling: no server reaches it (see bench/RESULTS-gpu.md for measured).
+SCORER_FLOPS_PER_SCREENSHOT = 2 * 7.6e9 * 1300 + 2 * 0.67e9 * 4784 + 2 * 7.6e9 * 60
+H100_BF16_FLOPS = 989e12
 
 logger = logging.getLogger(__name__)
 
@@ -136,20 +147,86 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def realistic_lengths(n: int, mean: float = 27.0, seed: int = 0) -> list[int]:
+    """Screenshots per trajectory spread like Online-Mind2Web's (right-skewed, 27 on average)."""
+    raw = np.random.default_rng(seed).gamma(shape=3.0, scale=mean / 3.0, size=n)
+    lengths = np.clip(np.rint(raw * mean / raw.mean()), 3, 120).astype(int)
+    return [int(x) for x in lengths]
+
+
+def costs(results: list[Result]) -> list[dict]:
+    """Dollars per trajectory at each judge's list price, and per 1,000 trajectories."""
+    rows = []
+    for r in results:
+        for model, (price_in, price_out) in PRICES.items():
+            per = (
+                r.judge_prompt_tokens_per_trajectory * price_in
+                + r.judge_completion_tokens_per_trajectory * price_out
+            ) / 1e6
+            rows.append({"configuration": r.configuration, "judge": model, "usd_per_trajectory": per})
+    return rows
+
+
+def what_a_user_pays(results: list[Result], screenshots: float) -> str:
+    keyshot, reference = results
+    scale = 1000
+    gpu_s = scale * screenshots * SCORER_FLOPS_PER_SCREENSHOT / H100_BF16_FLOPS
+    lines = [
+        f"Per {scale:,} trajectories of {screenshots:.0f} screenshots:",
+        "",
+        "| configuration | judge API calls | judge tokens (prompt + completion) | $ with GPT-4o | $ with o4-mini | scorer GPU-seconds |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r, gpu in (
+        (keyshot, f"{gpu_s:,.0f} on one H100 (compute ceiling, not measured)"),
+        (reference, "none (the judge scores)"),
+    ):
+        tokens = r.judge_prompt_tokens_per_trajectory + r.judge_completion_tokens_per_trajectory
+        usd = {
+            m: scale
+            * (r.judge_prompt_tokens_per_trajectory * a + r.judge_completion_tokens_per_trajectory * b)
+            / 1e6
+            for m, (a, b) in PRICES.items()
+        }
+        lines.append(
+            f"| {r.configuration} | {scale * r.judge_calls_per_trajectory:,.0f} | {scale * tokens:,.0f} | "
+            f"{usd['gpt-4o']:,.0f} | {usd['o4-mini']:,.0f} | {gpu} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "paths", nargs="*", type=Path, help="trajectory folders/files (default: the test fixtures)"
+        "paths", nargs="*", type=Path, help="trajectory folders/files (default: synthetic, real length)"
     )
+    ap.add_argument(
+        "--fixtures", action="store_true", help="the test fixtures instead (3.4 screenshots each)"
+    )
+    ap.add_argument("--trajectories", type=int, default=40, help="synthetic trajectories to judge")
     ap.add_argument("--json", dest="json_out", help="write the results as JSON here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    trajectories = [t for p in (args.paths or DEFAULT_PATHS) for t in load_trajectories(p, on_error="skip")]
-    if not trajectories:
-        print("no trajectories found", file=sys.stderr)
-        return 2
-    results = bench(trajectories)
+    with tempfile.TemporaryDirectory(prefix="keyshot-bench-calls-") as tmp:
+        if args.paths or args.fixtures:
+            paths = args.paths or DEFAULT_PATHS
+        else:
+            lengths = realistic_lengths(args.trajectories)
+            paths = [synthetic_trajectories(Path(tmp), args.trajectories, lengths, seed=1, size=(1280, 720))]
+        trajectories = [t for p in paths for t in load_trajectories(p, on_error="skip")]
+        if not trajectories:
+            print("no trajectories found", file=sys.stderr)
+            return 2
+        results = bench(trajectories)
     print(table(results))
+    shots = results[0].screenshots_per_trajectory
+    print()
+    for row in costs(results):
+        print(
+            f"{row['configuration']}, judge {row['judge']}: ${row['usd_per_trajectory']:.4f} per trajectory"
+        )
+    print()
+    print(what_a_user_pays(results, shots))
     if args.json_out:
         keyshot, reference = results
         payload = {
@@ -162,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                 / keyshot.judge_completion_tokens_per_trajectory,
             },
             "tokenizer": "fake server stand-in: len(text)//4 per message + 1000 per image",
+            "costs": costs(results),
+            "what_a_user_pays": what_a_user_pays(results, results[0].screenshots_per_trajectory),
             "machine": {
                 "platform": platform.platform(),
                 "cpus": os.cpu_count(),

@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     names = args.only.split(",") if args.only else list(BENCHES)
     rows: list[Row] = []
+    sections: list[str] = []
     failures = []
     with tempfile.TemporaryDirectory(prefix="keyshot-bench-") as tmp:
         for name in names:
@@ -182,8 +183,11 @@ def main(argv: list[str] | None = None) -> int:
                 failures.append(name)
                 print(proc.stdout[-2000:], proc.stderr[-3000:], sep="\n", file=sys.stderr)
                 continue
-            got = extract(json.loads(out.read_text()))
+            data = json.loads(out.read_text())
+            got = extract(data)
             rows.extend(got)
+            if "what_a_user_pays" in data:
+                sections.append("## What a user pays\n\n" + data["what_a_user_pays"])
             print(f"[bench] {name}: {len(got)} ratios in {time.perf_counter() - t0:.0f} s", flush=True)
     load = os.getloadavg()
     lines = [
@@ -198,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---:|---|",
         *[f"| {b} | {c} | {r} | {d} |" for b, c, r, d in rows],
         "",
+        *[section + "\n" for section in sections],
     ]
     if failures:
         lines.append(f"Failed to run: {', '.join(failures)} (see the command's output).")
