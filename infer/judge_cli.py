@@ -438,8 +438,9 @@ def checkpoint_hash(folder: str) -> str | None:
     return digest.hexdigest()[:16]
 
 
-def check_fingerprint(out: Path, fingerprint: dict) -> None:
-    """Record the protocol in ``OUT/run.json``, or refuse a run folder made with another one."""
+def check_fingerprint(out: Path, fingerprint: dict, *, record: bool = True) -> None:
+    """Refuse a run folder made with another protocol; record the protocol in ``OUT/run.json``
+    (unless ``record`` is False: a dry run writes nothing)."""
     path = out / RUN_FILE
     if path.exists():
         try:
@@ -460,7 +461,8 @@ def check_fingerprint(out: Path, fingerprint: dict) -> None:
                 "use a new --out (or the settings the folder was made with)"
             )
         return
-    write_text_atomic(path, json.dumps({"protocol": fingerprint}, indent=2) + "\n")
+    if record:
+        write_text_atomic(path, json.dumps({"protocol": fingerprint}, indent=2) + "\n")
 
 
 def dry_run(
@@ -479,15 +481,7 @@ def dry_run(
     if not trajectories:
         raise JudgeRunError(nothing_found_message(paths, load_errors))
     out = Path(cfg.out)
-    if (out / RUN_FILE).exists():
-        recorded = json.loads((out / RUN_FILE).read_text(encoding="utf-8")).get("protocol", {})
-        differ = [
-            k for k in sorted(set(fingerprint) | set(recorded)) if fingerprint.get(k) != recorded.get(k)
-        ]
-        if differ:
-            raise JudgeRunError(
-                f"{out} holds verdicts of another protocol (differs in {', '.join(differ)}): use a new --out"
-            )
+    check_fingerprint(out, fingerprint, record=False)
     index = ResumeIndex(read_verdicts(out / VERDICTS_FILE))
     todo = [t for t in trajectories if not index.done(t.task_id, t.agent, t.run)]
     served = cfg.scorer.backend == "openai" and not serve_scorer

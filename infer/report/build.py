@@ -9,6 +9,7 @@ OUT/plots/*.png, OUT/static/  plots; CSS and JS (no CDN: it opens from disk and 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -244,8 +245,6 @@ def _judge_params(p: dict) -> str:
 
 def _no_paths(message: str) -> str:
     """A message with absolute paths shortened to their last two parts (no machine path in the pages)."""
-    import re
-
     return re.sub(r"(/[^\s:;,'\"()]+)+", lambda m: "…/" + "/".join(m.group(0).split("/")[-2:]), message)
 
 
