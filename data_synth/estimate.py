@@ -10,15 +10,12 @@ lines were lost), so the estimate is an upper bound.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from PIL import Image
-
 from data_synth.labels import JUDGE_ORIGIN, StoreContents
 from data_synth.teachers import TeacherConfig, TeacherSet
-from infer.images import ImagePolicy
+from infer.images import ImagePolicy, open_header
 from infer.prompts import PromptSet
 from infer.trajectory import Screenshot, Trajectory
 
@@ -76,10 +73,8 @@ class CostEstimate:
 def image_size(shot: Screenshot) -> tuple[int, int] | None:
     """Width and height from the image header (no decoding); None if unreadable."""
     try:
-        src = io.BytesIO(shot.data) if shot.data is not None else shot.path
-        with Image.open(src) as img:
-            return img.size
-    except (OSError, ValueError, SyntaxError):
+        return open_header(shot.data if shot.data is not None else shot.path).size
+    except (OSError, ValueError, SyntaxError):  # (ImageError is a ValueError)
         return None
 
 

@@ -248,8 +248,60 @@ def _open(src: Path | str | bytes | Image.Image) -> tuple[Image.Image, str]:
         return Image.open(io.BytesIO(data)), name
     except Image.UnidentifiedImageError as exc:
         raise ImageError(name, "not an image file (PIL cannot identify its format)") from exc
+    except Image.DecompressionBombError:
+        return _open_tall(data, name), name  # a full-page screenshot: read its top, as the policy says
     except _DECODE_ERRORS as exc:
         raise ImageError(name, f"cannot open image: {exc}") from exc
+
+
+#: The tallest part of an over-sized image keyshot decodes: the policy never keeps more than
+#: ``max_aspect`` (≤ this) heights of width from the top of a page.
+_TALL_DECODE_ASPECT = 8.0
+
+
+def _open_tall(data: bytes, name: str) -> Image.Image:
+    """Open (header only) an image larger than PIL's decompression-bomb limit when it is a tall page
+    whose top part fits the limit; only that part is ever decoded (:func:`prepare_image` bounds the
+    decode). Anything else stays refused: a wide or square image that large is no screenshot."""
+    img = open_header(data)
+    width, height = img.size
+    if img.format != "PNG" or len(img.tile) != 1 or img.info.get("interlace"):
+        raise ImageError(
+            name, f"image of {width}×{height} pixels is too large to decode (not a sequential PNG)"
+        )
+    if width * math.ceil(width * _TALL_DECODE_ASPECT) > (Image.MAX_IMAGE_PIXELS or 0) * 2:
+        raise ImageError(name, f"image of {width}×{height} pixels is too large to decode, even cropped")
+    img.info["keyshot_tall_page"] = True
+    return img
+
+
+def open_header(src: Path | str | bytes) -> Image.Image:
+    """An image opened for its header (size, format) without PIL's decompression-bomb check: nothing
+    is decoded, so the check's memory concern does not arise. Raises ImageError if no format fits."""
+    data = Path(src).read_bytes()[: 1 << 20] if isinstance(src, (str, Path)) else bytes(src)
+    Image.preinit()
+    Image.init()
+    prefix = data[:16]
+    for fmt, (factory, accept) in Image.OPEN.items():
+        if accept is None or accept(prefix):
+            try:
+                img = factory(io.BytesIO(data), "")
+            except _DECODE_ERRORS:
+                continue
+            img.format = img.format or fmt
+            return img
+    raise ImageError(
+        str(src)[:80] if not isinstance(src, bytes) else f"<{len(data)} bytes>", "not an image file"
+    )
+
+
+def _bound_tall_decode(img: Image.Image, rows: int) -> None:
+    """Make a tall PNG decode only its first ``rows`` rows (the policy's crop) on ``load()``."""
+    if not img.info.get("keyshot_tall_page") or rows >= img.size[1]:
+        return
+    tile = img.tile[0]
+    img._size = (img.size[0], rows)
+    img.tile = [tile._replace(extents=(0, 0, img.size[0], rows))]
 
 
 def decode_image(src: Path | str | bytes | Image.Image) -> Image.Image:
@@ -344,6 +396,7 @@ def prepare_image(
         img.draft(
             None, (math.ceil(src_w * out_w / plan.crop_width), math.ceil(src_h * out_h / plan.crop_height))
         )
+    _bound_tall_decode(img, plan.crop_height)
     _load(img, name)
 
     cropped = (plan.crop_width, plan.crop_height) != (src_w, src_h)

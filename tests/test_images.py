@@ -302,3 +302,25 @@ def test_undecodable_inputs_raise_image_error_naming_the_source(tmp_path):
         prepare_image(tmp_path / "missing.png")
     with pytest.raises(ImageError, match=r"<5 bytes>: not an image"):
         prepare_image(b"12345")
+
+
+def test_a_page_past_the_decompression_bomb_limit_follows_the_policy(tmp_path):
+    """A 1280×150,000 full page (192 M pixels, over PIL's bomb limit) is cropped to the policy's 4:1 and
+    only that top part is decoded; an image that large in both directions stays refused."""
+    import resource
+
+    from infer.images import DEFAULT_POLICY, ImageError, open_header, prepare_image
+
+    tall = tmp_path / "tall.png"
+    Image.new("RGB", (1280, 150_000), "white").save(tall)
+    assert open_header(tall).size == (1280, 150_000)  # the synthesis cost estimate reads headers only
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    prepared = prepare_image(tall, DEFAULT_POLICY)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert prepared.cropped and prepared.source_height == 150_000
+    assert prepared.height / prepared.width == pytest.approx(4.0, rel=0.02)
+    assert grown_mb < 300, grown_mb  # the whole page would be 576 MB of RGB
+    square = tmp_path / "square.png"
+    Image.new("1", (30_000, 30_000)).save(square)
+    with pytest.raises(ImageError, match=r"square.png: image of 30000×30000 pixels is too large"):
+        prepare_image(square, DEFAULT_POLICY)
