@@ -19,7 +19,7 @@ import logging
 import signal
 import sys
 
-from infer.errors import EXIT_USAGE, Interrupted, KeyshotError
+from infer.errors import EXIT_USAGE, Interrupted, KeyshotError, require_training_stack
 from infer.helptext import plain
 
 # Each module registers its subcommand with ``add_parser(subparsers)`` and sets ``func``.
@@ -41,6 +41,7 @@ def _add_tiny_model(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
 
     def run(args) -> int:
+        require_training_stack("keyshot tiny-model")
         from infer.tiny_model import build_tiny_qwen25vl
 
         print(build_tiny_qwen25vl(args.out, seed=args.seed))

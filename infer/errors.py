@@ -64,3 +64,21 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int):
         self.signum = signum
         super().__init__(f"stopped by signal {signum}")
+
+
+def require_training_stack(what: str) -> None:
+    """Refuse, with the install command, a job that needs torch and transformers on a core install."""
+    import importlib
+
+    missing = []
+    for module in ("torch", "transformers"):  # torch first: transformers without it only warns
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+            break
+    if missing:
+        raise KeyshotError(
+            f"{what} needs {' and '.join(missing)}, which this install lacks: pip install 'keyshot[train]' "
+            "(the core install judges with remote or served models only)"
+        )

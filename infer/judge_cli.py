@@ -33,7 +33,7 @@ from infer.cache import CacheError, CallCache
 from infer.checkpoint import CheckpointError
 from infer.client import EndpointConfig, JudgeClient
 from infer.config import ConfigError, config_to_dict, load_config
-from infer.errors import EXIT_INCOMPLETE, EXIT_OK, KeyshotError, RunStopError
+from infer.errors import EXIT_INCOMPLETE, EXIT_OK, KeyshotError, RunStopError, require_training_stack
 from infer.fileio import write_text_atomic
 from infer.helptext import plain
 from infer.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy
@@ -520,6 +520,8 @@ def run_judge(
     """The whole ``keyshot judge`` run; returns the summary (also written to OUT)."""
     t0 = time.perf_counter()
     out = Path(cfg.out)
+    if cfg.scorer.backend == "transformers":
+        require_training_stack("scorer.backend=transformers (the in-process scorer)")
     if serve_scorer:
         cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
     fingerprint = protocol_fingerprint(cfg)

@@ -390,3 +390,37 @@ def test_metrics_with_a_non_utf8_label_file(tmp_path, capsys):
         == 2
     )
     assert str(labels) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "what"),
+    [
+        (["tiny-model", "OUT"], "keyshot tiny-model"),
+        (["merge-lora", "ADAPTER", "--out", "OUT"], "keyshot merge-lora"),
+        (
+            [
+                "judge",
+                "IN",
+                "--config",
+                "configs/judge/tiny_cpu.yaml",
+                "scorer.backend=transformers",
+                "scorer.checkpoint=C",
+            ],
+            "scorer.backend=transformers (the in-process scorer)",
+        ),
+    ],
+)
+def test_a_core_install_asked_for_the_training_stack_says_what_to_install(tmp_path, argv, what):
+    """`pip install .` has no torch: the jobs that need it say so in one line, exit 2."""
+    import subprocess
+    import sys
+
+    v1(tmp_path / "IN", "good-a")
+    argv = [str(tmp_path / a) if a in ("OUT", "ADAPTER", "IN", "C") else a for a in argv]
+    code = "import sys; sys.modules['torch'] = None; from infer.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"{what} needs torch" in proc.stderr and "pip install 'keyshot[train]'" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
