@@ -585,9 +585,8 @@ def _judge_locked(
         if serve_scorer and todo:
             serve_cfg = dataclasses.replace(cfg.scorer.serve or ServeConfig(), model=serve_scorer)
             serve_cfg.prompt_variant = cfg.pipeline.variant
-            serve_cfg.log_file = serve_cfg.log_file or str(
-                out / "vllm.log"
-            )  # logs beside the run, not in /tmp
+            # the server's log beside the run, not in /tmp
+            serve_cfg.log_file = serve_cfg.log_file or str(out / "vllm.log")
             server = VLLMServer(serve_cfg).start()
             base = cfg.scorer.endpoint
             scorer_endpoint = server.endpoint(
@@ -602,12 +601,6 @@ def _judge_locked(
                 )
             )
         if todo:
-            preflight(
-                [
-                    cfg.judge,
-                    scorer_endpoint or (cfg.scorer.endpoint if cfg.scorer.backend == "openai" else None),
-                ]
-            )
             judge = JudgeClient(cfg.judge, cache, ledger)
             scorer = build_scorer(cfg, cache, ledger, scorer_endpoint)
             webjudge = WebJudge(judge, scorer, cfg.pipeline)
