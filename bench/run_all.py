@@ -66,8 +66,8 @@ def _calls(d: dict) -> list[Row]:
             "judge cost per trajectory (bench_calls.py)",
             f"reference configuration / keyshot: judge {what}",
             f"{ratios[key]:.2f}×",
-            f"{ref[field]:.1f} vs {k[field]:.1f} per trajectory ({k['trajectories']} real trajectories, "
-            f"{k['screenshots_per_trajectory']:.1f} shots each)",
+            f"{ref[field]:.1f} vs {k[field]:.1f} per trajectory ({k['trajectories']} trajectories, "
+            f"{k['screenshots_per_trajectory']:.1f} shots each on average)",
         )
         for what, key, field in (
             ("calls", "judge_calls", "judge_calls_per_trajectory"),
