@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from data_synth.labels import JUDGE_ORIGIN, StoreContents
+from data_synth.labels import JUDGE_ORIGIN, StoreContents, call_failed
 from data_synth.teachers import TeacherConfig, TeacherSet
 from infer.images import ImagePolicy, open_header
 from infer.prompts import PromptSet
@@ -76,15 +76,6 @@ def image_size(shot: Screenshot) -> tuple[int, int] | None:
         return open_header(shot.data if shot.data is not None else shot.path).size
     except (OSError, ValueError, SyntaxError):  # (ImageError is a ValueError)
         return None
-
-
-#: How a record made from a call that failed (no answer) starts its ``error``.
-CALL_FAILED = "call failed"
-
-
-def call_failed(record: object | None) -> bool:
-    """True for a record whose call got no answer: it is no label, and every run asks again."""
-    return record is not None and (getattr(record, "error", None) or "").startswith(CALL_FAILED)
 
 
 def label_needed(record: object | None, retry_failed: bool) -> bool:

@@ -240,3 +240,12 @@ class LabelStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: How a record made from a call that failed (no answer) starts its ``error``.
+CALL_FAILED = "call failed"
+
+
+def call_failed(record: object | None) -> bool:
+    """True for a record whose call got no answer: it is no label, and every run asks again."""
+    return record is not None and (getattr(record, "error", None) or "").startswith(CALL_FAILED)

@@ -31,14 +31,16 @@ from tqdm import tqdm
 
 from data_synth.dataset import BuildConfig, BuildResult, build_dataset
 from data_synth.errors import SynthError
-from data_synth.estimate import CALL_FAILED, CostEstimate, call_failed, estimate_cost, label_needed
+from data_synth.estimate import CostEstimate, estimate_cost, label_needed
 from data_synth.labels import (
+    CALL_FAILED,
     JUDGE_ORIGIN,
     LABELS_FILE,
     KeyPointsRecord,
     LabelRecord,
     LabelStore,
     OutcomeRecord,
+    call_failed,
     read_store,
 )
 from data_synth.run_folder import (

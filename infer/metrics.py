@@ -478,6 +478,26 @@ def arb_records(
     return out
 
 
+def recorded_ground_truth(v: dict) -> str | None:
+    """The ground truth a verdict row carries itself: its human label, else the benchmark's reward
+    recorded with the trajectory (AgentLab/BrowserGym ``cum_reward``: > 0 is success), else None."""
+    human_raw = next((v[k] for k in _HUMAN_KEYS if k in v), None)
+    try:
+        human = normalize_human_label(human_raw)
+    except ValueError:
+        logger.warning(
+            "task %s (%s): unknown human label %r, treated as missing",
+            v.get("task_id"),
+            v.get("agent"),
+            human_raw,
+        )
+        human = None
+    reward = v.get("reward")
+    if human is None and isinstance(reward, int | float) and not isinstance(reward, bool):
+        human = SUCCESS if reward > 0 else FAILURE
+    return human
+
+
 def records_from_verdicts(
     verdicts: Iterable[dict],
     human_labels: dict[tuple[str, str], str] | None = None,
@@ -502,20 +522,7 @@ def records_from_verdicts(
         if pred_key is None:
             no_prediction += 1
         predicted = normalize_prediction(v.get(pred_key)) if pred_key else None
-        human_raw = next((v[k] for k in _HUMAN_KEYS if k in v), None)
-        try:
-            human = normalize_human_label(human_raw)
-        except ValueError:
-            logger.warning(
-                "task %s (%s): unknown human label %r, treated as missing", task_id, agent, human_raw
-            )
-            human = None
-        if (
-            human is None
-            and isinstance(v.get("reward"), int | float)
-            and not isinstance(v.get("reward"), bool)
-        ):
-            human = SUCCESS if v["reward"] > 0 else FAILURE  # the benchmark's own reward (AgentLab runs)
+        human = recorded_ground_truth(v)
         key = (task_id, agent_key(agent))
         verdict_keys.append((task_id, agent))
         if human_labels is not None and key in human_labels:

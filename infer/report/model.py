@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infer.metrics import JudgedRecord, MetricsReport, agent_key, compute_metrics, normalize_human_label
+from infer.metrics import JudgedRecord, MetricsReport, agent_key, compute_metrics, recorded_ground_truth
 from infer.verdicts import Verdict, VerdictFileError, latest_verdicts, read_reference_records, read_verdicts
 
 KIND_AGENT = "agent"
@@ -86,15 +86,9 @@ def ground_truth(v: Verdict, human_labels: dict[tuple[str, str], str] | None = N
         label = human_labels.get((str(v.task_id), agent_key(v.agent or "")))
         if label is not None:
             return label
-    try:
-        human = normalize_human_label(v.human_label)
-    except ValueError:
-        human = None
-    if human is not None:
-        return human
-    if v.reward is not None:
-        return "success" if v.reward > 0 else "failure"
-    return None
+    return recorded_ground_truth(
+        {"task_id": v.task_id, "agent": v.agent, "human_label": v.human_label, "reward": v.reward}
+    )
 
 
 def kind_of(v: Verdict, truth: str | None) -> str:
