@@ -3,6 +3,7 @@
     keyshot judge TRAJ_DIR --config configs/judge/X.yaml   # WebJudge over trajectory folders
     keyshot serve --config configs/serve/X.yaml           # vLLM for a scorer checkpoint
     keyshot metrics OUT/verdicts.jsonl --human-labels F   # agreement / precision / recall
+    keyshot merge OUT                                     # join the shards of judge --shard I/N
     keyshot report OUT                                    # a browsable HTML report of a judged run
     keyshot synth run --config configs/synth/X.yaml       # distil a scorer dataset from teachers
     keyshot merge-lora ADAPTER --out MERGED               # LoRA adapter -> servable checkpoint
@@ -27,6 +28,7 @@ SUBCOMMAND_MODULES = (
     "infer.judge_cli",
     "infer.serve",
     "infer.metrics_cli",
+    "infer.merge_cli",
     "infer.report.cli",
     "data_synth.cli",
     "train.merge_lora",

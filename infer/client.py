@@ -20,7 +20,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -321,6 +321,49 @@ def _parse_body(raw: bytes, fallback_model: str) -> _Answer:
     )
 
 
+class InFlight:
+    """Identical requests in flight at the same time are sent once: the others wait for that answer,
+    which they get as ``cached`` at no cost."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, asyncio.Future] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def run(
+        self,
+        key: str,
+        send: Callable[[], Awaitable[Completion]],
+        shared: Callable[[Completion], object] = lambda first: None,
+    ) -> Completion:
+        """``send()`` unless the same ``key`` is on its way; ``shared(first)`` is called for each waiter."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._pending, self._loop = {}, loop
+        pending = self._pending.get(key)
+        if pending is not None:  # the same request is already on its way: wait for its answer, pay once
+            first: Completion = await asyncio.shield(pending)
+            shared(first)
+            return dataclasses.replace(
+                first, cached=True, cost_usd=0.0, attempts=0, saved_cost_usd=first.cost_usd
+            )
+        future: asyncio.Future = loop.create_future()
+        self._pending[key] = future
+        try:
+            result = await send()
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                future.cancel()
+            else:
+                future.set_exception(exc)
+                future.exception()  # retrieved: waiters get it, nobody else needs to
+            raise
+        else:
+            future.set_result(result)
+            return result
+        finally:
+            self._pending.pop(key, None)
+
+
 class JudgeClient:
     """Async client of one OpenAI-compatible endpoint.
 
@@ -349,8 +392,7 @@ class JudgeClient:
         self._last_good: float | None = None  # last answered request (or the first request sent)
         self._run_retries = 0
         self.down: EndpointDownError | None = None
-        self._in_flight: dict[str, asyncio.Future] = {}  # identical requests in flight share one answer
-        self._flight_loop: asyncio.AbstractEventLoop | None = None
+        self._in_flight = InFlight()  # identical requests in flight share one answer
         if endpoint.budget_usd is not None and not (
             endpoint.price_input_per_mtok or endpoint.price_output_per_mtok
         ):
@@ -438,32 +480,14 @@ class JudgeClient:
         endpoint fails for good and :class:`BudgetExceededError` when the budget is spent.
         """
         key = self.key_for(messages, prompt_version=prompt_version, max_tokens=max_tokens, logprobs=logprobs)
-        loop = asyncio.get_running_loop()
-        if self._flight_loop is not loop:
-            self._in_flight, self._flight_loop = {}, loop
-        pending = self._in_flight.get(key)
-        if pending is not None:  # the same request is already on its way: wait for its answer, pay once
-            first: Completion = await asyncio.shield(pending)
+
+        def shared(first: Completion) -> Completion:
             self.ledger.record_cache_hit(self.endpoint.name, first.cost_usd)
-            return dataclasses.replace(
-                first, cached=True, cost_usd=0.0, attempts=0, saved_cost_usd=first.cost_usd
-            )
-        future: asyncio.Future = loop.create_future()
-        self._in_flight[key] = future
-        try:
-            result = await self._complete(messages, prompt_version, max_tokens, logprobs, validate)
-        except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError):
-                future.cancel()
-            else:
-                future.set_exception(exc)
-                future.exception()  # retrieved: waiters get it, nobody else needs to
-            raise
-        else:
-            future.set_result(result)
-            return result
-        finally:
-            self._in_flight.pop(key, None)
+            return first
+
+        return await self._in_flight.run(
+            key, lambda: self._complete(messages, prompt_version, max_tokens, logprobs, validate), shared
+        )
 
     async def _complete(
         self,

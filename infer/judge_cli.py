@@ -23,6 +23,7 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -38,12 +39,14 @@ from infer.fileio import write_text_atomic
 from infer.helptext import plain
 from infer.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy
 from infer.pipeline import PipelineConfig, WebJudge
+from infer.pool import DEFAULT_COOLDOWN_S, EndpointPool, member_configs
 from infer.preflight import preflight
 from infer.prompts import load_prompt_set
 from infer.redaction import redact_config
 from infer.runlock import RunLock
 from infer.scorer import KeyScreenshotScorer, OpenAIScorer, TransformersScorer, checkpoint_image_policy
 from infer.serve import ServeConfig, ServeError, VLLMServer
+from infer.shards import SUMMARY_FILE, ShardError, ShardSpec, shard_key
 from infer.trajectory import Trajectory, TrajectoryError, load_trajectories
 from infer.usage import BudgetExceededError, UsageLedger
 from infer.verdicts import (
@@ -70,7 +73,8 @@ _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 class ScorerConfig:
     """The key-screenshot scorer.
 
-    ``backend``: ``openai`` (an OpenAI-compatible endpoint, e.g. ``keyshot serve``), ``transformers``
+    ``backend``: ``openai`` (an OpenAI-compatible endpoint, e.g. ``keyshot serve``, or ``endpoints``:
+    several replicas of it, each call to the least-loaded live one), ``transformers``
     (in-process, ``checkpoint`` is the model folder) or ``none`` (reference configuration: the judge
     scores every screenshot). ``checkpoint`` also fixes the image policy (its training pixel bounds);
     without it, ``min_pixels``/``max_pixels`` do, else keyshot's default policy.
@@ -78,6 +82,8 @@ class ScorerConfig:
 
     backend: Literal["openai", "transformers", "none"] = "openai"
     endpoint: EndpointConfig | None = None
+    endpoints: list[EndpointConfig] | None = None  # a pool of replicas of one model (infer.pool)
+    cooldown_s: float = DEFAULT_COOLDOWN_S  # how long a failed pool endpoint is left out
     checkpoint: str | None = None
     min_pixels: int | None = None
     max_pixels: int | None = None
@@ -90,6 +96,10 @@ class ScorerConfig:
     serve: ServeConfig | None = None  # settings for --serve-scorer
 
     def __post_init__(self) -> None:
+        if self.endpoint is not None and self.endpoints:
+            raise ValueError("set scorer.endpoint (one) or scorer.endpoints (a pool), not both")
+        if self.endpoints:
+            member_configs(self.endpoints)  # one model, no endpoint twice
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
@@ -112,6 +122,7 @@ class JudgeRunConfig:
     benchmark: str | None = None
     concurrency: int = 4  # trajectories judged at once
     limit: int | None = None
+    shard_by: Literal["task", "trajectory"] = "task"  # what --shard I/N hashes (infer.shards)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -165,10 +176,15 @@ def build_scorer(
             logprobs=sc.logprobs,
         )
     endpoint = endpoint or sc.endpoint
-    if endpoint is None:
+    if endpoint is None and not sc.endpoints:
         raise JudgeRunError("scorer.backend=openai needs scorer.endpoint (or --serve-scorer CHECKPOINT)")
+    client = (
+        JudgeClient(endpoint, cache, ledger)
+        if endpoint is not None
+        else EndpointPool(sc.endpoints, cache, ledger, cooldown_s=sc.cooldown_s)
+    )
     return OpenAIScorer(
-        JudgeClient(endpoint, cache, ledger),
+        client,
         prompts,
         parse_mode=cfg.pipeline.parse_mode,
         logprobs=sc.logprobs,
@@ -179,9 +195,14 @@ def build_scorer(
 
 
 def load_all(
-    paths: list[str], cfg: JudgeRunConfig, allow_outside: tuple[str, ...] = ()
-) -> tuple[list[Trajectory], list[TrajectoryError], list[str]]:
-    """The input's trajectories (one per identity), the ones that could not be read, and duplicates."""
+    paths: list[str],
+    cfg: JudgeRunConfig,
+    allow_outside: tuple[str, ...] = (),
+    shard: ShardSpec | None = None,
+) -> tuple[list[Trajectory], list[TrajectoryError], list[str], int]:
+    """The input's trajectories (one per identity; with ``shard``, only that shard's), the ones that
+    could not be read (with ``shard``, reported by shard 0 alone), the duplicates, and how many
+    trajectories the whole input holds."""
     trajectories: list[Trajectory] = []
     errors: list[TrajectoryError] = []
     for p in paths:
@@ -196,6 +217,12 @@ def load_all(
                 allow_outside=allow_outside,
             )
         )
+    found = len(trajectories)
+    if shard is not None:
+        trajectories = [
+            t for t in trajectories if shard.owns(shard_key(t.task_id, t.agent, t.run, cfg.shard_by))
+        ]
+        errors = errors if shard.index == 0 else []
     seen: dict[tuple[str, str, str], Trajectory] = {}
     unique = []
     duplicates: list[str] = []
@@ -215,7 +242,7 @@ def load_all(
         unique.append(t)
     if cfg.limit is not None:
         unique = unique[: cfg.limit]
-    return unique, errors, duplicates
+    return unique, errors, duplicates, found
 
 
 def import_reference(
@@ -285,36 +312,43 @@ async def judge_all(
     return done
 
 
-def summarize(verdicts: list[Verdict], *, run: dict) -> dict:
-    """Counts over every verdict in the file (previous runs included) plus this run's figures."""
-    n = len(verdicts)
-    success = sum(v.success is True for v in verdicts)
-    failure = sum(v.success is False for v in verdicts)
+def summarize(verdicts: Iterable[Verdict], *, run: dict) -> dict:
+    """Counts over every verdict in the file (previous runs included) plus this run's figures.
+
+    One pass over ``verdicts``, which may be a generator (``keyshot merge`` streams 100k lines).
+    """
+    n = success = failure = partial = screenshots = unreadable = failed_shots = kept = 0
+    incomplete: list[dict] = []
     usage = {role: RoleUsage() for role in ROLES}
     for v in verdicts:
+        n += 1
+        success += v.success is True
+        failure += v.success is False
+        partial += bool(v.partial)
+        screenshots += len(v.screenshots)
+        # unreadable: the scorer answered without a readable score; failed: no answer (unreadable
+        # image, or the call failed after retries)
+        unreadable += sum(1 for s in v.screenshots if s.error and s.raw)
+        failed_shots += sum(1 for s in v.screenshots if s.error and not s.raw)
+        kept += len(v.kept)
         for role, u in v.usage.items():
             usage.setdefault(role, RoleUsage()).merge(u)
-    screenshots = sum(len(v.screenshots) for v in verdicts)
+        if not v.finished:
+            incomplete.append({"task_id": v.task_id, "agent": v.agent, "source": v.source, "error": v.error})
     return {
         "trajectories": n,
         "success": success,
         "failure": failure,
         "no_verdict": n - success - failure,
-        "errors": sum(not v.finished for v in verdicts),
-        "incomplete": sum(not v.finished for v in verdicts),
-        "incomplete_trajectories": [
-            {"task_id": v.task_id, "agent": v.agent, "source": v.source, "error": v.error}
-            for v in verdicts
-            if not v.finished
-        ],
-        "partial": sum(bool(v.partial) for v in verdicts),
+        "errors": len(incomplete),
+        "incomplete": len(incomplete),
+        "incomplete_trajectories": incomplete,
+        "partial": partial,
         "success_rate": success / n if n else None,
         "screenshots": screenshots,
-        # unreadable: the scorer answered without a readable score; failed: no answer (unreadable
-        # image, or the call failed after retries)
-        "unreadable_scores": sum(1 for v in verdicts for s in v.screenshots if s.error and s.raw),
-        "failed_screenshots": sum(1 for v in verdicts for s in v.screenshots if s.error and not s.raw),
-        "kept_screenshots": sum(len(v.kept) for v in verdicts),
+        "unreadable_scores": unreadable,
+        "failed_screenshots": failed_shots,
+        "kept_screenshots": kept,
         "usage": {role: dataclasses.asdict(u) for role, u in usage.items()},
         "judge_calls_per_trajectory": usage["judge"].calls / n if n else None,
         "run": run,
@@ -402,7 +436,8 @@ def protocol_fingerprint(cfg: JudgeRunConfig) -> dict:
         policy, scorer_model = REFERENCE_POLICY, None
     else:
         policy = _policy(sc) or DEFAULT_POLICY
-        scorer_model = sc.checkpoint or (sc.endpoint.model if sc.endpoint else None)
+        served = sc.endpoint or (sc.endpoints[0] if sc.endpoints else None)
+        scorer_model = sc.checkpoint or (served.model if served else None)
     return {
         "prompt_version": load_prompt_set(pipe.variant).version,
         "variant": pipe.variant,
@@ -466,7 +501,12 @@ def check_fingerprint(out: Path, fingerprint: dict, *, record: bool = True) -> N
 
 
 def dry_run(
-    paths: list[str], cfg: JudgeRunConfig, *, serve_scorer: str | None, allow_outside: tuple[str, ...]
+    paths: list[str],
+    cfg: JudgeRunConfig,
+    *,
+    serve_scorer: str | None,
+    allow_outside: tuple[str, ...],
+    shard: ShardSpec | None = None,
 ) -> str:
     """What a run would do, checked as far as it can be without a paid call."""
     for folder in filter(None, [serve_scorer, cfg.scorer.checkpoint]):
@@ -477,15 +517,17 @@ def dry_run(
     if serve_scorer:
         cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
     fingerprint = protocol_fingerprint(cfg)
-    trajectories, load_errors, duplicates = load_all(paths, cfg, allow_outside)
-    if not trajectories:
+    trajectories, load_errors, duplicates, found = load_all(paths, cfg, allow_outside, shard)
+    if not found:
         raise JudgeRunError(nothing_found_message(paths, load_errors))
-    out = Path(cfg.out)
+    out = Path(cfg.out) / shard.folder if shard else Path(cfg.out)
     check_fingerprint(out, fingerprint, record=False)
     index = ResumeIndex(read_verdicts(out / VERDICTS_FILE))
     todo = [t for t in trajectories if not index.done(t.task_id, t.agent, t.run)]
     served = cfg.scorer.backend == "openai" and not serve_scorer
-    preflight([cfg.judge, cfg.scorer.endpoint if served else None])
+    preflight(
+        [cfg.judge, cfg.scorer.endpoint if served else None], pool=cfg.scorer.endpoints if served else None
+    )
     shots = sum(t.num_screenshots for t in todo)
     per_trajectory = 2 if cfg.pipeline.outcome_mode == "cot" else None
     judge_calls = (
@@ -496,8 +538,9 @@ def dry_run(
     if cfg.scorer.backend == "none":
         judge_calls = f"{len(todo) * 2 + shots:,} (the judge scores every screenshot)"
     agents = sorted({t.agent or "(no agent name)" for t in trajectories})
+    owned = f"shard {shard} owns {len(trajectories)} of {found}" if shard else f"{found}"
     lines = [
-        f"dry run: {len(trajectories)} trajectories found ({', '.join(agents)}), {len(trajectories) - len(todo)} already "
+        f"dry run: {owned} trajectories found ({', '.join(agents)}), {len(trajectories) - len(todo)} already "
         f"judged in {out}, {len(todo)} to judge with {shots:,} screenshots",
         f"judge calls: {judge_calls} to {cfg.judge.model} at {cfg.judge.display_url}",
         f"unreadable: {len(load_errors)}; duplicates: {len(duplicates)}",
@@ -516,20 +559,24 @@ def run_judge(
     progress: bool = True,
     wait: bool = False,
     allow_outside: tuple[str, ...] = (),
+    shard: ShardSpec | None = None,
 ) -> dict:
-    """The whole ``keyshot judge`` run; returns the summary (also written to OUT)."""
+    """The whole ``keyshot judge`` run; returns the summary (also written to OUT, or with ``shard`` to
+    ``OUT/shard-I-of-N``: join the shards with ``keyshot merge OUT``)."""
     t0 = time.perf_counter()
-    out = Path(cfg.out)
+    out = Path(cfg.out) / shard.folder if shard else Path(cfg.out)
     if cfg.scorer.backend == "transformers":
         require_training_stack("scorer.backend=transformers (the in-process scorer)")
     if serve_scorer:
         cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
     fingerprint = protocol_fingerprint(cfg)
-    trajectories, load_errors, duplicates = load_all(paths, cfg, allow_outside)
-    if not trajectories:
+    trajectories, load_errors, duplicates, found = load_all(paths, cfg, allow_outside, shard)
+    if not found:
         raise JudgeRunError(nothing_found_message(paths, load_errors))
     with RunLock(out, wait=wait, what="keyshot judge"):
         check_fingerprint(out, fingerprint)
+        if shard:  # a shard without a summary has not finished: keyshot merge waits for it
+            (out / SUMMARY_FILE).unlink(missing_ok=True)
         return _judge_locked(
             out,
             trajectories,
@@ -540,6 +587,8 @@ def run_judge(
             resume_from=resume_from,
             serve_scorer=serve_scorer,
             progress=progress,
+            found=found,
+            shard=shard,
         )
 
 
@@ -554,11 +603,15 @@ def _judge_locked(
     resume_from: str | None,
     serve_scorer: str | None,
     progress: bool,
+    found: int,
+    shard: ShardSpec | None,
 ) -> dict:
     verdicts_path = out / VERDICTS_FILE
     left_out = 0
     if resume_from:
         _, left_out = import_reference(resume_from, verdicts_path, cfg.pipeline.threshold, trajectories)
+    if verdicts_path.exists():  # cut a half-written last line now, even when nothing is left to judge
+        VerdictWriter(verdicts_path).close()
     existing = read_verdicts(verdicts_path)
     index = ResumeIndex(existing)
     todo = [t for t in trajectories if not index.done(t.task_id, t.agent, t.run)]
@@ -574,7 +627,10 @@ def _judge_locked(
 
     if todo:  # before any server starts or any call is paid
         served = cfg.scorer.backend == "openai" and not serve_scorer
-        preflight([cfg.judge, cfg.scorer.endpoint if served else None])
+        preflight(
+            [cfg.judge, cfg.scorer.endpoint if served else None],
+            pool=cfg.scorer.endpoints if served else None,
+        )
     cache = CallCache(cfg.cache or out / CACHE_FILE)
     ledger = UsageLedger()
     server: VLLMServer | None = None
@@ -616,6 +672,9 @@ def _judge_locked(
     summary = summarize(
         final,
         run={
+            "found": found,
+            "shard": str(shard) if shard else None,
+            "owned": len(trajectories),
             "judged": len(done),
             "skipped": skipped,
             "not_reached": len(todo) - len(done),
@@ -631,7 +690,7 @@ def _judge_locked(
             "config": redact_config(config_to_dict(cfg)),
         },
     )
-    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    write_text_atomic(out / SUMMARY_FILE, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     markdown = summary_markdown(summary, ledger.table() if ledger.names() else "")
     write_text_atomic(out / "summary.md", markdown)
     summary["markdown"] = markdown
@@ -696,6 +755,12 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--wait", action="store_true", help="wait for another process writing in --out")
     p.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="judge only shard I of N (0-based; by a stable hash of the task id, or of the whole identity "
+        "with shard_by=trajectory) into OUT/shard-I-of-N; join them with keyshot merge OUT",
+    )
+    p.add_argument(
         "--report", action="store_true", help="build the HTML report (keyshot report OUT) at the end"
     )
     p.add_argument(
@@ -736,10 +801,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not paths:
             raise JudgeRunError("no trajectory path given")
+        shard = ShardSpec.parse(args.shard) if args.shard else None
         cfg = load_config(JudgeRunConfig, args.config, overrides)
         if args.dry_run:
             print(
-                dry_run(paths, cfg, serve_scorer=args.serve_scorer, allow_outside=tuple(args.allow_outside))
+                dry_run(
+                    paths,
+                    cfg,
+                    serve_scorer=args.serve_scorer,
+                    allow_outside=tuple(args.allow_outside),
+                    shard=shard,
+                )
             )
             return 0
         summary = run_judge(
@@ -750,8 +822,10 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             wait=args.wait,
             allow_outside=tuple(args.allow_outside),
+            shard=shard,
         )
     except (
+        ShardError,
         ConfigError,
         JudgeRunError,
         TrajectoryError,
@@ -764,14 +838,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"keyshot judge: {exc}", file=sys.stderr)
         return 2
     print(summary["markdown"])
-    print(f"verdicts: {Path(cfg.out) / VERDICTS_FILE}")
-    if args.report:
+    if shard:
+        print(f"verdicts: {Path(cfg.out) / shard.folder / VERDICTS_FILE}")
+        print(f"when every shard is done: keyshot merge {cfg.out}")
+    else:
+        print(f"verdicts: {Path(cfg.out) / VERDICTS_FILE}")
+    if args.report and not shard:
         from infer.report import build_report
 
         with RunLock(Path(cfg.out) / "report", what="keyshot judge --report"):
             index = build_report(Path(cfg.out), Path(cfg.out) / "report", progress=not args.no_progress)
         print(f"report: {index}")
-    else:
+    elif not shard:
         print(f"browse it: keyshot report {cfg.out}")
     code = exit_code(summary)
     if summary["run"]["stopped"]:

@@ -101,6 +101,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def write_verdict_metrics(
+    verdicts_path: Path,
+    out: Path,
+    *,
+    human_labels: Path | None = None,
+    arb_index: Path | None = None,
+    label_2: str = "not_success",
+) -> int:
+    """Metrics of a verdict file against human labels, printed and written to ``out``; the exit code."""
+    args = argparse.Namespace(
+        verdicts=verdicts_path,
+        human_labels=human_labels,
+        arb_index=arb_index,
+        arb_judge=None,
+        arb_parse_mode="reference",
+        label_2=label_2,
+        out=out,
+    )
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _configure(
         argparse.ArgumentParser(

@@ -27,8 +27,12 @@ class PreflightError(KeyshotError):
     exit_code = EXIT_PREFLIGHT
 
 
+def _where(ep: EndpointConfig) -> str:
+    return f"endpoint {ep.name!r} ({ep.display_url}, model {ep.model!r})"
+
+
 async def _check(client: httpx.AsyncClient, ep: EndpointConfig) -> str | None:
-    where = f"endpoint {ep.name!r} ({ep.display_url}, model {ep.model!r})"
+    where = _where(ep)
     try:
         key = ep.api_key()
     except MissingAPIKeyError:
@@ -77,15 +81,39 @@ async def _check_all(endpoints: list[EndpointConfig], timeout_s: float) -> list[
     return [r for r in results if r]
 
 
-def preflight(endpoints: list[EndpointConfig | None], timeout_s: float = 8.0) -> None:
-    """Check ``endpoints`` (None entries skipped, duplicates checked once); raise on the first problem."""
+def preflight(
+    endpoints: list[EndpointConfig | None],
+    timeout_s: float = 8.0,
+    *,
+    pool: list[EndpointConfig] | None = None,
+) -> None:
+    """Check ``endpoints`` (None entries skipped, duplicates checked once); raise on the first problem.
+
+    ``pool`` (replicas of one model) passes when one of them does: the others are named in a warning
+    and left to the pool, which takes them in once they answer.
+    """
     unique: dict[tuple[str, str], EndpointConfig] = {}
     for ep in endpoints:
         if ep is not None:
             unique.setdefault((ep.base_url, ep.model), ep)
-    if not unique:
+    members = list(pool or [])
+    if not unique and not members:
         return
-    problems = asyncio.run(_check_all(list(unique.values()), timeout_s))
+    problems = asyncio.run(_check_all(list(unique.values()) + members, timeout_s))
+    pool_problems = [p for p in problems if any(p.startswith(_where(ep)) for ep in members)]
+    problems = [p for p in problems if p not in pool_problems]
+    if members and len(pool_problems) == len(members):
+        problems.append(f"no endpoint of the scorer pool answers: {'; '.join(pool_problems)}")
+    elif pool_problems:
+        logger.warning(
+            "preflight: %d of %d scorer endpoints do not answer (the pool uses the others and retries "
+            "these): %s",
+            len(pool_problems),
+            len(members),
+            "; ".join(pool_problems),
+        )
     if problems:
         raise PreflightError("; ".join(problems))
-    logger.info("preflight: %d endpoint(s) reachable, keys accepted, models served", len(unique))
+    logger.info(
+        "preflight: %d endpoint(s) reachable, keys accepted, models served", len(unique) + len(members)
+    )

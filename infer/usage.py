@@ -161,6 +161,18 @@ class UsageLedger:
                 out[name] = d
             return out
 
+    @classmethod
+    def summed(cls, ledgers: list[dict[str, dict]]) -> UsageLedger:
+        """One ledger adding up several :meth:`as_dict` dumps (the shards of a run)."""
+        total = cls()
+        for ledger in ledgers:
+            for name, counters in (ledger or {}).items():
+                usage = total._get(name)
+                for key, value in counters.items():
+                    if hasattr(usage, key):
+                        setattr(usage, key, getattr(usage, key) + value)
+        return total
+
     def table(self) -> str:
         """A Markdown summary, one row per endpoint and a total row."""
         cols = [

@@ -404,6 +404,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 (stdlib name)
         fake = self.server.fake
+        if fake._stopping.is_set():  # stopped: a kept-alive connection dies as a killed server's would
+            self._drop()
+            return
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         if self.path not in ("/v1/chat/completions", "/chat/completions"):

@@ -1,0 +1,237 @@
+"""``keyshot merge``: join the shards of a judge run into one verdict file, summary and metrics.
+
+    keyshot judge data/om2w --config configs/judge/webjudge7b.yaml --out runs/om2w --shard 3/8   # x8
+    keyshot merge runs/om2w                                   # -> runs/om2w/verdicts.jsonl, summary.md
+    keyshot merge runs/om2w --human-labels data/om2w/human_label.json   # + runs/om2w/metrics/
+
+Refuses, naming each shard by number, shards that never ran, did not finish (killed, stopped, still
+running, a half-written verdict file) or were judged under another protocol; nothing is merged then.
+Trajectories a shard left incomplete are merged and listed (exit 3: re-run those shards). Merging
+again after re-running a shard replaces the merged files. ``keyshot report OUT`` reads the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from infer.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, KeyshotError
+from infer.fileio import write_text_atomic
+from infer.helptext import plain
+from infer.judge_cli import RUN_FILE, VERDICTS_FILE, summarize, summary_markdown
+from infer.runlock import RunLock, RunLockedError
+from infer.shards import SUMMARY_FILE, ShardError, StreamWriter, find_shards, read_summary, torn_tail
+from infer.usage import UsageLedger
+from infer.verdicts import Verdict, VerdictFileError, verdict_key
+
+logger = logging.getLogger(__name__)
+
+
+def _protocol(folder: Path) -> dict | None:
+    path = folder / RUN_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("protocol")
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise ShardError(f"{path}: unreadable ({exc}); re-run that shard") from None
+
+
+def check_shards(out: Path) -> tuple[int, dict[int, Path], dict[int, dict], dict]:
+    """The shard count, folders, summaries and common protocol; raises naming every shard that is
+    missing, unfinished or of another protocol."""
+    count, folders = find_shards(out)
+    problems: dict[int, str] = {}
+    summaries: dict[int, dict] = {}
+    protocols: dict[int, dict] = {}
+    for index, folder in sorted(folders.items()):
+        try:
+            with RunLock(folder, what="keyshot merge"):
+                pass
+        except RunLockedError as exc:
+            problems[index] = f"still running ({exc})"
+            continue
+        protocol = _protocol(folder)
+        summary = read_summary(folder)
+        verdicts = folder / VERDICTS_FILE
+        if protocol is None:
+            problems[index] = "never started judging (no run.json)"
+        elif verdicts.is_file() and torn_tail(verdicts):
+            problems[index] = f"{verdicts} ends in a half-written line (the shard was killed)"
+        elif summary is None:
+            problems[index] = "did not finish (no summary.json: killed, or still starting)"
+        elif summary.get("run", {}).get("stopped") or summary.get("run", {}).get("not_reached"):
+            problems[index] = (
+                f"stopped before the end: {summary['run'].get('stopped') or 'not every trajectory reached'}"
+            )
+        else:
+            summaries[index], protocols[index] = summary, protocol
+    missing = [i for i in range(count) if i not in folders]
+    if missing or problems:
+        raise ShardError(_unmergeable(out, count, missing, problems))
+    first = min(protocols)
+    for index, protocol in sorted(protocols.items()):
+        differ = sorted(
+            k for k in set(protocol) | set(protocols[first]) if protocol.get(k) != protocols[first].get(k)
+        )
+        if differ:
+            shown = "; ".join(f"{k}: {protocols[first].get(k)!r} vs {protocol.get(k)!r}" for k in differ)
+            raise ShardError(
+                f"shard {index} was judged under another protocol than shard {first} ({shown}); "
+                "re-run it with the same config, nothing was merged"
+            )
+    return count, folders, summaries, protocols[first]
+
+
+def _unmergeable(out: Path, count: int, missing: list[int], problems: dict[int, str]) -> str:
+    lines = [f"{out}: cannot merge {count} shards:"]
+    if missing:
+        lines.append(f"  shards that never ran: {', '.join(map(str, missing))}")
+    lines += [f"  shard {i}: {why}" for i, why in sorted(problems.items())]
+    redo = ",".join(map(str, sorted({*missing, *problems})))
+    lines.append(
+        f"re-run them (keyshot judge … --shard I/{count}; on SLURM: sbatch --array={redo} slurm/judge.sh …), "
+        "then merge again; nothing was merged"
+    )
+    return "\n".join(lines)
+
+
+def _last_lines(path: Path) -> dict[tuple[str, str, str], int]:
+    """Pass 1: the number of the line holding each trajectory's last verdict (a re-judged trajectory's
+    newer line supersedes the older one)."""
+    last: dict[tuple[str, str, str], int] = {}
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if raw.strip():
+                try:
+                    obj = json.loads(raw)
+                    last[verdict_key(obj["task_id"], obj.get("agent"), obj.get("run"))] = number
+                except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+                    raise VerdictFileError(f"{path}:{number}: not a keyshot verdict ({exc})") from None
+    return last
+
+
+def _stream(folders: dict[int, Path], writer: StreamWriter) -> Iterator[Verdict]:
+    """Pass 2: each shard's latest verdicts, written to ``writer`` as they are yielded."""
+    owner: dict[tuple[str, str, str], int] = {}
+    for index, folder in sorted(folders.items()):
+        path = folder / VERDICTS_FILE
+        if not path.is_file():
+            continue
+        last = _last_lines(path)
+        for key in last:
+            if key in owner:
+                raise ShardError(
+                    f"task {key[0]} (agent {key[1] or '-'}, run {key[2] or '-'}) was judged by shards {owner[key]} "
+                    f"and {index}: the shards were made with different shard_by settings; nothing was merged"
+                )
+            owner[key] = index
+        with open(path, "rb") as fh:
+            for number, raw in enumerate(fh, start=1):
+                if not raw.strip():
+                    continue
+                obj = json.loads(raw)
+                if last.get(verdict_key(obj["task_id"], obj.get("agent"), obj.get("run"))) != number:
+                    continue
+                writer.write(raw if raw.endswith(b"\n") else raw + b"\n")
+                yield Verdict.from_dict(obj)
+
+
+def merge_shards(out: Path) -> dict:
+    """Merge ``out/shard-I-of-N/`` into ``out``; returns the merged summary (with ``markdown``)."""
+    t0 = time.perf_counter()
+    out = Path(out)
+    with RunLock(out, what="keyshot merge"):
+        count, folders, summaries, protocol = check_shards(out)
+        merged_path = out / VERDICTS_FILE
+        previous = read_summary(out)
+        if merged_path.exists() and not (previous or {}).get("run", {}).get("merged_shards"):
+            raise ShardError(
+                f"{merged_path} exists and was not written by keyshot merge (a run without --shard?); "
+                "move it away or merge shards of another --out, nothing was merged"
+            )
+        runs = [summaries[i]["run"] for i in sorted(summaries)]
+        run = {
+            "merged_shards": count,
+            "found": max((r.get("found") or 0) for r in runs),
+            "judged": sum(r.get("judged", 0) for r in runs),
+            "skipped": sum(r.get("skipped", 0) for r in runs),
+            "not_reached": 0,
+            "load_errors": sum(r.get("load_errors", 0) for r in runs),
+            "load_error_messages": [m for r in runs for m in r.get("load_error_messages", [])],
+            "duplicates": [m for r in runs for m in r.get("duplicates", [])],
+            "seconds": 0.0,
+            "shard_seconds": {i: summaries[i]["run"].get("seconds") for i in sorted(summaries)},
+            "stopped": None,
+            "exit_code": None,
+            "ledger": UsageLedger.summed([r.get("ledger") or {} for r in runs]).as_dict(),
+            "config": runs[0].get("config"),
+        }
+        writer = StreamWriter(merged_path)
+        try:
+            summary = summarize(_stream(folders, writer), run=run)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.commit()
+        write_text_atomic(out / RUN_FILE, json.dumps({"protocol": protocol}, indent=2) + "\n")
+        summary["run"]["seconds"] = time.perf_counter() - t0
+        ledger = UsageLedger.summed([run["ledger"]])
+        markdown = summary_markdown(summary, ledger.table() if ledger.names() else "")
+        markdown = markdown.replace(
+            "# keyshot judge summary", f"# keyshot judge summary (merged from {count} shards)", 1
+        )
+        write_text_atomic(out / SUMMARY_FILE, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+        write_text_atomic(out / "summary.md", markdown)
+    summary["markdown"] = markdown
+    return summary
+
+
+# ---------------------------------------------------------------------------- CLI
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "merge",
+        help="join the shards of a judge run (OUT/shard-I-of-N) into OUT/verdicts.jsonl + summary",
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("out", type=Path, help="the --out folder the shards were judged into")
+    p.add_argument(
+        "--human-labels", type=Path, help="Online-Mind2Web human_label.json: also write OUT/metrics"
+    )
+    p.add_argument("--arb-index", type=Path, help="AgentRewardBench index.csv: also write OUT/metrics")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        summary = merge_shards(args.out)
+    except (KeyshotError, VerdictFileError) as exc:
+        print(f"keyshot merge: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(summary["markdown"])
+    print(f"verdicts: {args.out / VERDICTS_FILE}")
+    if args.human_labels or args.arb_index:
+        from infer.metrics_cli import write_verdict_metrics
+
+        code = write_verdict_metrics(
+            args.out / VERDICTS_FILE,
+            args.out / "metrics",
+            human_labels=args.human_labels,
+            arb_index=args.arb_index,
+        )
+        if code:
+            return code
+    print(f"browse it: keyshot report {args.out}")
+    if summary["incomplete"]:
+        print(
+            f"keyshot merge: {summary['incomplete']} trajectories incomplete; re-run their shards, then merge again",
+            file=sys.stderr,
+        )
+        return EXIT_INCOMPLETE
+    return EXIT_OK

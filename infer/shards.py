@@ -1,0 +1,146 @@
+"""Deterministic shards of a run, and their merge.
+
+``keyshot judge … --shard I/N`` judges the trajectories whose shard key hashes to ``I`` (of ``N``) and
+writes them to ``OUT/shard-I-of-N/`` (its own verdicts, summary, call cache and lock), so N processes,
+e.g. the N tasks of a SLURM job array, work side by side without sharing a file. The shard of a
+trajectory depends only on its own key (sha256, not list order): adding trajectories to the input does
+not move the others, and a re-submitted array finds each shard's finished verdicts where it left them.
+
+The default key is the task id: every trajectory of one task lands in one shard, so the calls they
+share (the task's key points, the same start page's score) are paid once, exactly as in one process.
+``shard_by: trajectory`` spreads the runs of one task too (many rollouts of few tasks).
+
+:func:`merge_shards` joins the N folders into ``OUT/verdicts.jsonl`` + ``OUT/summary.{json,md}`` +
+``OUT/run.json``. It refuses, naming the shard, a missing shard, one that did not finish (killed,
+stopped, still running, a half-written file) and shards of different protocols; it reads each file
+twice, streaming, so memory stays flat in the number of verdicts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from infer.errors import KeyshotError
+from infer.fileio import _file_mode
+
+_SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+_FOLDER = re.compile(r"^shard-(\d+)-of-(\d+)$")
+SUMMARY_FILE = "summary.json"
+
+
+class ShardError(KeyshotError):
+    """A shard spec that does not parse, or shard folders that cannot be merged."""
+
+
+def shard_of(key: str, count: int) -> int:
+    """The shard (0-based, of ``count``) that owns ``key``: a stable hash, the same in every process."""
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % count
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Shard ``index`` of ``count`` (0-based, as SLURM's ``SLURM_ARRAY_TASK_ID``)."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> ShardSpec:
+        """``"3/8"`` → shard 3 of 8 (0-based)."""
+        m = _SPEC.match(text or "")
+        if not m:
+            raise ShardError(f"--shard {text!r}: expected I/N, e.g. 0/8 (shard I of N, counted from 0)")
+        index, count = int(m.group(1)), int(m.group(2))
+        if count < 1 or not 0 <= index < count:
+            raise ShardError(f"--shard {text!r}: I must be within 0..N-1 and N >= 1")
+        return cls(index, count)
+
+    @property
+    def folder(self) -> str:
+        width = len(str(self.count - 1))
+        return f"shard-{self.index:0{width}d}-of-{self.count}"
+
+    def owns(self, key: str) -> bool:
+        return shard_of(key, self.count) == self.index
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def shard_key(task_id: str, agent: str | None, run: str | None, by: str) -> str:
+    """What a trajectory is sharded by: its task (default) or its whole identity."""
+    if by == "task":
+        return str(task_id)
+    return json.dumps([str(task_id), agent or "", run or ""])
+
+
+def find_shards(out: Path) -> tuple[int, dict[int, Path]]:
+    """The shard count and ``{index: folder}`` of the shard folders in ``out``."""
+    found: dict[int, dict[int, Path]] = {}
+    if out.is_dir():
+        for child in sorted(out.iterdir()):
+            m = _FOLDER.match(child.name)
+            if m and child.is_dir():
+                found.setdefault(int(m.group(2)), {})[int(m.group(1))] = child
+    if not found:
+        raise ShardError(f"{out}: no shard folders (shard-I-of-N/); run keyshot judge with --shard I/N first")
+    if len(found) > 1:
+        counts = ", ".join(f"{n} ({len(f)} folders)" for n, f in sorted(found.items()))
+        raise ShardError(
+            f"{out}: shard folders of different shard counts: {counts}; merge one count (move the others away)"
+        )
+    count, shards = next(iter(found.items()))
+    return count, shards
+
+
+def torn_tail(path: Path) -> bool:
+    """True when ``path`` ends in a half-written line (its writer was killed mid-line)."""
+    size = path.stat().st_size
+    if size == 0:
+        return False
+    with open(path, "rb") as fh:
+        fh.seek(size - 1)
+        return fh.read(1) != b"\n"
+
+
+def read_summary(folder: Path) -> dict | None:
+    path = folder / SUMMARY_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ShardError(f"{path}: unreadable ({exc}); re-run that shard") from None
+    return data if isinstance(data, dict) else None
+
+
+class StreamWriter:
+    """Writes a file line by line to a temporary sibling, renamed into place on :meth:`commit`."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self._tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        self._fh = os.fdopen(fd, "wb")
+
+    def write(self, line: bytes) -> None:
+        self._fh.write(line)
+
+    def commit(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        os.chmod(self._tmp, _file_mode())
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+        Path(self._tmp).unlink(missing_ok=True)

