@@ -95,7 +95,7 @@ def _unmergeable(out: Path, count: int, missing: list[int], problems: dict[int, 
     lines += [f"  shard {i}: {why}" for i, why in sorted(problems.items())]
     redo = ",".join(map(str, sorted({*missing, *problems})))
     lines.append(
-        f"re-run them (keyshot judge … --shard I/{count}; on SLURM: sbatch --array={redo} slurm/judge.sh …), "
+        f"re-run them (keyshot judge … --shard I/{count}; on SLURM: sbatch --array={redo} --export=ALL,SHARDS={count} slurm/judge.sh …), "
         "then merge again; nothing was merged"
     )
     return "\n".join(lines)

@@ -76,7 +76,8 @@ class ServeConfig:
     max_num_seqs: int | None = None
     kv_cache_memory_bytes: int | None = None  # required on CPU (default 1 GiB there)
     gpu_memory_utilization: float | None = None
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # GPUs one model copy is split over (a 72B teacher: 4)
+    data_parallel_size: int = 1  # model copies behind one endpoint, one per GPU group (7B scorer: GPUs)
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
     min_pixels: int | None = None  # default: the checkpoint's training bounds
@@ -102,6 +103,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
+        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
+            raise ValueError("tensor_parallel_size and data_parallel_size must be >= 1")
         if self.max_images_per_prompt < 1:
             raise ValueError("max_images_per_prompt must be >= 1")
         if (self.min_pixels is None) != (self.max_pixels is None):
@@ -274,6 +277,10 @@ def plan_server(cfg: ServeConfig) -> ServePlan:
         cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
     if cfg.tensor_parallel_size != 1:
         cmd += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
+    if cfg.data_parallel_size != 1:
+        if device == "cpu":
+            raise ServeError("data_parallel_size > 1 needs GPUs (one model copy per GPU group); use 1 on CPU")
+        cmd += ["--data-parallel-size", str(cfg.data_parallel_size)]
     model_name = served
     if cfg.lora_modules:
         cmd += ["--enable-lora", "--max-lora-rank", str(cfg.max_lora_rank), "--lora-modules"]
