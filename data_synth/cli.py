@@ -4,6 +4,8 @@
     keyshot synth import-arb DIR --run RUN [--index index.csv] [--trajectories DIR] [--judges a,b]
     keyshot synth import-reference RESULTS.jsonl --trajectories DIR --run RUN [--teacher gpt-4o]
     keyshot synth build RUN [--config configs/synth/paper.yaml] [--set aggregation.consensus=mean]
+    keyshot synth run --config configs/synth/paper.yaml --shard 3/8     # one of 8 shards (slurm/synth.sh)
+    keyshot synth merge RUN --config configs/synth/paper.yaml          # join the shards, build the dataset
 
 ``run`` labels (resumable: run it again after any stop) and then builds ``RUN/dataset``; the
 imports add labels from existing WebJudge logs at no cost; ``build`` (re)builds the dataset from
@@ -22,9 +24,11 @@ import yaml
 from data_synth.dataset import BuildConfig, build_dataset
 from data_synth.errors import SynthError
 from data_synth.importers import import_arb, import_reference
+from data_synth.merge import merge_synth_shards
 from data_synth.synth import load_synth_config, run_synth
 from infer.config import ConfigError, load_config
 from infer.helptext import plain
+from infer.shards import ShardError, ShardSpec
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +51,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--no-build", action="store_true", help="label only; build later with `keyshot synth build`"
     )
+    run.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="label only shard I of N (0-based, by a stable hash of the task id) into RUN/shard-I-of-N with "
+        "1/N of each budget; join the shards and build with `keyshot synth merge`",
+    )
+
+    merge = actions.add_parser(
+        "merge", help="join the shards of `synth run --shard I/N`, then build the dataset"
+    )
+    merge.add_argument("run", type=Path, nargs="?", help="run folder (default: the config's run_dir)")
+    merge.add_argument(
+        "--config", type=Path, help="synth config (its `build:` section) or a build config YAML"
+    )
+    merge.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a build value"
+    )
+    merge.add_argument("--no-build", action="store_true", help="merge the labels only")
 
     arb = actions.add_parser("import-arb", help="import AgentRewardBench WebJudge records as teacher labels")
     arb.add_argument("records", type=Path, help="folder of records (<judge>/<benchmark>/<agent>/<task>.json)")
@@ -121,7 +143,7 @@ def load_build_config(path: Path | None, overrides: list[str]) -> BuildConfig:
 def run_command(args: argparse.Namespace) -> int:
     try:
         return _dispatch(args)
-    except SynthError as exc:
+    except (SynthError, ShardError) as exc:
         print(f"keyshot synth: error: {exc}", file=sys.stderr)
         return 2
 
@@ -130,9 +152,25 @@ def _dispatch(args: argparse.Namespace) -> int:
     action = args.synth_action
     if action == "run":
         cfg = load_synth_config(args.config, args.set)
-        report = run_synth(cfg, dry_run=args.dry_run, retry_failed=args.retry_failed, build=not args.no_build)
+        shard = ShardSpec.parse(args.shard) if args.shard else None
+        report = run_synth(
+            cfg, dry_run=args.dry_run, retry_failed=args.retry_failed, build=not args.no_build, shard=shard
+        )
         print(report.summary())
+        if shard is not None and not args.dry_run:
+            print(f"when every shard is done: keyshot synth merge {cfg.run_dir} --config {args.config}")
         return report.exit_code
+    if action == "merge":
+        if args.run is None:
+            if args.config is None:
+                raise SynthError("give the run folder, or --config with its run_dir")
+            args.run = Path(load_synth_config(args.config).run_dir)
+        build = None if args.no_build else load_build_config(args.config, args.set)
+        merged, result = merge_synth_shards(args.run, build)
+        print(f"merged {merged['shards']} shards into {args.run / 'labels.jsonl'}")
+        if result is not None:
+            print(f"dataset written to {result.path}: {result.meta.rows}")
+        return 0
     if action == "import-arb":
         judges = [j.strip() for j in args.judges.split(",") if j.strip()] if args.judges else None
         report = import_arb(

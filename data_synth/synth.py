@@ -48,6 +48,7 @@ from data_synth.run_folder import (
     UsageRecorder,
     open_manifest,
     read_usage,
+    write_json_atomic,
 )
 from data_synth.sources import TrajectorySource, iter_trajectories, trajectory_record
 from data_synth.teachers import TeacherConfig, TeacherSet, load_teacher_set
@@ -68,6 +69,7 @@ from infer.parsing import ParseError, parse_key_points, parse_score, parse_statu
 from infer.preflight import preflight
 from infer.prompts import PromptSet, load_prompt_set
 from infer.runlock import RunLock
+from infer.shards import SUMMARY_FILE, ShardSpec, shard_key
 from infer.trajectory import Screenshot, Trajectory, TrajectoryError
 from infer.usage import UsageLedger
 
@@ -468,21 +470,57 @@ def remaining_budgets(teachers: TeacherSet, spent: dict[str, dict[str, float]]) 
     return TeacherSet(reduced(teachers.key_points_judge), [reduced(t) for t in teachers.teachers])
 
 
+def shard_budgets(teachers: TeacherSet, count: int) -> TeacherSet:
+    """Each ``budget_usd`` split evenly over ``count`` shards: N shards together spend what one run may."""
+
+    def share(t: TeacherConfig) -> TeacherConfig:
+        budget = t.endpoint.budget_usd
+        if budget is None:
+            return t
+        return dataclasses.replace(t, endpoint=dataclasses.replace(t.endpoint, budget_usd=budget / count))
+
+    return TeacherSet(share(teachers.key_points_judge), [share(t) for t in teachers.teachers])
+
+
+def _owned(trajectories: Iterator[Trajectory], shard: ShardSpec | None) -> Iterator[Trajectory]:
+    """The trajectories of ``shard`` (all without one), by the stable hash of their task (infer.shards)."""
+    for t in trajectories:
+        if shard is None or shard.owns(shard_key(t.task_id, t.agent, t.run, "task")):
+            yield t
+
+
 def run_synth(
-    cfg: SynthConfig, *, dry_run: bool = False, retry_failed: bool = False, build: bool = True
+    cfg: SynthConfig,
+    *,
+    dry_run: bool = False,
+    retry_failed: bool = False,
+    build: bool = True,
+    shard: ShardSpec | None = None,
 ) -> SynthReport:
-    """Label (resuming whatever a previous session left), then build the dataset unless ``build`` is False."""
+    """Label (resuming whatever a previous session left), then build the dataset unless ``build`` is False.
+
+    With ``shard`` (I of N), label only that shard's trajectories into ``RUN/shard-I-of-N`` with 1/N of
+    each budget and build nothing: ``keyshot synth merge RUN`` joins the shards and builds the dataset.
+    """
+    if shard is not None:
+        cfg = dataclasses.replace(cfg, run_dir=str(Path(cfg.run_dir) / shard.folder))
+        build = False
     try:
         prompts = load_prompt_set(cfg.prompt_variant)
     except ValueError as exc:
         raise SynthError(f"prompt_variant: {exc}") from None
     policy = cfg.policy()
     teachers = cfg.teacher_set()
+    if shard is not None:
+        teachers = shard_budgets(teachers, shard.count)
     run_dir = Path(cfg.run_dir)
     contents = read_store(run_dir / LABELS_FILE)
     estimate = estimate_cost(
-        iter_trajectories(
-            cfg.sources, [], max_trajectories=cfg.max_trajectories, on_error=cfg.on_bad_trajectory
+        _owned(
+            iter_trajectories(
+                cfg.sources, [], max_trajectories=cfg.max_trajectories, on_error=cfg.on_bad_trajectory
+            ),
+            shard,
         ),
         teachers,
         prompts,
@@ -500,6 +538,8 @@ def run_synth(
     preflight([t.endpoint for t in [teachers.key_points_judge, *teachers.teachers]])
 
     with RunLock(run_dir):
+        if shard is not None:  # a shard without a summary has not finished: keyshot synth merge waits
+            (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
         open_manifest(
             run_dir,
             prompt_variant=prompts.variant,
@@ -525,11 +565,14 @@ def run_synth(
             try:
                 asyncio.run(
                     session.run(
-                        iter_trajectories(
-                            cfg.sources,
-                            errors,
-                            max_trajectories=cfg.max_trajectories,
-                            on_error=cfg.on_bad_trajectory,
+                        _owned(
+                            iter_trajectories(
+                                cfg.sources,
+                                errors,
+                                max_trajectories=cfg.max_trajectories,
+                                on_error=cfg.on_bad_trajectory,
+                            ),
+                            shard,
                         )
                     )
                 )
@@ -540,6 +583,13 @@ def run_synth(
         report.bad_trajectories = errors
         report.usage = ledger.as_dict()
         report.usage_table = ledger.table()
+        if shard is not None:
+            if shard.index != 0:  # unreadable inputs are every shard's: shard 0 reports them
+                report.bad_trajectories = []
+            write_json_atomic(
+                run_dir / SUMMARY_FILE,
+                {"shard": str(shard), "exit_code": report.exit_code, "summary": report.summary()},
+            )
     if report.labels_failed:
         logger.warning(
             "%d labels failed (recorded with their reason; --retry-failed asks again)", report.labels_failed

@@ -22,7 +22,9 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,8 +54,10 @@ class ShardSpec:
     count: int
 
     @classmethod
-    def parse(cls, text: str) -> ShardSpec:
-        """``"3/8"`` → shard 3 of 8 (0-based)."""
+    def parse(cls, text: str, environ: Mapping[str, str] | None = None) -> ShardSpec:
+        """``"3/8"`` → shard 3 of 8 (0-based); ``"slurm"`` → this array task's shard (:meth:`from_slurm`)."""
+        if (text or "").strip().lower() == "slurm":
+            return cls.from_slurm(os.environ if environ is None else environ)
         m = _SPEC.match(text or "")
         if not m:
             raise ShardError(f"--shard {text!r}: expected I/N, e.g. 0/8 (shard I of N, counted from 0)")
@@ -61,6 +65,29 @@ class ShardSpec:
         if count < 1 or not 0 <= index < count:
             raise ShardError(f"--shard {text!r}: I must be within 0..N-1 and N >= 1")
         return cls(index, count)
+
+    @classmethod
+    def from_slurm(cls, environ: Mapping[str, str]) -> ShardSpec:
+        """The shard of a SLURM array task: I = ``SLURM_ARRAY_TASK_ID``; N = ``SHARDS`` when set, else the
+        array's size, which is only the shard count for a whole ``--array=0-(N-1)``."""
+        if "SLURM_ARRAY_TASK_ID" not in environ:
+            raise ShardError(
+                "--shard slurm: not a SLURM array task (no SLURM_ARRAY_TASK_ID); use --shard I/N"
+            )
+        index = int(environ["SLURM_ARRAY_TASK_ID"])
+        if environ.get("SHARDS"):
+            return cls.parse(f"{index}/{environ['SHARDS']}")
+        low, high = (
+            int(environ.get("SLURM_ARRAY_TASK_MIN", 0)),
+            int(environ.get("SLURM_ARRAY_TASK_MAX", index)),
+        )
+        count = int(environ.get("SLURM_ARRAY_TASK_COUNT", high + 1))
+        if low != 0 or high + 1 != count:
+            raise ShardError(
+                f"--shard slurm: the array ({low}-{high}, {count} tasks) is not 0-(N-1), so its size is not the "
+                "shard count; re-submit with it: sbatch --array=... --export=ALL,SHARDS=N ..."
+            )
+        return cls.parse(f"{index}/{count}")
 
     @property
     def folder(self) -> str:
@@ -132,6 +159,10 @@ class StreamWriter:
 
     def write(self, line: bytes) -> None:
         self._fh.write(line)
+
+    def copy_from(self, path: Path) -> None:
+        with open(path, "rb") as fh:
+            shutil.copyfileobj(fh, self._fh)
 
     def commit(self) -> None:
         self._fh.flush()

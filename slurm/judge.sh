@@ -2,8 +2,8 @@
 # Judge trajectories as a SLURM job array, one shard per array task, then merge them in a dependent job:
 #   JOB=$(sbatch --parsable --array=0-7 slurm/judge.sh data/om2w configs/judge/webjudge7b.yaml runs/om2w)
 #   sbatch --dependency=afterok:$JOB slurm/merge.sh runs/om2w [--human-labels data/om2w/human_label.json]
-# Task I runs `keyshot judge INPUT --config CONFIG --out OUT --shard I/N` (N: the array's size, or SHARDS=N
-# when re-submitting part of it). Re-submitting the same array redoes only what is missing: a finished
+# Task I runs `keyshot judge INPUT --config CONFIG --out OUT --shard slurm`: shard I of N, N the array's size
+# (or SHARDS=N when re-submitting part of it). Re-submitting the same array redoes only what is missing: a finished
 # shard finds its verdicts and exits at once; keyshot merge names the shards left to re-run, e.g.
 #   sbatch --array=3,7 --export=ALL,SHARDS=8 slurm/judge.sh data/om2w configs/judge/webjudge7b.yaml runs/om2w
 # The scorer: the config's endpoint(s) (a shared `keyshot serve`, or a pool in scorer.endpoints), or with
@@ -20,14 +20,6 @@ INPUT=${1:?usage: sbatch --array=0-(N-1) slurm/judge.sh INPUT CONFIG.yaml OUT [k
 CONFIG=${2:?usage: sbatch --array=0-(N-1) slurm/judge.sh INPUT CONFIG.yaml OUT [...]}
 OUT=${3:?usage: sbatch --array=0-(N-1) slurm/judge.sh INPUT CONFIG.yaml OUT [...]}
 shift 3
-I=${SLURM_ARRAY_TASK_ID:?run this as a job array: sbatch --array=0-(N-1) slurm/judge.sh ...}
-if [ -z "${SHARDS:-}" ]; then
-  if [ "${SLURM_ARRAY_TASK_MIN}" != 0 ] || [ $((SLURM_ARRAY_TASK_MAX + 1)) != "${SLURM_ARRAY_TASK_COUNT}" ]; then
-    echo "slurm/judge.sh: --array is not 0-(N-1); say how many shards the run has: sbatch --export=ALL,SHARDS=N ..." >&2
-    exit 2
-  fi
-  SHARDS=$SLURM_ARRAY_TASK_COUNT
-fi
 SERVE=()
 if [ -n "${SERVE_SCORER:-}" ]; then SERVE=(--serve-scorer "$SERVE_SCORER"); fi
-exec keyshot judge "$INPUT" --config "$CONFIG" --out "$OUT" --shard "$I/$SHARDS" --no-progress "${SERVE[@]}" "$@"
+exec keyshot judge "$INPUT" --config "$CONFIG" --out "$OUT" --shard slurm --no-progress "${SERVE[@]}" "$@"

@@ -81,6 +81,27 @@ def test_shard_spec_parses_and_refuses():
             ShardSpec.parse(bad)
 
 
+def test_shard_of_a_slurm_array_task():
+    whole = {
+        "SLURM_ARRAY_TASK_ID": "2",
+        "SLURM_ARRAY_TASK_MIN": "0",
+        "SLURM_ARRAY_TASK_MAX": "7",
+        "SLURM_ARRAY_TASK_COUNT": "8",
+    }
+    assert ShardSpec.parse("slurm", whole) == ShardSpec(2, 8)
+    partial = {
+        "SLURM_ARRAY_TASK_ID": "3",
+        "SLURM_ARRAY_TASK_MIN": "3",
+        "SLURM_ARRAY_TASK_MAX": "7",
+        "SLURM_ARRAY_TASK_COUNT": "2",
+    }
+    with pytest.raises(ShardError, match="SHARDS=N"):
+        ShardSpec.parse("slurm", partial)
+    assert ShardSpec.parse("slurm", {**partial, "SHARDS": "8"}) == ShardSpec(3, 8)
+    with pytest.raises(ShardError, match="not a SLURM array task"):
+        ShardSpec.parse("slurm", {})
+
+
 def test_shards_are_stable_when_trajectories_are_added():
     keys = [shard_key(f"task-{i}", "agent", None, "trajectory") for i in range(2000)]
     before = {k: shard_of(k, 8) for k in keys[:1000]}
@@ -275,3 +296,44 @@ def test_pool_sends_identical_concurrent_requests_once():
         answers = asyncio.run(eight())
     assert len(a.requests) + len(b.requests) == 1
     assert sum(not c.cached for c in answers) == 1 and len({c.text for c in answers}) == 1
+
+
+def test_synth_shards_merge_into_the_dataset_of_one_run(tmp_path, capsys):
+    from datasets import load_from_disk
+
+    from data_synth.labels import LABELS_FILE, read_store
+    from data_synth.synth import run_synth
+    from infer.testing.fake_openai import make_teacher
+    from tests.support.synth_env import RULES, synth_config, teacher_set
+
+    with FakeOpenAI(make_teacher(RULES["bright"])) as bright, FakeOpenAI(make_teacher(RULES["dark"])) as dark:
+        teachers = teacher_set({"bright": bright.base_url, "dark": dark.base_url})
+        one = synth_config(tmp_path / "one.yaml", tmp_path / "one", teachers)
+        assert run_synth(one).exit_code == 0
+        single_calls = len(bright.requests) + len(dark.requests)
+        bright.requests.clear(), dark.requests.clear()
+        many = synth_config(tmp_path / "many.yaml", tmp_path / "many", teachers)
+        for i in range(3):
+            argv = ["synth", "run", "--config", str(tmp_path / "many.yaml"), "--shard", f"{i}/3"]
+            if i == 1:  # merging before every shard finished names the missing ones
+                capsys.readouterr()
+                assert keyshot(["synth", "merge", many.run_dir, "--config", str(tmp_path / "many.yaml")]) == 2
+                assert "shards that never ran: 1, 2" in capsys.readouterr().err
+            assert keyshot(argv) == 0
+        assert len(bright.requests) + len(dark.requests) == single_calls  # no call more than one run pays
+    assert keyshot(["synth", "merge", many.run_dir, "--config", str(tmp_path / "many.yaml")]) == 0
+
+    def labels(run: str) -> dict:
+        store = read_store(Path(run) / LABELS_FILE)
+        return {k: sorted((r.teacher, r.score) for r in v) for k, v in store.labels_by_step().items()}
+
+    assert labels(one.run_dir) == labels(many.run_dir) and labels(one.run_dir)
+    rows = {
+        split: sorted(map(str, ds["messages"]))
+        for split, ds in load_from_disk(f"{one.run_dir}/dataset").items()
+    }
+    merged = {
+        split: sorted(map(str, ds["messages"]))
+        for split, ds in load_from_disk(f"{many.run_dir}/dataset").items()
+    }
+    assert rows == merged

@@ -155,3 +155,43 @@ def test_train_script_on_one_cpu_node(cluster, tiny_model_dir, tmp_path):
     wait_for(cluster, [job], timeout_s=900)
     assert job_state(cluster, job) == "COMPLETED", _logs(logs)
     assert (run_dir / "final" / "config.json").is_file(), _logs(logs)
+
+
+def test_synth_array_then_merge_builds_the_dataset_of_one_run(cluster, tmp_path):
+    from datasets import load_from_disk
+
+    from data_synth.synth import run_synth
+    from infer.testing.fake_openai import FakeOpenAI, make_teacher
+    from tests.support.synth_env import RULES, synth_config, teacher_set
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with FakeOpenAI(make_teacher(RULES["bright"])) as bright, FakeOpenAI(make_teacher(RULES["dark"])) as dark:
+        teachers = teacher_set({"bright": bright.base_url, "dark": dark.base_url})
+        assert run_synth(synth_config(tmp_path / "one.yaml", tmp_path / "one", teachers)).exit_code == 0
+        synth_config(tmp_path / "many.yaml", tmp_path / "many", teachers)
+        array = sbatch(
+            cluster,
+            "--array=0-1",
+            "--cpus-per-task=1",
+            f"--output={logs}/synth-%A_%a.out",
+            "slurm/synth.sh",
+            str(tmp_path / "many.yaml"),
+            cwd=REPO,
+        )
+        merge = sbatch(
+            cluster,
+            f"--dependency=afterok:{array}",
+            "--cpus-per-task=1",
+            f"--output={logs}/merge-%j.out",
+            "slurm/synth_merge.sh",
+            str(tmp_path / "many.yaml"),
+            cwd=REPO,
+        )
+        wait_for(cluster, [array, merge], timeout_s=600)
+    assert job_state(cluster, merge) == "COMPLETED", _logs(logs)
+    one = load_from_disk(str(tmp_path / "one/dataset"))
+    many = load_from_disk(str(tmp_path / "many/dataset"))
+    assert {k: sorted(map(str, v["messages"])) for k, v in one.items()} == {
+        k: sorted(map(str, v["messages"])) for k, v in many.items()
+    }

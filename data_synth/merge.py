@@ -1,0 +1,118 @@
+"""``keyshot synth merge RUN``: join the shards of a synthesis run, then build the dataset.
+
+``keyshot synth run --shard I/N`` labels shard I's trajectories into ``RUN/shard-I-of-N`` (a run folder of
+its own: labels, call cache, usage, lock; 1/N of each budget). The merge checks that every shard finished
+and that all were made under one prompt set, image policy and parse mode, then writes ``RUN/labels.jsonl``
+(the shards' stores, streamed one after the other: their trajectories are disjoint), ``RUN/run.json`` and
+``RUN/usage/`` (every shard's sessions), and builds ``RUN/dataset`` from them as ``keyshot synth build``
+would. Nothing is written when a shard is missing or unfinished; the error names each one by number.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+from data_synth.dataset import BuildConfig, BuildResult, build_dataset
+from data_synth.errors import SynthError
+from data_synth.labels import LABELS_FILE
+from data_synth.run_folder import MANIFEST_FILE, USAGE_DIR, read_manifest, write_json_atomic
+from infer.runlock import RunLock, RunLockedError
+from infer.shards import ShardError, StreamWriter, find_shards, read_summary, torn_tail
+
+MERGED_FILE = "merged.json"
+
+
+def _check(run_dir: Path) -> tuple[int, dict[int, Path]]:
+    count, folders = find_shards(run_dir)
+    problems: dict[int, str] = {}
+    for index, folder in sorted(folders.items()):
+        try:
+            with RunLock(folder, what="keyshot synth merge"):
+                pass
+        except RunLockedError as exc:
+            problems[index] = f"still running ({exc})"
+            continue
+        labels = folder / LABELS_FILE
+        summary = read_summary(folder)
+        if labels.is_file() and torn_tail(labels):
+            problems[index] = f"{labels} ends in a half-written line (the shard was killed)"
+        elif summary is None:
+            problems[index] = "did not finish (no summary.json: killed, or still starting)"
+        elif summary.get("exit_code"):
+            problems[index] = (
+                f"ended with exit code {summary['exit_code']}: {summary.get('summary', '')[-300:]}"
+            )
+    missing = [i for i in range(count) if i not in folders]
+    if missing or problems:
+        lines = [f"{run_dir}: cannot merge {count} shards:"]
+        if missing:
+            lines.append(f"  shards that never ran: {', '.join(map(str, missing))}")
+        lines += [f"  shard {i}: {why}" for i, why in sorted(problems.items())]
+        redo = ",".join(map(str, sorted({*missing, *problems})))
+        lines.append(
+            f"re-run them (keyshot synth run … --shard I/{count}; on SLURM: sbatch --array={redo} "
+            f"--export=ALL,SHARDS={count} slurm/synth.sh …), then merge again; nothing was merged"
+        )
+        raise ShardError("\n".join(lines))
+    return count, folders
+
+
+def merge_synth_shards(
+    run_dir: str | Path, build: BuildConfig | None = None
+) -> tuple[dict, BuildResult | None]:
+    """Merge ``RUN/shard-I-of-N`` into ``RUN`` and build the dataset (unless ``build`` is None)."""
+    run_dir = Path(run_dir)
+    with RunLock(run_dir, what="keyshot synth merge"):
+        count, folders = _check(run_dir)
+        manifests = {i: read_manifest(f) for i, f in folders.items()}
+        first = manifests[0]
+        if first is None:
+            raise ShardError(f"{folders[0]}: no {MANIFEST_FILE}; re-run shard 0")
+        for index, m in sorted(manifests.items()):
+            if m is None:
+                raise ShardError(f"{folders[index]}: no {MANIFEST_FILE}; re-run shard {index}")
+            same = (m.prompt_version, m.image_policy, m.parse_mode) == (
+                first.prompt_version,
+                first.image_policy,
+                first.parse_mode,
+            )
+            if not same:
+                raise SynthError(
+                    f"shard {index} was labelled under another prompt set, image policy or parse mode than "
+                    f"shard 0 ({m.prompt_version}, {m.image_policy}, {m.parse_mode} vs {first.prompt_version}, "
+                    f"{first.image_policy}, {first.parse_mode}); nothing was merged"
+                )
+        labels = run_dir / LABELS_FILE
+        if labels.exists() and not (run_dir / MERGED_FILE).exists():
+            raise SynthError(
+                f"{labels} exists and was not written by keyshot synth merge (labels imported or made "
+                "without --shard); merge the shards into another run folder, nothing was merged"
+            )
+        writer = StreamWriter(labels)
+        try:
+            for index in sorted(folders):
+                path = folders[index] / LABELS_FILE
+                if path.is_file():
+                    writer.copy_from(path)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.commit()
+        manifest = asdict(first)
+        manifest["sessions"] = [s for i in sorted(manifests) for s in manifests[i].sessions]  # type: ignore[union-attr]
+        write_json_atomic(run_dir / MANIFEST_FILE, manifest)
+        usage = run_dir / USAGE_DIR
+        shutil.rmtree(usage, ignore_errors=True)
+        for _, folder in sorted(folders.items()):
+            for path in sorted((folder / USAGE_DIR).glob("*.json")):
+                usage.mkdir(exist_ok=True)
+                shutil.copy2(path, usage / f"{folder.name}-{path.name}")
+        merged = {
+            "shards": count,
+            "summaries": {i: (read_summary(f) or {}).get("summary", "") for i, f in sorted(folders.items())},
+        }
+        write_json_atomic(run_dir / MERGED_FILE, merged)
+    result = build_dataset(run_dir, build) if build is not None else None
+    return merged, result
