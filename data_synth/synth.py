@@ -53,7 +53,7 @@ from data_synth.run_folder import (
 from data_synth.sources import TrajectorySource, iter_trajectories, trajectory_record
 from data_synth.teachers import TeacherConfig, TeacherSet, load_teacher_set
 from infer.cache import CallCache
-from infer.client import JudgeCallError, JudgeClient
+from infer.client import JudgeCallError
 from infer.config import ConfigError, load_config
 from infer.errors import (
     EXIT_BUDGET,
@@ -208,8 +208,8 @@ class _Run:
         self.retry_failed = retry_failed
         self.progress = progress
         self.recorder = recorder
-        self.judge = JudgeClient(teachers.key_points_judge.endpoint, cache, ledger)
-        self.clients = {t.name: JudgeClient(t.endpoint, cache, ledger) for t in teachers.teachers}
+        self.judge = teachers.key_points_judge.client(cache, ledger)
+        self.clients = {t.name: t.client(cache, ledger) for t in teachers.teachers}
         self.stopped: set[str] = set()
         self.report = SynthReport(estimate=CostEstimate())
         self.images = asyncio.Semaphore(cfg.images_in_flight)
@@ -535,7 +535,11 @@ def run_synth(
     if dry_run:
         return SynthReport(estimate=estimate, dry_run=True)
 
-    preflight([t.endpoint for t in [teachers.key_points_judge, *teachers.teachers]])
+    every = [teachers.key_points_judge, *teachers.teachers]
+    preflight([t.endpoint for t in every if not t.replicas])
+    for t in every:
+        if t.replicas:  # a teacher served by replicas is usable while one of them answers
+            preflight([], pool=t.endpoints())
 
     with RunLock(run_dir):
         if shard is not None:  # a shard without a summary has not finished: keyshot synth merge waits

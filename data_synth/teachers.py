@@ -22,6 +22,7 @@ only: real costs come from the ``usage`` the endpoints return.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -29,9 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_synth.errors import SynthError
-from infer.client import EndpointConfig
+from infer.cache import CallCache
+from infer.client import EndpointConfig, JudgeClient
 from infer.config import ConfigError, load_config
 from infer.images import DEFAULT_POLICY, ImagePolicy, target_size, visual_tokens
+from infer.pool import EndpointPool, member_configs
+from infer.usage import UsageLedger
 
 _PATCHES = re.compile(r"^openai_patches:(\d+(?:\.\d+)?)$")
 IMAGE_TOKEN_RULES = ("qwen", "openai_tiles", "openai_patches:M", "claude", "<int>")
@@ -39,19 +43,35 @@ IMAGE_TOKEN_RULES = ("qwen", "openai_tiles", "openai_patches:M", "claude", "<int
 
 @dataclass
 class TeacherConfig:
+    """One teacher. ``replicas``: more base URLs serving the same model (a self-hosted teacher on several
+    nodes); calls then go to the least-loaded live one (:class:`infer.pool.EndpointPool`)."""
+
     endpoint: EndpointConfig
     image_tokens: str = "qwen"
     est_output_tokens: int = 250
     chars_per_token: float = 4.0
+    replicas: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_image_token_rule(self.image_tokens, self.name)
+        if self.replicas:
+            member_configs(self.endpoints())  # one model, no URL twice, no budget
         if self.est_output_tokens < 0 or self.chars_per_token <= 0:
             raise ValueError(f"teacher {self.name!r}: est_output_tokens must be >= 0 and chars_per_token > 0")
 
     @property
     def name(self) -> str:
         return self.endpoint.name
+
+    def endpoints(self) -> list[EndpointConfig]:
+        """The endpoint and its replicas."""
+        return [self.endpoint, *(dataclasses.replace(self.endpoint, base_url=url) for url in self.replicas)]
+
+    def client(self, cache: CallCache | None, ledger: UsageLedger) -> JudgeClient | EndpointPool:
+        """The client of this teacher: one endpoint's, or a pool over its replicas."""
+        if self.replicas:
+            return EndpointPool(self.endpoints(), cache, ledger)
+        return JudgeClient(self.endpoint, cache, ledger)
 
     def image_token_count(self, width: int, height: int, policy: ImagePolicy = DEFAULT_POLICY) -> int:
         """Estimated prompt tokens of one ``width×height`` screenshot sent under ``policy``."""

@@ -51,10 +51,15 @@ def member_configs(endpoints: list[EndpointConfig]) -> list[EndpointConfig]:
     models = sorted({ep.model for ep in endpoints})
     if len(models) != 1:
         raise ValueError(f"scorer.endpoints must all serve one model (one cache, one protocol), got {models}")
+    if any(ep.budget_usd is not None for ep in endpoints):
+        raise ValueError(
+            "a pool of endpoints cannot carry budget_usd (each replica would get the whole budget): pools are "
+            "for self-hosted servers; cap the paid judge instead"
+        )
     out = []
     for ep in endpoints:
         url = urlparse(ep.base_url)
-        name = ep.name if ep.name != ep.model else f"{ep.model}@{url.hostname}:{url.port or ''}".rstrip(":")
+        name = f"{ep.name}@{url.hostname}:{url.port or ''}".rstrip(":")
         out.append(dataclasses.replace(ep, name=name, max_retries=0))
     names = [ep.name for ep in out]
     if len(set(names)) != len(names):

@@ -103,13 +103,14 @@ def preflight(
     pool_problems = [p for p in problems if any(p.startswith(_where(ep)) for ep in members)]
     problems = [p for p in problems if p not in pool_problems]
     if members and len(pool_problems) == len(members):
-        problems.append(f"no endpoint of the scorer pool answers: {'; '.join(pool_problems)}")
+        problems.append(f"no endpoint of {members[0].model}'s pool answers: {'; '.join(pool_problems)}")
     elif pool_problems:
         logger.warning(
-            "preflight: %d of %d scorer endpoints do not answer (the pool uses the others and retries "
-            "these): %s",
+            "preflight: %d of %d endpoints of %s's pool do not answer (the pool uses the others and "
+            "retries these): %s",
             len(pool_problems),
             len(members),
+            members[0].model,
             "; ".join(pool_problems),
         )
     if problems:

@@ -337,3 +337,22 @@ def test_synth_shards_merge_into_the_dataset_of_one_run(tmp_path, capsys):
         for split, ds in load_from_disk(f"{many.run_dir}/dataset").items()
     }
     assert rows == merged
+
+
+def test_synth_teacher_replicas_carry_on_without_a_dead_one(tmp_path, caplog):
+    from data_synth.labels import LABELS_FILE, read_store
+    from data_synth.synth import run_synth
+    from infer.testing.fake_openai import make_teacher
+    from tests.support.synth_env import RULES, synth_config, teacher_set
+
+    with FakeOpenAI(make_teacher(RULES["bright"])) as dead:
+        dead_url = dead.base_url  # stopped at the end of the block: nothing answers there
+    with FakeOpenAI(make_teacher(RULES["bright"])) as live:
+        teachers = teacher_set({"bright": live.base_url})
+        teachers["teachers"][0]["replicas"] = [dead_url]  # a replica that is down from the start
+        one = synth_config(tmp_path / "one.yaml", tmp_path / "one", teachers)
+        report = run_synth(one, build=False)
+    assert report.exit_code == 0 and report.labels_new > 0 and not report.calls_failed
+    store = read_store(Path(one.run_dir) / LABELS_FILE)
+    assert all(not r.error for rs in store.labels_by_step().values() for r in rs)
+    assert "1 of 2 endpoints of fake-bright's pool do not answer" in caplog.text
