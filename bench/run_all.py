@@ -149,6 +149,46 @@ def _vision(d: dict) -> list[Row]:
     ]
 
 
+def _scale(d: dict) -> list[Row]:
+    sh, pool, merge = d["shards"], d["pool"], d["merge"]
+    rows = [
+        (
+            "scale-out (bench_scale.py)",
+            f"judge --shard I/{n}: {n} processes vs 1, wall time of the whole input",
+            f"{sh['speedup'][str(n)]:.2f}×",
+            f"{sh['seconds'][str(n)]:.1f} vs {sh['seconds']['1']:.1f} s; fake judge+scorer answering in "
+            f"{sh['latency_s']} s, {sh['concurrency_per_process']} trajectories in flight per process, {d['cpus']} CPUs"
+            + (
+                f"; the 4 hash shards hold {'/'.join(map(str, sh['owned_by_4_shards']))} trajectories, "
+                f"so {sh['bound_4']:.2f}× is the most 4 can give"
+                if n == 4
+                else ""
+            ),
+        )
+        for n in (2, 4)
+    ]
+    rows.append(
+        (
+            "scale-out (bench_scale.py)",
+            "scorer pool of 2 endpoints vs 1, wall time",
+            f"{pool['speedup']:.2f}×",
+            f"{pool['seconds']['2']:.1f} vs {pool['seconds']['1']:.1f} s; each endpoint answers "
+            f"{pool['slots_per_endpoint']} requests at once in {pool['latency_s']} s",
+        )
+    )
+    rows.append(
+        (
+            "scale-out (bench_scale.py)",
+            f"keyshot merge of {merge['lines']:,} verdicts (27 screenshots each) in {merge['shards']} shards",
+            f"{merge['seconds']:.1f} s",
+            f"{merge['verdict_bytes'] / 2**20:,.0f} MiB of verdicts; peak RSS {merge['peak_rss_mb']:.0f} MiB "
+            f"(the bare process {merge['idle_rss_mb']:.0f} MiB); with one shard re-read line by line "
+            f"{merge['seconds_one_shard_reread']:.1f} s, {merge['peak_rss_mb_one_shard_reread']:.0f} MiB",
+        )
+    )
+    return rows
+
+
 BENCHES: dict[str, tuple[list[str], Callable[[dict], list[Row]]]] = {
     "images": (["bench/bench_images.py"], _images),
     "calls": (["bench/bench_calls.py"], _calls),
@@ -158,6 +198,7 @@ BENCHES: dict[str, tuple[list[str], Callable[[dict], list[Row]]]] = {
     "report": (["bench/bench_report.py"], _report),
     "vision": (["bench/bench_vision.py"], _vision),
     "faults": (["bench/faults.py"], _faults),
+    "scale": (["bench/bench_scale.py", "--trajectories", "128"], _scale),
 }
 
 

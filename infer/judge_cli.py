@@ -312,43 +312,65 @@ async def judge_all(
     return done
 
 
+_ADDITIVE = (
+    "trajectories",
+    "success",
+    "failure",
+    "partial",
+    "screenshots",
+    "unreadable_scores",
+    "failed_screenshots",
+    "kept_screenshots",
+)
+
+
 def summarize(verdicts: Iterable[Verdict], *, run: dict) -> dict:
     """Counts over every verdict in the file (previous runs included) plus this run's figures.
 
-    One pass over ``verdicts``, which may be a generator (``keyshot merge`` streams 100k lines).
+    One pass over ``verdicts``, which may be a generator.
     """
-    n = success = failure = partial = screenshots = unreadable = failed_shots = kept = 0
+    counts = dict.fromkeys(_ADDITIVE, 0)
     incomplete: list[dict] = []
     usage = {role: RoleUsage() for role in ROLES}
     for v in verdicts:
-        n += 1
-        success += v.success is True
-        failure += v.success is False
-        partial += bool(v.partial)
-        screenshots += len(v.screenshots)
+        counts["trajectories"] += 1
+        counts["success"] += v.success is True
+        counts["failure"] += v.success is False
+        counts["partial"] += bool(v.partial)
+        counts["screenshots"] += len(v.screenshots)
         # unreadable: the scorer answered without a readable score; failed: no answer (unreadable
         # image, or the call failed after retries)
-        unreadable += sum(1 for s in v.screenshots if s.error and s.raw)
-        failed_shots += sum(1 for s in v.screenshots if s.error and not s.raw)
-        kept += len(v.kept)
+        counts["unreadable_scores"] += sum(1 for s in v.screenshots if s.error and s.raw)
+        counts["failed_screenshots"] += sum(1 for s in v.screenshots if s.error and not s.raw)
+        counts["kept_screenshots"] += len(v.kept)
         for role, u in v.usage.items():
             usage.setdefault(role, RoleUsage()).merge(u)
         if not v.finished:
             incomplete.append({"task_id": v.task_id, "agent": v.agent, "source": v.source, "error": v.error})
+    return _summary(counts, usage, incomplete, run)
+
+
+def combine_summaries(summaries: list[dict], *, run: dict) -> dict:
+    """The summary of several verdict files (the shards of a run) from their own summaries: exactly what
+    :func:`summarize` says of all their verdicts together."""
+    counts = {key: sum(s[key] for s in summaries) for key in _ADDITIVE}
+    usage = {role: RoleUsage() for role in ROLES}
+    for s in summaries:
+        for role, u in s["usage"].items():
+            usage.setdefault(role, RoleUsage()).merge(RoleUsage(**u))
+    incomplete = [t for s in summaries for t in s["incomplete_trajectories"]]
+    return _summary(counts, usage, incomplete, run)
+
+
+def _summary(counts: dict, usage: dict[str, RoleUsage], incomplete: list[dict], run: dict) -> dict:
+    n = counts["trajectories"]
     return {
-        "trajectories": n,
-        "success": success,
-        "failure": failure,
-        "no_verdict": n - success - failure,
+        **counts,
+        "no_verdict": n - counts["success"] - counts["failure"],
         "errors": len(incomplete),
         "incomplete": len(incomplete),
         "incomplete_trajectories": incomplete,
-        "partial": partial,
-        "success_rate": success / n if n else None,
-        "screenshots": screenshots,
-        "unreadable_scores": unreadable,
-        "failed_screenshots": failed_shots,
-        "kept_screenshots": kept,
+        "success_rate": counts["success"] / n if n else None,
         "usage": {role: dataclasses.asdict(u) for role, u in usage.items()},
         "judge_calls_per_trajectory": usage["judge"].calls / n if n else None,
         "run": run,
@@ -674,6 +696,7 @@ def _judge_locked(
         run={
             "found": found,
             "shard": str(shard) if shard else None,
+            "shard_by": cfg.shard_by if shard else None,
             "owned": len(trajectories),
             "judged": len(done),
             "skipped": skipped,

@@ -23,7 +23,7 @@ from pathlib import Path
 from infer.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, KeyshotError
 from infer.fileio import write_text_atomic
 from infer.helptext import plain
-from infer.judge_cli import RUN_FILE, VERDICTS_FILE, summarize, summary_markdown
+from infer.judge_cli import RUN_FILE, VERDICTS_FILE, combine_summaries, summarize, summary_markdown
 from infer.runlock import RunLock, RunLockedError
 from infer.shards import SUMMARY_FILE, ShardError, StreamWriter, find_shards, read_summary, torn_tail
 from infer.usage import UsageLedger
@@ -75,6 +75,12 @@ def check_shards(out: Path) -> tuple[int, dict[int, Path], dict[int, dict], dict
     if missing or problems:
         raise ShardError(_unmergeable(out, count, missing, problems))
     first = min(protocols)
+    shard_by = {i: summaries[i].get("run", {}).get("shard_by") for i in summaries}
+    if len(set(shard_by.values())) > 1:
+        raise ShardError(
+            f"the shards were assigned by different keys ({shard_by}): their trajectories overlap; re-run "
+            "them all with one shard_by, nothing was merged"
+        )
     for index, protocol in sorted(protocols.items()):
         differ = sorted(
             k for k in set(protocol) | set(protocols[first]) if protocol.get(k) != protocols[first].get(k)
@@ -116,30 +122,50 @@ def _last_lines(path: Path) -> dict[tuple[str, str, str], int]:
     return last
 
 
-def _stream(folders: dict[int, Path], writer: StreamWriter) -> Iterator[Verdict]:
-    """Pass 2: each shard's latest verdicts, written to ``writer`` as they are yielded."""
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as fh:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+
+
+def _latest(path: Path, writer: StreamWriter, owner: dict, index: int) -> Iterator[Verdict]:
+    """The latest verdict of each trajectory in one shard's file (two passes), written to ``writer``."""
+    last = _last_lines(path)
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            obj = json.loads(raw)
+            key = verdict_key(obj["task_id"], obj.get("agent"), obj.get("run"))
+            if last.get(key) != number:
+                continue  # superseded by a later line of the same trajectory
+            if owner.setdefault(key, index) != index:
+                raise ShardError(
+                    f"task {key[0]} (agent {key[1] or '-'}, run {key[2] or '-'}) was judged by shards "
+                    f"{owner[key]} and {index}; nothing was merged"
+                )
+            writer.write(raw if raw.endswith(b"\n") else raw + b"\n")
+            yield Verdict.from_dict(obj)
+
+
+def _merge_files(folders: dict[int, Path], summaries: dict[int, dict], writer: StreamWriter) -> list[dict]:
+    """Write every shard's latest verdicts to ``writer``; returns each shard's summary of them.
+
+    A shard whose file holds exactly one line per trajectory its summary counts (nothing was judged
+    again, nothing appended since) is copied as bytes and its own summary is used; any other is read
+    and summarised again, line by line, its superseded lines left out.
+    """
+    parts = []
     owner: dict[tuple[str, str, str], int] = {}
     for index, folder in sorted(folders.items()):
         path = folder / VERDICTS_FILE
         if not path.is_file():
-            continue
-        last = _last_lines(path)
-        for key in last:
-            if key in owner:
-                raise ShardError(
-                    f"task {key[0]} (agent {key[1] or '-'}, run {key[2] or '-'}) was judged by shards {owner[key]} "
-                    f"and {index}: the shards were made with different shard_by settings; nothing was merged"
-                )
-            owner[key] = index
-        with open(path, "rb") as fh:
-            for number, raw in enumerate(fh, start=1):
-                if not raw.strip():
-                    continue
-                obj = json.loads(raw)
-                if last.get(verdict_key(obj["task_id"], obj.get("agent"), obj.get("run"))) != number:
-                    continue
-                writer.write(raw if raw.endswith(b"\n") else raw + b"\n")
-                yield Verdict.from_dict(obj)
+            parts.append(summarize([], run={}))
+        elif _count_lines(path) == summaries[index].get("trajectories"):
+            writer.copy_from(path)
+            parts.append(summaries[index])
+        else:
+            parts.append(summarize(_latest(path, writer, owner, index), run={}))
+    return parts
 
 
 def merge_shards(out: Path) -> dict:
@@ -174,7 +200,7 @@ def merge_shards(out: Path) -> dict:
         }
         writer = StreamWriter(merged_path)
         try:
-            summary = summarize(_stream(folders, writer), run=run)
+            summary = combine_summaries(_merge_files(folders, summaries, writer), run=run)
         except BaseException:
             writer.abort()
             raise

@@ -19,6 +19,7 @@ import yaml
 
 from infer.cli import main as keyshot
 from infer.client import EndpointConfig
+from infer.judge_cli import summarize
 from infer.pool import EndpointPool
 from infer.shards import ShardError, ShardSpec, shard_key, shard_of
 from infer.testing.fake_openai import FakeOpenAI, echo_responder, judge_responder, spawn_fake_openai
@@ -147,6 +148,9 @@ def test_merged_shards_equal_one_process(tmp_path, capsys):
     s1 = json.loads((tmp_path / "one/summary.json").read_text())
     s3 = json.loads((tmp_path / "many/summary.json").read_text())
     assert _totals(s1) == _totals(s3)
+    # the merge summed the shards' own summaries: exactly what summarising the merged file says
+    recount = summarize(read_verdicts(tmp_path / "many/verdicts.jsonl"), run=s3["run"])
+    assert json.loads(json.dumps(recount)) == s3
     assert s3["run"]["merged_shards"] == 3 and s3["run"]["found"] == 24
     owned = [
         json.loads((tmp_path / f"many/shard-{i}-of-3/summary.json").read_text())["run"]["owned"]
@@ -193,6 +197,18 @@ def test_merge_refuses_missing_unfinished_and_mixed_shards(tmp_path, capsys):
             ["judge", *inputs, "--config", cfg, "--out", str(out), "--shard", f"{index}/4", "--no-progress"]
         )
         assert keyshot(["merge", str(out)]) == 0
+        total = len(read_verdicts(out / "verdicts.jsonl"))
+        # a trajectory judged again later (its newer line supersedes the older): the newer one is merged
+        first = json.loads(victim.read_text().splitlines()[0])
+        with open(victim, "a") as fh:
+            fh.write(json.dumps({**first, "outcome_text": "judged again"}) + "\n")
+        assert keyshot(["merge", str(out)]) == 0
+        merged = read_verdicts(out / "verdicts.jsonl")
+        assert len(merged) == total
+        again = [
+            v.outcome_text for v in merged if v.task_id == first["task_id"] and v.agent == first["agent"]
+        ]
+        assert again == ["judged again"]
 
         # a shard judged under another protocol
         other = _config(tmp_path, {"base_url": server.base_url}, "other.yaml")
