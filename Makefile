@@ -5,7 +5,7 @@ VENV := .venv
 VLLM_VENV := .venv-vllm
 BIN := $(VENV)/bin
 
-.PHONY: setup setup-vllm test test-fast lint demo loop bench clean
+.PHONY: setup setup-vllm test test-fast lint demo loop bench bench-gpu clean
 
 $(BIN)/keyshot: pyproject.toml .ci/constraints-cpu.txt
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,10 @@ loop: setup setup-vllm
 # Every benchmark; rewrites bench/RESULTS.md.
 bench: setup setup-vllm
 	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python bench/run_all.py --out bench/RESULTS.md
+
+# The GPU kit (bench/gpu.py): on a CUDA machine the 7B shape, random weights; writes bench/RESULTS-gpu.md.
+bench-gpu: setup
+	$(BIN)/python bench/gpu.py
 
 lint: setup
 	$(BIN)/ruff check .

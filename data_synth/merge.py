@@ -64,6 +64,7 @@ def merge_synth_shards(
 ) -> tuple[dict, BuildResult | None]:
     """Merge ``RUN/shard-I-of-N`` into ``RUN`` and build the dataset (unless ``build`` is None)."""
     run_dir = Path(run_dir)
+    find_shards(run_dir)  # before the lock, which would create a folder that is not there
     with RunLock(run_dir, what="keyshot synth merge"):
         count, folders = _check(run_dir)
         manifests = {i: read_manifest(f) for i, f in folders.items()}

@@ -172,6 +172,7 @@ def merge_shards(out: Path) -> dict:
     """Merge ``out/shard-I-of-N/`` into ``out``; returns the merged summary (with ``markdown``)."""
     t0 = time.perf_counter()
     out = Path(out)
+    find_shards(out)  # before the lock, which would create a folder that is not there
     with RunLock(out, what="keyshot merge"):
         count, folders, summaries, protocol = check_shards(out)
         merged_path = out / VERDICTS_FILE

@@ -398,23 +398,64 @@ class TransformersScorer(KeyScreenshotScorer):
         import torch
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
+        model_dir = Path(model_dir)
+        if not (model_dir / "config.json").is_file():
+            raise CheckpointError(f"{model_dir}: not a model folder (no config.json)")
+        policy = checkpoint_image_policy(model_dir)
+        processor = AutoProcessor.from_pretrained(model_dir)
+        torch_dtype = getattr(torch, scorer_dtype(device, dtype))
+        model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch_dtype).to(device)
+        self._setup(model, processor, policy, device, batch_size, max_new_tokens, logprobs, model_dir)
+
+    @classmethod
+    def from_model(
+        cls,
+        model: Any,
+        processor: Any,
+        prompts: PromptSet,
+        policy: ImagePolicy,
+        *,
+        device: str,
+        batch_size: int = 4,
+        max_new_tokens: int = 512,
+        parse_mode: str = "strict",
+        logprobs: int | None = None,
+    ) -> TransformersScorer:
+        """A scorer over a model already in memory (``bench/gpu.py`` builds the 7B shape on the GPU)."""
+        self = cls.__new__(cls)
+        KeyScreenshotScorer.__init__(self, prompts, parse_mode=parse_mode)
+        self._setup(
+            model, processor, policy, device, batch_size, max_new_tokens, logprobs, Path("(in memory)")
+        )
+        return self
+
+    def _setup(
+        self,
+        model: Any,
+        processor: Any,
+        policy: ImagePolicy,
+        device: str,
+        batch_size: int,
+        max_new_tokens: int,
+        logprobs: int | None,
+        model_dir: Path,
+    ) -> None:
+        import torch
+
         from infer.vision_attention import use_batched_window_attention
 
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
-        self.model_dir = Path(model_dir)
-        if not (self.model_dir / "config.json").is_file():
-            raise CheckpointError(f"{self.model_dir}: not a model folder (no config.json)")
+        self.model_dir = model_dir
         self.device = device
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
         self.logprobs = logprobs
-        self._policy = checkpoint_image_policy(self.model_dir)
+        self._policy = policy
         self._torch = torch
-        self.processor = AutoProcessor.from_pretrained(self.model_dir)
+        self.processor = processor
         self.processor.tokenizer.padding_side = "left"
-        torch_dtype = getattr(torch, scorer_dtype(device, dtype))
-        self.model = AutoModelForImageTextToText.from_pretrained(self.model_dir, dtype=torch_dtype).to(device)
+        self.model = model
         use_batched_window_attention(self.model)  # without flash-attn: windows in batched SDPA calls
         self.model.eval()
         gen = self.model.generation_config

@@ -53,6 +53,12 @@ def load_scorer_model(settings: ModelSettings):
     model = AutoModelForImageTextToText.from_pretrained(
         settings.name_or_path, dtype=getattr(torch, settings.dtype), attn_implementation=attn
     )
+    return prepare_for_training(model, settings)
+
+
+def prepare_for_training(model, settings: ModelSettings):
+    """Set a loaded (or freshly built: bench/gpu.py) Qwen2.5-VL up as the recipe trains it: no KV cache,
+    batched vision windows, frozen vision tower, activation checkpointing, LoRA."""
     model.config.get_text_config().use_cache = False  # no KV cache while training (checkpointing)
     use_batched_window_attention(model)  # without flash-attn: each layer's windows in a few batched calls
     freeze(model, settings)

@@ -50,7 +50,7 @@ def screenshot(score: int, size: tuple[int, int], rng: random.Random) -> Image.I
     return img
 
 
-def scorer_rows(n: int, seed: int, agent: str, variant: str = "online_mind2web"):
+def scorer_rows(n: int, seed: int, agent: str, variant: str = "online_mind2web", sizes=SIZES):
     prompts = load_prompt_set(variant)
     rng = random.Random(seed)
     for i in range(n):
@@ -61,7 +61,7 @@ def scorer_rows(n: int, seed: int, agent: str, variant: str = "online_mind2web")
         key_points = "\n" + "\n".join(f"{k + 1}. {p}" for k, p in enumerate(points))
         answer = scorer_answer(f"The banner is {colour}, so the page is a {colour} page.", score)
         buf = io.BytesIO()
-        screenshot(score, SIZES[i % len(SIZES)], rng).save(buf, format="JPEG", quality=90)
+        screenshot(score, sizes[i % len(sizes)], rng).save(buf, format="JPEG", quality=90)
         yield {
             "image": {"bytes": buf.getvalue(), "path": None},
             "messages": scorer_example(prompts, task, key_points, answer),

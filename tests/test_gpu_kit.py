@@ -1,0 +1,57 @@
+"""bench/gpu.py, the GPU benchmark kit, end to end on the CPU with the tiny shape (the GPU run is the same
+code with ``--shape 7b``), and the 7B shape it builds (on the meta device: no memory)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench import gpu
+
+
+def test_kit_runs_end_to_end_on_cpu(tmp_path):
+    out, raw = tmp_path / "RESULTS-gpu.md", tmp_path / "kit.json"
+    argv = ["--shape", "tiny", "--steps", "1", "--rows", "8", "--score-batches", "1,2", "--score-reps", "1"]
+    assert gpu.main([*argv, "--no-vllm", "--out", str(out), "--json", str(raw)]) == 0
+    text = out.read_text()
+    for needle in (
+        "| full | length_grouped |",
+        "| lora | random |",
+        "| transformers | 2 |",
+        "vLLM (keyshot serve)",
+    ):
+        assert needle in text
+    assert "token ids identical, pixel tensors identical" in text
+    data = json.loads(raw.read_text())
+    assert len(data["training"]) == 4
+    for row in data["training"]:
+        assert row["samples_per_s"] > 0 and row["mfu"] > 0 and row["depth"] == row["full_depth"]
+        shares = row["phases"]
+        assert (
+            abs(sum(shares.values()) - 1.0) < 1e-6 and shares["backward"] > 0 and shares["vision forward"] > 0
+        )
+        assert row["vision_calls_per_step"] == 1.0  # the frozen tower runs once per step (no recompute)
+    scoring = data["scoring"]
+    assert scoring["visual_tokens"] == 1196  # 1280×720 at the scorer's pixel bounds, as for the 7B
+    assert all(r["ceiling_fraction"] > 0 for r in scoring["rows"])
+
+
+def test_the_7b_shape_is_qwen25_vl_7b(tmp_path):
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    from infer.tiny_model import build_tiny_qwen25vl
+
+    fixture = build_tiny_qwen25vl(tmp_path / "fixture")
+    kit = gpu.Kit(
+        torch.device("cpu"), torch.bfloat16, "7b", AutoProcessor.from_pretrained(fixture), fixture, 1.0, ""
+    )
+    with torch.device("meta"):
+        model = Qwen2_5_VLForConditionalGeneration._from_config(gpu.model_config(kit), dtype=torch.bfloat16)
+    total = sum(p.numel() for p in model.parameters())
+    assert total == pytest.approx(8.29e9, rel=0.01)  # Qwen2.5-VL-7B-Instruct: 8,292,166,656 parameters
+    visual = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
+    assert visual == pytest.approx(676e6, rel=0.02)
+    half = gpu.model_config(kit, depth=14).get_text_config()
+    assert half.num_hidden_layers == 14
