@@ -128,6 +128,33 @@ def test_shipped_serve_configs_plan(scorer_checkpoint, capsys):
     assert "vllm.entrypoints.openai.api_server" in capsys.readouterr().out
 
 
+def test_data_and_tensor_parallel_reach_the_command(scorer_checkpoint, capsys):
+    dp = load_config(
+        ServeConfig,
+        REPO / "configs/serve/webjudge7b_gpu.yaml",
+        [f"model={scorer_checkpoint}", "data_parallel_size=4"],
+    )
+    command = plan_server(dp).command
+    assert (
+        command[command.index("--data-parallel-size") + 1] == "4" and "--tensor-parallel-size" not in command
+    )
+    tp = load_config(ServeConfig, REPO / "configs/serve/teacher72b_tp4.yaml", [f"model={scorer_checkpoint}"])
+    command = plan_server(tp).command
+    assert (
+        command[command.index("--tensor-parallel-size") + 1] == "4" and "--data-parallel-size" not in command
+    )
+    assert json.loads(command[command.index("--limit-mm-per-prompt") + 1])["image"] == 50  # outcome calls
+    argv = [
+        "serve",
+        "--config",
+        "configs/serve/tiny_cpu.yaml",
+        f"model={scorer_checkpoint}",
+        "data_parallel_size=2",
+    ]
+    assert keyshot([*argv, "--dry-run"]) == 2
+    assert "data_parallel_size > 1 needs GPUs" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_vllm_accepts_the_command(scorer_checkpoint, tmp_path):
     """vLLM's own argument parser (the one its server runs) accepts and reads every flag we pass."""
