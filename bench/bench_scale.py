@@ -9,7 +9,7 @@
   Online-Mind2Web length (27 screenshots each); seconds, and the merge process's peak memory next to
   the size of the verdict files (flat: it streams).
 
-    .venv/bin/python bench/bench_scale.py [--trajectories 64] [--latency 0.25] [--merge-lines 100000] [--json F]
+    .venv/bin/python bench/bench_scale.py [--trajectories 512] [--latency 0.15] [--merge-lines 100000] [--json F]
 """
 
 from __future__ import annotations
@@ -221,9 +221,9 @@ def bench_merge(tmp: Path, lines: int, shards: int = 8) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trajectories", type=int, default=64)
-    ap.add_argument("--screenshots", type=int, default=4)
-    ap.add_argument("--latency", type=float, default=0.25, help="seconds per fake answer")
+    ap.add_argument("--trajectories", type=int, default=512)
+    ap.add_argument("--screenshots", type=int, default=2)
+    ap.add_argument("--latency", type=float, default=0.15, help="seconds per fake answer")
     ap.add_argument("--concurrency", type=int, default=2, help="trajectories in flight per shard process")
     ap.add_argument(
         "--endpoint-slots", type=int, default=2, help="requests one scorer endpoint takes at once"

@@ -198,7 +198,7 @@ BENCHES: dict[str, tuple[list[str], Callable[[dict], list[Row]]]] = {
     "report": (["bench/bench_report.py"], _report),
     "vision": (["bench/bench_vision.py"], _vision),
     "faults": (["bench/faults.py"], _faults),
-    "scale": (["bench/bench_scale.py", "--trajectories", "128"], _scale),
+    "scale": (["bench/bench_scale.py"], _scale),
 }
 
 

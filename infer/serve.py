@@ -74,6 +74,7 @@ class ServeConfig:
     dtype: str = "auto"
     max_model_len: int = 4096
     max_num_seqs: int | None = None
+    mm_processor_cache_gb: float | None = None  # vLLM's cache of processed images (None: vLLM's default)
     kv_cache_memory_bytes: int | None = None  # required on CPU (default 1 GiB there)
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = 1  # GPUs one model copy is split over (a 72B teacher: 4)
@@ -262,6 +263,8 @@ def plan_server(cfg: ServeConfig) -> ServePlan:
         cmd += ["--override-generation-config", json.dumps({"temperature": 0.0})]
     if cfg.max_num_seqs is not None:
         cmd += ["--max-num-seqs", str(cfg.max_num_seqs)]
+    if cfg.mm_processor_cache_gb is not None:
+        cmd += ["--mm-processor-cache-gb", f"{cfg.mm_processor_cache_gb:g}"]
     if cfg.enforce_eager:
         cmd.append("--enforce-eager")
     if cfg.shutdown_timeout_s:
