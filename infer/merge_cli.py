@@ -24,8 +24,16 @@ from infer.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, KeyshotError
 from infer.fileio import write_text_atomic
 from infer.helptext import plain
 from infer.judge_cli import RUN_FILE, VERDICTS_FILE, combine_summaries, summarize, summary_markdown
-from infer.runlock import RunLock, RunLockedError
-from infer.shards import SUMMARY_FILE, ShardError, StreamWriter, find_shards, read_summary, torn_tail
+from infer.runlock import RunLock
+from infer.shards import (
+    SUMMARY_FILE,
+    ShardError,
+    StreamWriter,
+    find_shards,
+    read_summary,
+    refuse_unmergeable,
+    unfinished,
+)
 from infer.usage import UsageLedger
 from infer.verdicts import Verdict, VerdictFileError, verdict_key
 
@@ -50,30 +58,19 @@ def check_shards(out: Path) -> tuple[int, dict[int, Path], dict[int, dict], dict
     summaries: dict[int, dict] = {}
     protocols: dict[int, dict] = {}
     for index, folder in sorted(folders.items()):
-        try:
-            with RunLock(folder, what="keyshot merge"):
-                pass
-        except RunLockedError as exc:
-            problems[index] = f"still running ({exc})"
-            continue
         protocol = _protocol(folder)
-        summary = read_summary(folder)
-        verdicts = folder / VERDICTS_FILE
-        if protocol is None:
-            problems[index] = "never started judging (no run.json)"
-        elif verdicts.is_file() and torn_tail(verdicts):
-            problems[index] = f"{verdicts} ends in a half-written line (the shard was killed)"
-        elif summary is None:
-            problems[index] = "did not finish (no summary.json: killed, or still starting)"
-        elif summary.get("run", {}).get("stopped") or summary.get("run", {}).get("not_reached"):
-            problems[index] = (
-                f"stopped before the end: {summary['run'].get('stopped') or 'not every trajectory reached'}"
-            )
-        else:
+        summary = read_summary(folder) or {}
+        why = unfinished(folder, VERDICTS_FILE, "keyshot merge")
+        if why is None and protocol is None:
+            why = "never started judging (no run.json)"
+        run = summary.get("run", {})
+        if why is None and (run.get("stopped") or run.get("not_reached")):
+            why = f"stopped before the end: {run.get('stopped') or 'not every trajectory reached'}"
+        if why is None:
             summaries[index], protocols[index] = summary, protocol
-    missing = [i for i in range(count) if i not in folders]
-    if missing or problems:
-        raise ShardError(_unmergeable(out, count, missing, problems))
+        else:
+            problems[index] = why
+    refuse_unmergeable(out, count, folders, problems, "keyshot judge … | slurm/judge.sh")
     first = min(protocols)
     shard_by = {i: summaries[i].get("run", {}).get("shard_by") for i in summaries}
     if len(set(shard_by.values())) > 1:
@@ -92,19 +89,6 @@ def check_shards(out: Path) -> tuple[int, dict[int, Path], dict[int, dict], dict
                 "re-run it with the same config, nothing was merged"
             )
     return count, folders, summaries, protocols[first]
-
-
-def _unmergeable(out: Path, count: int, missing: list[int], problems: dict[int, str]) -> str:
-    lines = [f"{out}: cannot merge {count} shards:"]
-    if missing:
-        lines.append(f"  shards that never ran: {', '.join(map(str, missing))}")
-    lines += [f"  shard {i}: {why}" for i, why in sorted(problems.items())]
-    redo = ",".join(map(str, sorted({*missing, *problems})))
-    lines.append(
-        f"re-run them (keyshot judge … --shard I/{count}; on SLURM: sbatch --array={redo} --export=ALL,SHARDS={count} slurm/judge.sh …), "
-        "then merge again; nothing was merged"
-    )
-    return "\n".join(lines)
 
 
 def _last_lines(path: Path) -> dict[tuple[str, str, str], int]:

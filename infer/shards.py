@@ -30,6 +30,7 @@ from pathlib import Path
 
 from infer.errors import KeyshotError
 from infer.fileio import _file_mode
+from infer.runlock import RunLock, RunLockedError
 
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 _FOLDER = re.compile(r"^shard-(\d+)-of-(\d+)$")
@@ -146,6 +147,43 @@ def read_summary(folder: Path) -> dict | None:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ShardError(f"{path}: unreadable ({exc}); re-run that shard") from None
     return data if isinstance(data, dict) else None
+
+
+def unfinished(folder: Path, data_file: str, what: str) -> str | None:
+    """Why the shard in ``folder`` cannot be merged yet (still running, killed mid-write, never finished),
+    or None. ``data_file`` is the file its writer appends to; ``what`` the merging command."""
+    try:
+        with RunLock(folder, what=what):
+            pass
+    except RunLockedError as exc:
+        return f"still running ({exc})"
+    path = folder / data_file
+    if path.is_file() and torn_tail(path):
+        return f"{path} ends in a half-written line (the shard was killed)"
+    if read_summary(folder) is None:
+        return "did not finish (no summary.json: killed, or still starting)"
+    return None
+
+
+def refuse_unmergeable(
+    out: Path, count: int, folders: dict[int, Path], problems: dict[int, str], rerun: str
+) -> None:
+    """Raise, naming every shard by number, when one never ran or has a problem; ``rerun`` is the
+    command of one shard (``keyshot judge … --shard I/N``) and the script of the SLURM array."""
+    missing = [i for i in range(count) if i not in folders]
+    if not missing and not problems:
+        return
+    lines = [f"{out}: cannot merge {count} shards:"]
+    if missing:
+        lines.append(f"  shards that never ran: {', '.join(map(str, missing))}")
+    lines += [f"  shard {i}: {why}" for i, why in sorted(problems.items())]
+    redo = ",".join(map(str, sorted({*missing, *problems})))
+    command, script = rerun.split(" | ")
+    lines.append(
+        f"re-run them ({command} --shard I/{count}; on SLURM: sbatch --array={redo} --export=ALL,SHARDS={count} "
+        f"{script} …), then merge again; nothing was merged"
+    )
+    raise ShardError("\n".join(lines))
 
 
 class StreamWriter:
