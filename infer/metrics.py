@@ -15,7 +15,6 @@ import csv
 import io
 import json
 import logging
-import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from infer.fileio import write_bytes_atomic
+from infer.loaders.human_labels import normalize_agent, read_human_labels
+from infer.trajectory import TrajectoryError
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +106,9 @@ def human_outcome(human: str | None, label_2: str = "not_success") -> bool | Non
 
 
 def agent_key(name: str) -> str:
-    """Agent names compared loosely: "Browser Use", "Browser_Use" and "browser-use" are one agent."""
-    return re.sub(r"[\s_\-]+", "_", name.strip().lower())
+    """Agent names compared loosely: "Browser Use", "Browser_Use" and "browser-use" are one agent (the
+    rule of :func:`infer.loaders.human_labels.normalize_agent`)."""
+    return normalize_agent(name)
 
 
 # ---------------------------------------------------------------------------- metric rows
@@ -356,38 +358,17 @@ def read_verdicts(path: str | Path) -> list[dict]:
 
 
 def load_human_labels(path: str | Path) -> dict[tuple[str, str], str]:
-    """Online-Mind2Web ``human_label.json``: ``{(task_id, agent_key(agent)): canonical label}``.
-
-    The file is a list of ``{task_id, confirmed_task, <Agent>_human_label: "0"|"1"|"2"}``.
-    """
-    path = Path(path)
+    """Online-Mind2Web ``human_label.json``: ``{(task_id, agent_key(agent)): canonical label}``, read by
+    the one reader of that file (:func:`infer.loaders.human_labels.read_human_labels`)."""
     try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise MetricsInputError(f"{path}: cannot read human labels ({exc.strerror or exc})") from exc
-    except UnicodeDecodeError as exc:
-        raise MetricsInputError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
-    except json.JSONDecodeError as exc:
-        raise MetricsInputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-    if not isinstance(rows, list):
-        raise MetricsInputError(f"{path}: expected a list of {{task_id, <Agent>_human_label}} objects")
-    labels: dict[tuple[str, str], str] = {}
-    suffix = "_human_label"
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict) or "task_id" not in row:
-            raise MetricsInputError(f"{path}: entry {i} has no task_id")
-        for key, value in row.items():
-            if not key.endswith(suffix):
-                continue
-            try:
-                label = normalize_human_label(value)
-            except ValueError as exc:
-                raise MetricsInputError(f"{path}: entry {i} ({row['task_id']}), {key}: {exc}") from exc
-            if label is not None:
-                labels[(str(row["task_id"]), agent_key(key[: -len(suffix)]))] = label
-    if not labels:
-        raise MetricsInputError(f"{path}: no <Agent>_human_label fields found")
-    return labels
+        table = read_human_labels(path)
+    except TrajectoryError as exc:
+        raise MetricsInputError(str(exc)) from None
+    return {
+        (task_id, agent_key(agent)): label
+        for agent, column in table.labels.items()
+        for task_id, label in column.items()
+    }
 
 
 @dataclass(frozen=True)
