@@ -3,7 +3,7 @@
     keyshot synth run --config configs/synth/paper.yaml [--dry-run] [--retry-failed] [--no-build]
     keyshot synth import-arb DIR --run RUN [--index index.csv] [--trajectories DIR] [--judges a,b]
     keyshot synth import-reference RESULTS.jsonl --trajectories DIR --run RUN [--teacher gpt-4o]
-    keyshot synth build RUN [--config configs/synth/paper.yaml] [--set aggregation.consensus=mean]
+    keyshot synth build RUN [--config configs/synth/paper.yaml] [aggregation.consensus=mean]
     keyshot synth run --config configs/synth/paper.yaml --shard 3/8     # one of 8 shards (slurm/synth.sh)
     keyshot synth merge RUN --config configs/synth/paper.yaml          # join the shards, build the dataset
 
@@ -26,7 +26,7 @@ from data_synth.errors import SynthError
 from data_synth.importers import import_arb, import_reference
 from data_synth.merge import merge_synth_shards
 from data_synth.synth import load_synth_config, run_synth
-from infer.config import ConfigError, load_config
+from infer.config import ConfigError, config_from_data
 from infer.helptext import plain
 from infer.shards import ShardError, ShardSpec
 
@@ -44,8 +44,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run = actions.add_parser("run", help="label every screenshot with every teacher, then build the dataset")
     run.add_argument("--config", required=True, type=Path, help="synth config YAML (configs/synth/*.yaml)")
     run.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value"
+        "overrides", nargs="*", metavar="key=value", help="config overrides, as for every keyshot command"
     )
+    run.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)  # the old spelling
     run.add_argument("--dry-run", action="store_true", help="print the cost estimate and make no call")
     run.add_argument("--retry-failed", action="store_true", help="ask again for labels recorded as failed")
     run.add_argument(
@@ -65,9 +66,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     merge.add_argument(
         "--config", type=Path, help="synth config (its `build:` section) or a build config YAML"
     )
-    merge.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a build value"
-    )
+    merge.add_argument("overrides", nargs="*", metavar="key=value", help="build config overrides")
+    merge.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)  # the old spelling
     merge.add_argument("--no-build", action="store_true", help="merge the labels only")
 
     arb = actions.add_parser("import-arb", help="import AgentRewardBench WebJudge records as teacher labels")
@@ -100,29 +100,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument(
         "--config", type=Path, help="synth config (its `build:` section) or a build config YAML"
     )
-    build.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a build value"
-    )
+    build.add_argument("overrides", nargs="*", metavar="key=value", help="build config overrides")
+    build.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)  # the old spelling
     build.add_argument("--out", type=Path, help="dataset folder (default: RUN/dataset)")
     parser.set_defaults(func=run_command)
 
 
-def _flatten(data: dict, prefix: str = "") -> list[str]:
-    out = []
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.extend(_flatten(value, name + "."))
-        else:
-            out.append(
-                f"{name}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
-            )
-    return out
-
-
 def load_build_config(path: Path | None, overrides: list[str]) -> BuildConfig:
     """A BuildConfig from a synth config's ``build:`` section or a build-only YAML, plus overrides."""
-    base: list[str] = []
+    section: dict = {}
     if path is not None:
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -132,12 +118,11 @@ def load_build_config(path: Path | None, overrides: list[str]) -> BuildConfig:
             raise SynthError(f"{path}: not valid YAML: {exc}") from None
         if not isinstance(data, dict):
             raise SynthError(f"{path}: the top level must be a mapping")
-        section = data.get("build", {}) if "run_dir" in data or "teachers" in data else data
-        base = _flatten(section or {})
+        section = (data.get("build") or {}) if "run_dir" in data or "teachers" in data else data
     try:
-        return load_config(BuildConfig, None, base + list(overrides))
+        return config_from_data(BuildConfig, section, list(overrides), where=str(path or "build config"))
     except (ConfigError, ValueError) as exc:
-        raise SynthError(f"{path or 'build config'}: {exc}") from None
+        raise SynthError(str(exc)) from None
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -151,7 +136,7 @@ def run_command(args: argparse.Namespace) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     action = args.synth_action
     if action == "run":
-        cfg = load_synth_config(args.config, args.set)
+        cfg = load_synth_config(args.config, [*args.overrides, *args.set])
         shard = ShardSpec.parse(args.shard) if args.shard else None
         report = run_synth(
             cfg, dry_run=args.dry_run, retry_failed=args.retry_failed, build=not args.no_build, shard=shard
@@ -161,11 +146,14 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"when every shard is done: keyshot synth merge {cfg.run_dir} --config {args.config}")
         return report.exit_code
     if action == "merge":
+        if args.run is not None and "=" in str(args.run) and not args.run.exists():
+            args.overrides.insert(0, str(args.run))  # `merge --config X key=value`: no run folder given
+            args.run = None
         if args.run is None:
             if args.config is None:
                 raise SynthError("give the run folder, or --config with its run_dir")
             args.run = Path(load_synth_config(args.config).run_dir)
-        build = None if args.no_build else load_build_config(args.config, args.set)
+        build = None if args.no_build else load_build_config(args.config, [*args.overrides, *args.set])
         merged, result = merge_synth_shards(args.run, build)
         print(f"merged {merged['shards']} shards into {args.run / 'labels.jsonl'}")
         if result is not None:
@@ -200,7 +188,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"labels added to {args.run}; build the dataset with `keyshot synth build {args.run}`")
         return 0 if report.records > len(report.errors) else 1
     if action == "build":
-        cfg = load_build_config(args.config, args.set)
+        cfg = load_build_config(args.config, [*args.overrides, *args.set])
         if args.out is not None:
             cfg.output_dir = str(args.out)
         result = build_dataset(args.run, cfg)
@@ -216,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m data_synth.cli")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_parser(subparsers)
-    args = parser.parse_args(["synth", *(sys.argv[1:] if argv is None else argv)])
+    from infer.cli import parse
+
+    args = parse(parser, ["synth", *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return args.func(args)
 

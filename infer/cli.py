@@ -65,8 +65,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse, taking positional items anywhere on the line: ``judge TRAJ --config X.yaml key=value``.
+
+    argparse stops filling a subcommand's positional list once an option follows it; the items it
+    leaves over go back to that list (``items`` of judge: paths and overrides; ``overrides`` of the
+    others). One override syntax for every command: ``key.sub=value``, after or among the options.
+    """
+    args, extras = parser.parse_known_args(argv)
+    items = [a for a in extras if not a.startswith("-")]
+    target = next(
+        (name for name in ("items", "overrides") if isinstance(getattr(args, name, None), list)), None
+    )
+    unknown = [a for a in extras if a.startswith("-")] + (items if target is None else [])
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if target is not None:
+        getattr(args, target).extend(items)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

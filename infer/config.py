@@ -8,6 +8,7 @@ converted to the annotated field types, nested dataclasses included.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import json
@@ -139,12 +140,17 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: 
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping")
         data = loaded or {}
+    return config_from_data(cls, data, overrides, where=str(path) if path is not None else "")
+
+
+def config_from_data(cls: type[T], data: dict, overrides: list[str] | None = None, *, where: str = "") -> T:
+    """Build ``cls`` from a mapping (a YAML file's, or a section of one) and ``key.sub=value`` overrides."""
+    data = copy.deepcopy(data)  # the overrides change a copy
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.sub=value")
         key, raw = item.split("=", 1)
         _set_path(data, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
-    where = str(path) if path is not None else ""
     try:
         return _build(cls, data, "")
     except ConfigError as exc:

@@ -728,31 +728,13 @@ def exit_code(summary: dict) -> int:
 
 
 # ---------------------------------------------------------------------------- CLI
-class _IntermixedParser(argparse.ArgumentParser):
-    """Takes positional items anywhere: ``judge TRAJ --config X.yaml --no-progress key=value``.
-
-    argparse stops filling a positional once an option follows it; the items it then leaves over
-    are trajectory paths or overrides, so they are handed back to ``items``.
-    """
-
-    def parse_known_args(self, args=None, namespace=None):
-        namespace, extras = super().parse_known_args(args, namespace)
-        namespace.items = [*(namespace.items or []), *(a for a in extras if not a.startswith("-"))]
-        return namespace, [a for a in extras if a.startswith("-")]
-
-
 def add_parser(subparsers) -> None:
-    parser_class = subparsers._parser_class
-    subparsers._parser_class = _IntermixedParser
-    try:
-        p = subparsers.add_parser(
-            "judge",
-            help="run WebJudge over trajectories (resumable; verdicts.jsonl + summary)",
-            description=plain(__doc__),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-    finally:
-        subparsers._parser_class = parser_class
+    p = subparsers.add_parser(
+        "judge",
+        help="run WebJudge over trajectories (resumable; verdicts.jsonl + summary)",
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "items",
         nargs="*",

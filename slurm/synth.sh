@@ -8,7 +8,7 @@
 #   sbatch --dependency=afterok:$JOB slurm/synth_merge.sh configs/synth/paper.yaml
 # Re-submitting only redoes what is missing; keyshot synth merge names the shards left to re-run, e.g.
 #   sbatch --array=3,7 --export=ALL,SHARDS=8 slurm/synth.sh configs/synth/paper.yaml
-# Extra arguments go to keyshot synth run (--set key=value, --retry-failed, ...).
+# Extra arguments go to keyshot synth run (key=value overrides, --retry-failed, ...).
 #SBATCH --job-name=keyshot-synth
 #SBATCH --nodes=1
 #SBATCH --ntasks=1

@@ -215,7 +215,7 @@ def test_cli_import_then_build(tmp_path, capsys):
             str(FIXTURES.parent.parent / "configs/synth/arb_import.yaml"),
         ]
         + ["--out", str(out)]
-        + ["--set", "aggregation.consensus=majority"]
+        + ["aggregation.consensus=majority"]
     )
     assert rc == 0
     printed = capsys.readouterr().out

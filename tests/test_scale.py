@@ -67,6 +67,16 @@ def _comparable(v) -> tuple:
     )
 
 
+def _rounded(value):
+    if isinstance(value, float):
+        return round(value, 9)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
 def _totals(summary: dict) -> dict:
     return {
         role: (u["calls"], u["prompt_tokens"], u["completion_tokens"]) for role, u in summary["usage"].items()
@@ -150,7 +160,7 @@ def test_merged_shards_equal_one_process(tmp_path, capsys):
     assert _totals(s1) == _totals(s3)
     # the merge summed the shards' own summaries: exactly what summarising the merged file says
     recount = summarize(read_verdicts(tmp_path / "many/verdicts.jsonl"), run=s3["run"])
-    assert json.loads(json.dumps(recount)) == s3
+    assert _rounded(json.loads(json.dumps(recount))) == _rounded(s3)  # (sums of costs in another order)
     assert s3["run"]["merged_shards"] == 3 and s3["run"]["found"] == 24
     owned = [
         json.loads((tmp_path / f"many/shard-{i}-of-3/summary.json").read_text())["run"]["owned"]
