@@ -57,17 +57,12 @@ if str(REPO) not in sys.path:  # `python bench/gpu.py` from a checkout
 from infer.images import DEFAULT_POLICY, prepare_image  # noqa: E402
 from infer.messages import scorer_messages  # noqa: E402
 from infer.prompts import load_prompt_set  # noqa: E402
+from infer.rendering import ScorerRenderer, image_policy_for, set_processor_pixel_bounds  # noqa: E402
 from infer.scorer import TransformersScorer  # noqa: E402
 from infer.tiny_model import build_tiny_qwen25vl  # noqa: E402
 from tests.support.train_data import scorer_rows  # noqa: E402
 from train.config import LoraSettings, ModelSettings, OptimSettings  # noqa: E402
-from train.data import (  # noqa: E402
-    ScorerCollator,
-    ScorerRenderer,
-    build_batch_sampler,
-    image_policy_for,
-    set_processor_pixel_bounds,
-)
+from train.data import ScorerCollator, build_batch_sampler  # noqa: E402
 from train.model import parameter_groups, prepare_for_training  # noqa: E402
 from train.throughput import FlopsModel, ThroughputMeter, log_totals  # noqa: E402
 
@@ -188,7 +183,7 @@ class Rendered(torch.utils.data.Dataset):
 
 
 def _size(image: dict) -> tuple[int, int]:
-    from train.data import image_size
+    from infer.rendering import image_size
 
     return image_size(image)
 

@@ -442,6 +442,7 @@ class TransformersScorer(KeyScreenshotScorer):
     ) -> None:
         import torch
 
+        from infer.rendering import ScorerRenderer
         from infer.vision_attention import use_batched_window_attention
 
         if batch_size < 1:
@@ -455,6 +456,9 @@ class TransformersScorer(KeyScreenshotScorer):
         self._torch = torch
         self.processor = processor
         self.processor.tokenizer.padding_side = "left"
+        self.renderer = ScorerRenderer(
+            processor, policy, max_length=model.config.get_text_config().max_position_embeddings
+        )
         self.model = model
         use_batched_window_attention(self.model)  # without flash-attn: windows in batched SDPA calls
         self.model.eval()
@@ -477,7 +481,7 @@ class TransformersScorer(KeyScreenshotScorer):
     def render(self, task: str, key_points: str) -> str:
         """The prompt text of a scorer request, rendered by the checkpoint's chat template."""
         messages = scorer_messages(self.prompts, task, key_points, image_url=None)
-        return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.renderer.chat_text(messages, generation_prompt=True)
 
     def encode(self, task: str, key_points: str, images: Sequence[PreparedImage]) -> Any:
         """Processor inputs (token ids, pixel values, grids) for a batch of one task's screenshots."""

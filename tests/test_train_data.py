@@ -14,24 +14,26 @@ from infer.checkpoint import processor_pixel_bounds as saved_pixel_bounds
 from infer.images import ImagePolicy, prepare_image
 from infer.messages import scorer_answer, scorer_example, scorer_messages
 from infer.prompts import load_prompt_set
-from tests.support.train_data import build_scorer_dataset, screenshot
-from train.data import (
+from infer.rendering import (
     IGNORE_INDEX,
     DataError,
+    ScorerRenderer,
+    assistant_labels,
+    find_assistant_span,
+    image_policy_for,
+    processor_pixel_bounds,
+    set_processor_pixel_bounds,
+)
+from tests.support.train_data import build_scorer_dataset, screenshot
+from train.data import (
     LengthGroupedBatchSampler,
     RandomBatchSampler,
     ScorerCollator,
     ScorerDataset,
-    ScorerRenderer,
-    assistant_labels,
     dataset_data_hash,
     dataset_prompt_version,
-    find_assistant_span,
-    image_policy_for,
     load_scorer_dataset,
     padding_fraction,
-    processor_pixel_bounds,
-    set_processor_pixel_bounds,
 )
 
 PROMPTS = load_prompt_set("online_mind2web")

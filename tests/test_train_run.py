@@ -432,8 +432,9 @@ def test_final_checkpoint_served_by_keyshot_serve(learned_run, datasets_dir, lau
     from infer.messages import scorer_messages
     from infer.parsing import parse_score
     from infer.prompts import load_prompt_set
+    from infer.rendering import ScorerRenderer, image_policy_for
     from tests.support.vllm import find_vllm_python
-    from train.data import ScorerRenderer, image_policy_for, load_scorer_dataset
+    from train.data import load_scorer_dataset
 
     python = find_vllm_python()
     if python is None:

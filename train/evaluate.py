@@ -19,7 +19,8 @@ import torch
 from tqdm.auto import tqdm
 
 from infer.parsing import parse_score
-from train.data import IGNORE_INDEX, ScorerCollator, ScorerDataset
+from infer.rendering import IGNORE_INDEX
+from train.data import ScorerCollator, ScorerDataset
 
 logger = logging.getLogger(__name__)
 

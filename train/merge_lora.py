@@ -47,8 +47,8 @@ def merge_adapter(
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    from infer.rendering import processor_pixel_bounds
     from train.checkpointing import write_model_folder
-    from train.data import processor_pixel_bounds
 
     adapter_dir = Path(adapter_dir)
     base = base or adapter_base_model(adapter_dir)

@@ -21,6 +21,13 @@ import torch
 
 from infer.checkpoint import CheckpointMeta, read_meta
 from infer.config import ConfigError, config_to_dict
+from infer.rendering import (
+    DataError,
+    ScorerRenderer,
+    image_policy_for,
+    processor_pixel_bounds,
+    set_processor_pixel_bounds,
+)
 from train.checkpointing import (
     CheckpointManager,
     ResumeError,
@@ -30,18 +37,13 @@ from train.checkpointing import (
 )
 from train.config import TrainConfig
 from train.data import (
-    DataError,
     ScorerCollator,
     ScorerDataset,
-    ScorerRenderer,
     build_batch_sampler,
     dataset_data_hash,
     dataset_description,
     dataset_prompt_version,
-    image_policy_for,
     load_scorer_dataset,
-    processor_pixel_bounds,
-    set_processor_pixel_bounds,
 )
 from train.evaluate import MetricsLog, evaluate
 from train.model import load_scorer_model, parameter_groups

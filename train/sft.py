@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         dump_config(cfg, Path(cfg.run_dir) / "config.yaml")
     from infer.checkpoint import CheckpointError
     from infer.images import ImageError
+    from infer.rendering import DataError
     from train.checkpointing import ResumeError
-    from train.data import DataError
     from train.model import ModelSetupError
     from train.preemption import EXIT_REQUEUE, Preempted, write_marker
     from train.recipe import run_training
