@@ -154,12 +154,37 @@ def test_slurm_launch_gives_each_node_its_own_rank(tmp_path):
         assert line.endswith("-m train.sft --config configs/train/webjudge7b_full.yaml world_size=8")
 
 
-@pytest.mark.parametrize("name", ["serve.sh", "synth.sh"])
-def test_other_slurm_scripts_are_a_header_and_one_launch(name):
+@pytest.mark.parametrize("name", ["serve.sh", "synth.sh", "synth_merge.sh", "judge.sh", "merge.sh"])
+def test_other_slurm_scripts_show_their_sbatch_line_and_exec_keyshot(name):
     path = REPO / "slurm" / name
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
-    body = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln and not ln.startswith("#")]
-    assert body[0] == "set -euo pipefail" and len(body) == 2 and body[1].startswith("keyshot ")
+    text = path.read_text(encoding="utf-8")
+    header = [ln for ln in text.splitlines() if ln.startswith("#")]
+    body = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert any("sbatch " in ln and f"slurm/{name}" in ln for ln in header)  # the exact line to run it
+    assert body[0] == "set -euo pipefail" and body[-1].startswith("exec keyshot ")
+
+
+@pytest.mark.parametrize(
+    ("parallel", "flag"), [("data", "data_parallel_size=4"), ("tensor", "tensor_parallel_size=4")]
+)
+def test_slurm_serve_splits_the_model_over_the_allocated_gpus(tmp_path, parallel, flag):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_tool(bin_dir, "keyshot", 'echo "keyshot $*"')
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_GPUS_ON_NODE": "4",
+        "PARALLEL": parallel,
+    }
+    out = subprocess.run(
+        ["bash", str(REPO / "slurm/serve.sh"), "CKPT", "port=8001"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith("keyshot serve --config configs/serve/webjudge7b_gpu.yaml model=CKPT host=0.0.0.0")
+    assert flag in line.split() and line.endswith("port=8001")
 
 
 def test_slurm_train_requeues_a_preempted_job(tmp_path):
