@@ -44,13 +44,12 @@ from data_synth.errors import RecordImportError, SynthError
 from data_synth.labels import KeyPointsRecord, LabelRecord, LabelStore, OutcomeRecord, TrajectoryRecord
 from data_synth.run_folder import IMAGES_DIR, open_manifest
 from data_synth.sources import load_human_labels, trajectory_record
-from data_synth.synth import KEEP_THRESHOLD
 from infer.fileio import write_bytes_atomic
-from infer.messages import MAX_KEPT_IMAGES
 from infer.parsing import parse_score, parse_status
 from infer.prompts import load_prompt_set
 from infer.runlock import RunLock
 from infer.trajectory import TrajectoryError, load_trajectory
+from infer.verdicts import KEEP_THRESHOLD, ScreenshotRecord, select_kept
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +117,8 @@ def recorded_score(entry: object, where: str) -> tuple[str, int | None, str | No
 
 def kept_steps(scores: list[int | None]) -> list[int]:
     """Steps the reference sends to the outcome call: score >= 3, in order, at most 50."""
-    return [i for i, s in enumerate(scores) if s is not None and s >= KEEP_THRESHOLD][:MAX_KEPT_IMAGES]
+    records = [ScreenshotRecord(index=i, score=s) for i, s in enumerate(scores)]
+    return select_kept(records, KEEP_THRESHOLD, mode="reference")
 
 
 def _image_ext(data: bytes) -> str:

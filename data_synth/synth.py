@@ -64,7 +64,7 @@ from infer.errors import (
     RunStopError,
 )
 from infer.images import DEFAULT_POLICY, ImagePolicy
-from infer.messages import MAX_KEPT_IMAGES, key_points_messages, outcome_messages, scorer_messages
+from infer.messages import key_points_messages, outcome_messages, scorer_messages
 from infer.parsing import ParseError, parse_key_points, parse_score, parse_status
 from infer.preflight import preflight
 from infer.prompts import PromptSet, load_prompt_set
@@ -72,10 +72,9 @@ from infer.runlock import RunLock
 from infer.shards import SUMMARY_FILE, ShardSpec, shard_key
 from infer.trajectory import Screenshot, Trajectory, TrajectoryError
 from infer.usage import UsageLedger
+from infer.verdicts import KEEP_THRESHOLD, ScreenshotRecord, select_kept
 
 logger = logging.getLogger(__name__)
-
-KEEP_THRESHOLD = 3  # the reference's delta: screenshots scored >= 3 go to the outcome call
 
 
 # ---------------------------------------------------------------------------- config
@@ -404,11 +403,12 @@ class _Run:
         labels = [contents.labels.get((traj.uid, s.index, teacher)) for s in traj.screenshots]
         if judge in self.stopped or any(lb is None or call_failed(lb) for lb in labels):
             return  # not every screenshot answered by this teacher yet: no verdict on partial scores
-        kept = [
-            (shot, lb.thought)
-            for shot, lb in zip(traj.screenshots, labels, strict=True)
-            if lb is not None and lb.valid and lb.score is not None and lb.score >= KEEP_THRESHOLD
-        ][:MAX_KEPT_IMAGES]
+        records = [
+            ScreenshotRecord(index=k, score=lb.score if lb is not None and lb.valid else None)
+            for k, lb in enumerate(labels)
+        ]
+        chosen = select_kept(records, KEEP_THRESHOLD, mode=self.cfg.parse_mode)
+        kept = [(traj.screenshots[k], labels[k].thought) for k in chosen]
         try:
             images = [(await asyncio.to_thread(shot.prepare, self.policy)).data_url for shot, _ in kept]
         except TrajectoryError as exc:

@@ -49,7 +49,7 @@ from infer.parsing import ParseError, parse_key_points, parse_status
 from infer.prompts import PromptSet, load_prompt_set
 from infer.scorer import KeyScreenshotScorer, OpenAIScorer, ScreenshotScore
 from infer.trajectory import Trajectory, TrajectoryError
-from infer.verdicts import OutcomeCall, RoleUsage, ScreenshotRecord, Verdict
+from infer.verdicts import KEEP_THRESHOLD, OutcomeCall, RoleUsage, ScreenshotRecord, Verdict, select_kept
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class PipelineConfig:
     variant: str = "online_mind2web"
     outcome_mode: OutcomeMode = "cot"
     parse_mode: Literal["strict", "reference"] = "strict"
-    threshold: float = 3
+    threshold: float = KEEP_THRESHOLD
     threshold_on: Literal["score", "expected_score"] = "score"
     max_kept: int = MAX_KEPT_IMAGES
     combined_max_key_points: int = 3
@@ -95,27 +95,6 @@ class PipelineConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 (or null for the endpoint's), got {value}")
-
-
-def select_kept(
-    records: list[ScreenshotRecord],
-    threshold: float,
-    max_kept: int = MAX_KEPT_IMAGES,
-    *,
-    mode: str = "strict",
-    threshold_on: str = "score",
-) -> list[int]:
-    """Indices of the key screenshots, in trajectory order (see the module docstring)."""
-
-    def value(r: ScreenshotRecord) -> float | None:
-        return r.expected_score if threshold_on == "expected_score" else r.score
-
-    eligible = [r for r in records if value(r) is not None and value(r) >= threshold]
-    if mode == "reference" or len(eligible) <= max_kept:
-        return [r.index for r in eligible[:max_kept]]
-    order = {r.index: pos for pos, r in enumerate(records)}
-    best = sorted(eligible, key=lambda r: (-value(r), order[r.index]))[:max_kept]
-    return sorted((r.index for r in best), key=order.__getitem__)
 
 
 _NUMBERED = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s*(.+?)\s*$")

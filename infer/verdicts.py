@@ -113,6 +113,34 @@ class RoleUsage:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
+#: The reference's delta: screenshots scored at least this go to the outcome call.
+KEEP_THRESHOLD = 3
+
+
+def select_kept(
+    records: list[ScreenshotRecord],
+    threshold: float,
+    max_kept: int = MAX_KEPT_IMAGES,
+    *,
+    mode: str = "strict",
+    threshold_on: str = "score",
+) -> list[int]:
+    """Indices of the key screenshots, in trajectory order: the one keep rule of judging, synthesis and
+    imports. A screenshot is key when its score (or expected score) is at least ``threshold``; of more
+    than ``max_kept``, ``reference`` mode keeps the first ones (the reference implementation), ``strict``
+    the best-scored ones."""
+
+    def value(r: ScreenshotRecord) -> float | None:
+        return r.expected_score if threshold_on == "expected_score" else r.score
+
+    eligible = [r for r in records if value(r) is not None and value(r) >= threshold]
+    if mode == "reference" or len(eligible) <= max_kept:
+        return [r.index for r in eligible[:max_kept]]
+    order = {r.index: pos for pos, r in enumerate(records)}
+    best = sorted(eligible, key=lambda r: (-value(r), order[r.index]))[:max_kept]
+    return sorted((r.index for r in best), key=order.__getitem__)
+
+
 def _usage_factory() -> dict[str, RoleUsage]:
     return {role: RoleUsage() for role in ROLES}
 
@@ -427,7 +455,7 @@ def _convert_reference(record: dict, path: Path, threshold: int, max_kept: int) 
                 raw=raw,
             )
         )
-    kept = [s.index for s in shots if s.score is not None and s.score >= threshold][:max_kept]
+    kept = select_kept(shots, threshold, max_kept, mode="reference")
 
     outcome = _outcome_text(record)
     label = record.get("predicted_label")

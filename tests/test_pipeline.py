@@ -15,7 +15,7 @@ import pytest
 
 from infer.client import EndpointConfig, JudgeClient
 from infer.images import REFERENCE_POLICY
-from infer.pipeline import PipelineConfig, WebJudge, select_kept, split_key_points
+from infer.pipeline import PipelineConfig, WebJudge, split_key_points
 from infer.prompts import load_prompt_set
 from infer.scorer import OpenAIScorer, checkpoint_image_policy, expected_score_from_logprobs
 from infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge, score_image
@@ -29,6 +29,7 @@ from infer.verdicts import (
     latest_verdicts,
     read_reference_records,
     read_verdicts,
+    select_kept,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
