@@ -64,12 +64,11 @@ from infer.errors import (
     RunStopError,
 )
 from infer.images import DEFAULT_POLICY, ImagePolicy
-from infer.messages import key_points_messages, outcome_messages, scorer_messages
-from infer.parsing import ParseError, parse_key_points, parse_score, parse_status
 from infer.preflight import preflight
 from infer.prompts import PromptSet, load_prompt_set
 from infer.runlock import RunLock
 from infer.shards import SUMMARY_FILE, ShardSpec, shard_key
+from infer.steps import Protocol, ask_key_points, ask_outcome, ask_score
 from infer.trajectory import Screenshot, Trajectory, TrajectoryError
 from infer.usage import UsageLedger
 from infer.verdicts import KEEP_THRESHOLD, ScreenshotRecord, select_kept
@@ -202,6 +201,7 @@ class _Run:
         self.run_dir = Path(cfg.run_dir)
         self.teachers = teachers
         self.prompts = prompts
+        self.protocol = Protocol(prompts, cfg.parse_mode)  # the requests and readings judging uses
         self.policy = policy
         self.store = store
         self.retry_failed = retry_failed
@@ -212,22 +212,6 @@ class _Run:
         self.stopped: set[str] = set()
         self.report = SynthReport(estimate=CostEstimate())
         self.images = asyncio.Semaphore(cfg.images_in_flight)
-
-    # -- validators handed to the client: an answer without a readable score is asked again
-    def _score_error(self, text: str) -> str | None:
-        result = parse_score(text, self.cfg.parse_mode, variant=self.prompts.variant)
-        return None if result.valid else (result.error or "no score")
-
-    def _key_points_error(self, text: str) -> str | None:
-        try:
-            parse_key_points(text, self.cfg.parse_mode)
-        except ParseError as exc:
-            return str(exc)
-        return None
-
-    def _status_error(self, text: str) -> str | None:
-        result = parse_status(text, self.cfg.parse_mode)
-        return None if result.valid else (result.error or "no status")
 
     async def run(self, trajectories: Iterator[Trajectory]) -> None:
         slots = asyncio.Semaphore(self.cfg.trajectories_in_flight)
@@ -282,11 +266,8 @@ class _Run:
         judge = self.teachers.key_points_judge.name
         if judge in self.stopped:
             return None
-        messages = key_points_messages(self.prompts, traj.task)
         try:
-            done = await self.judge.complete(
-                messages, prompt_version=self.prompts.version, validate=self._key_points_error
-            )
+            done, points, error = await ask_key_points(self.judge, self.protocol, traj.task)
         except RunStopError as exc:
             self._stop(judge, exc)
             return None
@@ -297,19 +278,15 @@ class _Run:
             )
             self.report.key_points_failed += 1
             return None
-        points = None
-        if done.valid:
-            try:
-                points = parse_key_points(done.text, self.cfg.parse_mode)
-            except ParseError as exc:
-                done.error = str(exc)
+        if not done.valid:
+            points, error = None, done.error
         self.store.append(
             KeyPointsRecord(
                 traj.uid,
                 JUDGE_ORIGIN,
                 points,
                 points is not None,
-                None if points is not None else f"unparseable key points: {done.error}",
+                None if points is not None else f"unparseable key points: {error}",
                 done.model,
                 done.cost_usd,
                 done.cached,
@@ -338,17 +315,19 @@ class _Run:
                 self.report.unreadable_screenshots.append(str(exc))
                 self.progress.update(len(todo))
                 return
-            messages = scorer_messages(self.prompts, traj.task, key_points, prepared.data_url)
+            image_url = prepared.data_url
             del prepared
-            await asyncio.gather(*(self._label(traj, shot.index, t, messages) for t in todo))
+            await asyncio.gather(*(self._label(traj, shot.index, t, key_points, image_url) for t in todo))
 
-    async def _label(self, traj: Trajectory, step: int, teacher: TeacherConfig, messages: list[dict]) -> None:
+    async def _label(
+        self, traj: Trajectory, step: int, teacher: TeacherConfig, key_points: str, image_url: str
+    ) -> None:
         try:
             if teacher.name in self.stopped:
                 return
             try:
-                done = await self.clients[teacher.name].complete(
-                    messages, prompt_version=self.prompts.version, validate=self._score_error
+                done, parsed = await ask_score(
+                    self.clients[teacher.name], self.protocol, traj.task, key_points, image_url
                 )
             except RunStopError as exc:
                 self._stop(teacher.name, exc)
@@ -366,7 +345,6 @@ class _Run:
                     prompt_version=self.prompts.version,
                 )
             else:
-                parsed = parse_score(done.text, self.cfg.parse_mode, variant=self.prompts.variant)
                 valid = done.valid and parsed.valid
                 record = LabelRecord(
                     traj.uid,
@@ -414,19 +392,16 @@ class _Run:
         except TrajectoryError as exc:
             logger.warning("no outcome verdict for %s by %s: %s", traj.uid, teacher, exc)
             return
-        messages = outcome_messages(
-            self.prompts,
-            traj.task,
-            key_points,
-            traj.actions,
-            traj.thoughts,
-            images,
-            [thought for _, thought in kept],
-            mode="strict",
-        )
         try:
-            done = await self.judge.complete(
-                messages, prompt_version=self.prompts.version, validate=self._status_error
+            done, status = await ask_outcome(
+                self.judge,
+                self.protocol,
+                traj.task,
+                key_points,
+                traj.actions,
+                traj.thoughts,
+                images,
+                [thought for _, thought in kept],
             )
         except RunStopError as exc:
             self._stop(judge, exc)
@@ -435,7 +410,6 @@ class _Run:
             self.report.calls_failed += 1
             self.store.append(OutcomeRecord(traj.uid, teacher, None, False, f"{CALL_FAILED}: {exc}"))
             return
-        status = parse_status(done.text, self.cfg.parse_mode)
         valid = done.valid and status.valid
         self.store.append(
             OutcomeRecord(

@@ -44,10 +44,10 @@ from typing import Literal
 from infer.client import JudgeCallError, JudgeClient
 from infer.errors import RunStopError
 from infer.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy, PreparedImage
-from infer.messages import MAX_KEPT_IMAGES, key_points_messages, outcome_messages
-from infer.parsing import ParseError, parse_key_points, parse_status
+from infer.messages import MAX_KEPT_IMAGES
 from infer.prompts import PromptSet, load_prompt_set
 from infer.scorer import KeyScreenshotScorer, OpenAIScorer, ScreenshotScore
+from infer.steps import Protocol, ask_key_points, ask_outcome
 from infer.trajectory import Trajectory, TrajectoryError
 from infer.verdicts import KEEP_THRESHOLD, OutcomeCall, RoleUsage, ScreenshotRecord, Verdict, select_kept
 
@@ -143,6 +143,7 @@ class WebJudge:
                 f"scorer parse mode {scorer.parse_mode!r} != pipeline's {self.config.parse_mode!r}"
             )
         self.scorer = scorer
+        self.protocol = Protocol(self.prompts, self.config.parse_mode)
         self.stop_error: RunStopError | None = None  # a spent budget or an endpoint that is down
         self.policy = image_policy or scorer.image_policy or default_policy
         if image_policy is None and scorer.image_policy is None and scorer.role == "scorer":
@@ -175,31 +176,21 @@ class WebJudge:
         )
 
     async def _key_points(self, trajectory: Trajectory, verdict: Verdict) -> str:
-        mode = self.config.parse_mode
-
-        def validate(text: str) -> str | None:
-            try:
-                parse_key_points(text, mode=mode)
-            except ParseError as exc:
-                return str(exc)
-            return None
-
         try:
-            completion = await self.judge_client.complete(
-                key_points_messages(self.prompts, trajectory.task),
-                prompt_version=self.prompts.version,
+            completion, points, error = await ask_key_points(
+                self.judge_client,
+                self.protocol,
+                trajectory.task,
                 max_tokens=self.config.key_points_max_tokens,
-                validate=validate if mode == "strict" else None,
             )
         except JudgeCallError as exc:
             verdict.usage["judge"].errors += 1
             verdict.incomplete.append(f"key points: {exc}")
             raise
         self._record_call(verdict, "judge", completion)
-        try:
-            return parse_key_points(completion.text, mode=mode)
-        except ParseError as exc:
-            raise _StepError(f"key points: {exc} (answer: {completion.text[:200]!r})") from None
+        if points is None:
+            raise _StepError(f"key points: {error} (answer: {completion.text[:200]!r})")
+        return points
 
     async def _outcome_call(
         self,
@@ -210,27 +201,17 @@ class WebJudge:
         verdict: Verdict,
         key_point: str | None = None,
     ) -> OutcomeCall:
-        mode = self.config.parse_mode
-        messages = outcome_messages(
-            self.prompts,
-            trajectory.task,
-            key_point if key_point is not None else key_points,
-            trajectory.actions,
-            trajectory.thoughts,
-            images,
-            thoughts,
-            mode=mode,
-        )
-
-        def validate(text: str) -> str | None:
-            return parse_status(text, mode=mode).error
-
         try:
-            completion = await self.judge_client.complete(
-                messages,
-                prompt_version=self.prompts.version,
+            completion, status = await ask_outcome(
+                self.judge_client,
+                self.protocol,
+                trajectory.task,
+                key_point if key_point is not None else key_points,
+                trajectory.actions,
+                trajectory.thoughts,
+                images,
+                thoughts,
                 max_tokens=self.config.outcome_max_tokens,
-                validate=validate if mode == "strict" else None,
             )
         except JudgeCallError as exc:
             verdict.usage["judge"].errors += 1
@@ -238,7 +219,6 @@ class WebJudge:
             verdict.incomplete.append(f"{what}: {exc}")
             raise
         self._record_call(verdict, "judge", completion)
-        status = parse_status(completion.text, mode=mode)
         return OutcomeCall(
             text=completion.text,
             success=status.success,

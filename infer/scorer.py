@@ -34,8 +34,9 @@ from infer.checkpoint import CheckpointError, processor_pixel_bounds, read_meta
 from infer.client import JudgeCallError, JudgeClient
 from infer.images import DEFAULT_POLICY, ImagePolicy, PreparedImage
 from infer.messages import scorer_messages
-from infer.parsing import ScoreResult, parse_score
+from infer.parsing import ScoreResult
 from infer.prompts import PromptSet
+from infer.steps import Protocol, ask_score
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class KeyScreenshotScorer(ABC):
     def __init__(self, prompts: PromptSet, *, parse_mode: str = "strict"):
         self.prompts = prompts
         self.parse_mode = parse_mode
+        self.protocol = Protocol(prompts, parse_mode)
 
     @property
     @abstractmethod
@@ -138,7 +140,7 @@ class KeyScreenshotScorer(ABC):
         return list(results)
 
     def read(self, text: str) -> ScoreResult:
-        return parse_score(text, mode=self.parse_mode, variant=self.prompts.variant)
+        return self.protocol.read_score(text)
 
     def to_score(self, text: str, logprobs: list[dict] | None, **usage) -> ScreenshotScore:
         """One answer -> ScreenshotScore (parse, expected score from logprobs), for every back-end."""
@@ -320,16 +322,16 @@ class OpenAIScorer(KeyScreenshotScorer):
         return scorer_messages(self.prompts, task, key_points, image.data_url)
 
     async def score(self, task: str, key_points: str, image: PreparedImage) -> ScreenshotScore:
-        def validate(text: str) -> str | None:
-            return self.read(text).error
-
         try:
-            completion = await self.client.complete(
-                self.messages(task, key_points, image),
-                prompt_version=self.prompts.version,
+            completion, _ = await ask_score(
+                self.client,
+                self.protocol,
+                task,
+                key_points,
+                image.data_url,
                 max_tokens=self.max_tokens,
                 logprobs=self.logprobs,
-                validate=validate if self.retry_invalid else None,
+                ask_again=self.retry_invalid,
             )
         except JudgeCallError as exc:
             return ScreenshotScore.failed(str(exc))
