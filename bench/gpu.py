@@ -608,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
                 train_rows.append(
                     train_fitting(kit, rows, mode=mode, batching=batching, batch=args.batch, steps=args.steps)
                 )
+                gc.collect()  # the setting's model and optimizer (peft makes reference cycles)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
         logger.info("scoring")

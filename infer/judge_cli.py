@@ -405,10 +405,20 @@ def summary_markdown(summary: dict, ledger_table: str) -> str:
             f"{u['completion_tokens']:,} | {u['cost_usd']:.4f} |"
         )
     run = summary["run"]
+    if run.get("merged_shards"):
+        slowest = max((t or 0.0 for t in (run.get("shard_seconds") or {}).values()), default=0.0)
+        heading = (
+            f"## The last runs of its {run['merged_shards']} shards: {run['judged']} judged, {run['skipped']} "
+            f"already done, {run['load_errors']} unreadable; the slowest shard took {slowest:.1f} s"
+        )
+    else:
+        heading = (
+            f"## This run: {run['judged']} judged, {run['skipped']} already done, {run['load_errors']} "
+            f"unreadable, {run['seconds']:.1f} s"
+        )
     lines += [
         "",
-        f"## This run: {run['judged']} judged, {run['skipped']} already done, {run['load_errors']} unreadable, "
-        f"{run['seconds']:.1f} s",
+        heading,
         "",
         ledger_table or "(no calls)",
         "",
