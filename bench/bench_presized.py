@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from infer.checkpoint import CheckpointMeta, write_meta  # noqa: E402
+from infer.checkpoint import write_scorer_meta  # noqa: E402
 from infer.client import JudgeClient  # noqa: E402
 from infer.images import DEFAULT_POLICY, prepare_image  # noqa: E402
 from infer.messages import scorer_messages  # noqa: E402
@@ -48,19 +48,9 @@ KEY_POINTS = "\n1. iPad Pro\n2. 256 GB\n3. Silver\n4. Order placed"
 def checkpoint(folder: Path) -> Path:
     """The tiny model at the 7B scorer's pixel bounds, as a scorer checkpoint."""
     build_tiny_qwen25vl(folder, min_pixels=DEFAULT_POLICY.min_pixels, max_pixels=DEFAULT_POLICY.max_pixels)
-    prompts = load_prompt_set()
-    write_meta(
-        folder,
-        CheckpointMeta(
-            prompt_variant=prompts.variant,
-            prompt_version=prompts.version,
-            min_pixels=DEFAULT_POLICY.min_pixels,
-            max_pixels=DEFAULT_POLICY.max_pixels,
-            base_model="tiny random Qwen2.5-VL at the 7B pixel bounds (bench)",
-            image_policy=DEFAULT_POLICY.to_dict(),
-        ),
+    return write_scorer_meta(
+        folder, DEFAULT_POLICY, base_model="tiny random Qwen2.5-VL at the 7B pixel bounds"
     )
-    return folder
 
 
 def raw_url(path: Path) -> str:

@@ -57,7 +57,12 @@ if str(REPO) not in sys.path:  # `python bench/gpu.py` from a checkout
 from infer.images import DEFAULT_POLICY, prepare_image  # noqa: E402
 from infer.messages import scorer_messages  # noqa: E402
 from infer.prompts import load_prompt_set  # noqa: E402
-from infer.rendering import ScorerRenderer, image_policy_for, set_processor_pixel_bounds  # noqa: E402
+from infer.rendering import (  # noqa: E402
+    ScorerRenderer,
+    image_policy_for,
+    image_size,
+    set_processor_pixel_bounds,
+)
 from infer.scorer import TransformersScorer  # noqa: E402
 from infer.tiny_model import build_tiny_qwen25vl  # noqa: E402
 from tests.support.train_data import scorer_rows  # noqa: E402
@@ -173,19 +178,15 @@ class Rendered(torch.utils.data.Dataset):
 
     def __init__(self, rows: list[dict], renderer: ScorerRenderer):
         self.rows, self.renderer = rows, renderer
-        self.lengths = [renderer.plan(i, r["messages"], _size(r["image"])).length for i, r in enumerate(rows)]
+        self.lengths = [
+            renderer.plan(i, r["messages"], image_size(r["image"])).length for i, r in enumerate(rows)
+        ]
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, i: int) -> dict:
         return self.renderer.render(self.rows[i]["messages"], self.rows[i]["image"])
-
-
-def _size(image: dict) -> tuple[int, int]:
-    from infer.rendering import image_size
-
-    return image_size(image)
 
 
 class Phases:
@@ -426,7 +427,7 @@ def vllm_row(kit: Kit, model, enabled: bool, n: int, tmp: Path) -> str:
     ``n`` requests in flight; or why it was not measured."""
     import asyncio
 
-    from infer.checkpoint import CheckpointMeta, write_meta
+    from infer.checkpoint import write_scorer_meta
     from infer.client import JudgeClient
     from infer.scorer import OpenAIScorer
     from infer.serve import ServeConfig, VLLMServer, vllm_python
@@ -439,18 +440,7 @@ def vllm_row(kit: Kit, model, enabled: bool, n: int, tmp: Path) -> str:
     folder = tmp / "served"
     model.save_pretrained(folder)  # the one place the kit writes weights: vLLM loads from disk
     kit.processor.save_pretrained(folder)
-    prompts = load_prompt_set()
-    write_meta(
-        folder,
-        CheckpointMeta(
-            prompt_variant=prompts.variant,
-            prompt_version=prompts.version,
-            min_pixels=DEFAULT_POLICY.min_pixels,
-            max_pixels=DEFAULT_POLICY.max_pixels,
-            base_model=f"random weights, {kit.shape} shape (bench/gpu.py)",
-            image_policy=DEFAULT_POLICY.to_dict(),
-        ),
-    )
+    write_scorer_meta(folder, DEFAULT_POLICY, base_model=f"random weights, {kit.shape} shape (bench/gpu.py)")
     cfg = ServeConfig(
         model=str(folder),
         device=kit.device.type,
@@ -476,7 +466,9 @@ def vllm_row(kit: Kit, model, enabled: bool, n: int, tmp: Path) -> str:
     server = VLLMServer(cfg).start()
     try:
         endpoint = server.endpoint(max_tokens=1, max_concurrency=n, timeout_s=900)
-        per_s = asyncio.run(score(OpenAIScorer(JudgeClient(endpoint), prompts, policy=DEFAULT_POLICY)))
+        per_s = asyncio.run(
+            score(OpenAIScorer(JudgeClient(endpoint), load_prompt_set(), policy=DEFAULT_POLICY))
+        )
     finally:
         server.stop()
     return f"{per_s:.2f} screenshots/s ({n} requests in flight, max_tokens 1)"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from data_synth.errors import LabelStoreError
+from infer.fileio import cut_torn_tail
 
 logger = logging.getLogger(__name__)
 
@@ -189,30 +190,11 @@ class LabelStore:
 
     def _cut_torn_tail(self) -> None:
         """Drop a last line without its newline so that the next append starts on a fresh line."""
-        if not self.path.exists():
-            return
-        with self.path.open("rb+") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            if size == 0:
-                return
-            fh.seek(size - 1)
-            if fh.read(1) == b"\n":
-                return
-            end = size
-            while end > 0:  # scan back for the last newline, a block at a time
-                start = max(0, end - 65536)
-                fh.seek(start)
-                cut = fh.read(end - start).rfind(b"\n")
-                if cut >= 0:
-                    keep = start + cut + 1
-                    break
-                end = start
-            else:
-                keep = 0
+        removed = cut_torn_tail(self.path)
+        if removed:
             logger.warning(
-                "%s: cutting a torn last line (%d bytes) left by an interrupted run", self.path, size - keep
+                "%s: cutting a torn last line (%d bytes) left by an interrupted run", self.path, removed
             )
-            fh.truncate(keep)
 
     def append(self, record: Any) -> None:
         kind = _KIND_OF.get(type(record))

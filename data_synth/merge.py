@@ -17,7 +17,13 @@ from pathlib import Path
 from data_synth.dataset import BuildConfig, BuildResult, build_dataset
 from data_synth.errors import SynthError
 from data_synth.labels import LABELS_FILE
-from data_synth.run_folder import MANIFEST_FILE, USAGE_DIR, read_manifest, write_json_atomic
+from data_synth.run_folder import (
+    MANIFEST_FILE,
+    USAGE_DIR,
+    manifest_conflict,
+    read_manifest,
+    write_json_atomic,
+)
 from infer.runlock import RunLock
 from infer.shards import ShardError, StreamWriter, find_shards, read_summary, refuse_unmergeable, unfinished
 
@@ -53,17 +59,9 @@ def merge_synth_shards(
         for index, m in sorted(manifests.items()):
             if m is None:
                 raise ShardError(f"{folders[index]}: no {MANIFEST_FILE}; re-run shard {index}")
-            same = (m.prompt_version, m.image_policy, m.parse_mode) == (
-                first.prompt_version,
-                first.image_policy,
-                first.parse_mode,
-            )
-            if not same:
-                raise SynthError(
-                    f"shard {index} was labelled under another prompt set, image policy or parse mode than "
-                    f"shard 0 ({m.prompt_version}, {m.image_policy}, {m.parse_mode} vs {first.prompt_version}, "
-                    f"{first.image_policy}, {first.parse_mode}); nothing was merged"
-                )
+            conflict = manifest_conflict(first, m.prompt_version, m.image_policy, m.parse_mode)
+            if conflict:
+                raise SynthError(f"shard {index} cannot join shard 0: {conflict}; nothing was merged")
         labels = run_dir / LABELS_FILE
         if labels.exists() and not (run_dir / MERGED_FILE).exists():
             raise SynthError(

@@ -64,6 +64,23 @@ def read_manifest(run_dir: Path) -> RunManifest | None:
         raise SynthError(f"{path}: not a keyshot run manifest ({exc})") from None
 
 
+def manifest_conflict(
+    manifest: RunManifest, prompt_version: str, image_policy: dict | None, parse_mode: str
+) -> str | None:
+    """Why labels made under these settings cannot join a run with ``manifest``, or None."""
+    if manifest.prompt_version != prompt_version:
+        return (
+            f"the run's labels use prompt version {manifest.prompt_version!r}, these use {prompt_version!r}"
+        )
+    if image_policy is not None and manifest.image_policy not in (None, image_policy):
+        return (
+            f"the run's teachers saw images under policy {manifest.image_policy}, these under {image_policy}"
+        )
+    if manifest.parse_mode != parse_mode:
+        return f"the run parses scores in {manifest.parse_mode!r} mode, these in {parse_mode!r}"
+    return None
+
+
 def open_manifest(
     run_dir: Path,
     *,
@@ -79,24 +96,11 @@ def open_manifest(
     if manifest is None:
         manifest = RunManifest(prompt_variant, prompt_version, image_policy, parse_mode)
     else:
-        if manifest.prompt_version != prompt_version:
-            raise SynthError(
-                f"{run_dir / MANIFEST_FILE}: the run's labels use prompt version {manifest.prompt_version!r}, "
-                f"this session asks for {prompt_version!r}; use another run folder"
-            )
-        if image_policy is not None:
-            if manifest.image_policy is None:
-                manifest.image_policy = image_policy
-            elif manifest.image_policy != image_policy:
-                raise SynthError(
-                    f"{run_dir / MANIFEST_FILE}: the run's teachers saw images under policy {manifest.image_policy}, "
-                    f"this session asks for {image_policy}; use another run folder"
-                )
-        if manifest.parse_mode != parse_mode:
-            raise SynthError(
-                f"{run_dir / MANIFEST_FILE}: the run parses scores in {manifest.parse_mode!r} mode, "
-                f"this session asks for {parse_mode!r}"
-            )
+        conflict = manifest_conflict(manifest, prompt_version, image_policy, parse_mode)
+        if conflict:
+            raise SynthError(f"{run_dir / MANIFEST_FILE}: {conflict}; use another run folder")
+        if image_policy is not None and manifest.image_policy is None:
+            manifest.image_policy = image_policy
     manifest.sessions.append(
         {"kind": kind, "source": source, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     )

@@ -67,7 +67,7 @@ from infer.images import DEFAULT_POLICY, ImagePolicy
 from infer.preflight import preflight
 from infer.prompts import PromptSet, load_prompt_set
 from infer.runlock import RunLock
-from infer.shards import SUMMARY_FILE, ShardSpec, shard_key
+from infer.shards import SUMMARY_FILE, ShardSpec
 from infer.steps import Protocol, ask_key_points, ask_outcome, ask_score
 from infer.trajectory import Screenshot, Trajectory, TrajectoryError
 from infer.usage import UsageLedger
@@ -433,34 +433,14 @@ class _Run:
 def remaining_budgets(teachers: TeacherSet, spent: dict[str, dict[str, float]]) -> TeacherSet:
     """The teacher set with each ``budget_usd`` reduced by what earlier sessions of the run spent, so a
     budget caps a run folder's total spending however often it is resumed."""
-
-    def reduced(t: TeacherConfig) -> TeacherConfig:
-        budget = t.endpoint.budget_usd
-        if budget is None:
-            return t
-        left = max(0.0, budget - spent.get(t.name, {}).get("cost_usd", 0.0))
-        return dataclasses.replace(t, endpoint=dataclasses.replace(t.endpoint, budget_usd=left))
-
-    return TeacherSet(reduced(teachers.key_points_judge), [reduced(t) for t in teachers.teachers])
+    return teachers.with_budgets(
+        lambda t, budget: max(0.0, budget - spent.get(t.name, {}).get("cost_usd", 0.0))
+    )
 
 
 def shard_budgets(teachers: TeacherSet, count: int) -> TeacherSet:
     """Each ``budget_usd`` split evenly over ``count`` shards: N shards together spend what one run may."""
-
-    def share(t: TeacherConfig) -> TeacherConfig:
-        budget = t.endpoint.budget_usd
-        if budget is None:
-            return t
-        return dataclasses.replace(t, endpoint=dataclasses.replace(t.endpoint, budget_usd=budget / count))
-
-    return TeacherSet(share(teachers.key_points_judge), [share(t) for t in teachers.teachers])
-
-
-def _owned(trajectories: Iterator[Trajectory], shard: ShardSpec | None) -> Iterator[Trajectory]:
-    """The trajectories of ``shard`` (all without one), by the stable hash of their task (infer.shards)."""
-    for t in trajectories:
-        if shard is None or shard.owns(shard_key(t.task_id, t.agent, t.run, "task")):
-            yield t
+    return teachers.with_budgets(lambda t, budget: budget / count)
 
 
 def run_synth(
@@ -490,11 +470,12 @@ def run_synth(
     run_dir = Path(cfg.run_dir)
     contents = read_store(run_dir / LABELS_FILE)
     estimate = estimate_cost(
-        _owned(
-            iter_trajectories(
+        (
+            t
+            for t in iter_trajectories(
                 cfg.sources, [], max_trajectories=cfg.max_trajectories, on_error=cfg.on_bad_trajectory
-            ),
-            shard,
+            )
+            if shard is None or shard.holds(t)
         ),
         teachers,
         prompts,
@@ -543,15 +524,14 @@ def run_synth(
             try:
                 asyncio.run(
                     session.run(
-                        _owned(
-                            iter_trajectories(
-                                cfg.sources,
-                                errors,
-                                max_trajectories=cfg.max_trajectories,
-                                on_error=cfg.on_bad_trajectory,
-                            ),
-                            shard,
+                        t
+                        for t in iter_trajectories(
+                            cfg.sources,
+                            errors,
+                            max_trajectories=cfg.max_trajectories,
+                            on_error=cfg.on_bad_trajectory,
                         )
+                        if shard is None or shard.holds(t)
                     )
                 )
             finally:

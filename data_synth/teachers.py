@@ -26,6 +26,7 @@ import dataclasses
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,6 +104,17 @@ class TeacherSet:
 
     def names(self) -> list[str]:
         return [t.name for t in self.teachers]
+
+    def with_budgets(self, budget: Callable[[TeacherConfig, float], float]) -> TeacherSet:
+        """The same set with each ``budget_usd`` replaced by ``budget(teacher, its budget)`` (no budget stays none)."""
+
+        def one(t: TeacherConfig) -> TeacherConfig:
+            if t.endpoint.budget_usd is None:
+                return t
+            new = budget(t, t.endpoint.budget_usd)
+            return dataclasses.replace(t, endpoint=dataclasses.replace(t.endpoint, budget_usd=new))
+
+        return TeacherSet(one(self.key_points_judge), [one(t) for t in self.teachers])
 
 
 def check_image_token_rule(rule: str, teacher: str = "") -> None:

@@ -55,6 +55,26 @@ def write_meta(checkpoint_dir: str | os.PathLike, meta: CheckpointMeta) -> Path:
     return write_text_atomic(d / META_FILE, json.dumps(dataclasses.asdict(meta), indent=2))
 
 
+def write_scorer_meta(
+    folder: str | os.PathLike, policy, *, base_model: str, variant: str = "online_mind2web"
+) -> Path:
+    """Make a model folder a scorer checkpoint for ``variant``'s prompt set under image ``policy`` (an
+    ``infer.images.ImagePolicy``): the tiny test model, the GPU kit's random weights."""
+    from infer.prompts import load_prompt_set
+
+    prompts = load_prompt_set(variant)
+    meta = CheckpointMeta(
+        prompt_variant=prompts.variant,
+        prompt_version=prompts.version,
+        min_pixels=policy.min_pixels,
+        max_pixels=policy.max_pixels,
+        base_model=base_model,
+        image_policy=policy.to_dict(),
+    )
+    write_meta(folder, meta)
+    return Path(folder)
+
+
 def read_meta(checkpoint_dir: str | os.PathLike) -> CheckpointMeta | None:
     """Return the checkpoint's keyshot metadata, or None for a plain (e.g. base) model folder."""
     path = Path(checkpoint_dir) / META_FILE

@@ -321,6 +321,48 @@ def _parse_body(raw: bytes, fallback_model: str) -> _Answer:
     )
 
 
+class Breaker:
+    """The circuit breaker of an endpoint (or of a pool of them).
+
+    It trips (:class:`~infer.errors.EndpointDownError`) once ``failures`` requests in a row failed and
+    none has been answered for ``window_s`` seconds, counted from the first request: a dead endpoint trips
+    within seconds, a flaky one whose requests still get through now and then does not. Once tripped it
+    stays down (every later request raises at once) until :meth:`reset`.
+    """
+
+    def __init__(self, name: str, url: str, failures: int, window_s: float):
+        self.name, self.url, self.failures, self.window_s = name, url, failures, window_s
+        self.in_a_row = 0
+        self.last_good: float | None = None
+        self.down: EndpointDownError | None = None
+
+    def started(self) -> None:
+        """A request is about to be sent: the quiet time counts from the first one."""
+        if self.down is not None:
+            raise self.down
+        if self.last_good is None:
+            self.last_good = time.monotonic()
+
+    def failed(self, reason: str, *, may_trip: bool = True) -> None:
+        """Count a failed request; raises EndpointDownError when the breaker is (or now goes) down."""
+        self.in_a_row += 1
+        quiet_s = time.monotonic() - (self.last_good or time.monotonic())
+        if self.down is None and may_trip and self.in_a_row >= self.failures and quiet_s >= self.window_s:
+            self.down = EndpointDownError(self.name, self.url, self.in_a_row, reason)
+            logger.error("%s", self.down)
+        if self.down is not None:
+            raise self.down
+
+    def answered(self) -> None:
+        self.in_a_row = 0
+        self.last_good = time.monotonic()
+
+    def reset(self) -> None:
+        """Close a tripped breaker (a pool tries an endpoint again after its cool-down)."""
+        self.down = None
+        self.in_a_row = 0
+
+
 class InFlight:
     """Identical requests in flight at the same time are sent once: the others wait for that answer,
     which they get as ``cached`` at no cost."""
@@ -388,10 +430,10 @@ class JudgeClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http: httpx.AsyncClient | None = None
         self._semaphore: asyncio.Semaphore | None = None
-        self._failures_in_a_row = 0
-        self._last_good: float | None = None  # last answered request (or the first request sent)
+        self.breaker = Breaker(
+            endpoint.name, endpoint.display_url, endpoint.breaker_failures, endpoint.breaker_window_s
+        )
         self._run_retries = 0
-        self.down: EndpointDownError | None = None
         self._in_flight = InFlight()  # identical requests in flight share one answer
         if endpoint.budget_usd is not None and not (
             endpoint.price_input_per_mtok or endpoint.price_output_per_mtok
@@ -401,26 +443,10 @@ class JudgeClient:
     def __repr__(self) -> str:
         return f"JudgeClient({self.endpoint.name!r}, url={self.endpoint.display_url!r})"
 
-    # ------------------------------------------------------------------ circuit breaker
-    def _request_failed(self, reason: str) -> None:
-        """Count a failed request; trips the breaker (raises EndpointDownError) at the limit."""
-        self._failures_in_a_row += 1
-        quiet_s = time.monotonic() - (self._last_good or time.monotonic())
-        if (
-            self.down is None
-            and self._failures_in_a_row >= self.endpoint.breaker_failures
-            and quiet_s >= self.endpoint.breaker_window_s
-        ):
-            self.down = EndpointDownError(
-                self.endpoint.name, self.endpoint.display_url, self._failures_in_a_row, reason
-            )
-            logger.error("%s", self.down)
-        if self.down is not None:
-            raise self.down
-
-    def _request_answered(self) -> None:
-        self._failures_in_a_row = 0
-        self._last_good = time.monotonic()
+    @property
+    def down(self) -> EndpointDownError | None:
+        """Why the endpoint is declared down (its breaker tripped), or None."""
+        return self.breaker.down
 
     # ------------------------------------------------------------------ loop-bound resources
     def _resources(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
@@ -519,10 +545,7 @@ class JudgeClient:
                     saved_cost_usd=hit.cost_usd,
                 )
 
-        if self.down is not None:
-            raise self.down
-        if self._last_good is None:
-            self._last_good = time.monotonic()  # the breaker's quiet time counts from the first request
+        self.breaker.started()
         api_key = ep.api_key()
         headers = {"Content-Type": "application/json"}
         if api_key:
@@ -542,7 +565,7 @@ class JudgeClient:
                 answer, cost = await self._send(body, headers, api_key, is_retry=attempts > 1)
             except _Transient as exc:
                 transient_failures += 1
-                self._request_failed(exc.reason)
+                self.breaker.failed(exc.reason)
                 self._run_retries += 1
                 if self._run_retries > ep.max_run_retries:
                     self.ledger.record_failure(ep.name)
@@ -574,10 +597,10 @@ class JudgeClient:
                 exc.attempts = attempts
                 self.ledger.record_failure(ep.name)
                 if exc.status in ENDPOINT_FAULT_STATUS:
-                    self._request_failed(str(exc))
+                    self.breaker.failed(str(exc))
                 raise
 
-            self._request_answered()
+            self.breaker.answered()
             spent += cost
             error = validate(answer.text) if validate is not None else None
             if error is not None and invalid_answers < ep.max_invalid_retries:

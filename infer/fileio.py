@@ -31,3 +31,35 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def torn_tail(path: str | os.PathLike) -> bool:
+    """True when the append-only file ``path`` ends in a half-written line (its writer was killed)."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size == 0:
+        return False
+    with open(path, "rb") as fh:
+        fh.seek(size - 1)
+        return fh.read(1) != b"\n"
+
+
+def cut_torn_tail(path: str | os.PathLike) -> int:
+    """Cut a half-written last line off ``path`` so the next append starts on a fresh line; returns the
+    number of bytes removed (0 when the file ends with a newline, is empty or is missing)."""
+    path = Path(path)
+    if not path.exists() or not torn_tail(path):
+        return 0
+    with open(path, "rb+") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        end, keep = size, 0
+        while end > 0:  # scan back for the last newline, a block at a time
+            start = max(0, end - 65536)
+            fh.seek(start)
+            cut = fh.read(end - start).rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            end = start
+        fh.truncate(keep)
+    return size - keep

@@ -46,7 +46,7 @@ from infer.redaction import redact_config
 from infer.runlock import RunLock
 from infer.scorer import KeyScreenshotScorer, OpenAIScorer, TransformersScorer, checkpoint_image_policy
 from infer.serve import ServeConfig, ServeError, VLLMServer
-from infer.shards import SUMMARY_FILE, ShardError, ShardSpec, shard_key
+from infer.shards import SUMMARY_FILE, ShardError, ShardSpec
 from infer.trajectory import Trajectory, TrajectoryError, load_trajectories
 from infer.usage import BudgetExceededError, UsageLedger
 from infer.verdicts import (
@@ -219,9 +219,7 @@ def load_all(
         )
     found = len(trajectories)
     if shard is not None:
-        trajectories = [
-            t for t in trajectories if shard.owns(shard_key(t.task_id, t.agent, t.run, cfg.shard_by))
-        ]
+        trajectories = [t for t in trajectories if shard.holds(t, cfg.shard_by)]
         errors = errors if shard.index == 0 else []
     seen: dict[tuple[str, str, str], Trajectory] = {}
     unique = []
@@ -380,7 +378,12 @@ def _summary(counts: dict, usage: dict[str, RoleUsage], incomplete: list[dict], 
 def summary_markdown(summary: dict, ledger_table: str) -> str:
     sr = summary["success_rate"]
     lines = [
-        "# keyshot judge summary",
+        "# keyshot judge summary"
+        + (
+            f" (merged from {summary['run']['merged_shards']} shards)"
+            if summary["run"].get("merged_shards")
+            else ""
+        ),
         "",
         "| trajectories | success | failure | no verdict | incomplete | success rate | screenshots | kept "
         "| unreadable scores | failed screenshots |",
@@ -505,31 +508,52 @@ def checkpoint_hash(folder: str) -> str | None:
     return digest.hexdigest()[:16]
 
 
+def read_protocol(folder: Path) -> dict | None:
+    """The protocol recorded in ``folder/run.json``, or None when the folder has none yet."""
+    path = folder / RUN_FILE
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("protocol", {})
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise JudgeRunError(
+            f"{path}: not a keyshot run file ({exc}); move it away or use another --out"
+        ) from None
+
+
+def protocol_differences(a: dict, b: dict, names: tuple[str, str] = ("in the folder", "now")) -> str:
+    """What differs between two protocols, ``key: <a's> in the folder, <b's> now; …`` ("" if nothing)."""
+    differ = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return "; ".join(f"{k}: {a.get(k)!r} {names[0]}, {b.get(k)!r} {names[1]}" for k in differ)
+
+
 def check_fingerprint(out: Path, fingerprint: dict, *, record: bool = True) -> None:
     """Refuse a run folder made with another protocol; record the protocol in ``OUT/run.json``
     (unless ``record`` is False: a dry run writes nothing)."""
-    path = out / RUN_FILE
-    if path.exists():
-        try:
-            recorded = json.loads(path.read_text(encoding="utf-8")).get("protocol", {})
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-            raise JudgeRunError(
-                f"{path}: not a keyshot run file ({exc}); move it away or use another --out"
-            ) from None
-        differ = [
-            k for k in sorted(set(fingerprint) | set(recorded)) if fingerprint.get(k) != recorded.get(k)
-        ]
-        if differ:
-            shown = "; ".join(
-                f"{k}: {recorded.get(k)!r} in the folder, {fingerprint.get(k)!r} now" for k in differ
-            )
+    recorded = read_protocol(out)
+    if recorded is not None:
+        shown = protocol_differences(recorded, fingerprint)
+        if shown:
             raise JudgeRunError(
                 f"{out} holds verdicts of another protocol ({shown}); its verdicts cannot be reused: "
                 "use a new --out (or the settings the folder was made with)"
             )
         return
     if record:
-        write_text_atomic(path, json.dumps({"protocol": fingerprint}, indent=2) + "\n")
+        write_text_atomic(out / RUN_FILE, json.dumps({"protocol": fingerprint}, indent=2) + "\n")
+
+
+def run_folder(cfg: JudgeRunConfig, shard: ShardSpec | None) -> Path:
+    """Where a run writes: ``OUT``, or ``OUT/shard-I-of-N`` for one shard."""
+    return Path(cfg.out) / shard.folder if shard else Path(cfg.out)
+
+
+def check_endpoints(cfg: JudgeRunConfig, serve_scorer: str | None) -> None:
+    """Preflight of the judge and the scorer endpoint(s) a run will call (not a scorer it serves itself)."""
+    served = cfg.scorer.backend == "openai" and not serve_scorer
+    preflight(
+        [cfg.judge, cfg.scorer.endpoint if served else None], pool=cfg.scorer.endpoints if served else None
+    )
 
 
 def dry_run(
@@ -552,14 +576,11 @@ def dry_run(
     trajectories, load_errors, duplicates, found = load_all(paths, cfg, allow_outside, shard)
     if not found:
         raise JudgeRunError(nothing_found_message(paths, load_errors))
-    out = Path(cfg.out) / shard.folder if shard else Path(cfg.out)
+    out = run_folder(cfg, shard)
     check_fingerprint(out, fingerprint, record=False)
     index = ResumeIndex(read_verdicts(out / VERDICTS_FILE))
     todo = [t for t in trajectories if not index.done(t.task_id, t.agent, t.run)]
-    served = cfg.scorer.backend == "openai" and not serve_scorer
-    preflight(
-        [cfg.judge, cfg.scorer.endpoint if served else None], pool=cfg.scorer.endpoints if served else None
-    )
+    check_endpoints(cfg, serve_scorer)
     shots = sum(t.num_screenshots for t in todo)
     per_trajectory = 2 if cfg.pipeline.outcome_mode == "cot" else None
     judge_calls = (
@@ -596,7 +617,7 @@ def run_judge(
     """The whole ``keyshot judge`` run; returns the summary (also written to OUT, or with ``shard`` to
     ``OUT/shard-I-of-N``: join the shards with ``keyshot merge OUT``)."""
     t0 = time.perf_counter()
-    out = Path(cfg.out) / shard.folder if shard else Path(cfg.out)
+    out = run_folder(cfg, shard)
     if cfg.scorer.backend == "transformers":
         require_training_stack("scorer.backend=transformers (the in-process scorer)")
     if serve_scorer:
@@ -658,11 +679,7 @@ def _judge_locked(
         )
 
     if todo:  # before any server starts or any call is paid
-        served = cfg.scorer.backend == "openai" and not serve_scorer
-        preflight(
-            [cfg.judge, cfg.scorer.endpoint if served else None],
-            pool=cfg.scorer.endpoints if served else None,
-        )
+        check_endpoints(cfg, serve_scorer)
     cache = CallCache(cfg.cache or out / CACHE_FILE)
     ledger = UsageLedger()
     server: VLLMServer | None = None
@@ -853,18 +870,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"keyshot judge: {exc}", file=sys.stderr)
         return 2
     print(summary["markdown"])
+    print(f"verdicts: {run_folder(cfg, shard) / VERDICTS_FILE}")
     if shard:
-        print(f"verdicts: {Path(cfg.out) / shard.folder / VERDICTS_FILE}")
-        print(f"when every shard is done: keyshot merge {cfg.out}")
-    else:
-        print(f"verdicts: {Path(cfg.out) / VERDICTS_FILE}")
-    if args.report and not shard:
+        report = " && keyshot report " + cfg.out if args.report else ""
+        print(f"when every shard is done: keyshot merge {cfg.out}{report}")
+    elif args.report:
         from infer.report import build_report
 
         with RunLock(Path(cfg.out) / "report", what="keyshot judge --report"):
             index = build_report(Path(cfg.out), Path(cfg.out) / "report", progress=not args.no_progress)
         print(f"report: {index}")
-    elif not shard:
+    else:
         print(f"browse it: keyshot report {cfg.out}")
     code = exit_code(summary)
     if summary["run"]["stopped"]:

@@ -23,7 +23,15 @@ from pathlib import Path
 from infer.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, KeyshotError
 from infer.fileio import write_text_atomic
 from infer.helptext import plain
-from infer.judge_cli import RUN_FILE, VERDICTS_FILE, combine_summaries, summarize, summary_markdown
+from infer.judge_cli import (
+    RUN_FILE,
+    VERDICTS_FILE,
+    combine_summaries,
+    protocol_differences,
+    read_protocol,
+    summarize,
+    summary_markdown,
+)
 from infer.runlock import RunLock
 from infer.shards import (
     SUMMARY_FILE,
@@ -40,16 +48,6 @@ from infer.verdicts import Verdict, VerdictFileError, verdict_key
 logger = logging.getLogger(__name__)
 
 
-def _protocol(folder: Path) -> dict | None:
-    path = folder / RUN_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("protocol")
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-        raise ShardError(f"{path}: unreadable ({exc}); re-run that shard") from None
-
-
 def check_shards(out: Path) -> tuple[int, dict[int, Path], dict[int, dict], dict]:
     """The shard count, folders, summaries and common protocol; raises naming every shard that is
     missing, unfinished or of another protocol."""
@@ -58,7 +56,7 @@ def check_shards(out: Path) -> tuple[int, dict[int, Path], dict[int, dict], dict
     summaries: dict[int, dict] = {}
     protocols: dict[int, dict] = {}
     for index, folder in sorted(folders.items()):
-        protocol = _protocol(folder)
+        protocol = read_protocol(folder)
         summary = read_summary(folder) or {}
         why = unfinished(folder, VERDICTS_FILE, "keyshot merge")
         if why is None and protocol is None:
@@ -79,11 +77,8 @@ def check_shards(out: Path) -> tuple[int, dict[int, Path], dict[int, dict], dict
             "them all with one shard_by, nothing was merged"
         )
     for index, protocol in sorted(protocols.items()):
-        differ = sorted(
-            k for k in set(protocol) | set(protocols[first]) if protocol.get(k) != protocols[first].get(k)
-        )
-        if differ:
-            shown = "; ".join(f"{k}: {protocols[first].get(k)!r} vs {protocol.get(k)!r}" for k in differ)
+        shown = protocol_differences(protocols[first], protocol, (f"in shard {first}", f"in shard {index}"))
+        if shown:
             raise ShardError(
                 f"shard {index} was judged under another protocol than shard {first} ({shown}); "
                 "re-run it with the same config, nothing was merged"
@@ -111,7 +106,7 @@ def _count_lines(path: Path) -> int:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
 
 
-def _latest(path: Path, writer: StreamWriter, owner: dict, index: int) -> Iterator[Verdict]:
+def _latest(path: Path, writer: StreamWriter) -> Iterator[Verdict]:
     """The latest verdict of each trajectory in one shard's file (two passes), written to ``writer``."""
     last = _last_lines(path)
     with open(path, "rb") as fh:
@@ -122,11 +117,6 @@ def _latest(path: Path, writer: StreamWriter, owner: dict, index: int) -> Iterat
             key = verdict_key(obj["task_id"], obj.get("agent"), obj.get("run"))
             if last.get(key) != number:
                 continue  # superseded by a later line of the same trajectory
-            if owner.setdefault(key, index) != index:
-                raise ShardError(
-                    f"task {key[0]} (agent {key[1] or '-'}, run {key[2] or '-'}) was judged by shards "
-                    f"{owner[key]} and {index}; nothing was merged"
-                )
             writer.write(raw if raw.endswith(b"\n") else raw + b"\n")
             yield Verdict.from_dict(obj)
 
@@ -139,7 +129,6 @@ def _merge_files(folders: dict[int, Path], summaries: dict[int, dict], writer: S
     and summarised again, line by line, its superseded lines left out.
     """
     parts = []
-    owner: dict[tuple[str, str, str], int] = {}
     for index, folder in sorted(folders.items()):
         path = folder / VERDICTS_FILE
         if not path.is_file():
@@ -148,7 +137,7 @@ def _merge_files(folders: dict[int, Path], summaries: dict[int, dict], writer: S
             writer.copy_from(path)
             parts.append(summaries[index])
         else:
-            parts.append(summarize(_latest(path, writer, owner, index), run={}))
+            parts.append(summarize(_latest(path, writer), run={}))
     return parts
 
 
@@ -194,9 +183,6 @@ def merge_shards(out: Path) -> dict:
         summary["run"]["seconds"] = time.perf_counter() - t0
         ledger = UsageLedger.summed([run["ledger"]])
         markdown = summary_markdown(summary, ledger.table() if ledger.names() else "")
-        markdown = markdown.replace(
-            "# keyshot judge summary", f"# keyshot judge summary (merged from {count} shards)", 1
-        )
         write_text_atomic(out / SUMMARY_FILE, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
         write_text_atomic(out / "summary.md", markdown)
     summary["markdown"] = markdown

@@ -29,6 +29,7 @@ from infer.cache import CallCache
 from infer.client import (
     ENDPOINT_FAULT_STATUS,
     RETRYABLE_STATUS,
+    Breaker,
     Completion,
     EndpointConfig,
     InFlight,
@@ -103,11 +104,14 @@ class EndpointPool:
         self.ledger = ledger if ledger is not None else UsageLedger()
         self.cache = cache
         self.members = [_Member(JudgeClient(ep, cache, self.ledger)) for ep in member_configs(endpoints)]
-        self.endpoint = endpoints[0]  # the model, generation settings and breaker bounds of the pool
+        self.endpoint = ep = endpoints[0]  # the model, generation settings and breaker bounds of the pool
         self.cooldown_s = cooldown_s
         self._in_flight = InFlight()
-        self._failures_in_a_row = 0
-        self._last_good: float | None = None
+        urls = ", ".join(m.client.endpoint.display_url for m in self.members)
+        # the pool's own breaker: it trips only when every endpoint is out and none answers
+        self.breaker = Breaker(
+            f"{ep.model} (pool of {len(self.members)})", urls, ep.breaker_failures, ep.breaker_window_s
+        )
 
     def __repr__(self) -> str:
         return f"EndpointPool({[m.name for m in self.members]})"
@@ -122,8 +126,7 @@ class EndpointPool:
             return None
         member = min(live, key=lambda m: (m.in_flight, m.used))
         if member.client.down is not None:  # back from its cool-down: its breaker starts afresh
-            member.client.down = None
-            member.client._failures_in_a_row = 0
+            member.client.breaker.reset()
         return member
 
     def _take_out(self, member: _Member, reason: str) -> None:
@@ -138,20 +141,7 @@ class EndpointPool:
                 others,
             )
         member.out_until = time.monotonic() + self.cooldown_s
-        self._failures_in_a_row += 1
-        quiet_s = time.monotonic() - (self._last_good or time.monotonic())
-        ep = self.endpoint
-        if (
-            all(m.out_until > time.monotonic() for m in self.members)
-            and self._failures_in_a_row >= ep.breaker_failures
-            and quiet_s >= ep.breaker_window_s
-        ):
-            raise EndpointDownError(
-                f"{ep.model} (pool of {len(self.members)})",
-                ", ".join(m.client.endpoint.display_url for m in self.members),
-                self._failures_in_a_row,
-                reason,
-            )
+        self.breaker.failed(reason, may_trip=all(m.out_until > time.monotonic() for m in self.members))
 
     @staticmethod
     def _request_fault(exc: JudgeCallError) -> bool:
@@ -169,8 +159,7 @@ class EndpointPool:
         return await self._in_flight.run(key, lambda: self._route(messages, kwargs))
 
     async def _route(self, messages: list[dict], kwargs: dict[str, Any]) -> Completion:
-        if self._last_good is None:
-            self._last_good = time.monotonic()
+        self.breaker.started()
         attempts_left = (self.endpoint.max_retries + 1) * len(self.members)
         while True:
             member = self._pick()
@@ -192,20 +181,10 @@ class EndpointPool:
                 if attempts_left <= 0:
                     raise
             else:
-                self._failures_in_a_row = 0
-                self._last_good = time.monotonic()
+                self.breaker.answered()
                 return completion
             finally:
                 member.in_flight -= 1
-
-    def complete_sync(self, messages: list[dict], **kwargs: Any) -> Completion:
-        async def once() -> Completion:
-            try:
-                return await self.complete(messages, **kwargs)
-            finally:
-                await self.aclose()
-
-        return asyncio.run(once())
 
     async def aclose(self) -> None:
         for m in self.members:

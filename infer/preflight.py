@@ -27,12 +27,8 @@ class PreflightError(KeyshotError):
     exit_code = EXIT_PREFLIGHT
 
 
-def _where(ep: EndpointConfig) -> str:
-    return f"endpoint {ep.name!r} ({ep.display_url}, model {ep.model!r})"
-
-
 async def _check(client: httpx.AsyncClient, ep: EndpointConfig) -> str | None:
-    where = _where(ep)
+    where = f"endpoint {ep.name!r} ({ep.display_url}, model {ep.model!r})"
     try:
         key = ep.api_key()
     except MissingAPIKeyError:
@@ -75,10 +71,10 @@ async def _check(client: httpx.AsyncClient, ep: EndpointConfig) -> str | None:
     return None
 
 
-async def _check_all(endpoints: list[EndpointConfig], timeout_s: float) -> list[str]:
+async def _check_all(endpoints: list[EndpointConfig], timeout_s: float) -> list[str | None]:
+    """One result per endpoint, in order: the problem, or None."""
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s)) as client:
-        results = await asyncio.gather(*(_check(client, ep) for ep in endpoints))
-    return [r for r in results if r]
+        return list(await asyncio.gather(*(_check(client, ep) for ep in endpoints)))
 
 
 def preflight(
@@ -99,9 +95,9 @@ def preflight(
     members = list(pool or [])
     if not unique and not members:
         return
-    problems = asyncio.run(_check_all(list(unique.values()) + members, timeout_s))
-    pool_problems = [p for p in problems if any(p.startswith(_where(ep)) for ep in members)]
-    problems = [p for p in problems if p not in pool_problems]
+    results = asyncio.run(_check_all(list(unique.values()) + members, timeout_s))
+    problems = [r for r in results[: len(unique)] if r]
+    pool_problems = [r for r in results[len(unique) :] if r]
     if members and len(pool_problems) == len(members):
         problems.append(f"no endpoint of {members[0].model}'s pool answers: {'; '.join(pool_problems)}")
     elif pool_problems:

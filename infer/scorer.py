@@ -318,9 +318,6 @@ class OpenAIScorer(KeyScreenshotScorer):
     def image_policy(self) -> ImagePolicy | None:
         return self._policy
 
-    def messages(self, task: str, key_points: str, image: PreparedImage) -> list[dict]:
-        return scorer_messages(self.prompts, task, key_points, image.data_url)
-
     async def score(self, task: str, key_points: str, image: PreparedImage) -> ScreenshotScore:
         try:
             completion, _ = await ask_score(

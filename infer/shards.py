@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infer.errors import KeyshotError
-from infer.fileio import _file_mode
+from infer.fileio import _file_mode, torn_tail
 from infer.runlock import RunLock, RunLockedError
+from infer.trajectory import Trajectory
+from infer.verdicts import verdict_key
 
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 _FOLDER = re.compile(r"^shard-(\d+)-of-(\d+)$")
@@ -98,6 +100,10 @@ class ShardSpec:
     def owns(self, key: str) -> bool:
         return shard_of(key, self.count) == self.index
 
+    def holds(self, trajectory: Trajectory, by: str = "task") -> bool:
+        """Whether ``trajectory`` is this shard's (by its task, or its whole identity: :func:`shard_key`)."""
+        return self.owns(shard_key(trajectory.task_id, trajectory.agent, trajectory.run, by))
+
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
 
@@ -106,7 +112,7 @@ def shard_key(task_id: str, agent: str | None, run: str | None, by: str) -> str:
     """What a trajectory is sharded by: its task (default) or its whole identity."""
     if by == "task":
         return str(task_id)
-    return json.dumps([str(task_id), agent or "", run or ""])
+    return json.dumps(verdict_key(task_id, agent, run))
 
 
 def find_shards(out: Path) -> tuple[int, dict[int, Path]]:
@@ -126,16 +132,6 @@ def find_shards(out: Path) -> tuple[int, dict[int, Path]]:
         )
     count, shards = next(iter(found.items()))
     return count, shards
-
-
-def torn_tail(path: Path) -> bool:
-    """True when ``path`` ends in a half-written line (its writer was killed mid-line)."""
-    size = path.stat().st_size
-    if size == 0:
-        return False
-    with open(path, "rb") as fh:
-        fh.seek(size - 1)
-        return fh.read(1) != b"\n"
 
 
 def read_summary(folder: Path) -> dict | None:

@@ -215,22 +215,11 @@ def build_tiny_qwen25vl(
 def write_tiny_scorer_meta(folder: str | Path, variant: str = "online_mind2web") -> Path:
     """Make a tiny model folder a keyshot scorer checkpoint: ``keyshot.json`` with the prompt
     version and the tiny pixel bounds (what ``keyshot serve`` checks and passes to vLLM)."""
-    from infer.checkpoint import CheckpointMeta, write_meta
+    from infer.checkpoint import write_scorer_meta
     from infer.images import ImagePolicy
-    from infer.prompts import load_prompt_set
 
     policy = ImagePolicy(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS)
-    prompts = load_prompt_set(variant)
-    meta = CheckpointMeta(
-        prompt_variant=prompts.variant,
-        prompt_version=prompts.version,
-        min_pixels=TINY_MIN_PIXELS,
-        max_pixels=TINY_MAX_PIXELS,
-        base_model="tiny random Qwen2.5-VL (untrained)",
-        image_policy=policy.to_dict(),
-    )
-    write_meta(folder, meta)
-    return Path(folder)
+    return write_scorer_meta(folder, policy, base_model="tiny random Qwen2.5-VL (untrained)", variant=variant)
 
 
 def build_tiny_scorer(out_dir: str | Path, variant: str = "online_mind2web", seed: int = 0) -> Path:

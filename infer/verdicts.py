@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infer.fileio import cut_torn_tail
 from infer.messages import MAX_KEPT_IMAGES
 from infer.parsing import parse_score, parse_status
 
@@ -246,33 +247,14 @@ class VerdictWriter:
         self._cut_torn_tail()
 
     def _cut_torn_tail(self) -> None:
-        size = os.fstat(self._fd).st_size
-        if size == 0:
-            return
-        with open(self.path, "rb") as fh:
-            fh.seek(max(0, size - 1))
-            if fh.read(1) == b"\n":
-                return
-            # Find the end of the last complete line.
-            block = 1 << 16
-            pos = size
-            keep = 0
-            while pos > 0:
-                start = max(0, pos - block)
-                fh.seek(start)
-                chunk = fh.read(pos - start)
-                nl = chunk.rfind(b"\n")
-                if nl >= 0:
-                    keep = start + nl + 1
-                    break
-                pos = start
-        logger.warning(
-            "%s: the last line (%d bytes) is incomplete, left by an interrupted run; removing it "
-            "(that trajectory is judged again, its calls come from the cache)",
-            self.path,
-            size - keep,
-        )
-        os.truncate(self.path, keep)
+        removed = cut_torn_tail(self.path)
+        if removed:
+            logger.warning(
+                "%s: the last line (%d bytes) is incomplete, left by an interrupted run; removing it "
+                "(that trajectory is judged again, its calls come from the cache)",
+                self.path,
+                removed,
+            )
 
     def append(self, verdict: Verdict) -> None:
         if self._fd is None:
