@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from infer.fileio import write_text_atomic
+from infer.images import pixel_bounds
 
 META_FILE = "keyshot.json"
 
@@ -91,18 +92,15 @@ def read_meta(checkpoint_dir: str | os.PathLike) -> CheckpointMeta | None:
     return CheckpointMeta(**{k: v for k, v in data.items() if k in known})
 
 
-def processor_pixel_bounds(checkpoint_dir: str | os.PathLike) -> tuple[int, int] | None:
-    """(min_pixels, max_pixels) from the checkpoint's saved image processor, if any."""
+def saved_pixel_bounds(checkpoint_dir: str | os.PathLike) -> tuple[int, int] | None:
+    """(min_pixels, max_pixels) of the image processor saved in a checkpoint folder, if any."""
     d = Path(checkpoint_dir)
     for name in ("processor_config.json", "preprocessor_config.json"):
         p = d / name
         if not p.exists():
             continue
         cfg = json.loads(p.read_text(encoding="utf-8"))
-        cfg = cfg.get("image_processor", cfg)
-        size = cfg.get("size") or {}
-        lo = cfg.get("min_pixels") or size.get("shortest_edge")
-        hi = cfg.get("max_pixels") or size.get("longest_edge")
-        if lo and hi:
-            return int(lo), int(hi)
+        bounds = pixel_bounds(cfg.get("image_processor", cfg))
+        if bounds:
+            return bounds
     return None

@@ -137,6 +137,18 @@ class PreparedImage:
         return img if img.mode == "RGB" else img.convert("RGB")
 
 
+def pixel_bounds(settings: dict) -> tuple[int, int] | None:
+    """``(min_pixels, max_pixels)`` from an image processor's settings (saved JSON or live attributes).
+
+    Qwen2.5-VL processors keep them as ``min_pixels``/``max_pixels`` or as ``size.shortest_edge``/
+    ``size.longest_edge`` depending on the transformers version; None if neither is there.
+    """
+    size = settings.get("size") or {}
+    lo = settings.get("min_pixels") or size.get("shortest_edge")
+    hi = settings.get("max_pixels") or size.get("longest_edge")
+    return (int(lo), int(hi)) if lo and hi else None
+
+
 def smart_resize(
     height: int, width: int, *, min_pixels: int, max_pixels: int, factor: int = TOKEN_PIXELS
 ) -> tuple[int, int]:

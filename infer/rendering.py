@@ -4,7 +4,8 @@ Training (``train/data.py``), the in-process scorer (``infer.scorer.Transformers
 pixel bounds and the dataset builder render a scorer request here, with the processor's own chat template
 and ``infer.images.prepare_image`` under the processor's pixel bounds (what ``keyshot serve`` sends), so
 the scorer is trained on exactly the tokens and pixels it is served. Only the last assistant answer and
-its ``<|im_end|>`` carry labels. A row longer than ``max_length`` gets a smaller ``max_pixels`` (fewer
+its ``<|im_end|>`` carry labels, known while rendering (the prompt, the answer and the template's tail
+are tokenized apart, so the prompt's tokens are the served request's). A row longer than ``max_length`` gets a smaller ``max_pixels`` (fewer
 visual tokens) instead of a cut, so image tokens are never truncated.
 """
 
@@ -20,13 +21,19 @@ from typing import Any
 import torch
 from PIL import Image
 
-from infer.images import TOKEN_PIXELS, ImagePolicy, prepare_image, target_size, visual_tokens
+from infer.images import (
+    TOKEN_PIXELS,
+    ImagePolicy,
+    pixel_bounds,
+    prepare_image,
+    target_size,
+    visual_tokens,
+)
 
 IGNORE_INDEX = -100
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 IMAGE_PAD = "<|image_pad|>"
-ASSISTANT_HEADER = "assistant\n"  # what follows <|im_start|> in an assistant turn
 
 
 class DataError(ValueError):
@@ -48,12 +55,13 @@ def processor_pixel_bounds(processor) -> tuple[int, int]:
     """``(min_pixels, max_pixels)`` the processor resizes images into."""
     ip = processor.image_processor
     size = getattr(ip, "size", None) or {}
-    get = size.get if hasattr(size, "get") else lambda k: getattr(size, k, None)
-    lo = getattr(ip, "min_pixels", None) or get("shortest_edge")
-    hi = getattr(ip, "max_pixels", None) or get("longest_edge")
-    if not lo or not hi:
+    if not isinstance(size, dict):
+        size = {k: getattr(size, k, None) for k in ("shortest_edge", "longest_edge")}
+    settings = {"min_pixels": getattr(ip, "min_pixels", None), "max_pixels": getattr(ip, "max_pixels", None)}
+    bounds = pixel_bounds({**settings, "size": size})
+    if not bounds:
         raise DataError(f"cannot read the pixel bounds of image processor {type(ip).__name__}: size={size}")
-    return int(lo), int(hi)
+    return bounds
 
 
 def set_processor_pixel_bounds(processor, min_pixels: int, max_pixels: int) -> None:
@@ -97,43 +105,6 @@ def image_source(value: Any):
     raise DataError(f"unsupported image cell {type(value).__name__}: expected a PIL image or {{bytes, path}}")
 
 
-def find_assistant_span(input_ids: Sequence[int], tokenizer) -> tuple[int, int]:
-    """``[start, end)`` of the LAST assistant answer, ``<|im_end|>`` included.
-
-    Found by token ids: the last ``<|im_start|>`` whose next tokens spell ``assistant\\n``. The word
-    "assistant" inside user text is not preceded by the ``<|im_start|>`` special token, and a forged
-    header inside user text comes before the real last one. If the answer's first characters merged
-    into the header's newline token, that token is labelled (it carries answer text).
-    """
-    im_start = tokenizer.convert_tokens_to_ids(IM_START)
-    im_end = tokenizer.convert_tokens_to_ids(IM_END)
-    ids = list(input_ids)
-    for pos in reversed([i for i, t in enumerate(ids) if t == im_start]):
-        text, k = "", pos + 1
-        while k < len(ids) and len(text) < len(ASSISTANT_HEADER) and ids[k] not in (im_start, im_end):
-            text += tokenizer.decode([ids[k]])
-            k += 1
-        if not text.startswith(ASSISTANT_HEADER):
-            continue
-        start = k if len(text) == len(ASSISTANT_HEADER) else k - 1
-        try:
-            end = ids.index(im_end, start)
-        except ValueError:
-            raise DataError("the assistant answer has no <|im_end|> (was the sequence cut?)") from None
-        if end == start:
-            raise DataError("the assistant answer is empty")
-        return start, end + 1
-    raise DataError("no assistant turn found: a training row needs the target answer as its last turn")
-
-
-def assistant_labels(input_ids: Sequence[int], tokenizer) -> list[int]:
-    """Labels for ``input_ids``: the last assistant answer and its ``<|im_end|>``, IGNORE_INDEX elsewhere."""
-    start, end = find_assistant_span(input_ids, tokenizer)
-    labels = [IGNORE_INDEX] * len(input_ids)
-    labels[start:end] = list(input_ids[start:end])
-    return labels
-
-
 @dataclass(frozen=True)
 class ExamplePlan:
     """How one row will be rendered: its length and the pixel bound that keeps it within max_length."""
@@ -164,13 +135,42 @@ class ScorerRenderer:
             clean_messages(messages), tokenize=False, add_generation_prompt=generation_prompt
         )
 
+    def split(self, messages: Sequence[dict]) -> tuple[str, str, str]:
+        """The row's text as ``(prompt, answer, tail)``: what the scorer is served, what it must answer.
+
+        ``prompt`` is the serving request (the turns before the answer and the generation prompt),
+        ``answer`` the last assistant answer with its ``<|im_end|>`` (the labelled part), ``tail`` what the
+        template writes after it. Each is tokenized on its own, so the labelled span is known by
+        construction and the prompt's tokens are exactly the ones a served request has.
+        """
+        turns = clean_messages(messages)
+        if not turns or turns[-1]["role"] != "assistant":
+            raise DataError(
+                "no assistant turn found: a training row needs the target answer as its last turn"
+            )
+        prompt = self.chat_text(turns[:-1], generation_prompt=True)
+        full = self.chat_text(turns)
+        if not full.startswith(prompt):
+            raise DataError("the chat template does not write the answer after the generation prompt")
+        rest = full[len(prompt) :]
+        end = rest.rfind(IM_END)
+        if end < 0:
+            raise DataError("the assistant answer has no <|im_end|>")
+        if not rest[:end].strip():
+            raise DataError("the assistant answer is empty")
+        return prompt, rest[: end + len(IM_END)], rest[end + len(IM_END) :]
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
     def plan(self, row: int, messages: Sequence[dict], size: tuple[int, int]) -> ExamplePlan | None:
         """Length of a row and the max_pixels that fit it in max_length; None if even the smallest image does not."""
-        ids = self.tokenizer(self.chat_text(messages), add_special_tokens=False)["input_ids"]
+        prompt, answer, tail = self.split(messages)
+        ids = self._ids(prompt)
         n_pads = sum(1 for t in ids if t == self.image_pad_id)
         if n_pads != 1:
             raise DataError(f"row {row}: the rendered messages hold {n_pads} image placeholders, expected 1")
-        text_tokens = len(ids) - 1
+        text_tokens = len(ids) - 1 + len(self._ids(answer)) + len(self._ids(tail))
         width, height = size
         try:
             tokens = visual_tokens(width, height, self.policy)
@@ -214,20 +214,29 @@ class ScorerRenderer:
     def render(
         self, messages: Sequence[dict], image: Any, max_pixels: int | None = None
     ) -> dict[str, torch.Tensor]:
-        """One training example: 1-D ``input_ids``/``attention_mask``/``labels``, the image tensors."""
-        enc = self.processor(
-            text=[self.chat_text(messages)], images=[self.prepare(image, max_pixels)], return_tensors="pt"
-        )
-        input_ids = enc["input_ids"][0]
+        """One training example: 1-D ``input_ids``/``attention_mask``/``labels``, the image tensors.
+
+        The prompt goes through the processor (which expands the image placeholder); the answer and the
+        template's tail are appended as tokens, the answer labelled, everything else IGNORE_INDEX.
+        """
+        prompt, answer, tail = self.split(messages)
+        enc = self.processor(text=[prompt], images=[self.prepare(image, max_pixels)], return_tensors="pt")
+        answer_ids = torch.tensor(self._ids(answer), dtype=torch.long)
+        tail_ids = torch.tensor(self._ids(tail), dtype=torch.long)
+        prompt_ids = enc["input_ids"][0]
+        ignore = torch.full_like(prompt_ids, IGNORE_INDEX)
         example = {
-            "input_ids": input_ids,
-            "attention_mask": enc["attention_mask"][0],
-            "labels": torch.tensor(assistant_labels(input_ids.tolist(), self.tokenizer), dtype=torch.long),
+            "input_ids": torch.cat([prompt_ids, answer_ids, tail_ids]),
+            "attention_mask": torch.ones(len(prompt_ids) + len(answer_ids) + len(tail_ids), dtype=torch.long),
+            "labels": torch.cat([ignore, answer_ids, torch.full_like(tail_ids, IGNORE_INDEX)]),
             "pixel_values": enc["pixel_values"],
             "image_grid_thw": enc["image_grid_thw"],
         }
         if "mm_token_type_ids" in enc:
-            example["mm_token_type_ids"] = enc["mm_token_type_ids"][0]
+            kinds = enc["mm_token_type_ids"][0]
+            example["mm_token_type_ids"] = torch.cat(
+                [kinds, kinds.new_zeros(len(answer_ids) + len(tail_ids))]
+            )
         return example
 
     def render_prompt(self, messages: Sequence[dict], image: Any) -> dict[str, torch.Tensor]:

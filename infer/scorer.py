@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infer.checkpoint import CheckpointError, processor_pixel_bounds, read_meta
+from infer.checkpoint import CheckpointError, read_meta, saved_pixel_bounds
 from infer.client import JudgeCallError, JudgeClient
 from infer.images import DEFAULT_POLICY, ImagePolicy, PreparedImage
 from infer.messages import scorer_messages
@@ -266,7 +266,7 @@ def checkpoint_image_policy(model_dir: str | Path) -> ImagePolicy:
             max_aspect=DEFAULT_POLICY.max_aspect,
             jpeg_quality=DEFAULT_POLICY.jpeg_quality,
         )
-    bounds = processor_pixel_bounds(model_dir)
+    bounds = saved_pixel_bounds(model_dir)
     if bounds is None:
         raise CheckpointError(
             f"{model_dir}: no keyshot.json and no processor pixel bounds; cannot tell which images it expects"

@@ -41,7 +41,7 @@ from typing import Literal
 
 import httpx
 
-from infer.checkpoint import CheckpointError, CheckpointMeta, processor_pixel_bounds, read_meta
+from infer.checkpoint import CheckpointError, CheckpointMeta, read_meta, saved_pixel_bounds
 from infer.client import EndpointConfig
 from infer.config import ConfigError, load_config
 from infer.helptext import plain
@@ -190,7 +190,7 @@ def _pixel_bounds(cfg: ServeConfig, meta: CheckpointMeta | None) -> tuple[int | 
     if meta is not None:
         trained = (meta.min_pixels, meta.max_pixels)
     elif Path(cfg.model).is_dir():
-        trained = processor_pixel_bounds(cfg.model)
+        trained = saved_pixel_bounds(cfg.model)
     if cfg.min_pixels is not None:
         asked = (cfg.min_pixels, cfg.max_pixels)
         if trained is not None and asked != trained:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from infer.checkpoint import processor_pixel_bounds as saved_pixel_bounds
+from infer.checkpoint import saved_pixel_bounds
 from infer.images import ImagePolicy, prepare_image
 from infer.messages import scorer_answer, scorer_example, scorer_messages
 from infer.prompts import load_prompt_set
@@ -18,8 +18,6 @@ from infer.rendering import (
     IGNORE_INDEX,
     DataError,
     ScorerRenderer,
-    assistant_labels,
-    find_assistant_span,
     image_policy_for,
     processor_pixel_bounds,
     set_processor_pixel_bounds,
@@ -96,16 +94,26 @@ def test_assistant_inside_user_text_does_not_move_the_span(renderer, processor):
     assert _labelled_text(example, processor.tokenizer) == answer + "<|im_end|>"
 
 
-def test_span_finder_errors_name_the_problem(processor):
-    tok = processor.tokenizer
-    no_answer = tok(
-        processor.apply_chat_template(scorer_messages(PROMPTS, "t", "k", None)[:1], tokenize=False)
-    )
+def test_rows_without_an_answer_are_refused_naming_the_problem(renderer):
+    no_answer = scorer_messages(PROMPTS, "t", "k", None)[:1]
     with pytest.raises(DataError, match="no assistant turn"):
-        find_assistant_span(no_answer["input_ids"], tok)
-    cut = tok("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n**Score**: 3")["input_ids"]
-    with pytest.raises(DataError, match="no <|im_end|>"):
-        assistant_labels(cut, tok)
+        renderer.render(no_answer, _page())
+    empty = scorer_example(PROMPTS, "t", "k", "  ")
+    with pytest.raises(DataError, match="answer is empty"):
+        renderer.render(empty, _page())
+
+
+def test_the_labelled_span_is_the_answer_tokenized_as_generated(renderer, processor):
+    """The answer's tokens are the ones the scorer generates after the served prompt (no merge across
+    the header's newline), and the row's length is the one the plan counted."""
+    tok = processor.tokenizer
+    answer = scorer_answer("Shown at the top.", 2)
+    messages = scorer_example(PROMPTS, "Find the hours", "\n1. Hours", answer)
+    example = renderer.render(messages, _page(1))
+    labelled = example["input_ids"][example["labels"] != IGNORE_INDEX].tolist()
+    assert labelled == tok(answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    assert example["input_ids"].numel() == renderer.plan(0, messages, (1280, 720)).length
+    assert example["attention_mask"].sum().item() == example["input_ids"].numel()
 
 
 def test_rendering_matches_the_served_request(renderer, processor):

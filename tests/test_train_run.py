@@ -141,7 +141,7 @@ def test_final_checkpoint_is_self_describing(learned_run, tiny_model_dir, datase
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
 
-    from infer.checkpoint import processor_pixel_bounds, read_meta
+    from infer.checkpoint import read_meta, saved_pixel_bounds
     from infer.prompts import load_prompt_set
     from train.data import dataset_data_hash, load_scorer_dataset
 
@@ -154,7 +154,7 @@ def test_final_checkpoint_is_self_describing(learned_run, tiny_model_dir, datase
     ds = load_scorer_dataset(datasets_dir["learnable"])
     assert meta.data_hash == dataset_data_hash(ds, ["train", "validation"])
     assert meta.extra["steps"] == 60 and meta.image_policy["max_pixels"] == 50176
-    assert processor_pixel_bounds(final) == (3136, 50176)
+    assert saved_pixel_bounds(final) == (3136, 50176)
     assert (final / "chat_template.jinja").read_text() == (tiny_model_dir / "chat_template.jinja").read_text()
     gen = GenerationConfig.from_pretrained(final)
     assert gen.do_sample is False and gen.eos_token_id
