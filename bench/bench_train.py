@@ -35,7 +35,7 @@ if str(REPO) not in sys.path:  # `python bench/bench_train.py` from a checkout
 from infer.rendering import ScorerRenderer, image_policy_for  # noqa: E402
 from infer.tiny_model import build_tiny_qwen25vl  # noqa: E402
 from tests.support.train_data import scorer_rows  # noqa: E402
-from train.data import LengthGroupedBatchSampler, RandomBatchSampler, ScorerCollator, padding_fraction  # noqa: E402
+from train.batches import LengthGroupedBatchSampler, RandomBatchSampler, ScorerCollator, padding_fraction  # noqa: E402
 
 logger = logging.getLogger("bench_train")
 

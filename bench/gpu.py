@@ -8,8 +8,8 @@ The model is built from ``configs/models/qwen2.5-vl-7b.json`` with random bf16 w
 device (no checkpoint is read or written); the processor and tokenizer are the tiny fixture's
 (``infer.tiny_model``) with the scorer's pixel bounds, so a 1280×720 screenshot is 1,196 visual tokens
 as for the real model (text tokenises differently: the fixture's vocabulary is small; the counts are
-printed). The training examples are rendered by train/data.py (``ScorerRenderer``, ``ScorerCollator``,
-the batch samplers), the model is set up by ``train.model.prepare_for_training`` (frozen vision tower,
+printed). The training examples are rendered by train/batches.py (``ScorerRenderer``, ``ScorerCollator``,
+the batch samplers), the model is set up by ``train.scorer_model.prepare_for_training`` (frozen vision tower,
 activation checkpointing, LoRA, batched vision windows), the optimizer is the recipe's AdamW over
 ``parameter_groups``, the logging is the recipe's ``ThroughputMeter``/``log_totals``.
 
@@ -66,9 +66,9 @@ from infer.rendering import (  # noqa: E402
 from infer.scorer import TransformersScorer  # noqa: E402
 from infer.tiny_model import build_tiny_qwen25vl  # noqa: E402
 from tests.support.train_data import scorer_rows  # noqa: E402
-from train.config import LoraSettings, ModelSettings, OptimSettings  # noqa: E402
-from train.data import ScorerCollator, build_batch_sampler  # noqa: E402
-from train.model import parameter_groups, prepare_for_training  # noqa: E402
+from train.batches import ScorerCollator, build_batch_sampler  # noqa: E402
+from train.scorer_model import parameter_groups, prepare_for_training  # noqa: E402
+from train.settings import LoraSettings, ModelSettings, OptimSettings  # noqa: E402
 from train.throughput import FlopsModel, ThroughputMeter, log_totals  # noqa: E402
 
 logger = logging.getLogger("bench.gpu")
@@ -161,7 +161,7 @@ def build_model(kit: Kit, depth: int | None = None):
     """Random weights created on the device, in the kit's dtype."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from train.model import attention_implementation
+    from train.scorer_model import attention_implementation
 
     torch.manual_seed(0)
     config = model_config(kit, depth)
@@ -174,7 +174,7 @@ def build_model(kit: Kit, depth: int | None = None):
 
 # ----------------------------------------------------------------------------- training
 class Rendered(torch.utils.data.Dataset):
-    """Rows rendered on access by the training path (train/data.py's ScorerRenderer)."""
+    """Rows rendered on access by the training path (train/batches.py's ScorerRenderer)."""
 
     def __init__(self, rows: list[dict], renderer: ScorerRenderer):
         self.rows, self.renderer = rows, renderer

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from infer.config import ConfigError, load_config
-from train.config import LLM_LORA_TARGET, TrainConfig
+from train.settings import LLM_LORA_TARGET, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_CONFIGS = sorted((REPO / "configs" / "train").glob("*.yaml"))
@@ -221,3 +222,27 @@ def test_slurm_train_requeues_a_preempted_job(tmp_path):
     _fake_tool(bin_dir, "accelerate", "exit 3")
     proc = subprocess.run(["bash", str(script), "configs/train/webjudge7b_full.yaml"], cwd=tmp_path, env=env)
     assert proc.returncode == 3 and calls.read_text().count("requeue") == 1
+
+
+def test_the_entry_runs_as_a_script_without_path_tricks(tmp_path):
+    """`accelerate launch train/sft.py` runs the file as a script (train/ first on sys.path): no module in
+    train/ may shadow a library, and the entry needs no sys.path edit to import keyshot."""
+    shadowed = {p.stem for p in (REPO / "train").glob("*.py")} & {
+        "config",
+        "data",
+        "evaluate",
+        "model",
+        "datasets",
+    }
+    assert not shadowed
+    assert "sys.path" not in (REPO / "train" / "sft.py").read_text(encoding="utf-8")
+    missing = tmp_path / "missing.yaml"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train" / "sft.py"), "--config", str(missing)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert f"{missing}: config file not found" in proc.stderr

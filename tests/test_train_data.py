@@ -23,7 +23,7 @@ from infer.rendering import (
     set_processor_pixel_bounds,
 )
 from tests.support.train_data import build_scorer_dataset, screenshot
-from train.data import (
+from train.batches import (
     LengthGroupedBatchSampler,
     RandomBatchSampler,
     ScorerCollator,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.config import LoraSettings, ModelSettings, OptimSettings
-from train.model import attention_implementation, count_parameters, load_scorer_model, parameter_groups
+from train.scorer_model import attention_implementation, count_parameters, load_scorer_model, parameter_groups
+from train.settings import LoraSettings, ModelSettings, OptimSettings
 from train.throughput import FlopsModel, ThroughputMeter
 
 

@@ -143,7 +143,7 @@ def test_final_checkpoint_is_self_describing(learned_run, tiny_model_dir, datase
 
     from infer.checkpoint import read_meta, saved_pixel_bounds
     from infer.prompts import load_prompt_set
-    from train.data import dataset_data_hash, load_scorer_dataset
+    from train.batches import dataset_data_hash, load_scorer_dataset
 
     run_dir, _ = learned_run
     final = run_dir / "final"
@@ -434,7 +434,7 @@ def test_final_checkpoint_served_by_keyshot_serve(learned_run, datasets_dir, lau
     from infer.prompts import load_prompt_set
     from infer.rendering import ScorerRenderer, image_policy_for
     from tests.support.vllm import find_vllm_python
-    from train.data import load_scorer_dataset
+    from train.batches import load_scorer_dataset
 
     python = find_vllm_python()
     if python is None:

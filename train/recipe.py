@@ -28,15 +28,7 @@ from infer.rendering import (
     processor_pixel_bounds,
     set_processor_pixel_bounds,
 )
-from train.checkpointing import (
-    CheckpointManager,
-    ResumeError,
-    TrainerState,
-    write_adapter_folder,
-    write_model_folder,
-)
-from train.config import TrainConfig
-from train.data import (
+from train.batches import (
     ScorerCollator,
     ScorerDataset,
     build_batch_sampler,
@@ -45,10 +37,18 @@ from train.data import (
     dataset_prompt_version,
     load_scorer_dataset,
 )
-from train.evaluate import MetricsLog, evaluate
-from train.model import load_scorer_model, parameter_groups
+from train.checkpointing import (
+    CheckpointManager,
+    ResumeError,
+    TrainerState,
+    write_adapter_folder,
+    write_model_folder,
+)
 from train.preemption import Preempted, PreemptionWatch, clear_marker
+from train.scorer_model import load_scorer_model, parameter_groups
+from train.settings import TrainConfig
 from train.throughput import FlopsModel, ThroughputMeter, log_totals
+from train.validation import MetricsLog, evaluate
 
 logger = logging.getLogger(__name__)
 

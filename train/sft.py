@@ -22,13 +22,8 @@ import os
 import sys
 from pathlib import Path
 
-if __name__ == "__main__" and not __package__:
-    # `accelerate launch train/sft.py`: put the checkout first instead of train/, whose module names
-    # (config, data, evaluate, model) would shadow libraries of the same name
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-from infer.config import ConfigError, dump_config, load_config  # noqa: E402
-from train.config import TrainConfig  # noqa: E402
+from infer.config import ConfigError, dump_config, load_config
+from train.settings import TrainConfig
 
 logger = logging.getLogger("train.sft")
 
@@ -58,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     from infer.images import ImageError
     from infer.rendering import DataError
     from train.checkpointing import ResumeError
-    from train.model import ModelSetupError
     from train.preemption import EXIT_REQUEUE, Preempted, write_marker
     from train.recipe import run_training
+    from train.scorer_model import ModelSetupError
 
     try:
         run_training(cfg)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from infer.vision_attention import use_batched_window_attention
-from train.config import ModelSettings, OptimSettings
+from train.settings import ModelSettings, OptimSettings
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from infer.parsing import parse_score
 from infer.rendering import IGNORE_INDEX
-from train.data import ScorerCollator, ScorerDataset
+from train.batches import ScorerCollator, ScorerDataset
 
 logger = logging.getLogger(__name__)
 
