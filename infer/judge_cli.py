@@ -51,6 +51,7 @@ from infer.trajectory import Trajectory, TrajectoryError, load_trajectories
 from infer.usage import BudgetExceededError, UsageLedger
 from infer.verdicts import (
     ROLES,
+    VERDICTS_FILE,
     ResumeIndex,
     RoleUsage,
     Verdict,
@@ -64,7 +65,6 @@ from infer.verdicts import (
 
 logger = logging.getLogger(__name__)
 
-VERDICTS_FILE = "verdicts.jsonl"
 CACHE_FILE = "calls.sqlite"
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 

@@ -4,8 +4,8 @@ recall, F1 (AgentRewardBench), per agent, per benchmark and overall.
 Everything works on plain :class:`JudgedRecord` rows ``(task_id, agent, benchmark, predicted,
 human)``. ``predicted`` is the judge's verdict (None = no parseable verdict, counted as failure);
 ``human`` is a canonical label: ``success``, ``failure``, ``not_executable`` (Online-Mind2Web's
-"2") or ``unsure`` (always dropped). Readers build records from keyshot's verdict JSONL
-(:func:`read_verdicts`), Online-Mind2Web's ``human_label.json`` (:func:`load_human_labels`) and
+"2") or ``unsure`` (always dropped). Records are built from keyshot's verdicts
+(:func:`records_from_verdicts`, read by :func:`infer.verdicts.load_verdicts`), Online-Mind2Web's ``human_label.json`` (:func:`load_human_labels`) and
 the AgentRewardBench WebJudge record folder (:func:`load_arb_index`, :func:`arb_records`).
 """
 
@@ -24,6 +24,7 @@ from typing import Any
 from infer.fileio import write_bytes_atomic
 from infer.loaders.human_labels import normalize_agent, read_human_labels
 from infer.trajectory import TrajectoryError
+from infer.verdicts import Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -299,64 +300,6 @@ def compute_metrics(
 
 
 # ---------------------------------------------------------------------------- readers
-_PREDICTION_KEYS = ("success", "predicted", "verdict", "judge_success")
-_HUMAN_KEYS = ("human_label", "human", "human_success")
-
-
-def read_verdicts(path: str | Path) -> list[dict]:
-    """Read keyshot's verdict JSONL (or a JSON list) leniently.
-
-    Blank lines are skipped; a line that is not a JSON object is skipped with a warning (a run
-    killed mid-write leaves a truncated last line); when a trajectory appears more than once (a
-    resumed run), the last line wins. Raises MetricsInputError if the file is missing or holds
-    no verdict at all.
-    """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise MetricsInputError(f"{path}: cannot read verdicts ({exc.strerror or exc})") from exc
-    except UnicodeDecodeError as exc:
-        raise MetricsInputError(
-            f"{path}: not UTF-8 text (byte {exc.start}); is it a keyshot verdict file?"
-        ) from exc
-    if text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise MetricsInputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-        items = [(i + 1, r) for i, r in enumerate(rows)]
-    else:
-        items = []
-        lines = text.splitlines()
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                items.append((lineno, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                where = "last line (truncated write?)" if lineno == len(lines) else f"line {lineno}"
-                logger.warning("%s: skipping %s: not JSON (%s)", path, where, exc.msg)
-    verdicts: dict[tuple, dict] = {}
-    duplicates = 0
-    for lineno, row in items:
-        if not isinstance(row, dict):
-            logger.warning("%s: skipping entry %d: not a JSON object", path, lineno)
-            continue
-        key = (str(row.get("task_id")), str(row.get("agent")), str(row.get("benchmark")), str(row.get("run")))
-        if key in verdicts:
-            duplicates += 1
-            del verdicts[key]
-        verdicts[key] = row
-    if duplicates:
-        logger.warning(
-            "%s: %d trajectories appear more than once; the last line of each is used", path, duplicates
-        )
-    if not verdicts:
-        raise MetricsInputError(f"{path}: no verdicts found")
-    return list(verdicts.values())
-
-
 def load_human_labels(path: str | Path) -> dict[tuple[str, str], str]:
     """Online-Mind2Web ``human_label.json``: ``{(task_id, agent_key(agent)): canonical label}``, read by
     the one reader of that file (:func:`infer.loaders.human_labels.read_human_labels`)."""
@@ -459,28 +402,24 @@ def arb_records(
     return out
 
 
-def recorded_ground_truth(v: dict) -> str | None:
-    """The ground truth a verdict row carries itself: its human label, else the benchmark's reward
+def recorded_ground_truth(v: Verdict) -> str | None:
+    """The ground truth a verdict carries itself: its human label, else the benchmark's reward
     recorded with the trajectory (AgentLab/BrowserGym ``cum_reward``: > 0 is success), else None."""
-    human_raw = next((v[k] for k in _HUMAN_KEYS if k in v), None)
     try:
-        human = normalize_human_label(human_raw)
+        human = normalize_human_label(v.human_label)
     except ValueError:
         logger.warning(
-            "task %s (%s): unknown human label %r, treated as missing",
-            v.get("task_id"),
-            v.get("agent"),
-            human_raw,
+            "task %s (%s): unknown human label %r, treated as missing", v.task_id, v.agent, v.human_label
         )
         human = None
-    reward = v.get("reward")
+    reward = v.reward
     if human is None and isinstance(reward, int | float) and not isinstance(reward, bool):
         human = SUCCESS if reward > 0 else FAILURE
     return human
 
 
 def records_from_verdicts(
-    verdicts: Iterable[dict],
+    verdicts: Iterable[Verdict],
     human_labels: dict[tuple[str, str], str] | None = None,
     arb_index: Sequence[ArbIndexRow] | None = None,
 ) -> list[JudgedRecord]:
@@ -492,17 +431,13 @@ def records_from_verdicts(
     for row in arb_index or []:
         arb[(row.benchmark, agent_key(row.agent), row.task_id)] = row.human
     records = []
-    no_prediction = 0
     matched = 0
     verdict_keys: list[tuple[str, str]] = []
     for v in verdicts:
-        task_id = str(v.get("task_id", ""))
-        agent = str(v.get("agent") or "unknown")
-        benchmark = str(v.get("benchmark") or "unknown")
-        pred_key = next((k for k in _PREDICTION_KEYS if k in v), None)
-        if pred_key is None:
-            no_prediction += 1
-        predicted = normalize_prediction(v.get(pred_key)) if pred_key else None
+        task_id = str(v.task_id)
+        agent = str(v.agent or "unknown")
+        benchmark = str(v.benchmark or "unknown")
+        predicted = normalize_prediction(v.success)
         human = recorded_ground_truth(v)
         key = (task_id, agent_key(agent))
         verdict_keys.append((task_id, agent))
@@ -522,12 +457,6 @@ def records_from_verdicts(
         )
     if human_labels is not None or arb_index is not None:
         logger.info("%d of %d verdicts matched a human label", matched, len(records))
-    if no_prediction:
-        logger.warning(
-            "%d verdicts have none of the fields %s; counted as no verdict",
-            no_prediction,
-            "/".join(_PREDICTION_KEYS),
-        )
     return records
 
 

@@ -23,10 +23,10 @@ from infer.metrics import (
     load_arb_index,
     load_human_labels,
     metrics_markdown,
-    read_verdicts,
     records_from_verdicts,
     write_metrics,
 )
+from infer.verdicts import VerdictFileError, load_verdicts
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     try:
         if args.verdicts is not None:
-            verdicts = read_verdicts(args.verdicts)
+            try:
+                verdicts, _ = load_verdicts(args.verdicts)
+            except VerdictFileError as exc:
+                raise MetricsInputError(str(exc)) from None
             labels = load_human_labels(args.human_labels) if args.human_labels else None
             index = load_arb_index(args.arb_index) if args.arb_index else None
             records = records_from_verdicts(verdicts, human_labels=labels, arb_index=index)

@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 ROLES = ("judge", "scorer")
 FORMAT_KEYSHOT = "keyshot"
+VERDICTS_FILE = "verdicts.jsonl"  # in a run folder
 FORMAT_REFERENCE = "online_mind2web_run"
 FORMAT_ARB = "agentrewardbench_webjudge"
 
@@ -314,6 +315,36 @@ def read_verdicts(path: str | os.PathLike) -> list[Verdict]:
         except (TypeError, ValueError) as exc:
             raise VerdictFileError(f"{p}:{number}: not a keyshot verdict ({exc})") from None
     return out
+
+
+def load_verdicts(path: str | os.PathLike) -> tuple[list[Verdict], str]:
+    """The latest verdict of each trajectory in a run folder, a ``verdicts.jsonl`` or released judge
+    records (the reference implementation's outputs), and which kind it was (``keyshot`` or
+    ``released records``). The one reader of verdicts for metrics and reports."""
+    p = Path(path)
+    if p.is_dir() and (p / VERDICTS_FILE).is_file():
+        p = p / VERDICTS_FILE
+    not_keyshot = None
+    if p.is_file() and p.suffix == ".jsonl":
+        try:
+            verdicts = latest_verdicts(read_verdicts(p))
+        except VerdictFileError as exc:
+            not_keyshot = exc  # perhaps the reference implementation's output: read below
+        else:
+            if not verdicts:
+                raise VerdictFileError(f"{p}: no verdicts in this file")
+            return verdicts, "keyshot"
+    try:
+        verdicts = latest_verdicts(read_reference_records(p))
+    except VerdictFileError:
+        if not_keyshot is not None:  # neither: say what is wrong with it as keyshot's own file
+            raise not_keyshot from None
+        raise
+    if not verdicts:
+        raise VerdictFileError(
+            f"{p}: no verdicts (expected a keyshot run folder, a verdicts.jsonl or judge records)"
+        )
+    return verdicts, "released records"
 
 
 def latest_verdicts(verdicts: Iterable[Verdict]) -> list[Verdict]:

@@ -20,9 +20,9 @@ from infer.metrics import (
     compute_metrics,
     load_human_labels,
     normalize_human_label,
-    read_verdicts,
     records_from_verdicts,
 )
+from infer.verdicts import Verdict, VerdictFileError, load_verdicts, read_verdicts
 
 ARB = Path(__file__).parent / "fixtures" / "arb"
 
@@ -104,22 +104,38 @@ def test_human_label_normalisation():
         normalize_human_label("7")
 
 
-def test_read_verdicts_is_tolerant(tmp_path, caplog):
+def test_metrics_read_verdicts_with_the_one_verdict_reader(tmp_path, caplog):
+    """Last line wins per trajectory, a torn last line is skipped with a warning, a bad line in the
+    middle, an empty file and a missing file are errors naming the file (and the line)."""
     path = tmp_path / "verdicts.jsonl"
     rows = [
-        {"task_id": "a", "agent": "X", "benchmark": "om2w", "success": None},
-        {"task_id": "b", "agent": "X", "benchmark": "om2w", "success": False},
-        {"task_id": "a", "agent": "X", "benchmark": "om2w", "success": True},  # resumed run: last wins
+        {"task_id": "a", "task": "A", "agent": "X", "benchmark": "om2w", "success": None},
+        {"task_id": "b", "task": "B", "agent": "X", "benchmark": "om2w", "success": False},
+        {
+            "task_id": "a",
+            "task": "A",
+            "agent": "X",
+            "benchmark": "om2w",
+            "success": True,
+        },  # resumed: last wins
     ]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n[1, 2]\n" + '{"task_id": "c", "succ')
-    out = read_verdicts(path)
-    assert [(v["task_id"], v["success"]) for v in out] == [("b", False), ("a", True)]
-    assert "truncated" in caplog.text and "more than once" in caplog.text
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n" + '{"task_id": "c", "succ')
+    out, kind = load_verdicts(path)
+    assert kind == "keyshot" and [(v.task_id, v.success) for v in out] == [("a", True), ("b", False)]
+    assert "incomplete last line" in caplog.text
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "verdicts.jsonl").write_text(path.read_text())
+    assert [v.task_id for v in load_verdicts(run)[0]] == ["a", "b"]  # a run folder reads the same
+    middle = tmp_path / "middle.jsonl"
+    middle.write_text(json.dumps(rows[0]) + "\n[1, 2]\n" + json.dumps(rows[1]) + "\n")
+    with pytest.raises(VerdictFileError, match="middle.jsonl:2"):
+        read_verdicts(middle)
     (tmp_path / "empty.jsonl").write_text("\n")
-    with pytest.raises(MetricsInputError, match="no verdicts"):
-        read_verdicts(tmp_path / "empty.jsonl")
-    with pytest.raises(MetricsInputError, match="missing.jsonl"):
-        read_verdicts(tmp_path / "missing.jsonl")
+    with pytest.raises(VerdictFileError, match="no verdicts"):
+        load_verdicts(tmp_path / "empty.jsonl")
+    with pytest.raises(VerdictFileError, match="missing.jsonl"):
+        load_verdicts(tmp_path / "missing.jsonl")
 
 
 def test_human_labels_join_by_task_and_loose_agent_name(tmp_path):
@@ -144,10 +160,10 @@ def test_human_labels_join_by_task_and_loose_agent_name(tmp_path):
     )
     labels = load_human_labels(labels_path)
     verdicts = [
-        {"task_id": "t1", "agent": "Browser Use", "success": True, "human_label": "0"},  # the file wins
-        {"task_id": "t2", "agent": "browser-use", "success": "failure"},
-        {"task_id": "t1", "agent": "Agent-E", "success": False},
-        {"task_id": "t9", "agent": "Agent-E", "success": True, "human_label": 1},  # not in the file
+        Verdict("t1", "", agent="Browser Use", success=True, human_label="0"),  # the file wins
+        Verdict("t2", "", agent="browser-use", success=False),
+        Verdict("t1", "", agent="Agent-E", success=False),
+        Verdict("t9", "", agent="Agent-E", success=True, human_label="1"),  # not in the file
     ]
     recs = records_from_verdicts(verdicts, human_labels=labels)
     assert [(r.predicted, r.human) for r in recs] == [
@@ -225,7 +241,13 @@ def test_metrics_command_writes_all_outputs(tmp_path, capsys):
     verdicts.write_text(
         "".join(
             json.dumps(
-                {"task_id": r.task_id, "agent": r.agent, "benchmark": r.benchmark, "success": r.predicted}
+                {
+                    "task_id": r.task_id,
+                    "task": "",
+                    "agent": r.agent,
+                    "benchmark": r.benchmark,
+                    "success": r.predicted,
+                }
             )
             + "\n"
             for r in ref

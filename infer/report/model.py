@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infer.metrics import JudgedRecord, MetricsReport, agent_key, compute_metrics, recorded_ground_truth
-from infer.verdicts import Verdict, VerdictFileError, latest_verdicts, read_reference_records, read_verdicts
+from infer.verdicts import Verdict, load_verdicts
 
 KIND_AGENT = "agent"
 KIND_NOT_EXECUTABLE = "not executable"
@@ -46,25 +46,14 @@ class Run:
 
 def load_run(path: Path) -> Run:
     """A run folder, a verdict file, or released judge records (see the module docstring)."""
-    if path.is_dir() and (path / "verdicts.jsonl").is_file():
-        verdicts = latest_verdicts(read_verdicts(path / "verdicts.jsonl"))
+    verdicts, kind = load_verdicts(path)
+    if kind == "keyshot" and path.is_dir():
         summary = _read_json(path / "summary.json")
         protocol = _read_json(path / "run.json").get("protocol", {})
         return Run(path.name, verdicts, summary, protocol or _protocol_of(verdicts))
-    if path.is_file() and path.suffix == ".jsonl":
-        try:
-            verdicts = latest_verdicts(read_verdicts(path))
-            return Run(path.parent.name, verdicts, protocol=_protocol_of(verdicts))
-        except VerdictFileError:
-            pass  # perhaps the reference implementation's output: read below
-    verdicts = list(read_reference_records(path))
-    if not verdicts:
-        raise VerdictFileError(
-            f"{path}: no verdicts (expected a keyshot run folder, a verdicts.jsonl or judge records)"
-        )
-    return Run(
-        path.name, latest_verdicts(verdicts), protocol=_protocol_of(verdicts), source_kind="released records"
-    )
+    if kind == "keyshot":
+        return Run(path.parent.name, verdicts, protocol=_protocol_of(verdicts))
+    return Run(path.name, verdicts, protocol=_protocol_of(verdicts), source_kind=kind)
 
 
 def _read_json(path: Path) -> dict:
@@ -86,9 +75,7 @@ def ground_truth(v: Verdict, human_labels: dict[tuple[str, str], str] | None = N
         label = human_labels.get((str(v.task_id), agent_key(v.agent or "")))
         if label is not None:
             return label
-    return recorded_ground_truth(
-        {"task_id": v.task_id, "agent": v.agent, "human_label": v.human_label, "reward": v.reward}
-    )
+    return recorded_ground_truth(v)
 
 
 def kind_of(v: Verdict, truth: str | None) -> str:
