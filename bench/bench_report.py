@@ -27,7 +27,7 @@ def write_run(root: Path, n: int, shots: int) -> Path:
     images.mkdir(parents=True)
     run = root / "run"
     config = {
-        "variant": "online_mind2web",
+        "prompt_variant": "online_mind2web",
         "prompt_version": "online_mind2web@bench",
         "outcome_mode": "cot",
         "parse_mode": "strict",

@@ -162,7 +162,7 @@ def bench_merge(tmp: Path, lines: int, shards: int = 8) -> dict:
 
     root = tmp / "merge"
     rng = random.Random(0)
-    protocol = {"prompt_version": "bench", "variant": "online_mind2web"}
+    protocol = {"prompt_version": "bench", "prompt_variant": "online_mind2web"}
     folders = [root / f"shard-{i}-of-{shards}" for i in range(shards)]
     for s, folder in enumerate(folders):  # each shard as `keyshot judge --shard s/8` leaves it
         folder.mkdir(parents=True)

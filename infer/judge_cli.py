@@ -159,7 +159,7 @@ def build_scorer(
 ) -> KeyScreenshotScorer | None:
     """The configured scorer (None for the reference configuration)."""
     sc = cfg.scorer
-    prompts = load_prompt_set(cfg.pipeline.variant)
+    prompts = load_prompt_set(cfg.pipeline.prompt_variant)
     if sc.backend == "none":
         return None
     if sc.backend == "transformers":
@@ -474,8 +474,8 @@ def protocol_fingerprint(cfg: JudgeRunConfig) -> dict:
         served = sc.endpoint or (sc.endpoints[0] if sc.endpoints else None)
         scorer_model = sc.checkpoint or (served.model if served else None)
     return {
-        "prompt_version": load_prompt_set(pipe.variant).version,
-        "variant": pipe.variant,
+        "prompt_version": load_prompt_set(pipe.prompt_variant).version,
+        "prompt_variant": pipe.prompt_variant,
         "outcome_mode": pipe.outcome_mode,
         "parse_mode": pipe.parse_mode,
         "threshold": pipe.threshold,
@@ -514,11 +514,14 @@ def read_protocol(folder: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8")).get("protocol", {})
+        protocol = json.loads(path.read_text(encoding="utf-8")).get("protocol", {})
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
         raise JudgeRunError(
             f"{path}: not a keyshot run file ({exc}); move it away or use another --out"
         ) from None
+    if "variant" in protocol and "prompt_variant" not in protocol:  # folders written before the rename
+        protocol["prompt_variant"] = protocol.pop("variant")
+    return protocol
 
 
 def protocol_differences(a: dict, b: dict, names: tuple[str, str] = ("in the folder", "now")) -> str:
@@ -689,7 +692,7 @@ def _judge_locked(
         scorer_endpoint = None
         if serve_scorer and todo:
             serve_cfg = dataclasses.replace(cfg.scorer.serve or ServeConfig(), model=serve_scorer)
-            serve_cfg.prompt_variant = cfg.pipeline.variant
+            serve_cfg.prompt_variant = cfg.pipeline.prompt_variant
             # the server's log beside the run, not in /tmp
             serve_cfg.log_file = serve_cfg.log_file or str(out / "vllm.log")
             server = VLLMServer(serve_cfg).start()

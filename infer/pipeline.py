@@ -67,7 +67,7 @@ class PipelineConfig:
     ``"original"`` re-encodes them at their own size (the reference's behaviour).
     """
 
-    variant: str = "online_mind2web"
+    prompt_variant: str = "online_mind2web"
     outcome_mode: OutcomeMode = "cot"
     parse_mode: Literal["strict", "reference"] = "strict"
     threshold: float = KEEP_THRESHOLD
@@ -128,7 +128,7 @@ class WebJudge:
     ):
         self.config = config or PipelineConfig()
         self.judge_client = judge
-        self.prompts: PromptSet = load_prompt_set(self.config.variant)
+        self.prompts: PromptSet = load_prompt_set(self.config.prompt_variant)
         if scorer is None:
             scorer = OpenAIScorer(judge, self.prompts, parse_mode=self.config.parse_mode, role="judge")
             default_policy = REFERENCE_POLICY
@@ -155,7 +155,7 @@ class WebJudge:
         """The configuration recorded in every verdict."""
         cfg = self.config
         return {
-            "variant": cfg.variant,
+            "prompt_variant": cfg.prompt_variant,
             "prompt_version": self.prompts.version,
             "outcome_mode": cfg.outcome_mode,
             "parse_mode": cfg.parse_mode,

@@ -353,7 +353,7 @@ def test_non_utf8_and_torn_lines_in_an_existing_verdict_file(tmp_path, capsys, c
         (["pipeline.outcome_mode=vote"], "outcome_mode"),
         (["judge.api_key_env=OPENAI KEY"], "api_key_env must name an environment variable"),
         (["judge.base_url=ftp://host/v1"], "base_url must start with http:// or https://"),
-        (["pipeline.variant=mind2web"], "mind2web"),
+        (["pipeline.prompt_variant=mind2web"], "mind2web"),
     ],
 )
 def test_config_mistakes_are_one_line(tmp_path, capsys, argv, message):

@@ -256,6 +256,20 @@ def test_another_protocol_on_the_same_folder_is_refused(world, tmp_path, capsys)
     assert (out / "verdicts.jsonl").read_bytes() == before
 
 
+def test_a_folder_from_before_the_prompt_variant_rename_resumes(world, tmp_path, capsys):
+    """run.json files that still say ``variant`` are read as ``prompt_variant``: the folder resumes."""
+    out = tmp_path / "run"
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
+        assert keyshot(judge_argv(world, out, judge.base_url, scorer.base_url, "limit=2")) == 0
+        run = json.loads((out / "run.json").read_text())
+        run["protocol"]["variant"] = run["protocol"].pop("prompt_variant")
+        (out / "run.json").write_text(json.dumps(run))
+        calls = judge.stats.requests
+        assert keyshot(judge_argv(world, out, judge.base_url, scorer.base_url, "limit=2")) == 0
+        assert judge.stats.requests == calls  # nothing judged again
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [

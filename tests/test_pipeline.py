@@ -340,7 +340,7 @@ def test_pipeline_refuses_a_scorer_on_another_prompt_set():
         client = judge_client(server)
         scorer = OpenAIScorer(client, load_prompt_set("general"))
         with pytest.raises(ValueError, match="prompt set"):
-            WebJudge(client, scorer, PipelineConfig(variant="online_mind2web"))
+            WebJudge(client, scorer, PipelineConfig(prompt_variant="online_mind2web"))
 
 
 # ---------------------------------------------------------------------------- with the vLLM scorer

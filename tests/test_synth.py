@@ -333,7 +333,7 @@ def test_general_variant_targets_split_the_teacher_answer_like_judge_does(tmp_pa
         argv += ["--config", str(Path(__file__).parents[1] / "configs/judge/webjudge7b.yaml"), f"out={out}"]
         argv += [f"judge.base_url={server.base_url}", "judge.api_key_env=null", "judge.model=fake-t"]
         argv += [f"scorer.endpoint.base_url={server.base_url}", "scorer.endpoint.model=fake-t"]
-        argv += ["scorer.logprobs=null", "pipeline.variant=general", "agent=SeeAct"]
+        argv += ["scorer.logprobs=null", "pipeline.prompt_variant=general", "agent=SeeAct"]
         assert keyshot(argv) == 0
     judged = {(v.task_id, s.index): s for v in read_verdicts(out / "verdicts.jsonl") for s in v.screenshots}
     labels = read_store(tmp_path / "run" / LABELS_FILE).labels

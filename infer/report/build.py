@@ -132,7 +132,10 @@ def index_page(run: Run, rows: list[dict], report) -> str:
     p = run.protocol
     protocol = key_values(
         [
-            ("prompt set", f"{p.get('variant', '')} ({p.get('prompt_version', '')})"),
+            (
+                "prompt set",
+                f"{p.get('prompt_variant', p.get('variant', ''))} ({p.get('prompt_version', '')})",
+            ),
             ("judge model", p.get("judge_model")),
             (
                 "scorer",
