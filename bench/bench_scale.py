@@ -158,7 +158,8 @@ def _verdict(i: int, rng: random.Random) -> Verdict:
 
 
 def bench_merge(tmp: Path, lines: int, shards: int = 8) -> dict:
-    from infer.judge_cli import RUN_FILE, summarize
+    from infer.run_protocol import RUN_FILE
+    from infer.run_summary import summarize
 
     root = tmp / "merge"
     rng = random.Random(0)

@@ -17,8 +17,10 @@ from pathlib import Path
 
 from infer.checkpoint import read_meta
 from infer.config import load_config
-from infer.judge_cli import RUN_FILE, JudgeRunConfig, protocol_fingerprint, run_judge
+from infer.judge_cli import run_judge
+from infer.judge_config import JudgeRunConfig
 from infer.report import build_report
+from infer.run_protocol import RUN_FILE, protocol_fingerprint
 from infer.serve import ServeConfig, VLLMServer
 from infer.tiny_model import build_tiny_scorer
 

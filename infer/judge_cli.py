@@ -17,43 +17,36 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import hashlib
 import json
 import logging
 import re
 import sys
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from tqdm import tqdm
 
 from infer.cache import CacheError, CallCache
 from infer.checkpoint import CheckpointError
-from infer.client import EndpointConfig, JudgeClient
+from infer.client import JudgeClient
 from infer.config import ConfigError, config_to_dict, load_config
-from infer.errors import EXIT_INCOMPLETE, EXIT_OK, KeyshotError, RunStopError, require_training_stack
+from infer.errors import EXIT_INCOMPLETE, RunStopError, require_training_stack
 from infer.fileio import write_text_atomic
 from infer.helptext import plain
-from infer.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy
-from infer.pipeline import PipelineConfig, WebJudge
-from infer.pool import DEFAULT_COOLDOWN_S, EndpointPool, member_configs
+from infer.judge_config import JudgeRunConfig, JudgeRunError, build_scorer
+from infer.pipeline import WebJudge
 from infer.preflight import preflight
-from infer.prompts import load_prompt_set
 from infer.redaction import redact_config
+from infer.run_protocol import check_fingerprint, protocol_fingerprint
+from infer.run_summary import exit_code, summarize, summary_markdown
 from infer.runlock import RunLock
-from infer.scorer import KeyScreenshotScorer, OpenAIScorer, TransformersScorer, checkpoint_image_policy
 from infer.serve import ServeConfig, ServeError, VLLMServer
 from infer.shards import SUMMARY_FILE, ShardError, ShardSpec
 from infer.trajectory import Trajectory, TrajectoryError, load_trajectories
 from infer.usage import BudgetExceededError, UsageLedger
 from infer.verdicts import (
-    ROLES,
     VERDICTS_FILE,
     ResumeIndex,
-    RoleUsage,
     Verdict,
     VerdictFileError,
     VerdictWriter,
@@ -69,131 +62,7 @@ CACHE_FILE = "calls.sqlite"
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 
 
-@dataclass
-class ScorerConfig:
-    """The key-screenshot scorer.
-
-    ``backend``: ``openai`` (an OpenAI-compatible endpoint, e.g. ``keyshot serve``, or ``endpoints``:
-    several replicas of it, each call to the least-loaded live one), ``transformers``
-    (in-process, ``checkpoint`` is the model folder) or ``none`` (reference configuration: the judge
-    scores every screenshot). ``checkpoint`` also fixes the image policy (its training pixel bounds);
-    without it, ``min_pixels``/``max_pixels`` do, else keyshot's default policy.
-    """
-
-    backend: Literal["openai", "transformers", "none"] = "openai"
-    endpoint: EndpointConfig | None = None
-    endpoints: list[EndpointConfig] | None = None  # a pool of replicas of one model (infer.pool)
-    cooldown_s: float = DEFAULT_COOLDOWN_S  # how long a failed pool endpoint is left out
-    checkpoint: str | None = None
-    min_pixels: int | None = None
-    max_pixels: int | None = None
-    logprobs: int | None = None
-    max_tokens: int | None = None
-    retry_invalid: bool = False
-    device: str = "cpu"
-    dtype: str = "auto"  # bfloat16 on CUDA, float32 on CPU
-    batch_size: int = 4
-    serve: ServeConfig | None = None  # settings for --serve-scorer
-
-    def __post_init__(self) -> None:
-        if self.endpoint is not None and self.endpoints:
-            raise ValueError("set scorer.endpoint (one) or scorer.endpoints (a pool), not both")
-        if self.endpoints:
-            member_configs(self.endpoints)  # one model, no endpoint twice
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be within [0, 20] (or null), got {self.logprobs}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1 (or null), got {self.max_tokens}")
-
-
-@dataclass
-class JudgeRunConfig:
-    """One ``keyshot judge`` run (``configs/judge/*.yaml``)."""
-
-    judge: EndpointConfig
-    scorer: ScorerConfig = field(default_factory=ScorerConfig)
-    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
-    out: str = "runs/judge"
-    cache: str | None = None  # default OUT/calls.sqlite
-    format: str = "auto"
-    agent: str | None = None  # for formats that do not name the agent
-    benchmark: str | None = None
-    concurrency: int = 4  # trajectories judged at once
-    limit: int | None = None
-    shard_by: Literal["task", "trajectory"] = "task"  # what --shard I/N hashes (infer.shards)
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be >= 1 (or null for all), got {self.limit}")
-
-
-class JudgeRunError(KeyshotError):
-    """A run that cannot start (bad config, no trajectories, unreadable files, another protocol)."""
-
-
-RUN_FILE = "run.json"
-
-
 # ---------------------------------------------------------------------------- building blocks
-def _policy(cfg: ScorerConfig) -> ImagePolicy | None:
-    if cfg.checkpoint:
-        return checkpoint_image_policy(cfg.checkpoint)
-    if cfg.min_pixels is not None and cfg.max_pixels is not None:
-        return ImagePolicy(min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
-    if cfg.backend == "openai":
-        logger.warning(
-            "scorer.checkpoint is not set: images use keyshot's default policy (%d..%d px); set it so "
-            "the scorer sees images as it was trained",
-            DEFAULT_POLICY.min_pixels,
-            DEFAULT_POLICY.max_pixels,
-        )
-    return None
-
-
-def build_scorer(
-    cfg: JudgeRunConfig, cache: CallCache | None, ledger: UsageLedger, endpoint: EndpointConfig | None = None
-) -> KeyScreenshotScorer | None:
-    """The configured scorer (None for the reference configuration)."""
-    sc = cfg.scorer
-    prompts = load_prompt_set(cfg.pipeline.prompt_variant)
-    if sc.backend == "none":
-        return None
-    if sc.backend == "transformers":
-        if not sc.checkpoint:
-            raise JudgeRunError("scorer.backend=transformers needs scorer.checkpoint (a model folder)")
-        return TransformersScorer(
-            sc.checkpoint,
-            prompts,
-            device=sc.device,
-            dtype=sc.dtype,
-            batch_size=sc.batch_size,
-            max_new_tokens=sc.max_tokens or 512,
-            parse_mode=cfg.pipeline.parse_mode,
-            logprobs=sc.logprobs,
-        )
-    endpoint = endpoint or sc.endpoint
-    if endpoint is None and not sc.endpoints:
-        raise JudgeRunError("scorer.backend=openai needs scorer.endpoint (or --serve-scorer CHECKPOINT)")
-    client = (
-        JudgeClient(endpoint, cache, ledger)
-        if endpoint is not None
-        else EndpointPool(sc.endpoints, cache, ledger, cooldown_s=sc.cooldown_s)
-    )
-    return OpenAIScorer(
-        client,
-        prompts,
-        parse_mode=cfg.pipeline.parse_mode,
-        logprobs=sc.logprobs,
-        max_tokens=sc.max_tokens,
-        policy=_policy(sc),
-        retry_invalid=sc.retry_invalid,
-    )
-
-
 def load_all(
     paths: list[str],
     cfg: JudgeRunConfig,
@@ -310,145 +179,6 @@ async def judge_all(
     return done
 
 
-_ADDITIVE = (
-    "trajectories",
-    "success",
-    "failure",
-    "partial",
-    "screenshots",
-    "unreadable_scores",
-    "failed_screenshots",
-    "kept_screenshots",
-)
-
-
-def summarize(verdicts: Iterable[Verdict], *, run: dict) -> dict:
-    """Counts over every verdict in the file (previous runs included) plus this run's figures.
-
-    One pass over ``verdicts``, which may be a generator.
-    """
-    counts = dict.fromkeys(_ADDITIVE, 0)
-    incomplete: list[dict] = []
-    usage = {role: RoleUsage() for role in ROLES}
-    for v in verdicts:
-        counts["trajectories"] += 1
-        counts["success"] += v.success is True
-        counts["failure"] += v.success is False
-        counts["partial"] += bool(v.partial)
-        counts["screenshots"] += len(v.screenshots)
-        # unreadable: the scorer answered without a readable score; failed: no answer (unreadable
-        # image, or the call failed after retries)
-        counts["unreadable_scores"] += sum(1 for s in v.screenshots if s.error and s.raw)
-        counts["failed_screenshots"] += sum(1 for s in v.screenshots if s.error and not s.raw)
-        counts["kept_screenshots"] += len(v.kept)
-        for role, u in v.usage.items():
-            usage.setdefault(role, RoleUsage()).merge(u)
-        if not v.finished:
-            incomplete.append({"task_id": v.task_id, "agent": v.agent, "source": v.source, "error": v.error})
-    return _summary(counts, usage, incomplete, run)
-
-
-def combine_summaries(summaries: list[dict], *, run: dict) -> dict:
-    """The summary of several verdict files (the shards of a run) from their own summaries: exactly what
-    :func:`summarize` says of all their verdicts together."""
-    counts = {key: sum(s[key] for s in summaries) for key in _ADDITIVE}
-    usage = {role: RoleUsage() for role in ROLES}
-    for s in summaries:
-        for role, u in s["usage"].items():
-            usage.setdefault(role, RoleUsage()).merge(RoleUsage(**u))
-    incomplete = [t for s in summaries for t in s["incomplete_trajectories"]]
-    return _summary(counts, usage, incomplete, run)
-
-
-def _summary(counts: dict, usage: dict[str, RoleUsage], incomplete: list[dict], run: dict) -> dict:
-    n = counts["trajectories"]
-    return {
-        **counts,
-        "no_verdict": n - counts["success"] - counts["failure"],
-        "errors": len(incomplete),
-        "incomplete": len(incomplete),
-        "incomplete_trajectories": incomplete,
-        "success_rate": counts["success"] / n if n else None,
-        "usage": {role: dataclasses.asdict(u) for role, u in usage.items()},
-        "judge_calls_per_trajectory": usage["judge"].calls / n if n else None,
-        "run": run,
-    }
-
-
-def summary_markdown(summary: dict, ledger_table: str) -> str:
-    sr = summary["success_rate"]
-    lines = [
-        "# keyshot judge summary"
-        + (
-            f" (merged from {summary['run']['merged_shards']} shards)"
-            if summary["run"].get("merged_shards")
-            else ""
-        ),
-        "",
-        "| trajectories | success | failure | no verdict | incomplete | success rate | screenshots | kept "
-        "| unreadable scores | failed screenshots |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {summary['trajectories']} | {summary['success']} | {summary['failure']} | {summary['no_verdict']} | "
-        f"{summary['incomplete']} | {'n/a' if sr is None else f'{100 * sr:.1f}%'} | {summary['screenshots']} | "
-        f"{summary['kept_screenshots']} | {summary['unreadable_scores']} | {summary['failed_screenshots']} |",
-        "",
-        "Success rate: successes over all trajectories in the verdict file (no verdict counts as not success). "
-        "Incomplete: trajectories a call of which failed (no verdict; re-run the same command to retry them, "
-        "answered calls come from the cache). Unreadable scores: the scorer answered without a 1-5 score; "
-        "failed screenshots: unreadable image or failed call.",
-        "",
-        "## Calls per role (all verdicts in the file)",
-        "",
-        "| role | calls | cache hits | errors | prompt tokens | completion tokens | cost $ |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for role, u in summary["usage"].items():
-        lines.append(
-            f"| {role} | {u['calls']:,} | {u['cached']:,} | {u['errors']:,} | {u['prompt_tokens']:,} | "
-            f"{u['completion_tokens']:,} | {u['cost_usd']:.4f} |"
-        )
-    run = summary["run"]
-    if run.get("merged_shards"):
-        slowest = max((t or 0.0 for t in (run.get("shard_seconds") or {}).values()), default=0.0)
-        heading = (
-            f"## The last runs of its {run['merged_shards']} shards: {run['judged']} judged, {run['skipped']} "
-            f"already done, {run['load_errors']} unreadable; the slowest shard took {slowest:.1f} s"
-        )
-    else:
-        heading = (
-            f"## This run: {run['judged']} judged, {run['skipped']} already done, {run['load_errors']} "
-            f"unreadable, {run['seconds']:.1f} s"
-        )
-    lines += [
-        "",
-        heading,
-        "",
-        ledger_table or "(no calls)",
-        "",
-    ]
-    if run.get("stopped"):
-        lines.append(f"**Stopped:** {run['stopped']}\n")
-    if run.get("not_reached"):
-        lines.append(
-            f"{run['not_reached']} trajectories were not reached; re-run the same command to judge them.\n"
-        )
-    if summary["incomplete"]:
-        lines.append("## Incomplete trajectories (re-run the same command to retry them)\n")
-        lines += [
-            f"- {t['source'] or t['task_id']}: {t['error']}" for t in summary["incomplete_trajectories"][:50]
-        ]
-        lines.append("")
-    if run.get("load_error_messages"):
-        lines.append("## Trajectories that could not be read (not judged)\n")
-        lines += [f"- {m}" for m in run["load_error_messages"]]
-        lines.append("")
-    if run.get("duplicates"):
-        lines.append("## Duplicates (judged once)\n")
-        lines += [f"- {m}" for m in run["duplicates"]]
-        lines.append("")
-    return "\n".join(lines)
-
-
 def nothing_found_message(paths: list[str], load_errors: list[TrajectoryError]) -> str:
     """What was looked for and what was seen instead, when no trajectory could be read."""
     looked = (
@@ -462,88 +192,6 @@ def nothing_found_message(paths: list[str], load_errors: list[TrajectoryError]) 
     return (
         f"no readable trajectory in {', '.join(paths)} ({looked}): {len(load_errors)} failed: {shown}{more}"
     )
-
-
-def protocol_fingerprint(cfg: JudgeRunConfig) -> dict:
-    """What decides a run's verdicts: a run folder keeps its verdicts only for this protocol."""
-    sc, pipe = cfg.scorer, cfg.pipeline
-    if sc.backend == "none":
-        policy, scorer_model = REFERENCE_POLICY, None
-    else:
-        policy = _policy(sc) or DEFAULT_POLICY
-        served = sc.endpoint or (sc.endpoints[0] if sc.endpoints else None)
-        scorer_model = sc.checkpoint or (served.model if served else None)
-    return {
-        "prompt_version": load_prompt_set(pipe.prompt_variant).version,
-        "prompt_variant": pipe.prompt_variant,
-        "outcome_mode": pipe.outcome_mode,
-        "parse_mode": pipe.parse_mode,
-        "threshold": pipe.threshold,
-        "threshold_on": pipe.threshold_on,
-        "max_kept": pipe.max_kept,
-        "outcome_images": pipe.outcome_images,
-        "allow_partial": pipe.allow_partial,
-        "judge_model": cfg.judge.model,
-        "judge_max_tokens": cfg.judge.max_tokens,
-        "judge_temperature": cfg.judge.temperature,
-        "judge_seed": cfg.judge.seed,
-        "scorer_backend": sc.backend,
-        "scorer_model": scorer_model,
-        "scorer_checkpoint_hash": checkpoint_hash(sc.checkpoint) if sc.checkpoint else None,
-        "image_policy": policy.to_dict(),
-    }
-
-
-def checkpoint_hash(folder: str) -> str | None:
-    """A short hash of a checkpoint's identity: its config, keyshot metadata and weight files' sizes."""
-    root = Path(folder)
-    if not root.is_dir():
-        return None
-    digest = hashlib.sha256()
-    for name in ("config.json", "keyshot.json", "adapter_config.json"):
-        if (root / name).is_file():
-            digest.update(name.encode() + (root / name).read_bytes())
-    for weights in sorted(root.glob("*.safetensors")):
-        digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
-    return digest.hexdigest()[:16]
-
-
-def read_protocol(folder: Path) -> dict | None:
-    """The protocol recorded in ``folder/run.json``, or None when the folder has none yet."""
-    path = folder / RUN_FILE
-    if not path.exists():
-        return None
-    try:
-        protocol = json.loads(path.read_text(encoding="utf-8")).get("protocol", {})
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-        raise JudgeRunError(
-            f"{path}: not a keyshot run file ({exc}); move it away or use another --out"
-        ) from None
-    if "variant" in protocol and "prompt_variant" not in protocol:  # folders written before the rename
-        protocol["prompt_variant"] = protocol.pop("variant")
-    return protocol
-
-
-def protocol_differences(a: dict, b: dict, names: tuple[str, str] = ("in the folder", "now")) -> str:
-    """What differs between two protocols, ``key: <a's> in the folder, <b's> now; …`` ("" if nothing)."""
-    differ = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    return "; ".join(f"{k}: {a.get(k)!r} {names[0]}, {b.get(k)!r} {names[1]}" for k in differ)
-
-
-def check_fingerprint(out: Path, fingerprint: dict, *, record: bool = True) -> None:
-    """Refuse a run folder made with another protocol; record the protocol in ``OUT/run.json``
-    (unless ``record`` is False: a dry run writes nothing)."""
-    recorded = read_protocol(out)
-    if recorded is not None:
-        shown = protocol_differences(recorded, fingerprint)
-        if shown:
-            raise JudgeRunError(
-                f"{out} holds verdicts of another protocol ({shown}); its verdicts cannot be reused: "
-                "use a new --out (or the settings the folder was made with)"
-            )
-        return
-    if record:
-        write_text_atomic(out / RUN_FILE, json.dumps({"protocol": fingerprint}, indent=2) + "\n")
 
 
 def run_folder(cfg: JudgeRunConfig, shard: ShardSpec | None) -> Path:
@@ -748,13 +396,6 @@ def _judge_locked(
     write_text_atomic(out / "summary.md", markdown)
     summary["markdown"] = markdown
     return summary
-
-
-def exit_code(summary: dict) -> int:
-    """The run's exit code (:mod:`infer.errors`): a stop's own code, 3 when incomplete, else 0."""
-    if summary["run"].get("exit_code"):
-        return summary["run"]["exit_code"]
-    return EXIT_INCOMPLETE if summary["incomplete"] else EXIT_OK
 
 
 # ---------------------------------------------------------------------------- CLI

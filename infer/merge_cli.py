@@ -23,15 +23,8 @@ from pathlib import Path
 from infer.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, KeyshotError
 from infer.fileio import write_text_atomic
 from infer.helptext import plain
-from infer.judge_cli import (
-    RUN_FILE,
-    VERDICTS_FILE,
-    combine_summaries,
-    protocol_differences,
-    read_protocol,
-    summarize,
-    summary_markdown,
-)
+from infer.run_protocol import RUN_FILE, protocol_differences, read_protocol
+from infer.run_summary import combine_summaries, summarize, summary_markdown
 from infer.runlock import RunLock
 from infer.shards import (
     SUMMARY_FILE,
@@ -43,7 +36,7 @@ from infer.shards import (
     unfinished,
 )
 from infer.usage import UsageLedger
-from infer.verdicts import Verdict, VerdictFileError, verdict_key
+from infer.verdicts import VERDICTS_FILE, Verdict, VerdictFileError, verdict_key
 
 logger = logging.getLogger(__name__)
 

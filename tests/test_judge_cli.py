@@ -16,7 +16,8 @@ import pytest
 
 from infer.cli import main as keyshot
 from infer.config import load_config
-from infer.judge_cli import JudgeRunConfig, split_items
+from infer.judge_cli import split_items
+from infer.judge_config import JudgeRunConfig
 from infer.testing.fake_openai import FakeOpenAI, fetch_stats, make_judge, spawn_fake_openai
 from infer.verdicts import read_verdicts
 from tests.support.vllm import vllm_request_count

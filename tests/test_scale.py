@@ -19,8 +19,8 @@ import yaml
 
 from infer.cli import main as keyshot
 from infer.client import EndpointConfig
-from infer.judge_cli import summarize
 from infer.pool import EndpointPool
+from infer.run_summary import summarize
 from infer.shards import ShardError, ShardSpec, shard_key, shard_of
 from infer.testing.fake_openai import FakeOpenAI, echo_responder, judge_responder, spawn_fake_openai
 from infer.testing.worlds import synthetic_trajectories
