@@ -24,24 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
+from infer.testing.configs import fake_judge_config
 from infer.testing.fake_openai import FakeOpenAI, judge_responder, spawn_fake_openai
 from infer.testing.worlds import synthetic_trajectories
 from infer.verdicts import OutcomeCall, RoleUsage, ScreenshotRecord, Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = 27  # Online-Mind2Web's mean trajectory length
-
-
-def _config(path: Path, judge_url: str, scorer: dict, concurrency: int) -> Path:
-    cfg = yaml.safe_load((ROOT / "configs/judge/webjudge7b.yaml").read_text())
-    cfg["judge"].update(base_url=judge_url, api_key_env=None, budget_usd=None, max_concurrency=64)
-    cfg["scorer"].pop("endpoint")
-    cfg["scorer"].update(scorer, logprobs=None)
-    cfg["concurrency"] = concurrency
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+FAST_JUDGE = {"max_concurrency": 64}
 
 
 def _judge(inputs: list[str], cfg: Path, out: Path, shard: str | None = None) -> subprocess.Popen:
@@ -75,7 +65,7 @@ def bench_shards(tmp: Path, inputs: list[str], latency: float, concurrency: int)
         scorer = {
             "endpoint": {"base_url": url, "model": "webjudge-7b", "api_key_env": None, "max_concurrency": 64}
         }
-        cfg = _config(tmp / "shards.yaml", url, scorer, concurrency)
+        cfg = fake_judge_config(tmp / "shards.yaml", url, scorer, concurrency=concurrency, judge=FAST_JUDGE)
         for n in (1, 2, 4):
             t0 = time.perf_counter()
             _wait([_judge(inputs, cfg, tmp / f"shards-{n}", f"{i}/{n}") for i in range(n)])
@@ -112,7 +102,9 @@ def bench_pool(tmp: Path, inputs: list[str], latency: float, slots: int) -> dict
                 }
                 for s in servers
             ]
-            cfg = _config(tmp / f"pool-{n}.yaml", judge.base_url, {"endpoints": eps}, concurrency=16)
+            cfg = fake_judge_config(
+                tmp / f"pool-{n}.yaml", judge.base_url, {"endpoints": eps}, concurrency=16, judge=FAST_JUDGE
+            )
             t0 = time.perf_counter()
             _wait([_judge(inputs, cfg, tmp / f"pool-{n}")])
             times[n] = time.perf_counter() - t0

@@ -15,13 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from infer.cli import main as keyshot
 from infer.client import EndpointConfig
 from infer.pool import EndpointPool
 from infer.run_summary import summarize
 from infer.shards import ShardError, ShardSpec, shard_key, shard_of
+from infer.testing.configs import fake_judge_config
 from infer.testing.fake_openai import FakeOpenAI, echo_responder, judge_responder, spawn_fake_openai
 from infer.testing.worlds import synthetic_trajectories
 from infer.verdicts import read_verdicts
@@ -38,21 +38,13 @@ def _input(tmp_path: Path, n: int = 12, shots: int = 3) -> list[str]:
 
 
 def _config(tmp_path: Path, scorer: dict, name: str = "cfg.yaml") -> str:
-    cfg = yaml.safe_load((REPO / "configs/judge/webjudge7b.yaml").read_text())
-    cfg["judge"].update(base_url=scorer["base_url"], api_key_env=None, budget_usd=None, backoff_base_s=0.01)
-    cfg["scorer"].pop("endpoint")
-    cfg["scorer"].update(scorer.get("scorer", {}))
-    if "endpoints" not in cfg["scorer"]:
-        cfg["scorer"]["endpoint"] = {
-            "base_url": scorer["base_url"],
-            "model": "webjudge-7b",
-            "api_key_env": None,
-        }
-    cfg["scorer"]["logprobs"] = None
-    cfg["concurrency"] = 4
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(cfg))
-    return str(path)
+    """The shipped 7B judge config with the judge and the scorer (or a pool, ``scorer["scorer"]``) faked."""
+    section = scorer.get("scorer") or {
+        "endpoint": {"base_url": scorer["base_url"], "model": "webjudge-7b", "api_key_env": None}
+    }
+    return str(
+        fake_judge_config(tmp_path / name, scorer["base_url"], section, judge={"backoff_base_s": 0.01})
+    )
 
 
 def _comparable(v) -> tuple:
