@@ -259,14 +259,16 @@ def test_not_a_trajectory(tmp_path):
         list(load_trajectories(empty))
 
 
-def test_agentlab_pickles_without_analysis_are_refused(tmp_path):
+def test_agentlab_unreadable_step_record_without_analysis_is_named(tmp_path):
     run = tmp_path / "2025-01-01_00-00-00_GenericAgentArgs_on_webarena.1"
     run.mkdir()
     shutil.copy(PNG, run / "screenshot_step_0.png")
     (run / "step_0.pkl.gz").write_bytes(b"\x1f\x8b not read")
+    with pytest.raises(TrajectoryError, match=r"webarena\.1/step_0\.pkl\.gz: cannot read the step record"):
+        load_trajectory(run)
+    (run / "step_0.pkl.gz").unlink()
     with pytest.raises(
-        TrajectoryError,
-        match=r"webarena\.1: no experiment_analysis\.md; the step_N\.pkl\.gz files are not read",
+        TrajectoryError, match=r"webarena\.1: no experiment_analysis\.md and no step_N\.pkl\.gz"
     ):
         load_trajectory(run)
 

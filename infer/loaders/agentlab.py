@@ -5,7 +5,8 @@ A run folder is named ``<date>_<time>_<AgentArgs>_on_<task>`` and holds ``screen
 reward) and ``experiment_analysis.md``, AgentLab's text rendering of the run: ``## Task`` →
 ``**Derived Goal**``, then one ``## InstanceStepNNN`` per step whose ``### Next Action`` holds the
 agent's thought and, in a triple-backtick span, its action (``No next action available`` on the last
-step). The ``step_N.pkl.gz`` pickles are never read: unpickling an untrusted file runs arbitrary code.
+step). A run without the analysis (AgentLab writes it only when asked) is read from its own step records
+``step_N.pkl.gz`` and ``exp_args.pkl``, unpickled inertly (:mod:`infer.loaders.agentlab_records`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from infer.loaders.agentlab_records import STEP_RECORD, AnalysisSteps, read_step_records
 from infer.loaders.common import InputScope, check_counts, read_json, require_regular_file, screenshot_file
 from infer.trajectory import Screenshot, Trajectory, TrajectoryError
 
@@ -29,7 +31,6 @@ NO_ACTION = "No next action available"
 
 _RUN_NAME = re.compile(r"^(?P<stamp>\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2})_(?P<agent>.+?)_on_(?P<task>.+)$")
 _SCREENSHOT = re.compile(r"^screenshot_step_(?P<n>\d+)\.(?:png|jpe?g|webp)$", re.IGNORECASE)
-_STEP_PICKLE = re.compile(r"^step_\d+\.pkl(?:\.gz)?$")
 _HEADING = re.compile(r"^(?P<hashes>#{1,6})\s+(?P<title>.*?)\s*$")
 _GOAL = re.compile(r"^\s*[*-]\s*\*\*(?:Derived )?Goal\*\*\s*:?\s*(?P<rest>.*)$")
 _BULLET_FIELD = re.compile(r"^\s*[*-]\s*\*\*(?P<key>[^*]+)\*\*\s*:\s*(?P<value>.*)$")
@@ -41,7 +42,7 @@ def is_agentlab_run(folder: Path) -> bool:
     """True when the folder has AgentLab's files (analysis, summary, step screenshots or step pickles)."""
     if (folder / ANALYSIS_FILE).is_file() or (folder / SUMMARY_FILE).is_file():
         return True
-    return any(_SCREENSHOT.match(p.name) or _STEP_PICKLE.match(p.name) for p in folder.iterdir())
+    return any(_SCREENSHOT.match(p.name) or STEP_RECORD.match(p.name) for p in folder.iterdir())
 
 
 @dataclass(frozen=True)
@@ -89,15 +90,6 @@ def _split_thought_action(body: str) -> tuple[str, str | None]:
         code = rest.strip()
     thought = (body[: last.start()] + body[last.end() :]).strip()
     return thought, code
-
-
-@dataclass(frozen=True)
-class AnalysisSteps:
-    goal: str
-    model_name: str | None
-    actions: list[str]
-    thoughts: list[str]
-    num_steps: int
 
 
 def parse_experiment_analysis(path: Path) -> AnalysisSteps:
@@ -219,21 +211,18 @@ def load_agentlab(
     if not screenshots:
         crashed = f"; the run failed: {_one_line(summary['err_msg'])}" if summary.get("err_msg") else ""
         raise TrajectoryError(run_dir, f"trajectory has no screenshots (no screenshot_step_N.png){crashed}")
-    if not analysis_path.is_file():
-        if any(_STEP_PICKLE.match(p.name) for p in run_dir.iterdir()):
-            raise TrajectoryError(
-                run_dir,
-                f"no {ANALYSIS_FILE}; the step_N.pkl.gz files are not read without agentlab installed "
-                "(unpickling untrusted files runs arbitrary code). Generate the analysis with AgentLab's "
-                "experiment analysis, or convert the run to keyshot JSONL.",
-            )
-        raise TrajectoryError(run_dir, f"no {ANALYSIS_FILE}: the task goal and actions are read from it")
-    steps = parse_experiment_analysis(analysis_path)
-    if steps.num_steps != len(screenshots):
-        logger.warning(
-            "%s: %d InstanceSteps but %d screenshots", analysis_path, steps.num_steps, len(screenshots)
+    if analysis_path.is_file():
+        steps, steps_source = parse_experiment_analysis(analysis_path), analysis_path
+    elif any(STEP_RECORD.match(p.name) for p in run_dir.iterdir()):
+        steps, steps_source = read_step_records(run_dir), run_dir
+    else:
+        raise TrajectoryError(
+            run_dir,
+            f"no {ANALYSIS_FILE} and no step_N.pkl.gz records: the task goal and actions are read from them",
         )
-    check_counts(steps.actions, screenshots, analysis_path)
+    if steps.num_steps != len(screenshots):
+        logger.warning("%s: %d steps but %d screenshots", steps_source, steps.num_steps, len(screenshots))
+    check_counts(steps.actions, screenshots, steps_source)
 
     name_match = _RUN_NAME.match(run_dir.name)
     task_id = name_match.group("task") if name_match else run_dir.name
