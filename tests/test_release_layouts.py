@@ -196,3 +196,24 @@ def test_dry_run_checks_everything_and_calls_no_model(tmp_path, capsys):
     missing = tmp_path / "no-such-checkpoint"
     assert keyshot([*argv, "--serve-scorer", str(missing)]) == 2
     assert f"{missing}: not a model checkpoint" in capsys.readouterr().err
+
+
+def test_deeper_release_trees_are_found_with_their_agents(tmp_path):
+    """AgentRewardBench's release (benchmark/agent/run, AgentLab runs) and the Online-Mind2Web release one
+    level down (data/online_mind2web/<agent>/<task>) in one input; a stray empty folder is reported."""
+    root = tmp_path / "downloads"
+    run = next(p for p in sorted(AGENTLAB.iterdir()) if p.is_dir())
+    shutil.copytree(run, root / "agentrewardbench" / "workarena" / "DemoAgent-gpt-4o" / run.name)
+    (root / "agentrewardbench" / "webarena" / "empty").mkdir(parents=True)
+    _, tasks = release_layout(root / "om2w")
+    out = tmp_path / "judged"
+    with FakeOpenAI(make_judge()) as judge:
+        argv = ["judge", str(root), "--config", REFERENCE, "--no-progress", f"out={out}"]
+        assert keyshot([*argv, f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]) == 0
+    verdicts = read_verdicts(out / "verdicts.jsonl")
+    assert sorted((v.agent, v.benchmark == "workarena") for v in verdicts) == sorted(
+        [("DemoAgent-gpt-4o", True)] + [(a, False) for a in ("SeeAct", "Browser_Use") for _ in tasks]
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    skipped = json.dumps(summary["run"])
+    assert "webarena" in skipped and "not a trajectory folder" in skipped

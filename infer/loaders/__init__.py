@@ -47,12 +47,37 @@ def _is_trajectory_folder(folder: Path) -> bool:
     return (folder / RESULT_FILE).is_file() or (folder / SCREENSHOT_DIR).is_dir() or is_agentlab_run(folder)
 
 
-def _holds_trajectories(folder: Path) -> bool:
-    """A folder (not itself a trajectory) with at least one trajectory folder directly inside."""
+MAX_DEPTH = 4  # root/benchmark/agent/run (AgentRewardBench's release) is 3 levels
+
+
+def _subfolders(folder: Path) -> list[Path]:
     try:
-        return any(c.is_dir() and _is_trajectory_folder(c) for c in folder.iterdir())
+        return [c for c in sorted(folder.iterdir()) if c.is_dir() and not c.name.startswith((".", "__"))]
     except OSError:
-        return False
+        return []
+
+
+def _holds_trajectories(folder: Path, depth: int = MAX_DEPTH) -> bool:
+    """A folder (not itself a trajectory) with a trajectory folder inside, at most ``depth`` levels down."""
+    children = _subfolders(folder)
+    if any(_is_trajectory_folder(c) for c in children):
+        return True
+    return depth > 1 and any(_holds_trajectories(c, depth - 1) for c in children)
+
+
+def _nested_jobs(
+    folder: Path, fmt: str, agent: str | None, benchmark: str | None, scope: InputScope, depth: int
+) -> list[tuple[Path, Callable[[], Iterator[Trajectory]]]]:
+    """Every trajectory under a folder of folders. A trajectory folder's parent names its agent unless the
+    user named one (the Online-Mind2Web release: SeeAct/<task_id>/...; AgentLab runs name their own).
+    A subfolder that is neither a trajectory nor holds one becomes a job that fails with the reason."""
+    jobs: list[tuple[Path, Callable[[], Iterator[Trajectory]]]] = []
+    for child in _subfolders(folder):
+        if not _is_trajectory_folder(child) and depth > 1 and _holds_trajectories(child, depth - 1):
+            jobs.extend(_nested_jobs(child, fmt, agent, benchmark, scope, depth - 1))
+        else:
+            jobs.append((child, _single(child, fmt, agent or folder.name, benchmark, scope)))
+    return jobs
 
 
 def detect_format(path: Path | str) -> str:
@@ -176,11 +201,8 @@ def _folder_jobs(
             and not _is_trajectory_folder(child)
             and _holds_trajectories(child)
         ):
-            # a folder of trajectory folders inside the input: the Online-Mind2Web release layout has one
-            # per agent (SeeAct/<task_id>/...), so its name is the agent unless the user named one
-            for grandchild in sorted(child.iterdir()):
-                if grandchild.is_dir() and not grandchild.name.startswith((".", "__")):
-                    jobs.append((grandchild, _single(grandchild, fmt, agent or child.name, benchmark, scope)))
+            # a folder of folders: one per agent (Online-Mind2Web), or per benchmark and agent (AgentRewardBench)
+            jobs.extend(_nested_jobs(child, fmt, agent, benchmark, scope, MAX_DEPTH - 1))
         elif child.is_dir() and fmt != JSONL:
             jobs.append((child, _single(child, fmt, agent, benchmark, scope)))
         elif child.is_file() and child.suffix.lower() in JSONL_SUFFIXES and fmt in ("auto", JSONL):
