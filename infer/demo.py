@@ -24,8 +24,8 @@ from infer.run_protocol import RUN_FILE, protocol_fingerprint
 from infer.serve import ServeConfig, VLLMServer
 from infer.tiny_model import build_tiny_scorer
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = Path(__file__).with_name("samples")
+CONFIGS = Path(__file__).with_name("demo_configs")  # package data: the demo runs outside a checkout
 logger = logging.getLogger("infer.demo")
 
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     model = tiny_checkpoint(out / "tiny-qwen25vl")
     serve_cfg = load_config(
         ServeConfig,
-        ROOT / "configs" / "serve" / "demo_cpu.yaml",
+        CONFIGS / "serve.yaml",
         [
             f"model={model}",
             f"log_file={out / 'vllm.log'}",
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vLLM serving {server.model_name} at {server.base_url}")
         judge_cfg = load_config(
             JudgeRunConfig,
-            ROOT / "configs" / "judge" / "demo_cpu.yaml",
+            CONFIGS / "judge.yaml",
             [
                 f"judge.base_url={server.base_url}",
                 f"judge.model={server.model_name}",

@@ -225,7 +225,7 @@ def test_image_limit_is_one_unless_the_server_also_judges(scorer_checkpoint, tmp
     assert json.loads(_flag(both.command, "--limit-mm-per-prompt")) == {"image": 4, "video": 0}
     with pytest.raises(ValueError, match="max_images_per_prompt"):
         ServeConfig(**base, max_images_per_prompt=0)
-    demo = load_config(ServeConfig, REPO / "configs" / "serve" / "demo_cpu.yaml")
+    demo = load_config(ServeConfig, REPO / "infer" / "demo_configs" / "serve.yaml")
     assert demo.max_images_per_prompt == 4
 
 
