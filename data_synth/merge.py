@@ -24,8 +24,9 @@ from data_synth.run_folder import (
     read_manifest,
     write_json_atomic,
 )
+from infer.fileio import atomic_output
 from infer.runlock import RunLock
-from infer.shards import ShardError, StreamWriter, find_shards, read_summary, refuse_unmergeable, unfinished
+from infer.shards import ShardError, find_shards, read_summary, refuse_unmergeable, unfinished
 
 MERGED_FILE = "merged.json"
 
@@ -68,16 +69,12 @@ def merge_synth_shards(
                 f"{labels} exists and was not written by keyshot synth merge (labels imported or made "
                 "without --shard); merge the shards into another run folder, nothing was merged"
             )
-        writer = StreamWriter(labels)
-        try:
+        with atomic_output(labels) as writer:
             for index in sorted(folders):
                 path = folders[index] / LABELS_FILE
                 if path.is_file():
-                    writer.copy_from(path)
-        except BaseException:
-            writer.abort()
-            raise
-        writer.commit()
+                    with open(path, "rb") as fh:
+                        shutil.copyfileobj(fh, writer)
         manifest = asdict(first)
         manifest["sessions"] = [s for i in sorted(manifests) for s in manifests[i].sessions]  # type: ignore[union-attr]
         write_json_atomic(run_dir / MANIFEST_FILE, manifest)

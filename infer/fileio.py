@@ -3,9 +3,12 @@ user's umask gives a new file (0644 under the usual 022), not the 0600 of a temp
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 
 def _file_mode() -> int:
@@ -14,19 +17,29 @@ def _file_mode() -> int:
     return 0o666 & ~mask
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
+    """A file handle on a temporary sibling of ``path``, flushed, synced and renamed into place when the
+    block ends; left out (``path`` untouched) when it raises. The one way keyshot writes a whole file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+        with os.fdopen(fd, mode, encoding=encoding) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
         os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    with atomic_output(path) as fh:
+        fh.write(data)
+    return Path(path)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

@@ -15,13 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from infer.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, KeyshotError
-from infer.fileio import write_text_atomic
+from infer.fileio import atomic_output, write_text_atomic
 from infer.helptext import plain
 from infer.run_protocol import RUN_FILE, protocol_differences, read_protocol
 from infer.run_summary import combine_summaries, summarize, summary_markdown
@@ -29,7 +31,6 @@ from infer.runlock import RunLock
 from infer.shards import (
     SUMMARY_FILE,
     ShardError,
-    StreamWriter,
     find_shards,
     read_summary,
     refuse_unmergeable,
@@ -99,7 +100,7 @@ def _count_lines(path: Path) -> int:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
 
 
-def _latest(path: Path, writer: StreamWriter) -> Iterator[Verdict]:
+def _latest(path: Path, writer: BinaryIO) -> Iterator[Verdict]:
     """The latest verdict of each trajectory in one shard's file (two passes), written to ``writer``."""
     last = _last_lines(path)
     with open(path, "rb") as fh:
@@ -114,7 +115,7 @@ def _latest(path: Path, writer: StreamWriter) -> Iterator[Verdict]:
             yield Verdict.from_dict(obj)
 
 
-def _merge_files(folders: dict[int, Path], summaries: dict[int, dict], writer: StreamWriter) -> list[dict]:
+def _merge_files(folders: dict[int, Path], summaries: dict[int, dict], writer: BinaryIO) -> list[dict]:
     """Write every shard's latest verdicts to ``writer``; returns each shard's summary of them.
 
     A shard whose file holds exactly one line per trajectory its summary counts (nothing was judged
@@ -127,7 +128,8 @@ def _merge_files(folders: dict[int, Path], summaries: dict[int, dict], writer: S
         if not path.is_file():
             parts.append(summarize([], run={}))
         elif _count_lines(path) == summaries[index].get("trajectories"):
-            writer.copy_from(path)
+            with open(path, "rb") as fh:
+                shutil.copyfileobj(fh, writer)
             parts.append(summaries[index])
         else:
             parts.append(summarize(_latest(path, writer), run={}))
@@ -165,13 +167,8 @@ def merge_shards(out: Path) -> dict:
             "ledger": UsageLedger.summed([r.get("ledger") or {} for r in runs]).as_dict(),
             "config": runs[0].get("config"),
         }
-        writer = StreamWriter(merged_path)
-        try:
+        with atomic_output(merged_path) as writer:
             summary = combine_summaries(_merge_files(folders, summaries, writer), run=run)
-        except BaseException:
-            writer.abort()
-            raise
-        writer.commit()
         write_text_atomic(out / RUN_FILE, json.dumps({"protocol": protocol}, indent=2) + "\n")
         summary["run"]["seconds"] = time.perf_counter() - t0
         ledger = UsageLedger.summed([run["ledger"]])

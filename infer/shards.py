@@ -22,14 +22,12 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from infer.errors import KeyshotError
-from infer.fileio import _file_mode, torn_tail
+from infer.fileio import torn_tail
 from infer.runlock import RunLock, RunLockedError
 from infer.trajectory import Trajectory
 from infer.verdicts import verdict_key
@@ -180,32 +178,3 @@ def refuse_unmergeable(
         f"{script} …), then merge again; nothing was merged"
     )
     raise ShardError("\n".join(lines))
-
-
-class StreamWriter:
-    """Writes a file line by line to a temporary sibling, renamed into place on :meth:`commit`."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        self._fh = os.fdopen(fd, "wb")
-
-    def write(self, line: bytes) -> None:
-        self._fh.write(line)
-
-    def copy_from(self, path: Path) -> None:
-        with open(path, "rb") as fh:
-            shutil.copyfileobj(fh, self._fh)
-
-    def commit(self) -> None:
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-        self._fh.close()
-        os.chmod(self._tmp, _file_mode())
-        os.replace(self._tmp, self.path)
-
-    def abort(self) -> None:
-        if not self._fh.closed:
-            self._fh.close()
-        Path(self._tmp).unlink(missing_ok=True)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from infer.fileio import write_text_atomic
 from infer.parsing import parse_score
 from infer.rendering import IGNORE_INDEX
 from train.batches import ScorerCollator, ScorerDataset
@@ -155,9 +156,7 @@ class MetricsLog:
                     kept.append(line)
             except json.JSONDecodeError:
                 logger.warning("%s: dropping a torn line", self.path)
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, "".join(k + "\n" for k in kept))
 
     def write(self, record: dict) -> None:
         if not self.enabled:

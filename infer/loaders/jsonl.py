@@ -12,11 +12,11 @@ import base64
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from infer.fileio import atomic_output
 from infer.loaders.common import (
     InputScope,
     check_counts,
@@ -218,16 +218,9 @@ def trajectory_record(trajectory: Trajectory, out_dir: Path) -> dict[str, Any]:
 def write_jsonl(trajectories: Iterable[Trajectory], path: Path | str) -> int:
     """Write trajectories as keyshot JSONL (atomically); returns the number written."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     count = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            for trajectory in trajectories:
-                out.write(json.dumps(trajectory_record(trajectory, path.parent), ensure_ascii=False) + "\n")
-                count += 1
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    with atomic_output(path, "w", encoding="utf-8") as out:
+        for trajectory in trajectories:
+            out.write(json.dumps(trajectory_record(trajectory, path.parent), ensure_ascii=False) + "\n")
+            count += 1
     return count
