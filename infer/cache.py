@@ -1,7 +1,8 @@
 """A persistent cache of judge/teacher completions, so that no call is ever paid twice.
 
 SQLite in WAL mode: several processes (parallel judging runs, a run that was killed and resumed)
-can share one file. The key is the sha256 of the canonical JSON of everything that changes the
+can share one file, and a call one of them is paying for is not sent by another: it waits for the
+answer to land in the file (:meth:`CallCache.claim`). The key is the sha256 of the canonical JSON of everything that changes the
 answer: model, prompt version, messages (images included, as data URLs) and generation parameters.
 Only well-formed completions are stored, and each is committed before the call returns.
 """
@@ -11,9 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import socket
 import sqlite3
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,16 @@ CREATE TABLE IF NOT EXISTS completions (
     cost_usd REAL NOT NULL,
     logprobs TEXT,
     created REAL NOT NULL
+)
+"""
+# Who is paying for a call right now, so that processes sharing the file send it once (see CallCache.claim).
+_CLAIMS = """
+CREATE TABLE IF NOT EXISTS claims (
+    key TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    claimed REAL NOT NULL
 )
 """
 
@@ -74,6 +88,8 @@ class CallCache:
     def __init__(self, path: str | Path, timeout_s: float = 60.0):
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._host, self._pid = socket.gethostname(), os.getpid()
+        self._owner = f"{self._host}:{self._pid}:{uuid.uuid4().hex[:8]}"
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(
@@ -82,6 +98,7 @@ class CallCache:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute(_SCHEMA)
+            self._conn.execute(_CLAIMS)
         except sqlite3.DatabaseError as exc:
             raise CacheError(f"{self.path}: cannot open as a call cache ({exc})") from exc
 
@@ -140,6 +157,46 @@ class CallCache:
                 ),
             )
 
+    def claim(self, key: str, stale_s: float) -> bool:
+        """The right to pay for ``key``: True unless another live process sharing this file holds it.
+
+        A claim is dropped by :meth:`release` when its call ends, answered or not. A claim whose process
+        is gone (same host, no such pid) or that is older than ``stale_s`` (a killed process on another
+        host) is taken over, so a crash never blocks a call.
+        """
+        now = time.time()
+        with self._lock:
+            for _ in range(3):
+                cur = self._conn.execute(
+                    "INSERT OR IGNORE INTO claims (key, owner, host, pid, claimed) VALUES (?, ?, ?, ?, ?)",
+                    (key, self._owner, self._host, self._pid, now),
+                )
+                if cur.rowcount == 1:
+                    return True
+                row = self._conn.execute(
+                    "SELECT owner, host, pid, claimed FROM claims WHERE key = ?", (key,)
+                ).fetchone()
+                if row is None:
+                    continue  # released meanwhile: claim it
+                owner, host, pid, claimed = row
+                if owner == self._owner:
+                    return True
+                if not (now - claimed > stale_s or (host == self._host and not _alive(pid))):
+                    return False
+                cur = self._conn.execute(
+                    "UPDATE claims SET owner = ?, host = ?, pid = ?, claimed = ? WHERE key = ? AND owner = ?",
+                    (self._owner, self._host, self._pid, now, key, owner),
+                )
+                if cur.rowcount == 1:
+                    logger.info("call %s: taking over the claim of %s (gone)", key[:12], owner)
+                    return True
+            return False
+
+    def release(self, key: str) -> None:
+        """Drop this handle's claim on ``key`` (its answer is stored, or the call failed)."""
+        with self._lock:
+            self._conn.execute("DELETE FROM claims WHERE key = ? AND owner = ?", (key, self._owner))
+
     def __len__(self) -> int:
         with self._lock:
             return self._conn.execute("SELECT COUNT(*) FROM completions").fetchone()[0]
@@ -156,3 +213,13 @@ class CallCache:
 
     def __repr__(self) -> str:
         return f"CallCache({str(self.path)!r})"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True

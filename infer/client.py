@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from infer.cache import CallCache, cache_key
+from infer.cache import CachedCompletion, CallCache, cache_key
 from infer.errors import EndpointDownError
 from infer.redaction import check_env_name, redact, redact_url
 from infer.usage import BudgetExceededError, UsageLedger, token_cost_usd
@@ -527,24 +527,58 @@ class JudgeClient:
         ep = self.endpoint
         payload = build_payload(ep, messages, max_tokens=max_tokens, logprobs=logprobs)
         key = cache_key(ep.model, prompt_version, messages, _answer_params(payload))
-        if self.cache is not None:
+        if self.cache is None:
+            return await self._call(payload, key, prompt_version, validate)
+        hit = await self._claim_or_wait(key)
+        if hit is not None:
+            self.ledger.record_cache_hit(ep.name, hit.cost_usd)
+            logger.debug("endpoint %r: cache hit %s", ep.name, key[:12])
+            return Completion(
+                text=hit.text,
+                finish_reason=hit.finish_reason,
+                prompt_tokens=hit.prompt_tokens,
+                completion_tokens=hit.completion_tokens,
+                cost_usd=0.0,
+                cached=True,
+                attempts=0,
+                model=hit.model,
+                logprobs=hit.logprobs,
+                saved_cost_usd=hit.cost_usd,
+            )
+        try:
+            return await self._call(payload, key, prompt_version, validate)
+        finally:
+            self.cache.release(key)
+
+    async def _claim_or_wait(self, key: str) -> CachedCompletion | None:
+        """The cached answer, or None once this process holds the claim to pay for it. While another
+        process sharing the cache file pays for the same call, wait for its answer (or its failure)."""
+        ep, delay = self.endpoint, 0.05
+        stale_s = ep.timeout_s * (ep.max_retries + 1) + 60.0  # no live call holds a claim longer
+        while True:
+            if self.down is not None:
+                raise self.down
             hit = self.cache.get(key)
             if hit is not None:
-                self.ledger.record_cache_hit(ep.name, hit.cost_usd)
-                logger.debug("endpoint %r: cache hit %s", ep.name, key[:12])
-                return Completion(
-                    text=hit.text,
-                    finish_reason=hit.finish_reason,
-                    prompt_tokens=hit.prompt_tokens,
-                    completion_tokens=hit.completion_tokens,
-                    cost_usd=0.0,
-                    cached=True,
-                    attempts=0,
-                    model=hit.model,
-                    logprobs=hit.logprobs,
-                    saved_cost_usd=hit.cost_usd,
-                )
+                return hit
+            if self.cache.claim(key, stale_s):
+                hit = self.cache.get(key)  # answered between the look and the claim
+                if hit is not None:
+                    self.cache.release(key)
+                return hit
+            logger.debug("endpoint %r: %s is being paid for by another process; waiting", ep.name, key[:12])
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
+    async def _call(
+        self,
+        payload: dict[str, Any],
+        key: str,
+        prompt_version: str,
+        validate: Callable[[str], str | None] | None,
+    ) -> Completion:
+        """The call itself: retries, breaker, budget, the answer checked and cached."""
+        ep = self.endpoint
         self.breaker.started()
         api_key = ep.api_key()
         headers = {"Content-Type": "application/json"}

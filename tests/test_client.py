@@ -431,3 +431,75 @@ def test_identical_requests_in_flight_are_sent_once():
     assert [a.text for a in answers] == ["yes"] * 8
     assert sum(not a.cached for a in answers) == 1 and sum(a.cost_usd > 0 for a in answers) <= 1
     assert client.ledger.usage("m").cache_hits == 7
+
+
+_SHARED_CACHE_CALLER = """
+import asyncio, sys
+from infer.cache import CallCache
+from infer.client import EndpointConfig, JudgeClient
+messages = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
+client = JudgeClient(EndpointConfig(base_url=sys.argv[1], model="m", api_key_env=None), cache=CallCache(sys.argv[2]))
+async def eight():
+    try:
+        return await asyncio.gather(*(client.complete(messages, prompt_version="v") for _ in range(8)))
+    finally:
+        await client.aclose()
+answers = asyncio.run(eight())
+print(sum(not a.cached for a in answers), "paid", " ".join(a.text for a in answers))
+"""
+
+
+def test_processes_sharing_a_cache_send_an_identical_call_once(tmp_path):
+    """Two processes, eight identical concurrent requests each, one cache file: one request is paid."""
+    import subprocess
+    import sys
+
+    from infer.testing.fake_openai import FakeOpenAI
+
+    cache = tmp_path / "calls.sqlite"
+    with FakeOpenAI(lambda request: "yes", latency_s=1.0) as server:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _SHARED_CACHE_CALLER, server.base_url, str(cache)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [o[1][-1500:] for o in outs]
+        assert server.stats.requests == 1
+    paid = sorted(int(out.split()[0]) for out, _ in outs)
+    assert paid == [0, 1] and all(out.strip().endswith(" ".join(["yes"] * 8)) for out, _ in outs)
+
+
+def test_a_claim_left_by_a_killed_process_does_not_block_the_call(tmp_path):
+    import subprocess
+    import sys
+
+    from infer.cache import CallCache
+    from infer.testing.fake_openai import FakeOpenAI
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid no longer runs: the claim it "left" is stale at once
+    messages = [{"role": "user", "content": "Is the sky blue?"}]
+    with FakeOpenAI(lambda request: "yes") as server, CallCache(tmp_path / "calls.sqlite") as cache:
+        client = JudgeClient(
+            EndpointConfig(base_url=server.base_url, model="m", api_key_env=None), cache=cache
+        )
+        key = client.key_for(messages, prompt_version="v")
+        cache._conn.execute(
+            "INSERT INTO claims (key, owner, host, pid, claimed) VALUES (?, ?, ?, ?, ?)",
+            (key, "dead", cache._host, gone.pid, time.time()),
+        )
+
+        async def one():
+            try:
+                return await asyncio.wait_for(client.complete(messages, prompt_version="v"), 10)
+            finally:
+                await client.aclose()
+
+        answer = asyncio.run(one())
+        assert answer.text == "yes" and not answer.cached and server.stats.requests == 1
+        assert cache._conn.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0  # released
