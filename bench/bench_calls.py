@@ -30,7 +30,7 @@ import numpy as np
 
 from infer.client import EndpointConfig, JudgeClient
 from infer.images import DEFAULT_POLICY
-from infer.pipeline import WebJudge
+from infer.pipeline import PipelineConfig, WebJudge
 from infer.prompts import load_prompt_set
 from infer.scorer import OpenAIScorer
 from infer.testing.fake_openai import FakeOpenAI, make_judge
@@ -47,6 +47,7 @@ PRICES = {"gpt-4o": (2.50, 10.00), "o4-mini": (1.10, 4.40)}
 #: bf16 peak (989 TFLOP/s) it is a ceiling: no server reaches it (see bench/RESULTS-gpu.md for measured).
 SCORER_FLOPS_PER_SCREENSHOT = 2 * 7.6e9 * 1300 + 2 * 0.67e9 * 4784 + 2 * 7.6e9 * 60
 H100_BF16_FLOPS = 989e12
+TEXT_ONLY = "keyshot, text-only outcome (DEVIATION: descriptions, no images; agreement not measured)"
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +118,20 @@ def bench(trajectories: list[Trajectory]) -> list[Result]:
             _judge(WebJudge(JudgeClient(_endpoint(judge_srv.base_url, "fake-judge")), None), trajectories)
         )
         reference_requests = judge_srv.stats.requests - keyshot_requests
+        scorer = OpenAIScorer(
+            JudgeClient(_endpoint(scorer_srv.base_url, "fake-scorer")), prompts, policy=DEFAULT_POLICY
+        )
+        text_only = asyncio.run(
+            _judge(
+                WebJudge(
+                    JudgeClient(_endpoint(judge_srv.base_url, "fake-judge")),
+                    scorer,
+                    PipelineConfig(outcome_images="none"),
+                ),
+                trajectories,
+            )
+        )
+        text_only_requests = judge_srv.stats.requests - keyshot_requests - reference_requests
     kept_a = [v.kept for v in keyshot]
     kept_b = [v.kept for v in reference]
     if kept_a != kept_b:
@@ -124,11 +139,12 @@ def bench(trajectories: list[Trajectory]) -> list[Result]:
     return [
         _result("keyshot (scorer scores; judge: key points + outcome)", keyshot, keyshot_requests),
         _result("reference (judge scores every screenshot)", reference, reference_requests),
+        _result(TEXT_ONLY, text_only, text_only_requests),
     ]
 
 
 def table(results: list[Result]) -> str:
-    keyshot, reference = results
+    keyshot, reference = results[:2]
     lines = [
         "| configuration | trajectories | screenshots/traj | judge calls/traj | judge prompt tok/traj | judge completion tok/traj | scorer calls/traj |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -168,7 +184,7 @@ def costs(results: list[Result]) -> list[dict]:
 
 
 def what_a_user_pays(results: list[Result], screenshots: float) -> str:
-    keyshot, reference = results
+    keyshot, reference, *others = results
     scale = 1000
     gpu_s = scale * screenshots * SCORER_FLOPS_PER_SCREENSHOT / H100_BF16_FLOPS
     lines = [
@@ -177,9 +193,11 @@ def what_a_user_pays(results: list[Result], screenshots: float) -> str:
         "| configuration | judge API calls | judge tokens (prompt + completion) | $ with GPT-4o | $ with o4-mini | scorer GPU-seconds |",
         "|---|---:|---:|---:|---:|---:|",
     ]
+    ceiling = f"{gpu_s:,.0f} on one H100 (compute ceiling, not measured)"
     for r, gpu in (
-        (keyshot, f"{gpu_s:,.0f} on one H100 (compute ceiling, not measured)"),
+        (keyshot, ceiling),
         (reference, "none (the judge scores)"),
+        *((other, ceiling) for other in others),
     ):
         tokens = r.judge_prompt_tokens_per_trajectory + r.judge_completion_tokens_per_trajectory
         usd = {
@@ -228,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(what_a_user_pays(results, shots))
     if args.json_out:
-        keyshot, reference = results
+        keyshot, reference = results[:2]
         payload = {
             "results": [asdict(r) for r in results],
             "ratios_reference_over_keyshot": {

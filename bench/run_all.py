@@ -29,7 +29,7 @@ def _images(d: dict) -> list[Row]:
     base = by["PIL decode (baseline)"]
     rows = []
     for method, r in by.items():
-        if method == "PIL decode (baseline)":
+        if method in ("PIL decode (baseline)", "scorer + original from one decode"):
             continue
         rows.append(
             (
@@ -37,6 +37,17 @@ def _images(d: dict) -> list[Row]:
                 f"{method} vs plain PIL decode, screenshots/s",
                 f"{r['ratio_to_decode']:.2f}×",
                 f"{r['per_second']:.1f} vs {base['per_second']:.1f} /s on {len(d['files'])} real 1280×720 shots, 1 core",
+            )
+        )
+    once = d.get("decode_once")
+    if once:
+        rows.append(
+            (
+                "image policy (bench_images.py)",
+                "outcome_images=original: kept screenshots decoded again vs every screenshot decoded once for both, ms per trajectory",
+                f"{once['twice_ms'] / once['once_ms']:.2f}×",
+                f"{once['twice_ms']:.0f} vs {once['once_ms']:.0f} ms ({once['screenshots']} screenshots, {once['kept']} kept); "
+                "the kept set is known only after scoring, so decoding once means making every original: not adopted",
             )
         )
     return rows
@@ -59,9 +70,19 @@ def _scorer(d: dict) -> list[Row]:
 
 
 def _calls(d: dict) -> list[Row]:
-    k, ref = d["results"]
+    k, ref, *others = d["results"]
     ratios = d["ratios_reference_over_keyshot"]
-    return [
+    deviation = [
+        (
+            "judge cost per trajectory (bench_calls.py)",
+            "keyshot / text-only outcome (DEVIATION, outcome_images: none): judge prompt tokens",
+            f"{k['judge_prompt_tokens_per_trajectory'] / o['judge_prompt_tokens_per_trajectory']:.2f}×",
+            f"{k['judge_prompt_tokens_per_trajectory']:.0f} vs {o['judge_prompt_tokens_per_trajectory']:.0f} per "
+            "trajectory; whether its verdicts agree as often is not measured (needs real judges)",
+        )
+        for o in others
+    ]
+    return deviation + [
         (
             "judge cost per trajectory (bench_calls.py)",
             f"reference configuration / keyshot: judge {what}",

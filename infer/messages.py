@@ -76,7 +76,7 @@ def outcome_messages(
     key_points: str,
     actions: Sequence[str],
     agent_thoughts: Sequence[str] | None,
-    kept_images: Sequence[str],
+    kept_images: Sequence[str] | None,
     kept_thoughts: Sequence[str],
     mode: str = "strict",
 ) -> list[dict]:
@@ -86,9 +86,15 @@ def outcome_messages(
     while their images stay (so the two can drift apart, defect 8), each list is cut to 50
     separately, and the JPEG images are labelled ``image/png`` (defect 1). ``strict`` needs one
     description per image, numbers them together and labels the images by their real type.
+    ``kept_images=None`` sends the descriptions without the images (``outcome_images: none``, a deviation
+    from the paper): the text is the one the screenshots would come with.
     """
-    images, thoughts = list(kept_images), list(kept_thoughts)
-    if mode == "reference":
+    text_only = kept_images is None
+    images, thoughts = list(kept_images or []), list(kept_thoughts)
+    if text_only:
+        images = []
+        thoughts = [t if t.strip() else NO_DESCRIPTION for t in thoughts][:MAX_KEPT_IMAGES]
+    elif mode == "reference":
         thoughts = [t for t in thoughts if t != ""][:MAX_KEPT_IMAGES]
         images = [u.replace("data:image/jpeg;", "data:image/png;", 1) for u in images[:MAX_KEPT_IMAGES]]
     else:
@@ -103,7 +109,9 @@ def outcome_messages(
         "last_actions": format_actions(actions, agent_thoughts, prompts),
         "thoughts": "\n".join(f"{i + 1}. {t}" for i, t in enumerate(thoughts)),
     }
-    text = prompts.user("outcome", with_screenshots=bool(images)).format(**fields)
+    text = prompts.user("outcome", with_screenshots=bool(images) or (text_only and bool(thoughts))).format(
+        **fields
+    )
     return [
         {"role": "system", "content": prompts.system("outcome")},
         {"role": "user", "content": [_text(text)] + [_image(u) for u in images]},

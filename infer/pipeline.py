@@ -64,7 +64,10 @@ class PipelineConfig:
     ``threshold`` is δ; ``threshold_on="expected_score"`` keeps a screenshot when its expected score
     (from log-probabilities; the scorer must be asked for them) is ≥ δ instead of its greedy score.
     ``outcome_images="scorer"`` shows the judge the kept screenshots exactly as the scorer saw them;
-    ``"original"`` re-encodes them at their own size (the reference's behaviour).
+    ``"original"`` re-encodes them at their own size (the reference's behaviour). ``"none"`` is a
+    DEVIATION from the paper: the judge reads the kept screenshots' descriptions (the scorer's reasons)
+    without the images, which costs ~1,000 fewer tokens per kept screenshot; whether its verdicts agree
+    with the protocol's as often has not been measured with real judges (see docs/performance.md).
     """
 
     prompt_variant: str = "online_mind2web"
@@ -74,7 +77,7 @@ class PipelineConfig:
     threshold_on: Literal["score", "expected_score"] = "score"
     max_kept: int = MAX_KEPT_IMAGES
     combined_max_key_points: int = 3
-    outcome_images: Literal["scorer", "original"] = "scorer"
+    outcome_images: Literal["scorer", "original", "none"] = "scorer"
     key_points_max_tokens: int | None = None
     outcome_max_tokens: int | None = None
     image_workers: int = 4
@@ -196,7 +199,7 @@ class WebJudge:
         self,
         trajectory: Trajectory,
         key_points: str,
-        images: list[str],
+        images: list[str] | None,
         thoughts: list[str],
         verdict: Verdict,
         key_point: str | None = None,
@@ -351,7 +354,9 @@ class WebJudge:
 
     async def _outcome_images(
         self, trajectory: Trajectory, verdict: Verdict, images: dict[int, PreparedImage]
-    ) -> list[str]:
+    ) -> list[str] | None:
+        if self.config.outcome_images == "none":
+            return None  # descriptions only (a deviation, see PipelineConfig)
         if self.config.outcome_images == "scorer":
             return [images[i].data_url for i in verdict.kept]
         shots = {s.index: s for s in trajectory.screenshots}

@@ -103,12 +103,13 @@ async def ask_outcome(
     key_points: str,
     actions: Sequence[str],
     thoughts: Sequence[str] | None,
-    images: Sequence[str],
+    images: Sequence[str] | None,
     image_thoughts: Sequence[str],
     *,
     max_tokens: int | None = None,
 ) -> tuple[Completion, StatusResult]:
-    """Step 3: the outcome call over the key screenshots (data URLs) and their descriptions."""
+    """Step 3: the outcome call over the key screenshots (data URLs) and their descriptions
+    (``images=None``: the descriptions alone, a deviation; see :func:`infer.messages.outcome_messages`)."""
     completion = await client.complete(
         outcome_messages(
             protocol.prompts,
@@ -116,7 +117,7 @@ async def ask_outcome(
             key_points,
             actions,
             thoughts,
-            list(images),
+            None if images is None else list(images),
             list(image_thoughts),
             mode=protocol.mode,
         ),

@@ -256,6 +256,30 @@ def test_outcome_modes_key_point_and_combined():
         assert len(combined.outcome_calls) == n_points
 
 
+def test_text_only_outcome_sends_the_descriptions_without_images():
+    """outcome_images: none (a deviation): the outcome call carries the kept screenshots' descriptions,
+    no image, and the same kept set as with images."""
+    trajectory = agentlab_trajectories()[0]
+    with FakeOpenAI(make_judge("any_image", "brightness")) as server:
+        scorer = OpenAIScorer(judge_client(server, model="fake-scorer"), load_prompt_set())
+        with_images = judge_all(WebJudge(judge_client(server), scorer), [trajectory])[0]
+        server.requests.clear()
+        scorer = OpenAIScorer(judge_client(server, model="fake-scorer"), load_prompt_set())
+        text_only = judge_all(
+            WebJudge(judge_client(server), scorer, PipelineConfig(outcome_images="none")), [trajectory]
+        )[0]
+    assert text_only.kept == with_images.kept and text_only.kept
+    outcome = [r for r in server.requests if "Action History" in json.dumps(r["messages"])]
+    assert len(outcome) == 1
+    parts = outcome[0]["messages"][1]["content"]
+    assert all(p["type"] == "text" for p in parts)
+    text = parts[0]["text"]
+    assert "The potentially important snapshots of the webpage" in text
+    records = {r.index: r for r in text_only.screenshots}
+    assert all(records[i].thought in text for i in text_only.kept)
+    assert text_only.usage["judge"].prompt_tokens < with_images.usage["judge"].prompt_tokens
+
+
 def test_key_point_mode_fails_if_any_point_fails():
     trajectory = agentlab_trajectories()[0]
 
