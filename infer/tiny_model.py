@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 from pathlib import Path
 
@@ -137,6 +138,7 @@ def build_tiny_qwen25vl(
         Qwen2VLImageProcessor,
         Qwen2VLVideoProcessor,
     )
+    from transformers.utils import logging as hf_logging
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -207,7 +209,14 @@ def build_tiny_qwen25vl(
         video_processor=video_processor,
         chat_template=CHAT_TEMPLATE,
     )
-    model.save_pretrained(out, safe_serialization=True)
+    # Saving imports DeepSpeed when it is installed, which warns that it "falls back" to the CPU: this
+    # model is a CPU model, say so (only when nobody chose an accelerator); and no progress bar for 1 shard.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out, safe_serialization=True)
+    finally:
+        hf_logging.enable_progress_bar()
     processor.save_pretrained(out)
     return out
 

@@ -29,6 +29,8 @@ MAIN_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
 # rank 0 writes this file when it stopped for a signal (train/preemption.py); on a shared file system
 export KEYSHOT_PREEMPTED_FILE=${KEYSHOT_PREEMPTED_FILE:-$PWD/.keyshot-preempted-${SLURM_JOB_ID:-local}}
 rm -f "$KEYSHOT_PREEMPTED_FILE"
+# the config, the dataset and the model path, checked once before any launcher starts (one line if wrong)
+python -m train.sft --config "$CONFIG" "$@" --check || exit 2
 set +e
 srun --ntasks-per-node=1 bash -c "trap '' USR1; exec accelerate launch --config_file $ACCELERATE_CONFIG --num_machines $SLURM_NNODES --num_processes $((SLURM_NNODES * GPUS_PER_NODE)) --machine_rank \$SLURM_NODEID --main_process_ip $MAIN_HOST --main_process_port ${MAIN_PORT:-29500} -m train.sft --config $CONFIG $*"
 status=$?

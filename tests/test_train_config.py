@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -246,3 +247,65 @@ def test_the_entry_runs_as_a_script_without_path_tricks(tmp_path):
     )
     assert proc.returncode == 2, proc.stderr
     assert f"{missing}: config file not found" in proc.stderr
+
+
+def test_check_names_a_bad_dataset_or_model_path_in_one_line(tmp_path):
+    """`train/sft.py --check` (run by slurm/train.sh before launching): every wrong data.path or model
+    path is one line naming it, exit 2, before anything is written; a good one says what it found."""
+    from tests.support.train_data import build_scorer_dataset
+
+    dataset = build_scorer_dataset(tmp_path / "ds", n_train=4, n_val=2)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    run_folder = tmp_path / "synth-run"
+    (run_folder / "dataset").mkdir(parents=True)
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(dataset, corrupt)
+    for arrow in corrupt.rglob("*.arrow"):
+        arrow.write_bytes(b"not arrow at all")
+    cases = [
+        (f"data.path={tmp_path / 'missing'}", "missing: dataset folder not found"),
+        (f"data.path={dataset / 'dataset_dict.json'}", "dataset_dict.json: a file, not a dataset folder"),
+        (
+            f"data.path={run_folder}",
+            f"synth-run: a keyshot synth run folder; its dataset is {run_folder / 'dataset'}",
+        ),
+        (f"data.path={corrupt}", "corrupt: not a readable dataset saved with save_to_disk"),
+    ]
+    base = [sys.executable, str(REPO / "train/sft.py"), "--config", str(REPO / "configs/train/tiny_cpu.yaml")]
+    for override, message in cases:
+        proc = subprocess.run(
+            [*base, override, f"model.name_or_path={model}", f"run_dir={tmp_path / 'run'}", "--check"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 2 and message in proc.stderr, (override, proc.stderr[-1500:])
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [*base, f"data.path={dataset}", f"model.name_or_path={tmp_path / 'nomodel'}", "--check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (
+        proc.returncode == 2
+        and "nomodel: model.name_or_path is not a model folder (no such folder)" in proc.stderr
+    )
+    proc = subprocess.run(
+        [
+            *base,
+            f"data.path={dataset}",
+            f"model.name_or_path={model}",
+            f"run_dir={tmp_path / 'run'}",
+            "--check",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("ok: dataset ") and "4 train" in proc.stdout, (
+        proc.stderr
+    )
+    assert not (tmp_path / "run").exists()  # a check writes nothing

@@ -49,10 +49,19 @@ def load_scorer_dataset(path: str | Path):
     p = Path(path)
     if not str(path) or not p.exists():
         raise DataError(f"{p}: dataset folder not found (set data.path to a `keyshot synth` output)")
+    if not p.is_dir():
+        raise DataError(f"{p}: a file, not a dataset folder (set data.path to the folder save_to_disk wrote)")
+    if (p / "dataset").is_dir() and not (p / "dataset_dict.json").exists():
+        raise DataError(
+            f"{p}: a keyshot synth run folder; its dataset is {p / 'dataset'} (set data.path to it)"
+        )
     try:
         ds = load_from_disk(str(p))
-    except (FileNotFoundError, ValueError) as exc:
-        raise DataError(f"{p}: not a dataset saved with save_to_disk ({exc})") from None
+    except Exception as exc:  # missing metadata, corrupt Arrow, wrong version: the folder is named
+        raise DataError(
+            f"{p}: not a readable dataset saved with save_to_disk ({type(exc).__name__}: {exc}); rebuild it "
+            "with `keyshot synth build`"
+        ) from None
     if isinstance(ds, Dataset):
         ds = DatasetDict({"train": ds})
     for split, part in ds.items():

@@ -34,6 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", type=Path, help="YAML file (configs/train/*.yaml)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config, the dataset and the model path, then exit (no model is loaded): run it "
+        "before `accelerate launch` or sbatch, whose launchers add their own traceback to any failure",
+    )
     args = parser.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(
@@ -46,12 +52,21 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         logger.error("%s", exc)
         return 2
-    logger.info("config: %s", cfg)
-    if rank == 0:
-        dump_config(cfg, Path(cfg.run_dir) / "config.yaml")
     from infer.checkpoint import CheckpointError
     from infer.images import ImageError
     from infer.rendering import DataError
+
+    try:
+        checked = check_inputs(cfg)  # before anything is written or a model is loaded
+    except DataError as exc:
+        logger.error("%s", exc)
+        return 2
+    if args.check:
+        print(f"ok: {checked}")
+        return 0
+    logger.info("config: %s", cfg)
+    if rank == 0:
+        dump_config(cfg, Path(cfg.run_dir) / "config.yaml")
     from train.checkpointing import ResumeError
     from train.preemption import EXIT_REQUEUE, Preempted, write_marker
     from train.recipe import run_training
@@ -70,6 +85,25 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_REQUEUE
     return 0
+
+
+def check_inputs(cfg: TrainConfig) -> str:
+    """The dataset loads with the scorer columns and one prompt set, and a local model path looks like a
+    checkpoint; raises DataError naming the path. Returns what was checked, in one line."""
+    from infer.rendering import DataError
+    from train.batches import dataset_prompt_version, load_scorer_dataset
+
+    ds = load_scorer_dataset(cfg.data.path)
+    version = dataset_prompt_version(ds)
+    model = Path(cfg.model.name_or_path).expanduser()
+    local = model.is_absolute() or str(cfg.model.name_or_path).startswith((".", "~")) or model.exists()
+    if local and not (model / "config.json").is_file():
+        what = "no such folder" if not model.exists() else "no config.json in it"
+        raise DataError(
+            f"{model}: model.name_or_path is not a model folder ({what}); give a checkpoint folder or a hub id"
+        )
+    rows = ", ".join(f"{len(part):,} {split}" for split, part in ds.items())
+    return f"dataset {cfg.data.path} ({rows} rows, prompt {version or 'unrecorded'}), model {cfg.model.name_or_path}"
 
 
 if __name__ == "__main__":
