@@ -128,6 +128,12 @@ def test_slurm_launch_gives_each_node_its_own_rank(tmp_path):
     # a long host list: `| head -n1` closes the pipe early, which must not fail the job (SIGPIPE)
     _fake_tool(bin_dir, "scontrol", "printf 'gpu-a17\\ngpu-b03\\n'; seq 1 100000 | sed s/^/gpu-c/")
     _fake_tool(bin_dir, "accelerate", f'echo "$*" >> {log}')
+    checks = tmp_path / "checks.txt"  # the inputs are checked once, before srun (a stand-in python here)
+    _fake_tool(
+        bin_dir,
+        "python",
+        f'echo "$*" >> {checks}; [ -s {log} ] && echo "checked after a launch" >> {checks}; true',
+    )
     # the srun task ignores USR1 before exec'ing the launcher (SLURM signals every process of the step)
     assert "trap '' USR1; exec accelerate launch" in script.read_text()
     env = {
@@ -145,6 +151,9 @@ def test_slurm_launch_gives_each_node_its_own_rank(tmp_path):
     )
     launches = log.read_text(encoding="utf-8").splitlines()
     assert len(launches) == 2
+    assert checks.read_text(encoding="utf-8").splitlines() == [
+        "-m train.sft --config configs/train/webjudge7b_full.yaml world_size=8 --check"
+    ]
     text = script.read_text()
     assert "#SBATCH --signal=USR1@" in text and "#SBATCH --requeue" in text  # preemption-safe
     for rank, line in enumerate(launches):
@@ -198,6 +207,7 @@ def test_slurm_train_requeues_a_preempted_job(tmp_path):
     calls = tmp_path / "scontrol.txt"
     _fake_tool(bin_dir, "srun", 'shift; SLURM_NODEID=0 "$@"')
     _fake_tool(bin_dir, "scontrol", f'echo "$*" >> {calls}; [ "$1" = show ] && echo gpu-a17; true')
+    _fake_tool(bin_dir, "python", "true")  # the inputs check passes (a requeued job checks again)
     # the launcher's training process was preempted: marker written, exit 75 through the launcher
     _fake_tool(
         bin_dir, "accelerate", 'echo \'{"step": 7, "signal": "SIGUSR1"}\' > "$KEYSHOT_PREEMPTED_FILE"; exit 1'
