@@ -220,6 +220,12 @@ def plan_server(cfg: ServeConfig) -> ServePlan:
             f"{cfg.model}: no such checkpoint folder; pass the folder a training run wrote (RUN/final) "
             "or a Hugging Face model id (org/name)"
         )
+    local = Path(cfg.model).expanduser()
+    if local.exists() and not (local / "config.json").is_file():
+        what = "a file" if local.is_file() else "a folder without config.json"
+        raise ServeError(
+            f"{cfg.model}: {what}, not a model checkpoint; pass the folder a training run wrote (RUN/final)"
+        )
     meta = check_prompt_version(cfg.model, cfg.prompt_variant, allow_missing=cfg.allow_missing_meta)
     for name, adapter in cfg.lora_modules.items():
         if not Path(adapter).is_dir():

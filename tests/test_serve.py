@@ -236,6 +236,11 @@ def test_a_missing_checkpoint_and_a_python_without_vllm_are_refused_with_what_to
 
     with pytest.raises(ServeError, match=r"/no/such/ckpt: no such checkpoint folder"):
         plan_server(ServeConfig(model="/no/such/ckpt"))
+    with pytest.raises(ServeError, match=r"a folder without config.json, not a model checkpoint"):
+        plan_server(ServeConfig(model=str(tmp_path)))
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ServeError, match=r"weights.bin: a file, not a model checkpoint"):
+        plan_server(ServeConfig(model=str(tmp_path / "weights.bin")))
     server = VLLMServer(
         ServeConfig(
             model=str(tiny_model_dir), vllm_python=sys.executable, device="cpu", log_file=str(tmp_path / "l")
