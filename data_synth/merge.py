@@ -69,7 +69,7 @@ def merge_synth_shards(
                 f"{labels} exists and was not written by keyshot synth merge (labels imported or made "
                 "without --shard); merge the shards into another run folder, nothing was merged"
             )
-        with atomic_output(labels) as writer:
+        with atomic_output(labels, sync=True) as writer:
             for index in sorted(folders):
                 path = folders[index] / LABELS_FILE
                 if path.is_file():

@@ -18,17 +18,21 @@ def _file_mode() -> int:
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
-    """A file handle on a temporary sibling of ``path``, flushed, synced and renamed into place when the
-    block ends; left out (``path`` untouched) when it raises. The one way keyshot writes a whole file."""
+def atomic_output(
+    path: str | os.PathLike, mode: str = "wb", encoding: str | None = None, *, sync: bool = False
+) -> Iterator[IO]:
+    """A file handle on a temporary sibling of ``path``, renamed into place when the block ends; left out
+    (``path`` untouched) when it raises. The one way keyshot writes a whole file. ``sync`` also flushes
+    it to the disk first (a merge's result; not the report's thousands of pages)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, mode, encoding=encoding) as fh:
             yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
     except BaseException:

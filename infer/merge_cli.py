@@ -167,7 +167,7 @@ def merge_shards(out: Path) -> dict:
             "ledger": UsageLedger.summed([r.get("ledger") or {} for r in runs]).as_dict(),
             "config": runs[0].get("config"),
         }
-        with atomic_output(merged_path) as writer:
+        with atomic_output(merged_path, sync=True) as writer:
             summary = combine_summaries(_merge_files(folders, summaries, writer), run=run)
         write_text_atomic(out / RUN_FILE, json.dumps({"protocol": protocol}, indent=2) + "\n")
         summary["run"]["seconds"] = time.perf_counter() - t0
