@@ -109,6 +109,16 @@ def _build(cls: type[T], data: dict, where: str) -> T:
             for key in unknown
         ]
         raise ConfigError(f"{where}: unknown key(s) {', '.join(named)}; known: {sorted(fields)}")
+    required = [
+        name
+        for name, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and name not in data
+    ]
+    if required:
+        keys = ", ".join(f"{where}.{name}" if where else name for name in required)
+        raise ConfigError(
+            f"missing required key(s) {keys}: give --config FILE (a YAML under configs/) or set them as overrides"
+        )
     kwargs = {k: _convert(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
     try:
         return cls(**kwargs)

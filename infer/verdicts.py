@@ -292,11 +292,15 @@ def _iter_json_lines(path: Path) -> Iterator[tuple[int, dict]]:
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
+            obj = json.loads(raw.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             if torn_tail and number == len(lines):
                 logger.warning("%s:%d: ignoring an incomplete last line (an interrupted run)", path, number)
                 continue
+            if isinstance(exc, UnicodeDecodeError):
+                raise VerdictFileError(
+                    f"{path}:{number}: not UTF-8 text (byte {exc.start} of the line); is it a keyshot verdict file?"
+                ) from None
             raise VerdictFileError(f"{path}:{number}: not a JSON line ({exc})") from None
         if not isinstance(obj, dict):
             raise VerdictFileError(f"{path}:{number}: expected a JSON object per line")

@@ -58,3 +58,11 @@ def test_bad_configs_name_the_file_and_the_problem(tmp_path, yaml_text, override
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(Run, tmp_path / "nope.yaml")
+
+
+def test_a_command_without_its_config_says_so_in_one_line(capsys):
+    from infer.cli import main as keyshot
+
+    assert keyshot(["judge", "infer/samples"]) == 2
+    err = capsys.readouterr().err
+    assert "missing required key(s) judge: give --config FILE" in err and err.count("\n") == 1

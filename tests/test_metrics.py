@@ -131,6 +131,10 @@ def test_metrics_read_verdicts_with_the_one_verdict_reader(tmp_path, caplog):
     middle.write_text(json.dumps(rows[0]) + "\n[1, 2]\n" + json.dumps(rows[1]) + "\n")
     with pytest.raises(VerdictFileError, match="middle.jsonl:2"):
         read_verdicts(middle)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(json.dumps(rows[0]).encode() + b"\n" + b'{"task_id": "caf\xe9"}\n')
+    with pytest.raises(VerdictFileError, match=r"latin.jsonl:2: not UTF-8 text"):
+        load_verdicts(latin)
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(VerdictFileError, match="no verdicts"):
         load_verdicts(tmp_path / "empty.jsonl")
