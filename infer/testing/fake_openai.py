@@ -463,8 +463,9 @@ class _Handler(BaseHTTPRequestHandler):
             fake._count_responder_error()
             self._error(400, f"fake server cannot answer: {exc}")
             return
-        self._send_json(200, fake.completion_body(request, text))
-        fake._count_served()
+        body = fake.completion_body(request, text)
+        fake._count_served()  # before the answer leaves: a client that has it may read the stats at once
+        self._send_json(200, body)
 
     def _drop(self) -> None:
         """Close the connection without any response."""
