@@ -138,7 +138,7 @@ def run_judge_scenario(
         )
         codes.append(proc.returncode)
         elapsed = time.perf_counter() - started
-        served = judge.stats.completions_served + scorer.stats.completions_served
+        served = judge.settled_stats().completions_served + scorer.settled_stats().completions_served
         requests = judge.stats.requests + scorer.stats.requests
     table, duplicated = verdict_table(out)
     lost = clean["n"] - len(table)
@@ -152,7 +152,7 @@ def run_judge_scenario(
             text=True,
         )
         codes.append(proc.returncode)
-        served += judge.stats.completions_served + scorer.stats.completions_served
+        served += judge.settled_stats().completions_served + scorer.settled_stats().completions_served
     after, _ = verdict_table(out)
     return Outcome(
         scenario=name,
@@ -181,7 +181,7 @@ def clean_judge(world: Path, work: Path) -> dict:
             text=True,
         )
         seconds = time.perf_counter() - started
-        served = judge.stats.completions_served + scorer.stats.completions_served
+        served = judge.settled_stats().completions_served + scorer.settled_stats().completions_served
     if proc.returncode != 0:
         raise SystemExit(f"clean judge run failed: {proc.stderr[-2000:]}")
     table, _ = verdict_table(out)
@@ -286,7 +286,7 @@ def run_synth(
         proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
         codes.append(proc.returncode)
         seconds = time.perf_counter() - started
-        served = teacher.stats.completions_served + judge.stats.completions_served
+        served = teacher.settled_stats().completions_served + judge.settled_stats().completions_served
         requests = teacher.stats.requests
     table = label_table(run)
     if clean is None:
@@ -302,7 +302,7 @@ def run_synth(
             text=True,
         )
         codes.append(proc.returncode)
-        served += teacher.stats.completions_served + judge.stats.completions_served
+        served += teacher.settled_stats().completions_served + judge.settled_stats().completions_served
     after = label_table(run)
     return {}, Outcome(
         scenario=name,

@@ -209,7 +209,7 @@ def test_injected_faults_are_retried_and_a_second_run_is_served_from_cache(tmp_p
             t0 = time.monotonic()
             first = asyncio.run(run(client))
             elapsed = time.monotonic() - t0
-            stats = srv.stats
+            stats = srv.settled_stats()
             usage = client.ledger.usage(ep.name)
 
             assert all(c.valid and not c.cached for c in first)

@@ -210,14 +210,16 @@ def test_kill_9_and_resume_repays_nothing(vllm_server, scorer_checkpoint, tmp_pa
 
         done_at_kill = verdicts.read_bytes().count(b"\n")
         assert 2 <= done_at_kill < N_TRAJECTORIES
-        judge_served_at_kill = fetch_stats(judge_url).completions_served
+        judge_served_at_kill = fetch_stats(
+            judge_url, settled=True
+        ).completions_served  # the kill's in-flight calls done
         vllm_at_kill = vllm_request_count(vllm_server)
         rows_at_kill = _cache_rows(cache)
 
         resumed = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         rows_final = _cache_rows(cache)
-        judge_served_final = fetch_stats(judge_url).completions_served
+        judge_served_final = fetch_stats(judge_url, settled=True).completions_served
         vllm_final = vllm_request_count(vllm_server)
 
     rows = lines_of(out / "verdicts.jsonl")

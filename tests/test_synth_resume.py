@@ -61,7 +61,7 @@ def test_kill_minus_9_then_resume_repays_nothing(tmp_path):
         resumed = _synth(config)
         out, _ = resumed.communicate(timeout=120)
         assert resumed.returncode == 0, out
-        served = [fetch_stats(bright_url).completions_served, fetch_stats(dark_url).completions_served]
+        served = [fetch_stats(u, settled=True).completions_served for u in (bright_url, dark_url)]
 
         # every screenshot is labelled once, by both teachers
         contents = read_store(run / LABELS_FILE)

@@ -320,6 +320,7 @@ class ServerStats:
     faults: dict[str, int] = field(default_factory=dict)
     responder_errors: int = 0
     max_in_flight: int = 0
+    in_flight: int = 0  # requests being answered now (a snapshot is final only when this is 0)
 
     @property
     def total_faults(self) -> int:
@@ -582,7 +583,13 @@ class FakeOpenAI:
                 faults=dict(self._stats.faults),
                 responder_errors=self._stats.responder_errors,
                 max_in_flight=self._stats.max_in_flight,
+                in_flight=self._in_flight,
             )
+
+    def settled_stats(self, timeout_s: float = 30.0) -> ServerStats:
+        """The counters once no request is being answered (a client may hold an answer whose count the
+        handler thread has not finished recording, or a killed client's request may still be running)."""
+        return _settled(lambda: self.stats, timeout_s)
 
     def _enter(self) -> None:
         with self._lock:
@@ -776,14 +783,26 @@ def _wait_ready(proc: subprocess.Popen, timeout_s: float, stderr: IO[str]) -> st
     return result[0]
 
 
-def fetch_stats(base_url: str) -> ServerStats:
-    """Counters of a (subprocess) server, read over HTTP."""
+def fetch_stats(base_url: str, *, settled: bool = False) -> ServerStats:
+    """Counters of a (subprocess) server, read over HTTP; ``settled``: once no request is being answered."""
     import urllib.request
 
     root = base_url.rstrip("/").removesuffix("/v1")
-    with urllib.request.urlopen(f"{root}/stats", timeout=10) as resp:
-        data = json.load(resp)
-    return ServerStats(**data)
+
+    def read() -> ServerStats:
+        with urllib.request.urlopen(f"{root}/stats", timeout=10) as resp:
+            return ServerStats(**json.load(resp))
+
+    return _settled(read, 30.0) if settled else read()
+
+
+def _settled(read: Callable[[], ServerStats], timeout_s: float) -> ServerStats:
+    deadline = time.monotonic() + timeout_s
+    stats = read()
+    while stats.in_flight and time.monotonic() < deadline:
+        time.sleep(0.02)
+        stats = read()
+    return stats
 
 
 __all__ = [
