@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infer.runlock import pid_alive
+
 logger = logging.getLogger(__name__)
 
 _SCHEMA = """
@@ -181,7 +183,7 @@ class CallCache:
                 owner, host, pid, claimed = row
                 if owner == self._owner:
                     return True
-                if not (now - claimed > stale_s or (host == self._host and not _alive(pid))):
+                if not (now - claimed > stale_s or (host == self._host and not pid_alive(pid))):
                     return False
                 cur = self._conn.execute(
                     "UPDATE claims SET owner = ?, host = ?, pid = ?, claimed = ? WHERE key = ? AND owner = ?",
@@ -213,13 +215,3 @@ class CallCache:
 
     def __repr__(self) -> str:
         return f"CallCache({str(self.path)!r})"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True

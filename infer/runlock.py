@@ -29,7 +29,8 @@ class RunLockedError(KeyshotError):
     """Another process holds the run folder."""
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` runs on this host (another user's process counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -93,7 +94,7 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX)
         previous = self._read_holder(fd)
         pid = previous.get("pid")
-        if isinstance(pid, int) and previous.get("host") == socket.gethostname() and not _pid_alive(pid):
+        if isinstance(pid, int) and previous.get("host") == socket.gethostname() and not pid_alive(pid):
             logger.warning(
                 "%s: taking over a stale lock left by %s (that process is gone)",
                 self.run_dir,
