@@ -184,17 +184,9 @@ class LabelStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise LabelStoreError(f"{self.path.parent}: cannot create the run folder ({exc})") from None
-        self._cut_torn_tail()
+        cut_torn_tail(self.path, "those labels are asked again, their calls come from the cache")
         self.contents = read_store(self.path)
         self._fh: IO[str] | None = None
-
-    def _cut_torn_tail(self) -> None:
-        """Drop a last line without its newline so that the next append starts on a fresh line."""
-        removed = cut_torn_tail(self.path)
-        if removed:
-            logger.warning(
-                "%s: cutting a torn last line (%d bytes) left by an interrupted run", self.path, removed
-            )
 
     def append(self, record: Any) -> None:
         kind = _KIND_OF.get(type(record))

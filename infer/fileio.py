@@ -4,11 +4,14 @@ user's umask gives a new file (0644 under the usual 022), not the 0600 of a temp
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+logger = logging.getLogger(__name__)
 
 
 def _file_mode() -> int:
@@ -61,9 +64,10 @@ def torn_tail(path: str | os.PathLike) -> bool:
         return fh.read(1) != b"\n"
 
 
-def cut_torn_tail(path: str | os.PathLike) -> int:
-    """Cut a half-written last line off ``path`` so the next append starts on a fresh line; returns the
-    number of bytes removed (0 when the file ends with a newline, is empty or is missing)."""
+def cut_torn_tail(path: str | os.PathLike, consequence: str = "") -> int:
+    """Cut a half-written last line off ``path`` so the next append starts on a fresh line, with a warning
+    that ends in ``consequence`` (what happens to the record it held); returns the number of bytes removed
+    (0 when the file ends with a newline, is empty or is missing)."""
     path = Path(path)
     if not path.exists() or not torn_tail(path):
         return 0
@@ -79,4 +83,10 @@ def cut_torn_tail(path: str | os.PathLike) -> int:
                 break
             end = start
         fh.truncate(keep)
+    logger.warning(
+        "%s: the last line (%d bytes) is incomplete, left by an interrupted run; removing it%s",
+        path,
+        size - keep,
+        f" ({consequence})" if consequence else "",
+    )
     return size - keep

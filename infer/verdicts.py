@@ -245,17 +245,7 @@ class VerdictWriter:
         self.fsync = fsync
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._cut_torn_tail()
-
-    def _cut_torn_tail(self) -> None:
-        removed = cut_torn_tail(self.path)
-        if removed:
-            logger.warning(
-                "%s: the last line (%d bytes) is incomplete, left by an interrupted run; removing it "
-                "(that trajectory is judged again, its calls come from the cache)",
-                self.path,
-                removed,
-            )
+        cut_torn_tail(self.path, "that trajectory is judged again, its calls come from the cache")
 
     def append(self, verdict: Verdict) -> None:
         if self._fd is None:

@@ -151,9 +151,11 @@ def test_verdict_roundtrip_and_torn_line(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         assert [v.task_id for v in read_verdicts(path)] == ["t1", "t2"]
     assert "incomplete last line" in caplog.text
-    # ...and the next writer cuts it off before appending, so the file stays valid JSONL.
-    with VerdictWriter(path) as w:
+    # ...and the next writer cuts it off before appending (saying so), so the file stays valid JSONL.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), VerdictWriter(path) as w:
         w.append(_verdict("t3"))
+    assert "the last line (37 bytes) is incomplete" in caplog.text and "judged again" in caplog.text
     lines = path.read_text().splitlines()
     assert len(lines) == 3 and all(json.loads(line)["task_id"] for line in lines)
 
