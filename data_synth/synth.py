@@ -278,8 +278,6 @@ class _Run:
             )
             self.report.key_points_failed += 1
             return None
-        if not done.valid:
-            points, error = None, done.error
         self.store.append(
             KeyPointsRecord(
                 traj.uid,

@@ -505,28 +505,26 @@ class JudgeClient:
         with ``valid=False`` and the error (never cached). Raises :class:`JudgeCallError` when the
         endpoint fails for good and :class:`BudgetExceededError` when the budget is spent.
         """
-        key = self.key_for(messages, prompt_version=prompt_version, max_tokens=max_tokens, logprobs=logprobs)
+        payload = build_payload(self.endpoint, messages, max_tokens=max_tokens, logprobs=logprobs)
+        key = cache_key(self.endpoint.model, prompt_version, messages, _answer_params(payload))
 
         def shared(first: Completion) -> Completion:
             self.ledger.record_cache_hit(self.endpoint.name, first.cost_usd)
             return first
 
         return await self._in_flight.run(
-            key, lambda: self._complete(messages, prompt_version, max_tokens, logprobs, validate), shared
+            key, lambda: self._complete(payload, key, prompt_version, validate), shared
         )
 
     async def _complete(
         self,
-        messages: list[dict],
+        payload: dict[str, Any],
+        key: str,
         prompt_version: str,
-        max_tokens: int | None,
-        logprobs: int | None,
         validate: Callable[[str], str | None] | None,
     ) -> Completion:
         """One call without coalescing: the cache, else the endpoint (see :meth:`complete`)."""
         ep = self.endpoint
-        payload = build_payload(ep, messages, max_tokens=max_tokens, logprobs=logprobs)
-        key = cache_key(ep.model, prompt_version, messages, _answer_params(payload))
         if self.cache is None:
             return await self._call(payload, key, prompt_version, validate)
         hit = await self._claim_or_wait(key)

@@ -92,7 +92,6 @@ def outcome_messages(
     text_only = kept_images is None
     images, thoughts = list(kept_images or []), list(kept_thoughts)
     if text_only:
-        images = []
         thoughts = [t if t.strip() else NO_DESCRIPTION for t in thoughts][:MAX_KEPT_IMAGES]
     elif mode == "reference":
         thoughts = [t for t in thoughts if t != ""][:MAX_KEPT_IMAGES]

@@ -67,7 +67,7 @@ class PipelineConfig:
     ``"original"`` re-encodes them at their own size (the reference's behaviour). ``"none"`` is a
     DEVIATION from the paper: the judge reads the kept screenshots' descriptions (the scorer's reasons)
     without the images, which costs ~1,000 fewer tokens per kept screenshot; whether its verdicts agree
-    with the protocol's as often has not been measured with real judges (see docs/performance.md).
+    with the protocol's as often has not been measured with real judges (README, bench/RESULTS.md).
     """
 
     prompt_variant: str = "online_mind2web"

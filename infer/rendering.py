@@ -31,7 +31,6 @@ from infer.images import (
 )
 
 IGNORE_INDEX = -100
-IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 IMAGE_PAD = "<|image_pad|>"
 
@@ -83,14 +82,11 @@ def image_policy_for(processor, max_aspect: float | None = 4.0) -> ImagePolicy:
 
 def image_size(value: Any) -> tuple[int, int]:
     """``(width, height)`` of a dataset image cell without decoding its pixels."""
-    if isinstance(value, Image.Image):
-        return value.size
-    if isinstance(value, dict):
-        if value.get("bytes"):
-            return Image.open(io.BytesIO(value["bytes"])).size
-        if value.get("path"):
-            return Image.open(value["path"]).size
-    raise DataError(f"unsupported image cell {type(value).__name__}: expected a PIL image or {{bytes, path}}")
+    src = image_source(value)
+    if isinstance(src, Image.Image):
+        return src.size
+    with Image.open(io.BytesIO(src) if isinstance(src, bytes) else src) as img:
+        return img.size
 
 
 def image_source(value: Any):

@@ -128,6 +128,31 @@ def _prompt_identity(ds, cfg: TrainConfig) -> tuple[str, str]:
     return version.split("@", 1)[0], version
 
 
+def load_training_data(cfg: TrainConfig):
+    """The dataset with its train split and its prompt set ``(ds, prompt_variant, prompt_version)``;
+    DataError naming the path otherwise (what ``train/sft.py --check`` and a run both check)."""
+    ds = load_scorer_dataset(cfg.data.path)
+    if cfg.data.train_split not in ds:
+        raise DataError(f"{cfg.data.path}: no split {cfg.data.train_split!r}; has {list(ds)}")
+    return (ds, *_prompt_identity(ds, cfg))
+
+
+def check_inputs(cfg: TrainConfig) -> str:
+    """The training data (:func:`load_training_data`) and a local model path that must be a model folder,
+    checked without loading the model or writing anything; DataError naming the path. Returns what was
+    checked, in one line."""
+    ds, _, prompt_version = load_training_data(cfg)
+    model = Path(cfg.model.name_or_path).expanduser()
+    local = model.is_absolute() or str(cfg.model.name_or_path).startswith((".", "~")) or model.exists()
+    if local and not (model / "config.json").is_file():
+        what = "no such folder" if not model.exists() else "no config.json in it"
+        raise DataError(
+            f"{model}: model.name_or_path is not a model folder ({what}); give a checkpoint folder or a hub id"
+        )
+    rows = ", ".join(f"{len(part):,} {split}" for split, part in ds.items())
+    return f"dataset {cfg.data.path} ({rows} rows, prompt {prompt_version}), model {cfg.model.name_or_path}"
+
+
 def _log_scalars(accelerator, metrics_log: MetricsLog, record: dict, prefix: str) -> None:
     metrics_log.write(record)
     scalars = {
@@ -189,10 +214,7 @@ def _run_training(cfg: TrainConfig, watch: PreemptionWatch) -> Path:
     policy = image_policy_for(processor, cfg.data.max_aspect)
     logger.info("image policy: %s", policy.to_dict())
     renderer = ScorerRenderer(processor, policy, cfg.data.max_length)
-    ds = load_scorer_dataset(cfg.data.path)
-    if cfg.data.train_split not in ds:
-        raise DataError(f"{cfg.data.path}: no split {cfg.data.train_split!r}; has {list(ds)}")
-    prompt_variant, prompt_version = _prompt_identity(ds, cfg)
+    ds, prompt_variant, prompt_version = load_training_data(cfg)
     recorded = dataset_description(ds).get("image_policy") or {}
     if recorded and (recorded.get("min_pixels"), recorded.get("max_pixels")) != (
         policy.min_pixels,

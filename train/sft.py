@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from infer.checkpoint import CheckpointError
     from infer.images import ImageError
     from infer.rendering import DataError
+    from train.recipe import check_inputs, run_training
 
     try:
         checked = check_inputs(cfg)  # before anything is written or a model is loaded
@@ -69,7 +70,6 @@ def main(argv: list[str] | None = None) -> int:
         dump_config(cfg, Path(cfg.run_dir) / "config.yaml")
     from train.checkpointing import ResumeError
     from train.preemption import EXIT_REQUEUE, Preempted, write_marker
-    from train.recipe import run_training
     from train.scorer_model import ModelSetupError
 
     try:
@@ -85,25 +85,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_REQUEUE
     return 0
-
-
-def check_inputs(cfg: TrainConfig) -> str:
-    """The dataset loads with the scorer columns and one prompt set, and a local model path looks like a
-    checkpoint; raises DataError naming the path. Returns what was checked, in one line."""
-    from infer.rendering import DataError
-    from train.batches import dataset_prompt_version, load_scorer_dataset
-
-    ds = load_scorer_dataset(cfg.data.path)
-    version = dataset_prompt_version(ds)
-    model = Path(cfg.model.name_or_path).expanduser()
-    local = model.is_absolute() or str(cfg.model.name_or_path).startswith((".", "~")) or model.exists()
-    if local and not (model / "config.json").is_file():
-        what = "no such folder" if not model.exists() else "no config.json in it"
-        raise DataError(
-            f"{model}: model.name_or_path is not a model folder ({what}); give a checkpoint folder or a hub id"
-        )
-    rows = ", ".join(f"{len(part):,} {split}" for split, part in ds.items())
-    return f"dataset {cfg.data.path} ({rows} rows, prompt {version or 'unrecorded'}), model {cfg.model.name_or_path}"
 
 
 if __name__ == "__main__":

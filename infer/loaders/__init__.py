@@ -47,7 +47,7 @@ def _is_trajectory_folder(folder: Path) -> bool:
     return (folder / RESULT_FILE).is_file() or (folder / SCREENSHOT_DIR).is_dir() or is_agentlab_run(folder)
 
 
-MAX_DEPTH = 4  # root/benchmark/agent/run (AgentRewardBench's release) is 3 levels
+MAX_DEPTH = 4  # levels below the input searched for trajectories (AgentRewardBench: benchmark/agent/run)
 
 
 def _subfolders(folder: Path) -> list[Path]:
@@ -57,7 +57,7 @@ def _subfolders(folder: Path) -> list[Path]:
         return []
 
 
-def _holds_trajectories(folder: Path, depth: int = MAX_DEPTH) -> bool:
+def _holds_trajectories(folder: Path, depth: int) -> bool:
     """A folder (not itself a trajectory) with a trajectory folder inside, at most ``depth`` levels down."""
     children = _subfolders(folder)
     if any(_is_trajectory_folder(c) for c in children):
@@ -199,7 +199,7 @@ def _folder_jobs(
             child.is_dir()
             and fmt != JSONL
             and not _is_trajectory_folder(child)
-            and _holds_trajectories(child)
+            and _holds_trajectories(child, MAX_DEPTH - 1)
         ):
             # a folder of folders: one per agent (Online-Mind2Web), or per benchmark and agent (AgentRewardBench)
             jobs.extend(_nested_jobs(child, fmt, agent, benchmark, scope, MAX_DEPTH - 1))
