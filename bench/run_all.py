@@ -223,6 +223,19 @@ def _presized(d: dict) -> list[Row]:
     ]
 
 
+def _transport(d: dict) -> list[Row]:
+    rps, s = d["requests_per_s"], d["settings"]
+    return [
+        (
+            "transport (bench_transport.py)",
+            "openai client (keyshot's transport) vs bare httpx2 post, wall time of a burst",
+            f"{d['ratio_openai_over_httpx2']:.2f}×",
+            f"{rps['openai']:.0f} vs {rps['httpx2']:.0f} requests/s; {s['requests']} scoring requests of "
+            f"{s['request_kib']} KiB, {s['concurrency']} at a time, to a server answering at once",
+        )
+    ]
+
+
 BENCHES: dict[str, tuple[list[str], Callable[[dict], list[Row]]]] = {
     "images": (["bench/bench_images.py"], _images),
     "calls": (["bench/bench_calls.py"], _calls),
@@ -234,6 +247,7 @@ BENCHES: dict[str, tuple[list[str], Callable[[dict], list[Row]]]] = {
     "faults": (["bench/faults.py"], _faults),
     "scale": (["bench/bench_scale.py"], _scale),
     "presized": (["bench/bench_presized.py"], _presized),
+    "transport": (["bench/bench_transport.py"], _transport),
 }
 
 

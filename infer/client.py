@@ -1,11 +1,13 @@
 """The one client through which every judge, teacher and scorer call goes (DESIGN.md contract 7).
 
-Payload building (:func:`build_payload`), the HTTP call with retries (:class:`JudgeClient`) and the
-answer's parsing (callers pass ``validate``) are separate. The client bounds concurrency with a
-semaphore, gives every request a timeout, retries 429/5xx/timeouts/broken connections/malformed
-bodies with exponential backoff and jitter (honouring ``Retry-After``), caches well-formed answers
-(:mod:`infer.cache`) and accounts tokens and cost (:mod:`infer.usage`). The API key is read from
-the environment at call time and never appears in logs, exceptions, reprs or the cache.
+Payload building (:func:`build_payload`), the call with retries (:class:`JudgeClient`) and the
+answer's parsing (callers pass ``validate``) are separate. Requests go through the official ``openai``
+client (:mod:`infer.transport`: pooling, timeouts, error classes; no retries or ambient headers of its
+own). The client bounds concurrency with a semaphore, gives every request a timeout, retries
+429/5xx/timeouts/broken connections/malformed bodies with exponential backoff and jitter (honouring
+``Retry-After``), caches well-formed answers (:mod:`infer.cache`) and accounts tokens and cost
+(:mod:`infer.usage`). The API key is read from the environment at call time and never appears in
+logs, exceptions, reprs or the cache.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-import httpx
+import httpx2
+import openai
 
 from infer.cache import CachedCompletion, CallCache, cache_key
 from infer.errors import EndpointDownError
 from infer.redaction import check_env_name, redact, redact_url
+from infer.transport import authorization, openai_client
 from infer.usage import BudgetExceededError, UsageLedger, token_cost_usd
 
 logger = logging.getLogger(__name__)
@@ -132,10 +136,6 @@ class EndpointConfig:
             raise ValueError(f"endpoint {self.name!r}: timeout_s must be > 0")
         if self.max_retries < 0 or self.max_invalid_retries < 0:
             raise ValueError(f"endpoint {self.name!r}: retry limits must be >= 0")
-
-    @property
-    def chat_url(self) -> str:
-        return self.base_url.rstrip("/") + "/chat/completions"
 
     @property
     def display_url(self) -> str:
@@ -247,7 +247,7 @@ class _Answer:
     logprobs: list[dict] | None
 
 
-def retry_after_s(headers: httpx.Headers) -> float | None:
+def retry_after_s(headers: httpx2.Headers) -> float | None:
     """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date)."""
     ms = headers.get("retry-after-ms")
     if ms is not None:
@@ -428,7 +428,7 @@ class JudgeClient:
         self.ledger = ledger if ledger is not None else UsageLedger()
         self._rng = rng or random.Random()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._http: httpx.AsyncClient | None = None
+        self._api: openai.AsyncOpenAI | None = None
         self._semaphore: asyncio.Semaphore | None = None
         self.breaker = Breaker(
             endpoint.name, endpoint.display_url, endpoint.breaker_failures, endpoint.breaker_window_s
@@ -449,22 +449,19 @@ class JudgeClient:
         return self.breaker.down
 
     # ------------------------------------------------------------------ loop-bound resources
-    def _resources(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+    def _resources(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._http is None or self._semaphore is None:
-            n = self.endpoint.max_concurrency
-            self._http = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.endpoint.timeout_s),
-                limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-            )
-            self._semaphore = asyncio.Semaphore(n)
+        if self._loop is not loop or self._api is None or self._semaphore is None:
+            ep = self.endpoint
+            self._api = openai_client(ep.base_url, timeout_s=ep.timeout_s, max_connections=ep.max_concurrency)
+            self._semaphore = asyncio.Semaphore(ep.max_concurrency)
             self._loop = loop
-        return self._http, self._semaphore
+        return self._api, self._semaphore
 
     async def aclose(self) -> None:
-        if self._http is not None and self._loop is asyncio.get_running_loop():
-            await self._http.aclose()
-        self._http = None
+        if self._api is not None and self._loop is asyncio.get_running_loop():
+            await self._api.close()
+        self._api = None
         self._semaphore = None
         self._loop = None
 
@@ -579,10 +576,6 @@ class JudgeClient:
         ep = self.endpoint
         self.breaker.started()
         api_key = ep.api_key()
-        headers = {"Content-Type": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
         self.ledger.record_call(ep.name)
 
         attempts = 0
@@ -594,7 +587,7 @@ class JudgeClient:
             if self.down is not None:  # tripped by another call while this one waited
                 raise self.down
             try:
-                answer, cost = await self._send(body, headers, api_key, is_retry=attempts > 1)
+                answer, cost = await self._send(payload, api_key, is_retry=attempts > 1)
             except _Transient as exc:
                 transient_failures += 1
                 self.breaker.failed(exc.reason)
@@ -696,26 +689,33 @@ class JudgeClient:
         return ceiling * self._rng.uniform(0.5, 1.0)
 
     async def _send(
-        self, body: bytes, headers: dict[str, str], api_key: str | None, *, is_retry: bool
+        self, payload: dict[str, Any], api_key: str | None, *, is_retry: bool
     ) -> tuple[_Answer, float]:
         """One HTTP request under the semaphore and the per-call timeout."""
         ep = self.endpoint
-        http, semaphore = self._resources()
+        api, semaphore = self._resources()
         async with semaphore:
             while not self.ledger.begin_request(ep.name, ep.budget_usd, is_retry=is_retry):
                 await asyncio.sleep(0.005)  # under a budget, the first priced answer is awaited
             paid, answer, cost = False, None, 0.0
             try:
+                request = api.post(
+                    "/chat/completions",
+                    cast_to=httpx2.Response,
+                    body=payload,
+                    options={"headers": authorization(api_key)},
+                )
                 try:
-                    response = await asyncio.wait_for(
-                        http.post(ep.chat_url, content=body, headers=headers), timeout=ep.timeout_s
-                    )
-                except (asyncio.TimeoutError, httpx.TimeoutException):
+                    response = await asyncio.wait_for(request, timeout=ep.timeout_s)
+                except (asyncio.TimeoutError, openai.APITimeoutError):
                     raise _Transient(f"no answer within {ep.timeout_s:g}s") from None
-                except httpx.TransportError as exc:
+                except openai.APIConnectionError as exc:
+                    cause = exc.__cause__ or exc
                     raise _Transient(
-                        f"connection error: {type(exc).__name__}: {redact(str(exc), [api_key])}"
+                        f"connection error: {type(cause).__name__}: {redact(str(cause), [api_key])}"
                     ) from None
+                except openai.APIStatusError as exc:
+                    response = exc.response
                 status = response.status_code
                 if status == 200:
                     answer = _parse_body(response.content, ep.model)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import httpx
+import httpx2
+import openai
 
 from infer.client import EndpointConfig, MissingAPIKeyError
 from infer.errors import EXIT_PREFLIGHT, KeyshotError
 from infer.redaction import redact
+from infer.transport import authorization, openai_client
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +29,7 @@ class PreflightError(KeyshotError):
     exit_code = EXIT_PREFLIGHT
 
 
-async def _check(client: httpx.AsyncClient, ep: EndpointConfig) -> str | None:
+async def _check(ep: EndpointConfig, timeout_s: float) -> str | None:
     where = f"endpoint {ep.name!r} ({ep.display_url}, model {ep.model!r})"
     try:
         key = ep.api_key()
@@ -36,14 +38,18 @@ async def _check(client: httpx.AsyncClient, ep: EndpointConfig) -> str | None:
             f"{where}: the environment variable {ep.api_key_env} is not set; export {ep.api_key_env}=<key> "
             "(or set api_key_env: null for a server without keys)"
         )
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    url = ep.base_url.rstrip("/") + "/models"
+    api = openai_client(ep.base_url, timeout_s=timeout_s, max_connections=1)
     try:
-        response = await client.get(url, headers=headers)
-    except httpx.TimeoutException:
+        response = await api.get("/models", cast_to=httpx2.Response, options={"headers": authorization(key)})
+    except openai.APITimeoutError:
         return f"{where}: no answer from {ep.display_url} within the preflight's time; is the server up?"
-    except httpx.TransportError as exc:
-        return f"{where}: cannot connect ({type(exc).__name__}: {redact(str(exc), [key])}); is the server up and the URL right?"
+    except openai.APIConnectionError as exc:
+        cause = exc.__cause__ or exc
+        return f"{where}: cannot connect ({type(cause).__name__}: {redact(str(cause), [key])}); is the server up and the URL right?"
+    except openai.APIStatusError as exc:
+        response = exc.response
+    finally:
+        await api.close()
     if response.status_code in (401, 403):
         if key is None and ep.api_key_env:
             return (
@@ -73,8 +79,7 @@ async def _check(client: httpx.AsyncClient, ep: EndpointConfig) -> str | None:
 
 async def _check_all(endpoints: list[EndpointConfig], timeout_s: float) -> list[str | None]:
     """One result per endpoint, in order: the problem, or None."""
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s)) as client:
-        return list(await asyncio.gather(*(_check(client, ep) for ep in endpoints)))
+    return list(await asyncio.gather(*(_check(ep, timeout_s) for ep in endpoints)))
 
 
 def preflight(

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import httpx
+import httpx2
 
 from infer.checkpoint import CheckpointError, CheckpointMeta, read_meta, saved_pixel_bounds
 from infer.client import EndpointConfig
@@ -416,8 +416,8 @@ class VLLMServer:
                     f"vLLM exited with code {code} during start-up (log {self.plan.log_file}):\n"
                     f"{log_tail(self.plan.log_file)}"
                 )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url, timeout=2.0).status_code == 200:
+            with contextlib.suppress(httpx2.HTTPError):
+                if httpx2.get(url, timeout=2.0).status_code == 200:
                     return
             if time.monotonic() > deadline:
                 raise ServeError(

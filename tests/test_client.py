@@ -8,7 +8,7 @@ import io
 import logging
 import time
 
-import httpx
+import httpx2
 import pytest
 from PIL import Image
 
@@ -25,6 +25,7 @@ from infer.client import (
 )
 from infer.messages import key_points_messages, scorer_messages
 from infer.parsing import parse_score
+from infer.preflight import preflight
 from infer.prompts import load_prompt_set
 from infer.testing.fake_openai import (
     FAULT_KINDS,
@@ -149,10 +150,10 @@ def test_client_key_follows_payload_params():
 
 
 def test_retry_after_parsing_and_backoff_bounds():
-    assert retry_after_s(httpx.Headers({"Retry-After": "2"})) == 2.0
-    assert retry_after_s(httpx.Headers({"retry-after-ms": "1500", "Retry-After": "9"})) == 1.5
-    assert retry_after_s(httpx.Headers({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0
-    assert retry_after_s(httpx.Headers({})) is None
+    assert retry_after_s(httpx2.Headers({"Retry-After": "2"})) == 2.0
+    assert retry_after_s(httpx2.Headers({"retry-after-ms": "1500", "Retry-After": "9"})) == 1.5
+    assert retry_after_s(httpx2.Headers({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0
+    assert retry_after_s(httpx2.Headers({})) is None
     ep = EndpointConfig(base_url="http://x", model="m", backoff_base_s=1.0, backoff_max_s=5.0)
     client = JudgeClient(ep)
     for n, ceiling in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 5.0), (10, 5.0)]:
@@ -389,6 +390,34 @@ def test_api_key_never_leaks(monkeypatch, caplog, tmp_path):
     assert secret.encode() not in (tmp_path / "c.sqlite").read_bytes()
     for extra in tmp_path.glob("c.sqlite-*"):
         assert secret.encode() not in extra.read_bytes()
+
+
+def test_nothing_from_the_environment_reaches_an_endpoint(monkeypatch):
+    """The openai library reads keys, organisation, project and extra headers from the environment;
+    keyshot sends an endpoint only the key its config names, whatever else is set."""
+    ambient = {
+        "OPENAI_API_KEY": "sk-ambient-api-key",
+        "OPENAI_ADMIN_KEY": "sk-ambient-admin-key",
+        "OPENAI_ORG_ID": "org-ambient",
+        "OPENAI_PROJECT_ID": "proj-ambient",
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+        "OPENAI_CUSTOM_HEADERS": "X-Gateway-Token: ambient-token\nAuthorization: Bearer sk-ambient-auth",
+    }
+    for name, value in ambient.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("KEYSHOT_TEST_KEY", "sk-configured")
+    messages = key_points_messages(PROMPTS, "a task")
+    with FakeOpenAI() as keyless, FakeOpenAI(api_key="sk-configured") as keyed:
+        for srv, env in ((keyless, None), (keyed, "KEYSHOT_TEST_KEY")):
+            ep = _local(srv, api_key_env=env)
+            preflight([ep])  # GET /models
+            assert JudgeClient(ep).complete_sync(messages, prompt_version=VERSION).valid
+        assert len(keyless.request_headers) == len(keyed.request_headers) == 2
+        assert all("authorization" not in h for h in keyless.request_headers)
+        assert all(h["authorization"] == "Bearer sk-configured" for h in keyed.request_headers)
+        for headers in keyless.request_headers + keyed.request_headers:
+            assert not {"openai-organization", "openai-project", "x-gateway-token"} & set(headers)
+            assert not any("ambient" in value for value in headers.values()), headers
 
 
 def test_ledger_summary_table_and_dict():

@@ -8,7 +8,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from infer.checkpoint import read_meta, write_meta
@@ -198,8 +198,8 @@ def test_vllm_accepts_the_command(scorer_checkpoint, tmp_path):
 @pytest.mark.slow
 def test_server_is_up_and_serves_the_checkpoint(vllm_server):
     assert vllm_server.base_url.startswith("http://127.0.0.1:")
-    assert httpx.get(f"{vllm_server.root_url}/health", timeout=10).status_code == 200
-    models = httpx.get(f"{vllm_server.base_url}/models", timeout=10).json()
+    assert httpx2.get(f"{vllm_server.root_url}/health", timeout=10).status_code == 200
+    models = httpx2.get(f"{vllm_server.base_url}/models", timeout=10).json()
     assert [m["id"] for m in models["data"]] == [SERVED_NAME]
 
 

@@ -7,6 +7,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from data_synth.errors import SynthError
@@ -309,7 +310,7 @@ def _general_teacher():
         image = decode_image(user_parts(request)[1][0])
         score = score_image("brightness", image)
         return (
-            f"### Reasoning: The screenshot is a page of mean brightness {sum(image.convert('L').getdata()) // (image.width * image.height)}."
+            f"### Reasoning: The screenshot is a page of mean brightness {int(np.asarray(image.convert('L')).mean())}."
             f"\n\nIts second paragraph explains why it rates {score}.\n### Score: {score}"
         )
 

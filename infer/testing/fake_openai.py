@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from random import Random
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 from PIL import Image
@@ -385,6 +385,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self._send_json(200, {"status": "ok"})
         elif self.path in ("/v1/models", "/models"):
+            fake._record_headers(self.headers)
             if not fake._key_ok(self.headers.get("Authorization")):
                 self._send_json(401, {"error": {"message": "Incorrect API key provided"}})
                 return
@@ -426,6 +427,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(status, {"error": {"message": message}}, headers)
 
     def _chat(self, fake: FakeOpenAI, raw: bytes) -> None:
+        fake._record_headers(self.headers)
         fake._record_auth(self.headers.get("Authorization"))
         if not fake._key_ok(self.headers.get("Authorization")):
             self._send_json(401, {"error": {"message": "Incorrect API key provided"}})
@@ -526,6 +528,7 @@ class FakeOpenAI:
         self.leak_auth_in_errors = leak_auth_in_errors
         self.requests: list[dict] = []
         self.auth_headers: list[str | None] = []
+        self.request_headers: list[dict[str, str]] = []  # every request's, names lower-cased
         self._host, self._port = host, port
         self._stats = ServerStats()
         self._in_flight = 0
@@ -615,6 +618,10 @@ class FakeOpenAI:
 
     def _key_ok(self, authorization: str | None) -> bool:
         return self.api_key is None or authorization == f"Bearer {self.api_key}"
+
+    def _record_headers(self, headers: Any) -> None:
+        with self._lock:
+            self.request_headers.append({k.lower(): v for k, v in headers.items()})
 
     def _record_auth(self, value: str | None) -> None:
         with self._lock:

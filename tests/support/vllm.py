@@ -14,7 +14,7 @@ import shutil
 import threading
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from infer.serve import ENV_VLLM_PYTHON, ServeConfig, VLLMServer
@@ -99,7 +99,7 @@ def vllm_server(scorer_checkpoint, tmp_path_factory):
 
 def vllm_request_count(server: VLLMServer) -> int:
     """Finished requests so far, from vLLM's Prometheus ``/metrics`` (counts every scorer call)."""
-    text = httpx.get(f"{server.root_url}/metrics", timeout=10).text
+    text = httpx2.get(f"{server.root_url}/metrics", timeout=10).text
     total = 0.0
     for line in text.splitlines():
         if line.startswith("vllm:request_success_total"):
