@@ -28,6 +28,7 @@ from data_synth.merge import merge_synth_shards
 from data_synth.synth import load_synth_config, run_synth
 from infer.config import ConfigError, config_from_data
 from infer.helptext import plain
+from infer.logs import setup_logging
 from infer.shards import ShardError, ShardSpec
 
 logger = logging.getLogger(__name__)
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     from infer.cli import parse
 
     args = parse(parser, ["synth", *(sys.argv[1:] if argv is None else argv)])
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging()
     return args.func(args)
 
 

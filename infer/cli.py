@@ -22,6 +22,7 @@ import sys
 
 from infer.errors import EXIT_USAGE, Interrupted, KeyshotError, require_training_stack
 from infer.helptext import plain
+from infer.logs import setup_logging
 
 # Each module registers its subcommand with ``add_parser(subparsers)`` and sets ``func``.
 SUBCOMMAND_MODULES = (
@@ -87,13 +88,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(build_parser(), argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         return int(args.func(args) or 0)

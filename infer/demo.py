@@ -19,6 +19,7 @@ from infer.checkpoint import read_meta
 from infer.config import load_config
 from infer.judge_cli import run_judge
 from infer.judge_config import JudgeRunConfig
+from infer.logs import setup_logging
 from infer.report import build_report
 from infer.run_protocol import RUN_FILE, protocol_fingerprint
 from infer.serve import ServeConfig, VLLMServer
@@ -71,11 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=Path, default=SAMPLES)
     ap.add_argument("--vllm-python", default=None, help="python with vllm (default: $KEYSHOT_VLLM_PYTHON)")
     args = ap.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
-    )
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging()
     # the untrained model's unreadable answers are expected here and counted in the summary as invalid,
     # so the client's per-answer warning about them is not shown
     logging.getLogger("infer.client").setLevel(logging.ERROR)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from infer.helptext import plain
+from infer.logs import setup_logging
 from infer.metrics import (
     LABEL_2_POLICIES,
     MetricsInputError,
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging()
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from infer.config import ConfigError, dump_config, load_config
+from infer.logs import setup_logging
 from train.settings import TrainConfig
 
 logger = logging.getLogger("train.sft")
@@ -42,10 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING,
-        format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
+    setup_logging(
+        logging.INFO if rank == 0 else logging.WARNING,
+        f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s",
     )
     try:
         cfg = load_config(TrainConfig, args.config, args.overrides)
