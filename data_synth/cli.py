@@ -26,7 +26,7 @@ from data_synth.errors import SynthError
 from data_synth.importers import import_arb, import_reference
 from data_synth.merge import merge_synth_shards
 from data_synth.synth import load_synth_config, run_synth
-from infer.config import ConfigError, config_from_data
+from infer.config import ConfigError, config_from_data, split_paths_and_overrides
 from infer.helptext import plain
 from infer.logs import setup_logging
 from infer.shards import ShardError, ShardSpec
@@ -47,7 +47,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument(
         "overrides", nargs="*", metavar="key=value", help="config overrides, as for every keyshot command"
     )
-    run.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)  # the old spelling
     run.add_argument("--dry-run", action="store_true", help="print the cost estimate and make no call")
     run.add_argument("--retry-failed", action="store_true", help="ask again for labels recorded as failed")
     run.add_argument(
@@ -63,12 +62,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     merge = actions.add_parser(
         "merge", help="join the shards of `synth run --shard I/N`, then build the dataset"
     )
-    merge.add_argument("run", type=Path, nargs="?", help="run folder (default: the config's run_dir)")
+    merge.add_argument(
+        "items",
+        nargs="*",
+        metavar="RUN|key=value",
+        help="the run folder (default: the config's run_dir), then build config overrides",
+    )
     merge.add_argument(
         "--config", type=Path, help="synth config (its `build:` section) or a build config YAML"
     )
-    merge.add_argument("overrides", nargs="*", metavar="key=value", help="build config overrides")
-    merge.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)  # the old spelling
     merge.add_argument("--no-build", action="store_true", help="merge the labels only")
 
     arb = actions.add_parser("import-arb", help="import AgentRewardBench WebJudge records as teacher labels")
@@ -97,12 +99,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     ref.add_argument("--prompt-variant", default="online_mind2web", help="prompt set the dataset rows use")
 
     build = actions.add_parser("build", help="aggregate a run's labels into the dataset")
-    build.add_argument("run", type=Path, help="run folder")
+    build.add_argument(
+        "items", nargs="*", metavar="RUN|key=value", help="the run folder, then build config overrides"
+    )
     build.add_argument(
         "--config", type=Path, help="synth config (its `build:` section) or a build config YAML"
     )
-    build.add_argument("overrides", nargs="*", metavar="key=value", help="build config overrides")
-    build.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)  # the old spelling
     build.add_argument("--out", type=Path, help="dataset folder (default: RUN/dataset)")
     parser.set_defaults(func=run_command)
 
@@ -126,6 +128,13 @@ def load_build_config(path: Path | None, overrides: list[str]) -> BuildConfig:
         raise SynthError(str(exc)) from None
 
 
+def _run_and_overrides(items: list[str]) -> tuple[Path | None, list[str]]:
+    paths, overrides = split_paths_and_overrides(items)
+    if len(paths) > 1:
+        raise SynthError(f"one run folder, not {len(paths)}: {' '.join(paths)}")
+    return (Path(paths[0]) if paths else None), overrides
+
+
 def run_command(args: argparse.Namespace) -> int:
     try:
         return _dispatch(args)
@@ -137,7 +146,7 @@ def run_command(args: argparse.Namespace) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     action = args.synth_action
     if action == "run":
-        cfg = load_synth_config(args.config, [*args.overrides, *args.set])
+        cfg = load_synth_config(args.config, args.overrides)
         shard = ShardSpec.parse(args.shard) if args.shard else None
         report = run_synth(
             cfg, dry_run=args.dry_run, retry_failed=args.retry_failed, build=not args.no_build, shard=shard
@@ -147,16 +156,14 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"when every shard is done: keyshot synth merge {cfg.run_dir} --config {args.config}")
         return report.exit_code
     if action == "merge":
-        if args.run is not None and "=" in str(args.run) and not args.run.exists():
-            args.overrides.insert(0, str(args.run))  # `merge --config X key=value`: no run folder given
-            args.run = None
-        if args.run is None:
+        run, overrides = _run_and_overrides(args.items)
+        if run is None:
             if args.config is None:
                 raise SynthError("give the run folder, or --config with its run_dir")
-            args.run = Path(load_synth_config(args.config).run_dir)
-        build = None if args.no_build else load_build_config(args.config, [*args.overrides, *args.set])
-        merged, result = merge_synth_shards(args.run, build)
-        print(f"merged {merged['shards']} shards into {args.run / 'labels.jsonl'}")
+            run = Path(load_synth_config(args.config).run_dir)
+        build = None if args.no_build else load_build_config(args.config, overrides)
+        merged, result = merge_synth_shards(run, build)
+        print(f"merged {merged['shards']} shards into {run / 'labels.jsonl'}")
         if result is not None:
             print(f"dataset written to {result.path}: {result.meta.rows}")
         return 0
@@ -189,10 +196,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"labels added to {args.run}; build the dataset with `keyshot synth build {args.run}`")
         return 0 if report.records > len(report.errors) else 1
     if action == "build":
-        cfg = load_build_config(args.config, [*args.overrides, *args.set])
+        run, overrides = _run_and_overrides(args.items)
+        if run is None:
+            raise SynthError("give the run folder whose labels to build (keyshot synth build RUN)")
+        cfg = load_build_config(args.config, overrides)
         if args.out is not None:
             cfg.output_dir = str(args.out)
-        result = build_dataset(args.run, cfg)
+        result = build_dataset(run, cfg)
         print(f"dataset written to {result.path}: {result.meta.rows}")
         print(f"prompt version {result.meta.prompt_version}, data hash {result.meta.data_hash}")
         for reason, n in sorted(result.report.dropped.items()):

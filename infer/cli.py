@@ -80,7 +80,8 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
     )
     unknown = [a for a in extras if a.startswith("-")] + (items if target is None else [])
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        hint = " (overrides are written key=value, without --set)" if "--set" in unknown else ""
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if target is not None:
         getattr(args, target).extend(items)
     return args

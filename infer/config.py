@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import types
 import typing
 from collections.abc import Iterable
@@ -134,6 +135,22 @@ def _set_path(data: dict, dotted: str, value: Any) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"override {dotted!r}: {key!r} is not a section")
     node[keys[-1]] = value
+
+
+#: An override: a dotted key of identifiers, ``=``, a value (``judge.model=gpt-4o``).
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
+
+
+def split_paths_and_overrides(items: list[str]) -> tuple[list[str], list[str]]:
+    """A command line's positional items: paths, and ``key=value`` overrides (an existing path is always
+    a path). The one rule of every command that takes both."""
+    paths, overrides = [], []
+    for item in items:
+        if OVERRIDE.match(item) and not Path(item).exists():
+            overrides.append(item)
+        else:
+            paths.append(item)
+    return paths, overrides
 
 
 def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> T:

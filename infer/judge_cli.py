@@ -19,7 +19,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import re
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from tqdm import tqdm
 from infer.cache import CacheError, CallCache
 from infer.checkpoint import CheckpointError
 from infer.client import JudgeClient
-from infer.config import ConfigError, config_to_dict, load_config
+from infer.config import ConfigError, config_to_dict, load_config, split_paths_and_overrides
 from infer.errors import EXIT_INCOMPLETE, RunStopError, require_training_stack
 from infer.fileio import write_text_atomic
 from infer.helptext import plain
@@ -59,7 +58,6 @@ from infer.verdicts import (
 logger = logging.getLogger(__name__)
 
 CACHE_FILE = "calls.sqlite"
-_OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 
 
 # ---------------------------------------------------------------------------- building blocks
@@ -455,19 +453,8 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def split_items(items: list[str]) -> tuple[list[str], list[str]]:
-    """Trajectory paths and ``key=value`` overrides (an existing path is always a path)."""
-    paths, overrides = [], []
-    for item in items:
-        if _OVERRIDE.match(item) and not Path(item).exists():
-            overrides.append(item)
-        else:
-            paths.append(item)
-    return paths, overrides
-
-
 def run(args: argparse.Namespace) -> int:
-    paths, overrides = split_items(args.items)
+    paths, overrides = split_paths_and_overrides(args.items)
     if args.out:
         overrides.append(f"out={args.out}")
     if args.allow_partial:

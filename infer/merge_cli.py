@@ -25,6 +25,7 @@ from typing import BinaryIO
 from infer.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, KeyshotError
 from infer.fileio import atomic_output, write_text_atomic
 from infer.helptext import plain
+from infer.judge_config import JudgeRunError
 from infer.run_protocol import RUN_FILE, protocol_differences, read_protocol
 from infer.run_summary import combine_summaries, summarize, summary_markdown
 from infer.runlock import RunLock
@@ -50,9 +51,12 @@ def check_shards(out: Path) -> tuple[int, dict[int, Path], dict[int, dict], dict
     summaries: dict[int, dict] = {}
     protocols: dict[int, dict] = {}
     for index, folder in sorted(folders.items()):
-        protocol = read_protocol(folder)
         summary = read_summary(folder) or {}
         why = unfinished(folder, VERDICTS_FILE, "keyshot merge")
+        try:
+            protocol = read_protocol(folder, advice=None)  # the refusal says what to do
+        except JudgeRunError as exc:
+            protocol, why = None, why or str(exc)
         if why is None and protocol is None:
             why = "never started judging (no run.json)"
         run = summary.get("run", {})

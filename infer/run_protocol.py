@@ -58,8 +58,9 @@ def checkpoint_hash(folder: str) -> str | None:
     return digest.hexdigest()[:16]
 
 
-def read_protocol(folder: Path) -> dict | None:
-    """The protocol recorded in ``folder/run.json``, or None when the folder has none yet."""
+def read_protocol(folder: Path, advice: str | None = "move it away or use another --out") -> dict | None:
+    """The protocol recorded in ``folder/run.json``, or None when the folder has none yet; a file that is
+    not a run file raises, naming it, with ``advice`` (what the calling command's user can do)."""
     path = folder / RUN_FILE
     if not path.exists():
         return None
@@ -67,7 +68,7 @@ def read_protocol(folder: Path) -> dict | None:
         protocol = json.loads(path.read_text(encoding="utf-8")).get("protocol", {})
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
         raise JudgeRunError(
-            f"{path}: not a keyshot run file ({exc}); move it away or use another --out"
+            f"{path}: not a keyshot run file ({exc})" + (f"; {advice}" if advice else "")
         ) from None
     if "variant" in protocol and "prompt_variant" not in protocol:  # folders written before the rename
         protocol["prompt_variant"] = protocol.pop("variant")

@@ -210,12 +210,12 @@ def test_cli_import_then_build(tmp_path, capsys):
         [
             "synth",
             "build",
+            "aggregation.consensus=majority",  # overrides and the run folder in any order
             str(run),
             "--config",
             str(FIXTURES.parent.parent / "configs/synth/arb_import.yaml"),
         ]
         + ["--out", str(out)]
-        + ["aggregation.consensus=majority"]
     )
     assert rc == 0
     printed = capsys.readouterr().out
@@ -223,6 +223,11 @@ def test_cli_import_then_build(tmp_path, capsys):
     assert json.loads((out / "keyshot_dataset.json").read_text())["aggregation"]["consensus"] == "majority"
     assert keyshot(["synth", "build", str(tmp_path / "nothing")]) == 2
     assert "no label store" in capsys.readouterr().err
+    assert keyshot(["synth", "build", str(run), str(tmp_path / "other")]) == 2
+    assert "one run folder, not 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one override syntax: the old --set is refused with the right one
+        keyshot(["synth", "build", str(run), "--set", "aggregation.consensus=mean"])
+    assert "overrides are written key=value, without --set" in capsys.readouterr().err
 
 
 def test_default_policy_is_what_the_rows_hold(tmp_path):

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from infer.cli import main as keyshot
-from infer.config import load_config
-from infer.judge_cli import split_items
+from infer.config import load_config, split_paths_and_overrides
 from infer.judge_config import JudgeRunConfig
 from infer.testing.fake_openai import FakeOpenAI, fetch_stats, make_judge, spawn_fake_openai
 from infer.verdicts import read_verdicts
@@ -57,10 +56,10 @@ def lines_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_split_items(tmp_path):
+def test_split_paths_and_overrides(tmp_path):
     odd = tmp_path / "a=b"
     odd.mkdir()
-    assert split_items(["runs/x", "out=o", "judge.model=m", str(odd)]) == (
+    assert split_paths_and_overrides(["runs/x", "out=o", "judge.model=m", str(odd)]) == (
         ["runs/x", str(odd)],
         ["out=o", "judge.model=m"],
     )

@@ -222,6 +222,13 @@ def test_merge_refuses_missing_unfinished_and_mixed_shards(tmp_path, capsys):
     assert keyshot(["merge", str(out2)]) == 2
     assert "shard 1 was judged under another protocol" in capsys.readouterr().err
 
+    # a shard whose run.json is not a run file: named among the shards to re-run, with merge's advice
+    (out2 / "shard-0-of-2" / "run.json").write_text("{not json")
+    assert keyshot(["merge", str(out2)]) == 2
+    err = capsys.readouterr().err
+    assert "shard 0: " in err and "shard-0-of-2/run.json: not a keyshot run file" in err
+    assert "--out" not in err and "re-run them" in err
+
 
 def test_killed_shard_resumes_and_merges_without_loss(tmp_path, capsys):
     inputs = _input(tmp_path, n=16, shots=3)
@@ -339,7 +346,9 @@ def test_synth_shards_merge_into_the_dataset_of_one_run(tmp_path, capsys):
                 assert "shards that never ran: 1, 2" in capsys.readouterr().err
             assert keyshot(argv) == 0
         assert len(bright.requests) + len(dark.requests) == single_calls  # no call more than one run pays
-    assert keyshot(["synth", "merge", many.run_dir, "--config", str(tmp_path / "many.yaml")]) == 0
+    # no run folder given: the config's run_dir; an override among the positional items is an override
+    merge = ["synth", "merge", "aggregation.consensus=median", "--config", str(tmp_path / "many.yaml")]
+    assert keyshot(merge) == 0
 
     def labels(run: str) -> dict:
         store = read_store(Path(run) / LABELS_FILE)
