@@ -33,8 +33,8 @@ if str(REPO) not in sys.path:  # `python bench/bench_train.py` from a checkout
     sys.path.insert(0, str(REPO))
 
 from infer.rendering import ScorerRenderer, image_policy_for  # noqa: E402
+from infer.testing.scorer_data import scorer_rows  # noqa: E402
 from infer.tiny_model import build_tiny_qwen25vl  # noqa: E402
-from tests.support.train_data import scorer_rows  # noqa: E402
 from train.batches import LengthGroupedBatchSampler, RandomBatchSampler, ScorerCollator, padding_fraction  # noqa: E402
 
 logger = logging.getLogger("bench_train")

@@ -64,8 +64,8 @@ from infer.rendering import (  # noqa: E402
     set_processor_pixel_bounds,
 )
 from infer.scorer import TransformersScorer  # noqa: E402
+from infer.testing.scorer_data import scorer_rows  # noqa: E402
 from infer.tiny_model import build_tiny_qwen25vl  # noqa: E402
-from tests.support.train_data import scorer_rows  # noqa: E402
 from train.batches import ScorerCollator, build_batch_sampler  # noqa: E402
 from train.scorer_model import parameter_groups, prepare_for_training  # noqa: E402
 from train.settings import LoraSettings, ModelSettings, OptimSettings  # noqa: E402
@@ -344,7 +344,7 @@ def train_fitting(kit: Kit, rows: list[dict], *, mode: str, batching: str, batch
 
 # ----------------------------------------------------------------------------- scoring
 def screenshots(n: int) -> list:
-    from tests.support.train_data import screenshot
+    from infer.testing.scorer_data import screenshot
 
     rng = random.Random(0)
     return [
@@ -405,7 +405,7 @@ def scorer_bench(kit: Kit, batch_sizes: list[int], reps: int) -> tuple[dict, obj
 
 def parity(scorer: TransformersScorer, kit: Kit) -> dict:
     """One example through the training path and the scoring path: the same token ids and pixels."""
-    from tests.support.train_data import screenshot
+    from infer.testing.scorer_data import screenshot
 
     prompts = load_prompt_set()
     image = prepare_image(screenshot(3, (1280, 720), random.Random(1)), DEFAULT_POLICY)

@@ -34,7 +34,7 @@ from infer.shards import ShardError, ShardSpec
 logger = logging.getLogger(__name__)
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "synth",
         help="distil teacher labels into a training dataset",

@@ -64,7 +64,7 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``metrics`` on a ``keyshot`` subcommand parser."""
     parser = subparsers.add_parser(
         "metrics",

@@ -51,7 +51,7 @@ def test_scorer_on_cuda_loads_bf16_and_answers(tiny_model_dir):
 
 def test_recipe_logs_evaluates_checkpoints_and_resumes_on_cuda(tiny_model_dir, tmp_path):
     pytest.importorskip("datasets")
-    from tests.support.train_data import build_scorer_dataset
+    from infer.testing.scorer_data import build_scorer_dataset
 
     data = build_scorer_dataset(tmp_path / "data", n_train=16, n_val=4, seed=0)
     run_dir = tmp_path / "run"

@@ -17,9 +17,9 @@ import pytest
 
 from infer.cli import main as keyshot
 from infer.testing.fake_openai import spawn_fake_openai
+from infer.testing.scorer_data import build_scorer_dataset
 from infer.verdicts import read_verdicts
 from tests.support.slurm import ensure_slurm, job_state, sbatch, slurm_cluster, wait_for
-from tests.support.train_data import build_scorer_dataset
 from tests.test_scale import _comparable, _config, _input, _totals
 
 pytestmark = pytest.mark.slow

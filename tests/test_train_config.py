@@ -262,7 +262,7 @@ def test_the_entry_runs_as_a_script_without_path_tricks(tmp_path):
 def test_check_names_a_bad_dataset_or_model_path_in_one_line(tmp_path):
     """`train/sft.py --check` (run by slurm/train.sh before launching): every wrong data.path or model
     path is one line naming it, exit 2, before anything is written; a good one says what it found."""
-    from tests.support.train_data import build_scorer_dataset
+    from infer.testing.scorer_data import build_scorer_dataset
 
     dataset = build_scorer_dataset(tmp_path / "ds", n_train=4, n_val=2)
     model = tmp_path / "model"

@@ -22,7 +22,7 @@ from infer.rendering import (
     processor_pixel_bounds,
     set_processor_pixel_bounds,
 )
-from tests.support.train_data import build_scorer_dataset, screenshot
+from infer.testing.scorer_data import build_scorer_dataset, screenshot
 from train.batches import (
     LengthGroupedBatchSampler,
     RandomBatchSampler,

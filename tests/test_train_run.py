@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.train_data import build_scorer_dataset
+from infer.testing.scorer_data import build_scorer_dataset
 
 pytestmark = pytest.mark.slow
 

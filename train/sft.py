@@ -22,6 +22,7 @@ import os
 import sys
 from pathlib import Path
 
+from infer.cli import parse
 from infer.config import ConfigError, dump_config, load_config
 from infer.logs import setup_logging
 from train.settings import TrainConfig
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         help="check the config, the dataset and the model path, then exit (no model is loaded): run it "
         "before `accelerate launch` or sbatch, whose launchers add their own traceback to any failure",
     )
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(
         logging.INFO if rank == 0 else logging.WARNING,
