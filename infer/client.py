@@ -14,31 +14,42 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import email.utils
-import ipaddress
-import json
 import logging
-import os
 import random
-import re
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
 
 import httpx2
 import openai
 
+from infer.breaker import Breaker
 from infer.cache import CachedCompletion, CallCache, cache_key
+from infer.endpoint import (
+    EndpointConfig,
+    JudgeCallError,
+    MissingAPIKeyError,
+    answer_params,
+    build_payload,
+    is_reasoning_model,
+)
 from infer.errors import EndpointDownError
-from infer.redaction import check_env_name, redact, redact_url
+from infer.redaction import redact
+from infer.responses import (
+    BODY_EXCERPT,
+    ENDPOINT_FAULT_STATUS,
+    RETRYABLE_STATUS,
+    Answer,
+    Transient,
+    parse_body,
+    retry_after_s,
+)
 from infer.transport import authorization, openai_client
 from infer.usage import BudgetExceededError, UsageLedger, token_cost_usd
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
+__all__ = [  # the endpoint's names too, so that callers need one import
     "BudgetExceededError",
     "Completion",
     "EndpointDownError",
@@ -49,166 +60,6 @@ __all__ = [
     "build_payload",
     "is_reasoning_model",
 ]
-
-RETRYABLE_STATUS = frozenset({408, 409, 429})
-#: Non-retryable answers that say the endpoint itself is wrong (key, permission, URL or model), not
-#: the request: they count towards the circuit breaker.
-ENDPOINT_FAULT_STATUS = frozenset({401, 403, 404})
-_REASONING_MODEL = re.compile(r"^(o1|o3|o4|gpt-5)")
-_BODY_EXCERPT = 300
-
-
-class JudgeCallError(RuntimeError):
-    """A call failed for good: a non-retryable HTTP error, or retries exhausted."""
-
-    def __init__(self, endpoint: str, message: str, status: int | None = None, attempts: int = 0):
-        self.endpoint = endpoint
-        self.status = status
-        self.attempts = attempts
-        super().__init__(f"endpoint {endpoint!r}: {message}")
-
-
-class MissingAPIKeyError(JudgeCallError):
-    """The endpoint needs an API key and its environment variable is not set."""
-
-
-@dataclass
-class EndpointConfig:
-    """An OpenAI-compatible chat endpoint and how to call it.
-
-    ``api_key_env`` names the environment variable holding the key (the key itself is never
-    stored). Prices are USD per million tokens. ``reasoning_model`` overrides the name rule of
-    :func:`is_reasoning_model`.
-
-    Fault bounds: a call is retried at most ``max_retries`` times; a run retries at most
-    ``max_run_retries`` times in all. The endpoint is declared down (:class:`~infer.errors.EndpointDownError`,
-    the run stops) once ``breaker_failures`` requests in a row failed (any call) and none has
-    succeeded for ``breaker_window_s`` seconds: a dead endpoint trips within seconds, a flaky one
-    whose requests still get through now and then does not.
-    """
-
-    base_url: str
-    model: str
-    api_key_env: str | None = "OPENAI_API_KEY"
-    timeout_s: float = 120.0
-    max_concurrency: int = 8
-    max_retries: int = 6
-    max_invalid_retries: int = 2
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 60.0
-    max_tokens: int = 1024
-    temperature: float = 0.0
-    seed: int | None = 0
-    price_input_per_mtok: float = 0.0
-    price_output_per_mtok: float = 0.0
-    budget_usd: float | None = None
-    extra_body: dict[str, Any] = field(default_factory=dict)
-    reasoning_model: bool | None = None
-    name: str = ""
-    breaker_failures: int = 8
-    breaker_window_s: float = 10.0
-    max_run_retries: int = 1000
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            self.name = self.model
-        check_env_name(self.api_key_env, f"endpoint {self.name!r}: api_key_env")
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"endpoint {self.name!r}: base_url must start with http:// or https://, "
-                f"got {redact_url(self.base_url)!r}"
-            )
-        if self.breaker_failures < 1 or self.breaker_window_s < 0:
-            raise ValueError(
-                f"endpoint {self.name!r}: breaker_failures must be >= 1 and breaker_window_s >= 0"
-            )
-        if self.max_run_retries < 0:
-            raise ValueError(f"endpoint {self.name!r}: max_run_retries must be >= 0")
-        if self.max_tokens < 1:
-            raise ValueError(f"endpoint {self.name!r}: max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0 <= self.temperature <= 2:
-            raise ValueError(
-                f"endpoint {self.name!r}: temperature must be within [0, 2], got {self.temperature}"
-            )
-        if self.max_concurrency < 1:
-            raise ValueError(f"endpoint {self.name!r}: max_concurrency must be >= 1")
-        if self.timeout_s <= 0:
-            raise ValueError(f"endpoint {self.name!r}: timeout_s must be > 0")
-        if self.max_retries < 0 or self.max_invalid_retries < 0:
-            raise ValueError(f"endpoint {self.name!r}: retry limits must be >= 0")
-
-    @property
-    def display_url(self) -> str:
-        """``base_url`` as it may be printed or written (credentials redacted)."""
-        return redact_url(self.base_url)
-
-    @property
-    def is_reasoning(self) -> bool:
-        return is_reasoning_model(self.model, self.reasoning_model)
-
-    def needs_api_key(self) -> bool:
-        """Remote endpoints need a key; loopback, private-network and bare host names may have none."""
-        host = (urlparse(self.base_url).hostname or "").lower()
-        if host in ("localhost", "") or "." not in host and ":" not in host:
-            return False
-        try:
-            addr = ipaddress.ip_address(host)
-        except ValueError:
-            return not host.endswith((".local", ".localhost", ".internal"))
-        return not (addr.is_loopback or addr.is_private or addr.is_unspecified)
-
-    def api_key(self) -> str | None:
-        """The key from the environment, None for keyless local endpoints; raises if a needed key is missing."""
-        if self.api_key_env is None:
-            return None
-        key = os.environ.get(self.api_key_env)
-        if key:
-            return key
-        if self.needs_api_key():
-            raise MissingAPIKeyError(
-                self.name,
-                f"environment variable {self.api_key_env} is not set; it must hold the API key for "
-                f"{self.display_url} (or set api_key_env to null for an endpoint without keys)",
-            )
-        return None
-
-
-def is_reasoning_model(model: str, override: bool | None = None) -> bool:
-    """True for OpenAI reasoning models (o1*, o3*, o4*, gpt-5*), which take
-    ``max_completion_tokens`` and reject ``temperature``. ``override`` wins when given."""
-    if override is not None:
-        return override
-    return bool(_REASONING_MODEL.match(model.lower().rsplit("/", 1)[-1]))
-
-
-def build_payload(
-    endpoint: EndpointConfig,
-    messages: list[dict],
-    *,
-    max_tokens: int | None = None,
-    logprobs: int | None = None,
-) -> dict[str, Any]:
-    """The JSON body of one chat-completions request. ``logprobs=k`` asks for the generated
-    tokens' log-probabilities with the ``k`` most likely alternatives each."""
-    body: dict[str, Any] = {"model": endpoint.model, "messages": messages}
-    limit = endpoint.max_tokens if max_tokens is None else max_tokens
-    if endpoint.is_reasoning:
-        body["max_completion_tokens"] = limit
-    else:
-        body["max_tokens"] = limit
-        body["temperature"] = endpoint.temperature
-    if endpoint.seed is not None:
-        body["seed"] = endpoint.seed
-    if logprobs is not None:
-        body["logprobs"] = True
-        body["top_logprobs"] = logprobs
-    body.update(endpoint.extra_body)
-    return body
-
-
-def _answer_params(payload: dict[str, Any]) -> dict[str, Any]:
-    """Everything in the body except model and messages: the parameters that change the answer."""
-    return {k: v for k, v in payload.items() if k not in ("model", "messages")}
 
 
 @dataclass
@@ -225,142 +76,6 @@ class Completion:
     error: str | None = None
     logprobs: list[dict] | None = None
     saved_cost_usd: float = 0.0
-
-
-class _Transient(Exception):
-    """A failure worth retrying: ``delay_s`` is the server's Retry-After, if it sent one."""
-
-    def __init__(self, reason: str, delay_s: float | None = None, status: int | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.delay_s = delay_s
-        self.status = status
-
-
-@dataclass
-class _Answer:
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    model: str
-    logprobs: list[dict] | None
-
-
-def retry_after_s(headers: httpx2.Headers) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date)."""
-    ms = headers.get("retry-after-ms")
-    if ms is not None:
-        try:
-            return max(0.0, float(ms) / 1000)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def _parse_logprobs(choice: dict) -> list[dict] | None:
-    lp = choice.get("logprobs")
-    if not isinstance(lp, dict) or not isinstance(lp.get("content"), list):
-        return None
-    out = []
-    for item in lp["content"]:
-        out.append(
-            {
-                "token": item.get("token"),
-                "logprob": item.get("logprob"),
-                "top_logprobs": [
-                    {"token": t.get("token"), "logprob": t.get("logprob")}
-                    for t in item.get("top_logprobs") or []
-                ],
-            }
-        )
-    return out
-
-
-def _parse_body(raw: bytes, fallback_model: str) -> _Answer:
-    """Read a 200 response; raises _Transient for bodies that are empty or not a chat completion."""
-    if not raw.strip():
-        raise _Transient("empty response body")
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _Transient(f"response body is not JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
-    if not isinstance(data, dict):
-        raise _Transient("response body is not a JSON object")
-    choices = data.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise _Transient("response has no choices")
-    choice = choices[0]
-    message = choice.get("message")
-    if not isinstance(message, dict):
-        raise _Transient("response choice has no message")
-    content = message.get("content")
-    if content is None:
-        content = ""
-    if not isinstance(content, str):
-        raise _Transient("response message content is not a string")
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    return _Answer(
-        text=content,
-        finish_reason=choice.get("finish_reason"),
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
-        model=str(data.get("model") or fallback_model),
-        logprobs=_parse_logprobs(choice),
-    )
-
-
-class Breaker:
-    """The circuit breaker of an endpoint (or of a pool of them).
-
-    It trips (:class:`~infer.errors.EndpointDownError`) once ``failures`` requests in a row failed and
-    none has been answered for ``window_s`` seconds, counted from the first request: a dead endpoint trips
-    within seconds, a flaky one whose requests still get through now and then does not. Once tripped it
-    stays down (every later request raises at once) until :meth:`reset`.
-    """
-
-    def __init__(self, name: str, url: str, failures: int, window_s: float):
-        self.name, self.url, self.failures, self.window_s = name, url, failures, window_s
-        self.in_a_row = 0
-        self.last_good: float | None = None
-        self.down: EndpointDownError | None = None
-
-    def started(self) -> None:
-        """A request is about to be sent: the quiet time counts from the first one."""
-        if self.down is not None:
-            raise self.down
-        if self.last_good is None:
-            self.last_good = time.monotonic()
-
-    def failed(self, reason: str, *, may_trip: bool = True) -> None:
-        """Count a failed request; raises EndpointDownError when the breaker is (or now goes) down."""
-        self.in_a_row += 1
-        quiet_s = time.monotonic() - (self.last_good or time.monotonic())
-        if self.down is None and may_trip and self.in_a_row >= self.failures and quiet_s >= self.window_s:
-            self.down = EndpointDownError(self.name, self.url, self.in_a_row, reason)
-            logger.error("%s", self.down)
-        if self.down is not None:
-            raise self.down
-
-    def answered(self) -> None:
-        self.in_a_row = 0
-        self.last_good = time.monotonic()
-
-    def reset(self) -> None:
-        """Close a tripped breaker (a pool tries an endpoint again after its cool-down)."""
-        self.down = None
-        self.in_a_row = 0
 
 
 class InFlight:
@@ -482,7 +197,7 @@ class JudgeClient:
     ) -> str:
         """The cache key :meth:`complete` uses for these arguments."""
         payload = build_payload(self.endpoint, messages, max_tokens=max_tokens, logprobs=logprobs)
-        return cache_key(self.endpoint.model, prompt_version, messages, _answer_params(payload))
+        return cache_key(self.endpoint.model, prompt_version, messages, answer_params(payload))
 
     async def complete(
         self,
@@ -503,7 +218,7 @@ class JudgeClient:
         endpoint fails for good and :class:`BudgetExceededError` when the budget is spent.
         """
         payload = build_payload(self.endpoint, messages, max_tokens=max_tokens, logprobs=logprobs)
-        key = cache_key(self.endpoint.model, prompt_version, messages, _answer_params(payload))
+        key = cache_key(self.endpoint.model, prompt_version, messages, answer_params(payload))
 
         def shared(first: Completion) -> Completion:
             self.ledger.record_cache_hit(self.endpoint.name, first.cost_usd)
@@ -588,7 +303,7 @@ class JudgeClient:
                 raise self.down
             try:
                 answer, cost = await self._send(payload, api_key, is_retry=attempts > 1)
-            except _Transient as exc:
+            except Transient as exc:
                 transient_failures += 1
                 self.breaker.failed(exc.reason)
                 self._run_retries += 1
@@ -690,7 +405,7 @@ class JudgeClient:
 
     async def _send(
         self, payload: dict[str, Any], api_key: str | None, *, is_retry: bool
-    ) -> tuple[_Answer, float]:
+    ) -> tuple[Answer, float]:
         """One HTTP request under the semaphore and the per-call timeout."""
         ep = self.endpoint
         api, semaphore = self._resources()
@@ -708,17 +423,17 @@ class JudgeClient:
                 try:
                     response = await asyncio.wait_for(request, timeout=ep.timeout_s)
                 except (asyncio.TimeoutError, openai.APITimeoutError):
-                    raise _Transient(f"no answer within {ep.timeout_s:g}s") from None
+                    raise Transient(f"no answer within {ep.timeout_s:g}s") from None
                 except openai.APIConnectionError as exc:
                     cause = exc.__cause__ or exc
-                    raise _Transient(
+                    raise Transient(
                         f"connection error: {type(cause).__name__}: {redact(str(cause), [api_key])}"
                     ) from None
                 except openai.APIStatusError as exc:
                     response = exc.response
                 status = response.status_code
                 if status == 200:
-                    answer = _parse_body(response.content, ep.model)
+                    answer = parse_body(response.content, ep.model)
                     cost = token_cost_usd(
                         answer.prompt_tokens,
                         answer.completion_tokens,
@@ -727,9 +442,9 @@ class JudgeClient:
                     )
                     paid = True
                     return answer, cost
-                excerpt = redact(response.text[:_BODY_EXCERPT], [api_key]).replace("\n", " ")
+                excerpt = redact(response.text[:BODY_EXCERPT], [api_key]).replace("\n", " ")
                 if status in RETRYABLE_STATUS or status >= 500:
-                    raise _Transient(
+                    raise Transient(
                         f"HTTP {status}: {excerpt}", delay_s=retry_after_s(response.headers), status=status
                     )
                 raise JudgeCallError(ep.name, f"HTTP {status}: {excerpt}", status=status)

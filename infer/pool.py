@@ -25,18 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from infer.breaker import Breaker
 from infer.cache import CallCache
-from infer.client import (
-    ENDPOINT_FAULT_STATUS,
-    RETRYABLE_STATUS,
-    Breaker,
-    Completion,
-    EndpointConfig,
-    InFlight,
-    JudgeCallError,
-    JudgeClient,
-)
+from infer.client import Completion, InFlight, JudgeClient
+from infer.endpoint import EndpointConfig, JudgeCallError
 from infer.errors import EndpointDownError
+from infer.responses import ENDPOINT_FAULT_STATUS, RETRYABLE_STATUS
 from infer.usage import UsageLedger
 
 logger = logging.getLogger(__name__)

@@ -21,12 +21,12 @@ from infer.client import (
     MissingAPIKeyError,
     build_payload,
     is_reasoning_model,
-    retry_after_s,
 )
 from infer.messages import key_points_messages, scorer_messages
 from infer.parsing import parse_score
 from infer.preflight import preflight
 from infer.prompts import load_prompt_set
+from infer.responses import retry_after_s
 from infer.testing.fake_openai import (
     FAULT_KINDS,
     FakeOpenAI,
