@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import csv
 import hashlib
 import json
 import logging
@@ -45,6 +44,8 @@ from data_synth.labels import KeyPointsRecord, LabelRecord, LabelStore, OutcomeR
 from data_synth.run_folder import IMAGES_DIR, open_manifest
 from data_synth.sources import load_human_labels, trajectory_record
 from infer.fileio import write_bytes_atomic
+from infer.loaders.agentrewardbench import find_index, outcome_text, read_arb_index
+from infer.loaders.human_labels import normalize_agent
 from infer.parsing import parse_score, parse_status
 from infer.prompts import load_prompt_set
 from infer.runlock import RunLock
@@ -53,7 +54,6 @@ from infer.verdicts import KEEP_THRESHOLD, ScreenshotRecord, select_kept
 
 logger = logging.getLogger(__name__)
 
-_ARB_HUMAN = {"successful": "success", "unsuccessful": "failure", "unsure": "unsure"}
 _DATA_URL = re.compile(r"^data:[\w.+-]+/[\w.+-]+(?:;[^,;]*)*;base64,", re.DOTALL)
 _REFERENCE_NAME = re.compile(
     r"^(?P<mode>.+?_eval)_(?P<model>.+)_score_threshold_\d+_auto_eval_results\.jsonl?$"
@@ -183,28 +183,6 @@ def _labels_for(
 
 
 # ---------------------------------------------------------------------------- AgentRewardBench records
-def _find_index(records_dir: Path) -> Path | None:
-    for folder in [records_dir, *list(records_dir.parents)[:3]]:
-        candidate = folder / "index.csv"
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def read_arb_index(path: Path) -> dict[tuple[str, str, str], str]:
-    """``{(benchmark, agent, task_id): human label}`` from an ``index.csv``."""
-    out: dict[tuple[str, str, str], str] = {}
-    try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            for row in csv.DictReader(fh):
-                label = _ARB_HUMAN.get((row.get("human_success") or "").strip().lower())
-                if label and row.get("task_id"):
-                    out[(row.get("benchmark", ""), row.get("agent", ""), row["task_id"])] = label
-    except (OSError, csv.Error) as exc:
-        raise SynthError(f"{path}: cannot read the index ({exc})") from None
-    return out
-
-
 def _embedded_images(messages: object, where: str) -> list[bytes]:
     """The base64 images of the outcome call's user content, in order."""
     if not isinstance(messages, list):
@@ -227,16 +205,6 @@ def _embedded_images(messages: object, where: str) -> list[bytes]:
             except (binascii.Error, ValueError) as exc:
                 raise RecordImportError(f"{where}: an embedded image is not valid base64 ({exc})") from None
     return images
-
-
-def _outcome_text(record: dict) -> str | None:
-    response = record.get("response")
-    if isinstance(response, str):
-        return response
-    try:
-        return response["choices"][0]["message"]["content"]  # type: ignore[index]
-    except (TypeError, KeyError, IndexError):
-        return None
 
 
 def _require(record: dict, key: str, kind: type, where: str) -> object:
@@ -285,8 +253,11 @@ def import_arb(
     files = sorted(p for p in root.rglob("*.json") if p.is_file())
     if not files:
         raise SynthError(f"{root}: no *.json WebJudge records found")
-    index_path = Path(index_csv) if index_csv else _find_index(root)
-    human = read_arb_index(index_path) if index_path else {}
+    index_path = Path(index_csv) if index_csv else find_index(root)
+    try:
+        human = {row.key: row.human for row in read_arb_index(index_path)} if index_path else {}
+    except TrajectoryError as exc:
+        raise SynthError(str(exc)) from None
     report = ImportReport()
     trajectories: dict[str, _ArbTrajectory] = {}
     prompts = load_prompt_set(prompt_variant)
@@ -323,7 +294,7 @@ def import_arb(
                     screenshots=shots,
                     agent=t.agent,
                     benchmark=t.benchmark,
-                    human_label=human.get((t.benchmark, t.agent, t.task_id)),
+                    human_label=human.get((t.benchmark, normalize_agent(t.agent), t.task_id)),
                     source=t.source,
                 )
                 _append_new(store, record, report)
@@ -406,7 +377,7 @@ def _import_arb_record(
     _append_new(store, KeyPointsRecord(uid, teacher, key_points, True, model=teacher), report)
     for label in labels:
         _append_new(store, label, report)
-    text = _outcome_text(record)
+    text = outcome_text(record)
     if text is not None:
         status = parse_status(text, "strict")
         _append_new(

@@ -22,31 +22,24 @@ from pathlib import Path
 from typing import Any
 
 from infer.fileio import write_bytes_atomic
-from infer.loaders.human_labels import normalize_agent, read_human_labels
+from infer.loaders.agentrewardbench import ArbIndexRow, read_arb_index, read_record_outcome, record_path
+from infer.loaders.human_labels import (
+    FAILURE,
+    NOT_EXECUTABLE,
+    SUCCESS,
+    UNSURE,
+    normalize_agent,
+    normalize_human_label,
+    read_human_labels,
+)
 from infer.trajectory import TrajectoryError
 from infer.verdicts import Verdict
 
 logger = logging.getLogger(__name__)
 
-SUCCESS, FAILURE, NOT_EXECUTABLE, UNSURE = "success", "failure", "not_executable", "unsure"
 LABEL_2_POLICIES = ("not_success", "drop", "success")
 OVERALL = "Overall"
 MACRO = "Macro average"
-
-_HUMAN_ALIASES = {
-    "1": SUCCESS,
-    "success": SUCCESS,
-    "successful": SUCCESS,
-    "true": SUCCESS,
-    "0": FAILURE,
-    "failure": FAILURE,
-    "unsuccessful": FAILURE,
-    "false": FAILURE,
-    "2": NOT_EXECUTABLE,
-    "not_executable": NOT_EXECUTABLE,
-    "not executable": NOT_EXECUTABLE,
-    "unsure": UNSURE,
-}
 
 
 class MetricsInputError(ValueError):
@@ -63,22 +56,6 @@ class JudgedRecord:
 
 
 # ---------------------------------------------------------------------------- label handling
-def normalize_human_label(value: Any) -> str | None:
-    """Canonical human label from "0"/"1"/"2", 0/1/2, booleans, Successful/Unsuccessful/Unsure, …"""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return SUCCESS if value else FAILURE
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    key = str(value).strip().lower()
-    if key == "":
-        return None
-    if key not in _HUMAN_ALIASES:
-        raise ValueError(f"unknown human label {value!r}")
-    return _HUMAN_ALIASES[key]
-
-
 def normalize_prediction(value: Any) -> bool | None:
     """The judge's verdict as True/False, or None when it had none."""
     if value is None or isinstance(value, bool):
@@ -314,66 +291,13 @@ def load_human_labels(path: str | Path) -> dict[tuple[str, str], str]:
     }
 
 
-@dataclass(frozen=True)
-class ArbIndexRow:
-    path: str
-    judge: str
-    benchmark: str
-    agent: str
-    task_id: str
-    human: str | None
-
-
-_ARB_COLUMNS = ("path", "judge", "benchmark", "agent", "task_id", "human_success")
-
-
 def load_arb_index(path: str | Path) -> list[ArbIndexRow]:
-    """The AgentRewardBench WebJudge index (columns path, judge, benchmark, agent, task_id, human_success)."""
-    path = Path(path)
+    """The AgentRewardBench index's rows, read by the one reader of that file
+    (:func:`infer.loaders.agentrewardbench.read_arb_index`)."""
     try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            missing = [c for c in _ARB_COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise MetricsInputError(f"{path}: missing column(s) {', '.join(missing)}")
-            rows = []
-            for lineno, row in enumerate(reader, 2):
-                try:
-                    human = normalize_human_label(row["human_success"])
-                except ValueError as exc:
-                    raise MetricsInputError(f"{path}: line {lineno}: {exc}") from exc
-                rows.append(
-                    ArbIndexRow(
-                        row["path"], row["judge"], row["benchmark"], row["agent"], row["task_id"], human
-                    )
-                )
-    except OSError as exc:
-        raise MetricsInputError(f"{path}: cannot read the index ({exc.strerror or exc})") from exc
-    return rows
-
-
-def arb_record_path(index_path: Path, row: ArbIndexRow) -> Path:
-    """Where the record of ``row`` lives: its ``path`` relative to the index folder or one of its
-    parents, else ``<index folder>/<judge>/<benchmark>/<agent>/<task_id>.json``."""
-    for base in (index_path.parent, *index_path.parent.parents):
-        candidate = base / row.path
-        if candidate.is_file():
-            return candidate
-    return index_path.parent / row.judge / row.benchmark / row.agent / f"{row.task_id}.json"
-
-
-def arb_outcome_text(record_path: Path) -> str:
-    """The outcome completion (``response.choices[0].message.content``) of one ARB WebJudge record."""
-    try:
-        record = json.loads(record_path.read_text(encoding="utf-8"))
-        content = record["response"]["choices"][0]["message"]["content"]
-    except OSError as exc:
-        raise MetricsInputError(f"{record_path}: cannot read the record ({exc.strerror or exc})") from exc
-    except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-        raise MetricsInputError(
-            f"{record_path}: no response.choices[0].message.content ({type(exc).__name__})"
-        ) from exc
-    return content or ""
+        return read_arb_index(path)
+    except TrajectoryError as exc:
+        raise MetricsInputError(str(exc)) from None
 
 
 def arb_records(
@@ -396,7 +320,10 @@ def arb_records(
     for row in rows:
         if row.judge != judge:
             continue
-        text = arb_outcome_text(arb_record_path(index_path, row))
+        try:
+            text = read_record_outcome(record_path(index_path, row))
+        except TrajectoryError as exc:
+            raise MetricsInputError(str(exc)) from None
         status = parse_status(text, mode=parse_mode)
         out.append(JudgedRecord(row.task_id, row.agent, row.benchmark, status.success, row.human))
     return out
@@ -427,9 +354,7 @@ def records_from_verdicts(
     keyed by task id and agent) or ``arb_index`` (keyed by benchmark, agent and task id) when they
     have the trajectory, else from the verdict's own ``human_label``, else from the benchmark's
     reward recorded with the trajectory (AgentLab/BrowserGym ``cum_reward``: > 0 is success)."""
-    arb: dict[tuple[str, str, str], str | None] = {}
-    for row in arb_index or []:
-        arb[(row.benchmark, agent_key(row.agent), row.task_id)] = row.human
+    arb = {row.key: row.human for row in arb_index or []}
     records = []
     matched = 0
     verdict_keys: list[tuple[str, str]] = []

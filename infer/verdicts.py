@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from infer.fileio import cut_torn_tail
+from infer.loaders.agentrewardbench import outcome_text
 from infer.messages import MAX_KEPT_IMAGES
 from infer.parsing import parse_score, parse_status
 
@@ -423,20 +424,6 @@ def _reference_file(path: Path, threshold: int, max_kept: int) -> Iterator[Verdi
             raise VerdictFileError(f"{where}: not a WebJudge reference record ({exc})") from None
 
 
-def _outcome_text(record: dict) -> str | None:
-    details = record.get("evaluation_details")
-    if isinstance(details, dict) and isinstance(details.get("response"), str):
-        return details["response"]
-    response = record.get("response")
-    if isinstance(response, str):
-        return response
-    if isinstance(response, dict):
-        choices = response.get("choices") or []
-        if choices and isinstance(choices[0], dict):
-            return (choices[0].get("message") or {}).get("content")
-    return None
-
-
 def _convert_reference(record: dict, path: Path, threshold: int, max_kept: int) -> Verdict:
     if "image_judge_record" not in record or "key_points" not in record:
         raise KeyError("needs 'image_judge_record' and 'key_points'")
@@ -464,7 +451,7 @@ def _convert_reference(record: dict, path: Path, threshold: int, max_kept: int) 
         )
     kept = select_kept(shots, threshold, max_kept, mode="reference")
 
-    outcome = _outcome_text(record)
+    outcome = outcome_text(record)
     label = record.get("predicted_label")
     if label is None and isinstance(record.get("evaluation_details"), dict):
         label = record["evaluation_details"].get("predicted_label")

@@ -15,14 +15,47 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infer.loaders.common import read_json
 from infer.trajectory import Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
 
-LABEL_CODES = {"0": "failure", "1": "success", "2": "not_executable"}
+#: The canonical human labels every reader gives: success, failure, not executable (Online-Mind2Web's
+#: "2") and unsure (AgentRewardBench's; dropped by the metrics).
+SUCCESS, FAILURE, NOT_EXECUTABLE, UNSURE = "success", "failure", "not_executable", "unsure"
+LABEL_CODES = {"0": FAILURE, "1": SUCCESS, "2": NOT_EXECUTABLE}
 COLUMN_SUFFIX = "_human_label"
+_HUMAN_ALIASES = {
+    **LABEL_CODES,
+    "success": SUCCESS,
+    "successful": SUCCESS,
+    "true": SUCCESS,
+    "failure": FAILURE,
+    "unsuccessful": FAILURE,
+    "false": FAILURE,
+    "not_executable": NOT_EXECUTABLE,
+    "not executable": NOT_EXECUTABLE,
+    "unsure": UNSURE,
+}
+
+
+def normalize_human_label(value: Any) -> str | None:
+    """Canonical human label from "0"/"1"/"2", 0/1/2, booleans, Successful/Unsuccessful/Unsure, …
+    (None for no label; an unknown one raises ValueError)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return SUCCESS if value else FAILURE
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    key = str(value).strip().lower()
+    if key == "":
+        return None
+    if key not in _HUMAN_ALIASES:
+        raise ValueError(f"unknown human label {value!r}")
+    return _HUMAN_ALIASES[key]
 
 
 def normalize_agent(name: str) -> str:

@@ -1,0 +1,118 @@
+"""AgentRewardBench's released WebJudge records: the index of human labels, where each record lives, and
+the outcome text of a judge record (the one reader of each, for metrics, the report and synthesis).
+
+``index.csv`` has one row per (judge, benchmark, agent, task): ``path`` (the record, relative to the
+index's folder or a parent), ``judge``, ``benchmark``, ``agent``, ``task_id`` and ``human_success``
+(``Successful`` / ``Unsuccessful`` / ``Unsure``). A row's identity is (benchmark, agent, task id), the
+agent compared loosely (:func:`infer.loaders.human_labels.normalize_agent`).
+
+A judge record's outcome text is, by format: ``evaluation_details.response`` (Online-Mind2Web's
+``src/run.py`` output), ``response`` as a string, or ``response.choices[0].message.content``
+(AgentRewardBench's saved chat completion).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from infer.loaders.human_labels import normalize_agent, normalize_human_label
+from infer.trajectory import TrajectoryError
+
+INDEX_FILE = "index.csv"
+INDEX_COLUMNS = ("path", "judge", "benchmark", "agent", "task_id", "human_success")
+
+
+@dataclass(frozen=True)
+class ArbIndexRow:
+    path: str
+    judge: str
+    benchmark: str
+    agent: str
+    task_id: str
+    human: str | None  # canonical (infer.loaders.human_labels), None when the row has none
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """(benchmark, agent compared loosely, task id): the trajectory the row labels."""
+        return (self.benchmark, normalize_agent(self.agent), self.task_id)
+
+
+def find_index(records_dir: Path) -> Path | None:
+    """The ``index.csv`` of a record folder: in it or one of its three nearest parents."""
+    for folder in [records_dir, *list(records_dir.parents)[:3]]:
+        if (folder / INDEX_FILE).is_file():
+            return folder / INDEX_FILE
+    return None
+
+
+def read_arb_index(path: str | Path) -> list[ArbIndexRow]:
+    """Every row of an ``index.csv``; a missing column or an unknown label raises naming the file (and line)."""
+    path = Path(path)
+    rows = []
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in INDEX_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise TrajectoryError(
+                    path, f"missing column(s) {', '.join(missing)}; is this AgentRewardBench's index.csv?"
+                )
+            for line, row in enumerate(reader, 2):
+                try:
+                    human = normalize_human_label(row["human_success"])
+                except ValueError as exc:
+                    raise TrajectoryError(path, str(exc), line=line) from None
+                rows.append(
+                    ArbIndexRow(
+                        row["path"], row["judge"], row["benchmark"], row["agent"], row["task_id"], human
+                    )
+                )
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise TrajectoryError(
+            path, f"cannot read the index ({getattr(exc, 'strerror', None) or exc})"
+        ) from None
+    return rows
+
+
+def record_path(index_path: Path, row: ArbIndexRow) -> Path:
+    """Where the record of ``row`` lives: its ``path`` relative to the index folder or one of its
+    parents, else ``<index folder>/<judge>/<benchmark>/<agent>/<task_id>.json``."""
+    for base in (index_path.parent, *index_path.parent.parents):
+        candidate = base / row.path
+        if candidate.is_file():
+            return candidate
+    return index_path.parent / row.judge / row.benchmark / row.agent / f"{row.task_id}.json"
+
+
+def outcome_text(record: dict) -> str | None:
+    """The outcome call's answer recorded in a judge record, or None when it holds none."""
+    details = record.get("evaluation_details")
+    if isinstance(details, dict) and isinstance(details.get("response"), str):
+        return details["response"]
+    response = record.get("response")
+    if isinstance(response, str):
+        return response
+    if isinstance(response, dict):
+        choices = response.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            message = choices[0].get("message")
+            content = message.get("content") if isinstance(message, dict) else None
+            return content if isinstance(content, str) else None
+    return None
+
+
+def read_record_outcome(path: Path) -> str:
+    """The outcome text of the judge record in ``path`` ("" when the judge answered nothing); a file that
+    is no judge record raises naming it."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise TrajectoryError(path, f"cannot read the record ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TrajectoryError(path, f"not a JSON record ({exc})") from None
+    if not isinstance(record, dict) or not ({"response", "evaluation_details"} & set(record)):
+        raise TrajectoryError(path, "not a WebJudge record: it has no 'response'")
+    return outcome_text(record) or ""  # an empty answer is no verdict, not an unreadable file
