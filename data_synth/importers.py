@@ -44,8 +44,8 @@ from data_synth.labels import KeyPointsRecord, LabelRecord, LabelStore, OutcomeR
 from data_synth.run_folder import IMAGES_DIR, open_manifest
 from data_synth.sources import load_human_labels, trajectory_record
 from infer.fileio import write_bytes_atomic
-from infer.loaders.agentrewardbench import find_index, outcome_text, read_arb_index
 from infer.loaders.human_labels import normalize_agent
+from infer.loaders.judge_records import find_index, outcome_text, read_arb_index, recorded_score
 from infer.parsing import parse_score, parse_status
 from infer.prompts import load_prompt_set
 from infer.runlock import RunLock
@@ -94,27 +94,6 @@ class ImportReport:
 
 
 # ---------------------------------------------------------------------------- shared pieces
-def recorded_score(entry: object, where: str) -> tuple[str, int | None, str | None]:
-    """(response text, score 1-5 or None, error) of one ``image_judge_record`` entry."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("Response"), str):
-        raise RecordImportError(
-            f"{where}: expected {{'Response': str, 'Score': int}}, found {str(entry)[:80]!r}"
-        )
-    text = entry["Response"]
-    raw = entry.get("Score")
-    try:
-        score = int(raw) if raw is not None and not isinstance(raw, bool) else None
-    except (TypeError, ValueError):
-        score = None
-    if score is None:
-        score = parse_score(text, "reference").score
-        if score == 0:
-            return text, None, "no recorded score and none readable in the answer"
-    if score not in (1, 2, 3, 4, 5):
-        return text, None, f"recorded score {raw!r}: the original run could not read a score"
-    return text, score, None
-
-
 def kept_steps(scores: list[int | None]) -> list[int]:
     """Steps the reference sends to the outcome call: score >= 3, in order, at most 50."""
     records = [ScreenshotRecord(index=i, score=s) for i, s in enumerate(scores)]
@@ -165,7 +144,10 @@ def _labels_for(
     uid: str, teacher: str, model: str, entries: list, where: str, source: str
 ) -> Iterator[LabelRecord]:
     for step, entry in enumerate(entries):
-        text, score, error = recorded_score(entry, f"{where}: image_judge_record[{step}]")
+        try:
+            text, score, error = recorded_score(entry)
+        except ValueError as exc:
+            raise RecordImportError(f"{where}: image_judge_record[{step}]: {exc}") from None
         yield LabelRecord(
             uid=uid,
             step=step,

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from infer.fileio import write_bytes_atomic
-from infer.loaders.agentrewardbench import ArbIndexRow, read_arb_index, read_record_outcome, record_path
 from infer.loaders.human_labels import (
     FAILURE,
     NOT_EXECUTABLE,
@@ -32,6 +31,7 @@ from infer.loaders.human_labels import (
     normalize_human_label,
     read_human_labels,
 )
+from infer.loaders.judge_records import ArbIndexRow, read_arb_index, read_record_outcome, record_path
 from infer.trajectory import TrajectoryError
 from infer.verdicts import Verdict
 
@@ -293,7 +293,7 @@ def load_human_labels(path: str | Path) -> dict[tuple[str, str], str]:
 
 def load_arb_index(path: str | Path) -> list[ArbIndexRow]:
     """The AgentRewardBench index's rows, read by the one reader of that file
-    (:func:`infer.loaders.agentrewardbench.read_arb_index`)."""
+    (:func:`infer.loaders.judge_records.read_arb_index`)."""
     try:
         return read_arb_index(path)
     except TrajectoryError as exc:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from infer.fileio import cut_torn_tail
-from infer.loaders.agentrewardbench import outcome_text
+from infer.loaders.judge_records import outcome_text, recorded_score
 from infer.messages import MAX_KEPT_IMAGES
 from infer.parsing import parse_score, parse_status
 
@@ -435,18 +435,18 @@ def _convert_reference(record: dict, path: Path, threshold: int, max_kept: int) 
 
     shots = []
     for i, item in enumerate(record["image_judge_record"]):
-        raw = item.get("Response")
-        score = item.get("Score")
-        thought = parse_score(raw or "", mode="reference").thought
-        valid = isinstance(score, int) and 1 <= score <= 5
+        try:
+            text, score, error = recorded_score(item)
+        except ValueError as exc:
+            raise ValueError(f"image_judge_record[{i}]: {exc}") from None
         shots.append(
             ScreenshotRecord(
                 index=i,
-                score=score if isinstance(score, int) else None,
-                thought=thought,
-                valid=valid,
-                error=None if valid else "the reference recorded no 1-5 score",
-                raw=raw,
+                score=score,
+                thought=parse_score(text, mode="reference").thought,  # as the reference reads it
+                valid=score is not None,
+                error=error,
+                raw=text,
             )
         )
     kept = select_kept(shots, threshold, max_kept, mode="reference")

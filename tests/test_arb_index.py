@@ -1,4 +1,4 @@
-"""AgentRewardBench's index and records have one reader (infer/loaders/agentrewardbench.py): metrics and
+"""AgentRewardBench's index and records have one reader (infer/loaders/judge_records.py): metrics and
 synthesis's import see the same labels under the same identity, and refuse the same bad file alike."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from data_synth.errors import SynthError
 from data_synth.importers import import_arb
 from data_synth.labels import LABELS_FILE, read_store
-from infer.loaders.agentrewardbench import outcome_text, read_arb_index
+from infer.loaders.judge_records import outcome_text, read_arb_index
 from infer.metrics import MetricsInputError, arb_records, load_arb_index
 
 ARB = Path(__file__).parent / "fixtures" / "arb_records"
@@ -33,8 +33,7 @@ def test_metrics_and_import_read_the_same_labels_with_agents_compared_loosely(tm
 
     import_arb(records, tmp_path / "run", judges=["webjudge_7B"])
     imported = {
-        t.task_id: t.human_label
-        for t in read_store(tmp_path / "run" / LABELS_FILE).trajectories.values()
+        t.task_id: t.human_label for t in read_store(tmp_path / "run" / LABELS_FILE).trajectories.values()
     }
     seven_b = {r.task_id: r.human for r in relabelled if r.judge == "webjudge_7B"}
     assert imported and imported == {task: seven_b[task] for task in imported}

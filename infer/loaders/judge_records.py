@@ -1,12 +1,14 @@
-"""AgentRewardBench's released WebJudge records: the index of human labels, where each record lives, and
-the outcome text of a judge record (the one reader of each, for metrics, the report and synthesis).
+"""Released WebJudge judge records (AgentRewardBench's, and the reference ``src/run.py``'s output): the
+index of human labels, where each record lives, a screenshot's recorded score and the outcome text (the
+one reader of each, for metrics, released-record verdicts and synthesis's imports).
 
 ``index.csv`` has one row per (judge, benchmark, agent, task): ``path`` (the record, relative to the
 index's folder or a parent), ``judge``, ``benchmark``, ``agent``, ``task_id`` and ``human_success``
 (``Successful`` / ``Unsuccessful`` / ``Unsure``). A row's identity is (benchmark, agent, task id), the
 agent compared loosely (:func:`infer.loaders.human_labels.normalize_agent`).
 
-A judge record's outcome text is, by format: ``evaluation_details.response`` (Online-Mind2Web's
+A record's ``image_judge_record`` holds ``{"Response": text, "Score": n}`` per screenshot, in order
+(:func:`recorded_score`). Its outcome text is, by format: ``evaluation_details.response`` (Online-Mind2Web's
 ``src/run.py`` output), ``response`` as a string, or ``response.choices[0].message.content``
 (AgentRewardBench's saved chat completion).
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infer.loaders.human_labels import normalize_agent, normalize_human_label
+from infer.parsing import parse_score
 from infer.trajectory import TrajectoryError
 
 INDEX_FILE = "index.csv"
@@ -85,6 +88,27 @@ def record_path(index_path: Path, row: ArbIndexRow) -> Path:
         if candidate.is_file():
             return candidate
     return index_path.parent / row.judge / row.benchmark / row.agent / f"{row.task_id}.json"
+
+
+def recorded_score(entry: object) -> tuple[str, int | None, str | None]:
+    """(answer text, score 1-5 or None, why there is none) of one ``image_judge_record`` entry: the
+    recorded ``Score``, else the score the reference reads in the answer. 0 or another value outside 1-5
+    is the original run's "could not read a score". An entry without a ``Response`` raises ValueError."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("Response"), str):
+        raise ValueError(f"expected {{'Response': str, 'Score': int}}, found {str(entry)[:80]!r}")
+    text = entry["Response"]
+    raw = entry.get("Score")
+    try:
+        score = int(raw) if raw is not None and not isinstance(raw, bool) else None
+    except (TypeError, ValueError):
+        score = None
+    if score is None:
+        score = parse_score(text, "reference").score
+        if score == 0:
+            return text, None, "no recorded score and none readable in the answer"
+    if score not in (1, 2, 3, 4, 5):
+        return text, None, f"recorded score {raw!r}: the original run could not read a score"
+    return text, score, None
 
 
 def outcome_text(record: dict) -> str | None:
