@@ -15,7 +15,7 @@ from data_synth.errors import SynthError
 from data_synth.labels import TrajectoryRecord
 from data_synth.run_folder import IMAGES_DIR
 from infer.fileio import write_bytes_atomic
-from infer.loaders.human_labels import LABEL_CODES, read_human_labels
+from infer.loaders.human_labels import normalize_human_label, read_human_labels
 from infer.trajectory import HUMAN_LABELS, Screenshot, Trajectory, TrajectoryError, load_trajectories
 
 logger = logging.getLogger(__name__)
@@ -54,10 +54,13 @@ def load_human_labels(path: str | os.PathLike, agent: str | None) -> dict[str, s
     if isinstance(data, dict):
         out: dict[str, str] = {}
         for task_id, value in data.items():
-            label = LABEL_CODES.get(str(value).strip(), str(value).strip().lower())
-            if label not in HUMAN_LABELS:
+            try:
+                label = normalize_human_label(value)
+            except ValueError:
+                label = None
+            if label is None:
                 raise SynthError(
-                    f"{p}: task {task_id!r} has label {value!r}, not one of {list(HUMAN_LABELS)}"
+                    f"{p}: task {task_id!r} has label {value!r}, not one of {list(HUMAN_LABELS)} or 0/1/2"
                 )
             out[str(task_id)] = label
         return out

@@ -22,17 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from infer.fileio import write_bytes_atomic
-from infer.loaders.human_labels import (
-    FAILURE,
-    NOT_EXECUTABLE,
-    SUCCESS,
-    UNSURE,
-    normalize_agent,
-    normalize_human_label,
-    read_human_labels,
-)
+from infer.loaders.human_labels import normalize_agent, normalize_human_label, read_human_labels
 from infer.loaders.judge_records import ArbIndexRow, read_arb_index, read_record_outcome, record_path
-from infer.trajectory import TrajectoryError
+from infer.trajectory import FAILURE, NOT_EXECUTABLE, SUCCESS, UNSURE, TrajectoryError
 from infer.verdicts import Verdict
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,11 @@ from infer.images import DEFAULT_POLICY, ImageError, ImagePolicy, PreparedImage,
 logger = logging.getLogger(__name__)
 
 HumanLabel = Literal["success", "failure", "unsure", "not_executable"]
-HUMAN_LABELS: tuple[str, ...] = ("success", "failure", "unsure", "not_executable")
+#: The canonical human labels: success, failure, unsure (AgentRewardBench's; dropped by the metrics) and
+#: not executable (Online-Mind2Web's "2"). Readers map their files' spellings to these
+#: (:func:`infer.loaders.human_labels.normalize_human_label`).
+SUCCESS, FAILURE, UNSURE, NOT_EXECUTABLE = "success", "failure", "unsure", "not_executable"
+HUMAN_LABELS: tuple[str, ...] = (SUCCESS, FAILURE, UNSURE, NOT_EXECUTABLE)
 OnError = Literal["raise", "skip"]
 
 

@@ -18,13 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from infer.loaders.common import read_json
-from infer.trajectory import Trajectory, TrajectoryError
+from infer.trajectory import FAILURE, NOT_EXECUTABLE, SUCCESS, UNSURE, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
 
-#: The canonical human labels every reader gives: success, failure, not executable (Online-Mind2Web's
-#: "2") and unsure (AgentRewardBench's; dropped by the metrics).
-SUCCESS, FAILURE, NOT_EXECUTABLE, UNSURE = "success", "failure", "not_executable", "unsure"
 LABEL_CODES = {"0": FAILURE, "1": SUCCESS, "2": NOT_EXECUTABLE}
 COLUMN_SUFFIX = "_human_label"
 _HUMAN_ALIASES = {

@@ -17,6 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from infer.fileio import write_bytes_atomic, write_text_atomic
+from infer.metrics import human_outcome
 from infer.pipeline import split_key_points
 from infer.report import plots
 from infer.report.model import (
@@ -25,7 +26,6 @@ from infer.report.model import (
     kind_of,
     load_run,
     metrics_of,
-    truth_success,
     verdict_word,
 )
 from infer.report.pages import (
@@ -71,8 +71,8 @@ def build_report(
         kind = kind_of(v, truth)
         word = verdict_word(v)
         agree = None
-        if truth_success(truth) is not None and v.finished:
-            agree = bool(v.success) == truth_success(truth)
+        if human_outcome(truth) is not None and v.finished:
+            agree = bool(v.success) == human_outcome(truth)
         write_text_atomic(out / href, trajectory_page(run, v, i, truth, kind, word, agree, thumbs))
         rows.append(
             {

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infer.metrics import JudgedRecord, MetricsReport, agent_key, compute_metrics, recorded_ground_truth
+from infer.trajectory import NOT_EXECUTABLE
 from infer.verdicts import Verdict, load_verdicts
 
 KIND_AGENT = "agent"
@@ -81,7 +82,7 @@ def ground_truth(v: Verdict, human_labels: dict[tuple[str, str], str] | None = N
 def kind_of(v: Verdict, truth: str | None) -> str:
     if not v.finished:
         return KIND_INCOMPLETE
-    if truth == "not_executable":
+    if truth == NOT_EXECUTABLE:
         return KIND_NOT_EXECUTABLE
     text = " ".join(filter(None, [v.outcome_text, v.error, *(s.thought for s in v.screenshots[-2:])]))
     if _INFRASTRUCTURE.search(text):
@@ -93,10 +94,6 @@ def verdict_word(v: Verdict) -> str:
     if not v.finished:
         return "incomplete"
     return {True: "success", False: "failure"}.get(v.success, "unreadable")
-
-
-def truth_success(truth: str | None) -> bool | None:
-    return {"success": True, "failure": False, "not_executable": False}.get(truth or "")
 
 
 def metrics_of(run: Run, truths: list[str | None]) -> MetricsReport | None:

@@ -7,6 +7,7 @@ import io
 from collections import Counter
 
 from infer.metrics import MetricsReport
+from infer.trajectory import FAILURE, NOT_EXECUTABLE, SUCCESS, UNSURE
 
 
 def _figure(width: float = 5.2, height: float = 3.4):
@@ -82,7 +83,7 @@ def confusion_matrix(pairs: list[tuple[str, str]]) -> bytes:
         _no_data(ax, "no ground truth to compare with")
         return _png(fig)
     rows = ["success", "failure", "unreadable", "incomplete"]
-    cols = sorted({t for _, t in pairs}, key=["success", "failure", "not_executable", "unsure"].index)
+    cols = sorted({t for _, t in pairs}, key=[SUCCESS, FAILURE, NOT_EXECUTABLE, UNSURE].index)
     counts = Counter(pairs)
     grid = [[counts.get((r, c), 0) for c in cols] for r in rows]
     ax.imshow(grid, cmap="Blues")
