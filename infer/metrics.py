@@ -378,7 +378,7 @@ def records_from_verdicts(
 
 
 # ---------------------------------------------------------------------------- outputs
-def _pct(value: float | None) -> str:
+def percent(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.1f}"
 
 
@@ -397,8 +397,8 @@ def metrics_markdown(report: MetricsReport) -> str:
     for r in report.agreement:
         name = f"**{r.group}**" if r.scope in ("overall", "macro") else r.group
         out.append(
-            f"| {name} | {r.n} | {r.n_no_verdict} | {_pct(r.judge_sr)} | {_pct(r.human_sr)} | "
-            f"{_pct(r.agreement)} | {_pct(r.sr_gap)} |"
+            f"| {name} | {r.n} | {r.n_no_verdict} | {percent(r.judge_sr)} | {percent(r.human_sr)} | "
+            f"{percent(r.agreement)} | {percent(r.sr_gap)} |"
         )
     out += [
         "",
@@ -411,7 +411,7 @@ def metrics_markdown(report: MetricsReport) -> str:
         name = f"**{r.group}**" if r.scope == "overall" else r.group
         out.append(
             f"| {r.scope} | {name} | {r.n} | {r.tp} | {r.fp} | {r.fn} | {r.tn} | "
-            f"{_pct(r.precision)} | {_pct(r.recall)} | {_pct(r.f1)} |"
+            f"{percent(r.precision)} | {percent(r.recall)} | {percent(r.f1)} |"
         )
     return "\n".join(out) + "\n"
 

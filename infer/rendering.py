@@ -24,6 +24,7 @@ from PIL import Image
 from infer.images import (
     TOKEN_PIXELS,
     ImagePolicy,
+    open_header,
     pixel_bounds,
     prepare_image,
     target_size,
@@ -83,10 +84,7 @@ def image_policy_for(processor, max_aspect: float | None = 4.0) -> ImagePolicy:
 def image_size(value: Any) -> tuple[int, int]:
     """``(width, height)`` of a dataset image cell without decoding its pixels."""
     src = image_source(value)
-    if isinstance(src, Image.Image):
-        return src.size
-    with Image.open(io.BytesIO(src) if isinstance(src, bytes) else src) as img:
-        return img.size
+    return src.size if isinstance(src, Image.Image) else open_header(src).size
 
 
 def image_source(value: Any):

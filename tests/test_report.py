@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from html.parser import HTMLParser
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from infer.cli import main as keyshot
+from infer.report.model import load_run
 from infer.testing.fake_openai import FakeOpenAI, make_judge
 from infer.testing.worlds import synthetic_trajectories
 from infer.verdicts import read_verdicts
@@ -184,3 +186,16 @@ def test_metrics_png_style_plots_say_no_data(tmp_path):
     png = plots.agent_success_rates(None)
     assert png.startswith(b"\x89PNG") and len(png) > 1000
     assert re.search(rb"IDAT", plots.confusion_matrix([]))
+
+
+def test_a_run_with_a_corrupt_summary_or_run_file_is_reported_with_a_warning(report, tmp_path, caplog):
+    run, _ = report
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("report"))
+    (copy / "summary.json").write_text("{torn")
+    (copy / "run.json").write_bytes(b"\xff\xfe")
+    caplog.set_level("WARNING")
+    loaded = load_run(copy)
+    assert loaded.summary == {} and loaded.protocol == loaded.verdicts[0].config  # from the verdicts
+    assert "summary.json: unreadable" in caplog.text and "run.json: not a keyshot run file" in caplog.text
+    assert keyshot(["report", str(copy), "--no-progress"]) == 0

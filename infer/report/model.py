@@ -14,14 +14,19 @@ run: these are not the agent's fault), or a run that could not be judged (incomp
 
 from __future__ import annotations
 
-import json
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infer.judge_config import JudgeRunError
 from infer.metrics import JudgedRecord, MetricsReport, agent_key, compute_metrics, recorded_ground_truth
+from infer.run_protocol import read_protocol
+from infer.shards import ShardError, read_summary
 from infer.trajectory import NOT_EXECUTABLE
 from infer.verdicts import Verdict, load_verdicts
+
+logger = logging.getLogger(__name__)
 
 KIND_AGENT = "agent"
 KIND_NOT_EXECUTABLE = "not executable"
@@ -49,20 +54,26 @@ def load_run(path: Path) -> Run:
     """A run folder, a verdict file, or released judge records (see the module docstring)."""
     verdicts, kind = load_verdicts(path)
     if kind == "keyshot" and path.is_dir():
-        summary = _read_json(path / "summary.json")
-        protocol = _read_json(path / "run.json").get("protocol", {})
-        return Run(path.name, verdicts, summary, protocol or _protocol_of(verdicts))
+        return Run(path.name, verdicts, _summary(path), _protocol(path) or _protocol_of(verdicts))
     if kind == "keyshot":
         return Run(path.parent.name, verdicts, protocol=_protocol_of(verdicts))
     return Run(path.name, verdicts, protocol=_protocol_of(verdicts), source_kind=kind)
 
 
-def _read_json(path: Path) -> dict:
+def _summary(folder: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_summary(folder) or {}
+    except ShardError as exc:
+        logger.warning("%s; the report shows the run without its summary", exc)
         return {}
-    return data if isinstance(data, dict) else {}
+
+
+def _protocol(folder: Path) -> dict:
+    try:
+        return read_protocol(folder, advice=None) or {}
+    except JudgeRunError as exc:
+        logger.warning("%s; the report reads the protocol from the verdicts", exc)
+        return {}
 
 
 def _protocol_of(verdicts: list[Verdict]) -> dict:

@@ -8,15 +8,11 @@ import html
 import json
 from collections.abc import Iterable
 
-from infer.metrics import MetricsReport
+from infer.metrics import MetricsReport, percent
 
 
 def esc(value: object) -> str:
     return html.escape("" if value is None else str(value), quote=True)
-
-
-def pct(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:.1f}"
 
 
 def page(title: str, body: str, *, root: str = ".", subtitle: str = "") -> str:
@@ -81,10 +77,10 @@ def metrics_tables(report: MetricsReport | None) -> str:
                 r.group,
                 r.n,
                 r.n_no_verdict,
-                pct(r.judge_sr),
-                pct(r.human_sr),
-                pct(r.agreement),
-                pct(r.sr_gap),
+                percent(r.judge_sr),
+                percent(r.human_sr),
+                percent(r.agreement),
+                percent(r.sr_gap),
             ]
             for r in report.agreement
         ],
@@ -93,7 +89,18 @@ def metrics_tables(report: MetricsReport | None) -> str:
     classification = table(
         ["scope", "group", "n", "TP", "FP", "FN", "TN", "precision %", "recall %", "F1 %"],
         [
-            [r.scope, r.group, r.n, r.tp, r.fp, r.fn, r.tn, pct(r.precision), pct(r.recall), pct(r.f1)]
+            [
+                r.scope,
+                r.group,
+                r.n,
+                r.tp,
+                r.fp,
+                r.fn,
+                r.tn,
+                percent(r.precision),
+                percent(r.recall),
+                percent(r.f1),
+            ]
             for r in report.classification
         ],
         numeric={2, 3, 4, 5, 6, 7, 8, 9},
