@@ -55,6 +55,7 @@ if str(REPO) not in sys.path:  # `python bench/gpu.py` from a checkout
     sys.path.insert(0, str(REPO))
 
 from infer.images import DEFAULT_POLICY, prepare_image  # noqa: E402
+from infer.local_scorer import TransformersScorer  # noqa: E402
 from infer.messages import scorer_messages  # noqa: E402
 from infer.prompts import load_prompt_set  # noqa: E402
 from infer.rendering import (  # noqa: E402
@@ -63,7 +64,6 @@ from infer.rendering import (  # noqa: E402
     image_size,
     set_processor_pixel_bounds,
 )
-from infer.scorer import TransformersScorer  # noqa: E402
 from infer.testing.scorer_data import scorer_rows  # noqa: E402
 from infer.tiny_model import build_tiny_qwen25vl  # noqa: E402
 from train.batches import ScorerCollator, build_batch_sampler  # noqa: E402

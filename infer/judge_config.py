@@ -10,10 +10,11 @@ from infer.cache import CallCache
 from infer.client import EndpointConfig, JudgeClient
 from infer.errors import KeyshotError
 from infer.images import DEFAULT_POLICY, ImagePolicy
+from infer.local_scorer import TransformersScorer
 from infer.pipeline import PipelineConfig
 from infer.pool import DEFAULT_COOLDOWN_S, EndpointPool, member_configs
 from infer.prompts import load_prompt_set
-from infer.scorer import KeyScreenshotScorer, OpenAIScorer, TransformersScorer, checkpoint_image_policy
+from infer.scorer import KeyScreenshotScorer, OpenAIScorer, checkpoint_image_policy
 from infer.serve import ServeConfig
 from infer.usage import UsageLedger
 

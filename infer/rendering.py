@@ -1,6 +1,6 @@
 """The scorer's one renderer: its chat text, its images and its training labels.
 
-Training (``train/batches.py``), the in-process scorer (``infer.scorer.TransformersScorer``), ``keyshot serve``'s
+Training (``train/batches.py``), the in-process scorer (``infer.local_scorer.TransformersScorer``), ``keyshot serve``'s
 pixel bounds and the dataset builder render a scorer request here, with the processor's own chat template
 and ``infer.images.prepare_image`` under the processor's pixel bounds (what ``keyshot serve`` sends), so
 the scorer is trained on exactly the tokens and pixels it is served. Only the last assistant answer and

@@ -39,8 +39,8 @@ def test_scorer_on_cuda_loads_bf16_and_answers(tiny_model_dir):
     from PIL import Image
 
     from infer.images import prepare_image
+    from infer.local_scorer import TransformersScorer
     from infer.prompts import load_prompt_set
-    from infer.scorer import TransformersScorer
 
     scorer = TransformersScorer(tiny_model_dir, load_prompt_set(), device="cuda", max_new_tokens=8)
     assert scorer.model.dtype == torch.bfloat16

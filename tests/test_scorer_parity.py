@@ -14,9 +14,10 @@ from PIL import Image
 
 from infer.client import JudgeClient
 from infer.images import PreparedImage, prepare_image
+from infer.local_scorer import TransformersScorer
 from infer.messages import scorer_messages
 from infer.prompts import load_prompt_set
-from infer.scorer import OpenAIScorer, TransformersScorer, checkpoint_image_policy
+from infer.scorer import OpenAIScorer, checkpoint_image_policy
 from infer.tiny_model import TINY_MAX_PIXELS, TINY_MIN_PIXELS
 from infer.trajectory import load_trajectories
 
