@@ -23,10 +23,9 @@ from infer.metrics import (
     compute_metrics,
     load_arb_index,
     load_human_labels,
-    metrics_markdown,
     records_from_verdicts,
-    write_metrics,
 )
+from infer.metrics_files import metrics_markdown, write_metrics
 from infer.verdicts import VerdictFileError, load_verdicts
 
 logger = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ import html
 import json
 from collections.abc import Iterable
 
-from infer.metrics import MetricsReport, percent
+from infer.metrics import MetricsReport
+from infer.metrics_files import percent
 
 
 def esc(value: object) -> str:
