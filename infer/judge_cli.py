@@ -36,6 +36,7 @@ from infer.judge_config import JudgeRunConfig, JudgeRunError, build_scorer
 from infer.pipeline import WebJudge
 from infer.preflight import preflight
 from infer.redaction import redact_config
+from infer.released_verdicts import read_reference_records
 from infer.run_protocol import check_fingerprint, protocol_fingerprint
 from infer.run_summary import exit_code, summarize, summary_markdown
 from infer.runlock import RunLock
@@ -50,7 +51,6 @@ from infer.verdicts import (
     VerdictFileError,
     VerdictWriter,
     latest_verdicts,
-    read_reference_records,
     read_verdicts,
     verdict_key,
 )

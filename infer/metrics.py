@@ -5,7 +5,7 @@ Everything works on plain :class:`JudgedRecord` rows ``(task_id, agent, benchmar
 human)``. ``predicted`` is the judge's verdict (None = no parseable verdict, counted as failure);
 ``human`` is a canonical label: ``success``, ``failure``, ``not_executable`` (Online-Mind2Web's
 "2") or ``unsure`` (always dropped). Records are built from keyshot's verdicts
-(:func:`records_from_verdicts`, read by :func:`infer.verdicts.load_verdicts`), Online-Mind2Web's ``human_label.json`` (:func:`load_human_labels`) and
+(:func:`records_from_verdicts`, read by :func:`infer.released_verdicts.load_verdicts`), Online-Mind2Web's ``human_label.json`` (:func:`load_human_labels`) and
 the AgentRewardBench WebJudge record folder (:func:`load_arb_index`, :func:`arb_records`).
 """
 

@@ -26,7 +26,8 @@ from infer.metrics import (
     records_from_verdicts,
 )
 from infer.metrics_files import metrics_markdown, write_metrics
-from infer.verdicts import VerdictFileError, load_verdicts
+from infer.released_verdicts import load_verdicts
+from infer.verdicts import VerdictFileError
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from infer.metrics import (
     normalize_human_label,
     records_from_verdicts,
 )
-from infer.verdicts import Verdict, VerdictFileError, load_verdicts, read_verdicts
+from infer.released_verdicts import load_verdicts
+from infer.verdicts import Verdict, VerdictFileError, read_verdicts
 
 ARB = Path(__file__).parent / "fixtures" / "arb"
 

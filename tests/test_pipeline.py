@@ -17,6 +17,7 @@ from infer.client import EndpointConfig, JudgeClient
 from infer.images import REFERENCE_POLICY
 from infer.pipeline import PipelineConfig, WebJudge, split_key_points
 from infer.prompts import load_prompt_set
+from infer.released_verdicts import read_reference_records
 from infer.scorer import OpenAIScorer, checkpoint_image_policy, expected_score_from_logprobs
 from infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge, score_image
 from infer.trajectory import Screenshot, Trajectory, load_trajectories
@@ -27,7 +28,6 @@ from infer.verdicts import (
     VerdictFileError,
     VerdictWriter,
     latest_verdicts,
-    read_reference_records,
     read_verdicts,
     select_kept,
 )

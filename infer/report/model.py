@@ -21,10 +21,11 @@ from pathlib import Path
 
 from infer.judge_config import JudgeRunError
 from infer.metrics import JudgedRecord, MetricsReport, agent_key, compute_metrics, recorded_ground_truth
+from infer.released_verdicts import load_verdicts
 from infer.run_protocol import read_protocol
 from infer.shards import ShardError, read_summary
 from infer.trajectory import NOT_EXECUTABLE
-from infer.verdicts import Verdict, load_verdicts
+from infer.verdicts import Verdict
 
 logger = logging.getLogger(__name__)
 
