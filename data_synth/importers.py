@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 import logging
 import os
@@ -41,9 +40,8 @@ from tqdm import tqdm
 
 from data_synth.errors import RecordImportError, SynthError
 from data_synth.labels import KeyPointsRecord, LabelRecord, LabelStore, OutcomeRecord, TrajectoryRecord
-from data_synth.run_folder import IMAGES_DIR, open_manifest
+from data_synth.run_folder import open_manifest, store_image
 from data_synth.sources import load_human_labels, trajectory_record
-from infer.fileio import write_bytes_atomic
 from infer.loaders.human_labels import normalize_agent
 from infer.loaders.judge_records import find_index, outcome_text, read_arb_index, recorded_score
 from infer.parsing import parse_score, parse_status
@@ -98,24 +96,6 @@ def kept_steps(scores: list[int | None]) -> list[int]:
     """Steps the reference sends to the outcome call: score >= 3, in order, at most 50."""
     records = [ScreenshotRecord(index=i, score=s) for i, s in enumerate(scores)]
     return select_kept(records, KEEP_THRESHOLD, mode="reference")
-
-
-def _image_ext(data: bytes) -> str:
-    if data.startswith(b"\x89PNG"):
-        return ".png"
-    if data.startswith(b"\xff\xd8"):
-        return ".jpg"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return ".webp"
-    return ".img"
-
-
-def _write_image(run_dir: Path, uid: str, step: int, data: bytes) -> str:
-    folder = run_dir / IMAGES_DIR / hashlib.sha256(uid.encode()).hexdigest()[:16]
-    path = folder / f"{step}{_image_ext(data)}"
-    if not path.exists():
-        write_bytes_atomic(path, data)
-    return str(path)
 
 
 def _append_new(store: LabelStore, record: object, report: ImportReport) -> None:
@@ -350,7 +330,7 @@ def _import_arb_record(
     if len(images) == len(kept):
         for step, data in zip(kept, images, strict=True):
             if step not in t.pixels:
-                t.pixels[step] = _write_image(run, uid, step, data)
+                t.pixels[step] = store_image(run, uid, step, data)
     else:
         msg = f"{path}: {len(images)} embedded images for {len(kept)} kept screenshots; no pixels taken"
         logger.warning("%s", msg)

@@ -16,6 +16,7 @@ exactly those pixels, so a build refuses another policy or prompt set for such a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from data_synth.errors import SynthError
 from infer.fileio import write_bytes_atomic
+from infer.images import sniff_image_type
 from infer.usage import UsageLedger
 
 logger = logging.getLogger(__name__)
@@ -34,6 +36,18 @@ MANIFEST_FILE = "run.json"
 CACHE_FILE = "calls.sqlite"
 USAGE_DIR = "usage"
 IMAGES_DIR = "images"
+
+
+def store_image(run_dir: Path, uid: str, step: int, data: bytes) -> str:
+    """Keep the encoded screenshot ``step`` of trajectory ``uid`` in ``RUN/images`` (written once,
+    atomically) and return its path: embedded screenshots and imported records' pixels alike."""
+    folder = run_dir / IMAGES_DIR / hashlib.sha256(uid.encode()).hexdigest()[:16]
+    path = folder / f"{step}{sniff_image_type(data)[1]}"
+    if not path.exists():
+        write_bytes_atomic(path, data)
+    return str(path)
+
+
 DATASET_DIR = "dataset"
 
 

@@ -3,7 +3,6 @@ with the agent and benchmark their format may not name, and human labels joined 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -13,10 +12,9 @@ from pathlib import Path
 
 from data_synth.errors import SynthError
 from data_synth.labels import TrajectoryRecord
-from data_synth.run_folder import IMAGES_DIR
-from infer.fileio import write_bytes_atomic
+from data_synth.run_folder import store_image
 from infer.loaders.human_labels import normalize_human_label, read_human_labels
-from infer.trajectory import HUMAN_LABELS, Screenshot, Trajectory, TrajectoryError, load_trajectories
+from infer.trajectory import HUMAN_LABELS, Trajectory, TrajectoryError, load_trajectories
 
 logger = logging.getLogger(__name__)
 
@@ -109,26 +107,9 @@ def iter_trajectories(
             errors.extend(str(e) for e in errs)
 
 
-def extract_embedded(run_dir: Path, uid: str, shot: Screenshot) -> str:
-    """Write an embedded screenshot's bytes to ``RUN/images`` (once) and return the file path."""
-    assert shot.data is not None
-    ext = (
-        ".png"
-        if shot.data.startswith(b"\x89PNG")
-        else ".jpg"
-        if shot.data.startswith(b"\xff\xd8")
-        else ".img"
-    )
-    folder = run_dir / IMAGES_DIR / hashlib.sha256(uid.encode()).hexdigest()[:16]
-    path = folder / f"{shot.index}{ext}"
-    if not path.exists():
-        write_bytes_atomic(path, shot.data)
-    return str(path)
-
-
 def trajectory_record(run_dir: Path, traj: Trajectory) -> TrajectoryRecord:
     shots = [
-        extract_embedded(run_dir, traj.uid, s) if s.data is not None else str(Path(s.path).resolve())
+        store_image(run_dir, traj.uid, s.index, s.data) if s.data is not None else str(Path(s.path).resolve())
         for s in traj.screenshots
     ]
     return TrajectoryRecord(

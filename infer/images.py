@@ -287,6 +287,20 @@ def _open_tall(data: bytes, name: str) -> Image.Image:
     return img
 
 
+def sniff_image_type(data: bytes) -> tuple[str, str]:
+    """(MIME type, file extension) of encoded image bytes, from their signature; bytes of no known
+    image type give ``("application/octet-stream", ".img")``."""
+    if data.startswith(b"\x89PNG"):
+        return "image/png", ".png"
+    if data.startswith(b"\xff\xd8"):
+        return "image/jpeg", ".jpg"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp", ".webp"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif", ".gif"
+    return "application/octet-stream", ".img"
+
+
 def open_header(src: Path | str | bytes) -> Image.Image:
     """An image opened for its header (size, format) without PIL's decompression-bomb check: nothing
     is decoded, so the check's memory concern does not arise. Raises ImageError if no format fits."""

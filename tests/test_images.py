@@ -17,6 +17,7 @@ from infer.images import (
     ImagePolicy,
     prepare_image,
     smart_resize,
+    sniff_image_type,
     target_size,
     to_rgb,
     visual_tokens,
@@ -324,3 +325,19 @@ def test_a_page_past_the_decompression_bomb_limit_follows_the_policy(tmp_path):
     Image.new("1", (30_000, 30_000)).save(square)
     with pytest.raises(ImageError, match=r"square.png: image of 30000×30000 pixels is too large"):
         prepare_image(square, DEFAULT_POLICY)
+
+
+@pytest.mark.parametrize(
+    "fmt, expected",
+    [
+        ("PNG", ("image/png", ".png")),
+        ("JPEG", ("image/jpeg", ".jpg")),
+        ("WEBP", ("image/webp", ".webp")),
+        ("GIF", ("image/gif", ".gif")),
+    ],
+)
+def test_image_type_is_read_from_the_bytes(fmt, expected):
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), "red").save(buf, format=fmt)
+    assert sniff_image_type(buf.getvalue()) == expected
+    assert sniff_image_type(b"not an image") == ("application/octet-stream", ".img")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from infer.fileio import atomic_output
+from infer.images import sniff_image_type
 from infer.loaders.common import (
     InputScope,
     check_counts,
@@ -176,21 +177,9 @@ def iter_jsonl(
 
 def _screenshot_ref(shot, out_dir: Path) -> str:
     if shot.data is not None:
-        mime = _sniff_mime(shot.data)
+        mime, _ = sniff_image_type(shot.data)
         return f"data:{mime};base64," + base64.b64encode(shot.data).decode("ascii")
     return os.path.relpath(shot.path.resolve(), out_dir.resolve())
-
-
-def _sniff_mime(data: bytes) -> str:
-    if data.startswith(b"\x89PNG"):
-        return "image/png"
-    if data.startswith(b"\xff\xd8"):
-        return "image/jpeg"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    if data[:6] in (b"GIF87a", b"GIF89a"):
-        return "image/gif"
-    return "application/octet-stream"
 
 
 def trajectory_record(trajectory: Trajectory, out_dir: Path) -> dict[str, Any]:
