@@ -21,10 +21,11 @@ from pathlib import Path
 
 import yaml
 
+from data_synth.arb_import import import_arb
 from data_synth.dataset import BuildConfig, build_dataset
 from data_synth.errors import SynthError
-from data_synth.importers import import_arb, import_reference
 from data_synth.merge import merge_synth_shards
+from data_synth.reference_import import import_reference
 from data_synth.synth import load_synth_config, run_synth
 from infer.config import ConfigError, config_from_data, split_paths_and_overrides
 from infer.helptext import plain

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from data_synth.arb_import import import_arb
 from data_synth.errors import SynthError
-from data_synth.importers import import_arb
 from data_synth.labels import LABELS_FILE, read_store
 from infer.loaders.judge_records import outcome_text, read_arb_index
 from infer.metrics import MetricsInputError, arb_records, load_arb_index
