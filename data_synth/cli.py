@@ -26,7 +26,8 @@ from data_synth.dataset import BuildConfig, build_dataset
 from data_synth.errors import SynthError
 from data_synth.merge import merge_synth_shards
 from data_synth.reference_import import import_reference
-from data_synth.synth import load_synth_config, run_synth
+from data_synth.synth import run_synth
+from data_synth.synth_config import load_synth_config
 from infer.config import ConfigError, config_from_data, split_paths_and_overrides
 from infer.helptext import plain
 from infer.logs import setup_logging

@@ -21,15 +21,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from tqdm import tqdm
 
-from data_synth.dataset import BuildConfig, BuildResult, build_dataset
+from data_synth.dataset import BuildResult, build_dataset
 from data_synth.errors import SynthError
 from data_synth.estimate import CostEstimate, estimate_cost, label_needed
 from data_synth.labels import (
@@ -50,11 +48,11 @@ from data_synth.run_folder import (
     read_usage,
     write_json_atomic,
 )
-from data_synth.sources import TrajectorySource, iter_trajectories, trajectory_record
-from data_synth.teachers import TeacherConfig, TeacherSet, load_teacher_set
+from data_synth.sources import iter_trajectories, trajectory_record
+from data_synth.synth_config import SynthConfig
+from data_synth.teachers import TeacherConfig, TeacherSet, remaining_budgets, shard_budgets
 from infer.cache import CallCache
 from infer.client import JudgeCallError
-from infer.config import ConfigError, load_config
 from infer.errors import (
     EXIT_BUDGET,
     EXIT_ENDPOINT_DOWN,
@@ -63,7 +61,7 @@ from infer.errors import (
     EndpointDownError,
     RunStopError,
 )
-from infer.images import DEFAULT_POLICY, ImagePolicy
+from infer.images import ImagePolicy
 from infer.preflight import preflight
 from infer.prompts import PromptSet, load_prompt_set
 from infer.runlock import RunLock
@@ -74,50 +72,6 @@ from infer.usage import UsageLedger
 from infer.verdicts import KEEP_THRESHOLD, ScreenshotRecord, select_kept
 
 logger = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------- config
-@dataclass
-class SynthConfig:
-    run_dir: str
-    teachers: str | TeacherSet
-    sources: list[TrajectorySource] = field(default_factory=list)
-    prompt_variant: str = "online_mind2web"
-    parse_mode: Literal["strict", "reference"] = "strict"
-    image_policy: dict = field(default_factory=dict)
-    max_trajectories: int | None = None
-    trajectories_in_flight: int = 4
-    images_in_flight: int = 16
-    outcome: bool = False
-    on_bad_trajectory: Literal["skip", "raise"] = "skip"
-    est_key_points_chars: int = 400
-    est_outcome_images: int = 2
-    build: BuildConfig = field(default_factory=BuildConfig)
-
-    def __post_init__(self) -> None:
-        if not self.sources:
-            raise ValueError("sources: give at least one trajectory folder or JSONL file")
-        if self.trajectories_in_flight < 1 or self.images_in_flight < 1:
-            raise ValueError("trajectories_in_flight and images_in_flight must be >= 1")
-
-    def policy(self) -> ImagePolicy:
-        try:
-            return ImagePolicy.from_dict(self.image_policy) if self.image_policy else DEFAULT_POLICY
-        except (TypeError, ValueError) as exc:
-            raise SynthError(f"image_policy: {exc}") from None
-
-    def teacher_set(self) -> TeacherSet:
-        if isinstance(self.teachers, TeacherSet):
-            return self.teachers
-        return load_teacher_set(self.teachers)
-
-
-def load_synth_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> SynthConfig:
-    try:
-        return load_config(SynthConfig, path, overrides)
-    except (ConfigError, ValueError) as exc:
-        where = f"{path}: " if path is not None and str(path) not in str(exc) else ""
-        raise SynthError(f"{where}{exc}") from None
 
 
 # ---------------------------------------------------------------------------- report
@@ -426,19 +380,6 @@ class _Run:
         else:
             logger.warning("endpoint %r reached its budget: no further call is sent to it in this run", name)
             self.report.budget_stopped.append(name)
-
-
-def remaining_budgets(teachers: TeacherSet, spent: dict[str, dict[str, float]]) -> TeacherSet:
-    """The teacher set with each ``budget_usd`` reduced by what earlier sessions of the run spent, so a
-    budget caps a run folder's total spending however often it is resumed."""
-    return teachers.with_budgets(
-        lambda t, budget: max(0.0, budget - spent.get(t.name, {}).get("cost_usd", 0.0))
-    )
-
-
-def shard_budgets(teachers: TeacherSet, count: int) -> TeacherSet:
-    """Each ``budget_usd`` split evenly over ``count`` shards: N shards together spend what one run may."""
-    return teachers.with_budgets(lambda t, budget: budget / count)
 
 
 def run_synth(

@@ -160,3 +160,16 @@ def load_teacher_set(path: str | os.PathLike, overrides: list[str] | None = None
         return load_config(TeacherSet, Path(path), overrides)
     except (ConfigError, ValueError) as exc:
         raise SynthError(f"teacher set {path}: {exc}") from None
+
+
+def remaining_budgets(teachers: TeacherSet, spent: dict[str, dict[str, float]]) -> TeacherSet:
+    """The teacher set with each ``budget_usd`` reduced by what earlier sessions of the run spent, so a
+    budget caps a run folder's total spending however often it is resumed."""
+    return teachers.with_budgets(
+        lambda t, budget: max(0.0, budget - spent.get(t.name, {}).get("cost_usd", 0.0))
+    )
+
+
+def shard_budgets(teachers: TeacherSet, count: int) -> TeacherSet:
+    """Each ``budget_usd`` split evenly over ``count`` shards: N shards together spend what one run may."""
+    return teachers.with_budgets(lambda t, budget: budget / count)

@@ -8,7 +8,7 @@ import pytest
 
 from data_synth.cli import load_build_config
 from data_synth.errors import SynthError
-from data_synth.synth import load_synth_config
+from data_synth.synth_config import load_synth_config
 from data_synth.teachers import load_teacher_set
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from data_synth.synth import SynthConfig, load_synth_config
+from data_synth.synth_config import SynthConfig, load_synth_config
 from infer.images import DEFAULT_POLICY
 from infer.testing.fake_openai import score_image
 from infer.trajectory import Trajectory, load_trajectories
