@@ -37,7 +37,8 @@ from infer.client import JudgeClient  # noqa: E402
 from infer.images import DEFAULT_POLICY, prepare_image  # noqa: E402
 from infer.messages import scorer_messages  # noqa: E402
 from infer.prompts import load_prompt_set  # noqa: E402
-from infer.serve import ServeConfig, VLLMServer  # noqa: E402
+from infer.serve import VLLMServer  # noqa: E402
+from infer.serve_plan import ServeConfig  # noqa: E402
 from infer.tiny_model import build_tiny_qwen25vl  # noqa: E402
 
 SCREENSHOTS = REPO.parent / "shared" / "data" / "agentlab_workarena"

@@ -34,7 +34,8 @@ from infer.client import EndpointConfig, JudgeClient
 from infer.images import ImagePolicy, PreparedImage, prepare_image
 from infer.prompts import load_prompt_set
 from infer.scorer import OpenAIScorer, checkpoint_image_policy
-from infer.serve import ServeConfig, VLLMServer
+from infer.serve import VLLMServer
+from infer.serve_plan import ServeConfig
 
 logger = logging.getLogger(__name__)
 

@@ -430,7 +430,8 @@ def vllm_row(kit: Kit, model, enabled: bool, n: int, tmp: Path) -> str:
     from infer.checkpoint import write_scorer_meta
     from infer.client import JudgeClient
     from infer.scorer import OpenAIScorer
-    from infer.serve import ServeConfig, VLLMServer, vllm_python
+    from infer.serve import VLLMServer
+    from infer.serve_plan import ServeConfig, vllm_python
 
     if not enabled:
         return "not run (--no-vllm)"

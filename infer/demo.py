@@ -22,7 +22,8 @@ from infer.judge_config import JudgeRunConfig
 from infer.logs import setup_logging
 from infer.report import build_report
 from infer.run_protocol import RUN_FILE, protocol_fingerprint
-from infer.serve import ServeConfig, VLLMServer
+from infer.serve import VLLMServer
+from infer.serve_plan import ServeConfig
 from infer.tiny_model import build_tiny_scorer
 
 SAMPLES = Path(__file__).with_name("samples")

@@ -40,7 +40,8 @@ from infer.run_inputs import import_reference_verdicts, load_all, nothing_found_
 from infer.run_protocol import check_fingerprint, protocol_fingerprint
 from infer.run_summary import exit_code, summarize, summary_markdown
 from infer.runlock import RunLock
-from infer.serve import ServeConfig, ServeError, VLLMServer
+from infer.serve import VLLMServer
+from infer.serve_plan import ServeConfig, ServeError
 from infer.shards import SUMMARY_FILE, ShardError, ShardSpec
 from infer.trajectory import Trajectory, TrajectoryError
 from infer.usage import BudgetExceededError, UsageLedger

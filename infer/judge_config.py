@@ -15,7 +15,7 @@ from infer.pipeline import PipelineConfig
 from infer.pool import DEFAULT_COOLDOWN_S, EndpointPool, member_configs
 from infer.prompts import load_prompt_set
 from infer.scorer import KeyScreenshotScorer, OpenAIScorer, checkpoint_image_policy
-from infer.serve import ServeConfig
+from infer.serve_plan import ServeConfig
 from infer.usage import UsageLedger
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from pathlib import Path
 from infer.config import load_config
 from infer.judge_config import JudgeRunConfig
 from infer.prompts import load_prompt_set
-from infer.serve import ServeConfig
+from infer.serve_plan import ServeConfig
 from infer.trajectory import load_trajectories
 assert Path(infer.__file__).resolve().is_relative_to(Path.cwd().resolve()), infer.__file__  # the wheel's
 judge = load_config(JudgeRunConfig, infer.demo.CONFIGS / "judge.yaml")

@@ -15,11 +15,11 @@ from infer.checkpoint import read_meta, write_meta
 from infer.cli import main as keyshot
 from infer.config import load_config
 from infer.prompts import load_prompt_set
-from infer.serve import (
+from infer.serve import VLLMServer
+from infer.serve_plan import (
     PromptVersionMismatchError,
     ServeConfig,
     ServeError,
-    VLLMServer,
     check_prompt_version,
     plan_server,
 )
@@ -232,7 +232,8 @@ def test_image_limit_is_one_unless_the_server_also_judges(scorer_checkpoint, tmp
 def test_a_missing_checkpoint_and_a_python_without_vllm_are_refused_with_what_to_do(tiny_model_dir, tmp_path):
     import sys
 
-    from infer.serve import ServeConfig, ServeError, VLLMServer, plan_server
+    from infer.serve import VLLMServer
+    from infer.serve_plan import ServeConfig, ServeError, plan_server
 
     with pytest.raises(ServeError, match=r"/no/such/ckpt: no such checkpoint folder"):
         plan_server(ServeConfig(model="/no/such/ckpt"))

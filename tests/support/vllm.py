@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from infer.serve import ENV_VLLM_PYTHON, ServeConfig, VLLMServer
+from infer.serve import VLLMServer
+from infer.serve_plan import ENV_VLLM_PYTHON, ServeConfig
 from infer.tiny_model import write_tiny_scorer_meta
 
 REPO = Path(__file__).resolve().parents[2]
