@@ -29,9 +29,10 @@ from data_synth.reference_import import import_reference
 from data_synth.synth import run_synth
 from data_synth.synth_config import load_synth_config
 from infer.config import ConfigError, config_from_data, split_paths_and_overrides
+from infer.errors import KeyshotError
 from infer.helptext import plain
 from infer.logs import setup_logging
-from infer.shards import ShardError, ShardSpec
+from infer.shards import ShardSpec
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +141,9 @@ def _run_and_overrides(items: list[str]) -> tuple[Path | None, list[str]]:
 def run_command(args: argparse.Namespace) -> int:
     try:
         return _dispatch(args)
-    except (SynthError, ShardError) as exc:
+    except KeyshotError as exc:
         print(f"keyshot synth: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infer.errors import KeyshotError
 from infer.runlock import pid_alive
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ CREATE TABLE IF NOT EXISTS claims (
 """
 
 
-class CacheError(RuntimeError):
+class CacheError(KeyshotError, RuntimeError):
     """The cache file cannot be opened or is not a keyshot call cache."""
 
 

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from infer.errors import KeyshotError
 from infer.fileio import write_text_atomic
 from infer.images import pixel_bounds
 
 META_FILE = "keyshot.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(KeyshotError, ValueError):
     """A checkpoint folder that is missing something keyshot needs."""
 
 

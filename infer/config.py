@@ -22,12 +22,13 @@ from typing import Any, TypeVar
 
 import yaml
 
+from infer.errors import KeyshotError
 from infer.fileio import write_text_atomic
 
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(KeyshotError, ValueError):
     """A config file or override that does not fit its dataclass."""
 
 

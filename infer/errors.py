@@ -26,7 +26,11 @@ EXIT_PREFLIGHT = 6
 
 
 class KeyshotError(Exception):
-    """A user-facing error: the CLI prints its message as one line and exits with ``exit_code``."""
+    """A user-facing error: the CLI prints its message as one line and exits with ``exit_code``.
+
+    Every error about the user's input, config, files or environment derives from it (config, trajectory,
+    image, verdict file, checkpoint, serve, cache, synthesis, training set-up ...), so a command needs one
+    ``except KeyshotError``; anything else reaching the top is a bug and keeps its traceback."""
 
     exit_code = EXIT_USAGE
 

@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from infer.errors import KeyshotError
+
 logger = logging.getLogger(__name__)
 
 #: Qwen2.5-VL: 14 px patches, merged 2×2 into one visual token.
@@ -61,7 +63,7 @@ _DECODE_ERRORS = (
 )
 
 
-class ImageError(ValueError):
+class ImageError(KeyshotError, ValueError):
     """A screenshot that cannot be decoded or turned into a scorer image; the message names its source."""
 
     def __init__(self, source: str, problem: str):

@@ -25,11 +25,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from infer.cache import CacheError, CallCache
-from infer.checkpoint import CheckpointError
+from infer.cache import CallCache
 from infer.client import JudgeClient
-from infer.config import ConfigError, config_to_dict, load_config, split_paths_and_overrides
-from infer.errors import EXIT_INCOMPLETE, RunStopError, require_training_stack
+from infer.config import config_to_dict, load_config, split_paths_and_overrides
+from infer.errors import EXIT_INCOMPLETE, KeyshotError, RunStopError, require_training_stack
 from infer.fileio import write_text_atomic
 from infer.helptext import plain
 from infer.judge_config import JudgeRunConfig, JudgeRunError, build_scorer
@@ -41,15 +40,14 @@ from infer.run_protocol import check_fingerprint, protocol_fingerprint
 from infer.run_summary import exit_code, summarize, summary_markdown
 from infer.runlock import RunLock
 from infer.serve import VLLMServer
-from infer.serve_plan import ServeConfig, ServeError
-from infer.shards import SUMMARY_FILE, ShardError, ShardSpec
+from infer.serve_plan import ServeConfig
+from infer.shards import SUMMARY_FILE, ShardSpec
 from infer.trajectory import Trajectory, TrajectoryError
 from infer.usage import BudgetExceededError, UsageLedger
 from infer.verdicts import (
     VERDICTS_FILE,
     ResumeIndex,
     Verdict,
-    VerdictFileError,
     VerdictWriter,
     latest_verdicts,
     read_verdicts,
@@ -400,19 +398,9 @@ def run(args: argparse.Namespace) -> int:
             allow_outside=tuple(args.allow_outside),
             shard=shard,
         )
-    except (
-        ShardError,
-        ConfigError,
-        JudgeRunError,
-        TrajectoryError,
-        VerdictFileError,
-        CheckpointError,
-        CacheError,
-        ServeError,
-        ValueError,
-    ) as exc:
+    except KeyshotError as exc:
         print(f"keyshot judge: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     print(summary["markdown"])
     print(f"verdicts: {run_folder(cfg, shard) / VERDICTS_FILE}")
     if shard:

@@ -202,7 +202,7 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         summary = merge_shards(args.out)
-    except (KeyshotError, VerdictFileError) as exc:
+    except KeyshotError as exc:
         print(f"keyshot merge: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(summary["markdown"])

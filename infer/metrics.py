@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infer.errors import KeyshotError
 from infer.loaders.human_labels import normalize_agent, normalize_human_label, read_human_labels
 from infer.loaders.judge_records import ArbIndexRow, read_arb_index, read_record_outcome, record_path
 from infer.trajectory import FAILURE, NOT_EXECUTABLE, SUCCESS, UNSURE, TrajectoryError
@@ -30,7 +31,7 @@ OVERALL = "Overall"
 MACRO = "Macro average"
 
 
-class MetricsInputError(ValueError):
+class MetricsInputError(KeyshotError, ValueError):
     """A verdict, label or index file that cannot be read; the message names the file."""
 
 

@@ -14,11 +14,11 @@ import logging
 import sys
 from pathlib import Path
 
+from infer.errors import KeyshotError
 from infer.helptext import plain
 from infer.logs import setup_logging
 from infer.metrics import (
     LABEL_2_POLICIES,
-    MetricsInputError,
     arb_records,
     compute_metrics,
     load_arb_index,
@@ -27,7 +27,6 @@ from infer.metrics import (
 )
 from infer.metrics_files import metrics_markdown, write_metrics
 from infer.released_verdicts import load_verdicts
-from infer.verdicts import VerdictFileError
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +77,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     try:
         if args.verdicts is not None:
-            try:
-                verdicts, _ = load_verdicts(args.verdicts)
-            except VerdictFileError as exc:
-                raise MetricsInputError(str(exc)) from None
+            verdicts, _ = load_verdicts(args.verdicts)
             labels = load_human_labels(args.human_labels) if args.human_labels else None
             index = load_arb_index(args.arb_index) if args.arb_index else None
             records = records_from_verdicts(verdicts, human_labels=labels, arb_index=index)
@@ -97,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
                 sources[name] = str(getattr(args, name))
         report = compute_metrics(records, label_2=args.label_2, sources=sources)
         paths = write_metrics(report, args.out)
-    except MetricsInputError as exc:
+    except KeyshotError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     print(metrics_markdown(report))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from infer.errors import KeyshotError
 from infer.images import (
     TOKEN_PIXELS,
     ImagePolicy,
@@ -36,7 +37,7 @@ IM_END = "<|im_end|>"
 IMAGE_PAD = "<|image_pad|>"
 
 
-class DataError(ValueError):
+class DataError(KeyshotError, ValueError):
     """A dataset, row or rendering that the scorer's training path cannot use; the message says which."""
 
 

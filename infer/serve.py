@@ -35,9 +35,9 @@ from pathlib import Path
 
 import httpx2
 
-from infer.checkpoint import CheckpointError
 from infer.client import EndpointConfig
-from infer.config import ConfigError, load_config
+from infer.config import load_config
+from infer.errors import KeyshotError
 from infer.helptext import plain
 from infer.serve_plan import ENV_VLLM_PYTHON, ServeConfig, ServeError, check_vllm_installed, plan_server
 
@@ -204,9 +204,9 @@ def run(args: argparse.Namespace) -> int:
         if args.vllm_python:
             cfg.vllm_python = args.vllm_python
         server = VLLMServer(cfg)  # checks the checkpoint and plans the command; starts nothing yet
-    except (ConfigError, ServeError, CheckpointError, ValueError) as exc:
+    except KeyshotError as exc:
         print(f"keyshot serve: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     plan = server.plan
     if args.dry_run:
         print(" ".join(_quote(a) for a in plan.command))

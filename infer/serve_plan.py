@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from infer.checkpoint import CheckpointError, CheckpointMeta, read_meta, saved_pixel_bounds
+from infer.errors import KeyshotError
 from infer.prompts import load_prompt_set
 
 logger = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ ENV_VLLM_PYTHON = "KEYSHOT_VLLM_PYTHON"
 DEFAULT_CPU_KV_BYTES = 1 << 30  # 1 GiB
 
 
-class ServeError(RuntimeError):
+class ServeError(KeyshotError, RuntimeError):
     """The server could not be configured or started; the message says why (and shows the log tail)."""
 
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from PIL import Image
 
+from infer.errors import KeyshotError
 from infer.images import DEFAULT_POLICY, ImageError, ImagePolicy, PreparedImage, decode_image, prepare_image
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ HUMAN_LABELS: tuple[str, ...] = (SUCCESS, FAILURE, UNSURE, NOT_EXECUTABLE)
 OnError = Literal["raise", "skip"]
 
 
-class TrajectoryError(Exception):
+class TrajectoryError(KeyshotError):
     """Bad trajectory input. The message starts with the file (and line, for JSONL) it is about."""
 
     def __init__(self, path: Path | str, problem: str, line: int | None = None):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infer.errors import KeyshotError
 from infer.fileio import cut_torn_tail
 from infer.messages import MAX_KEPT_IMAGES
 
@@ -36,7 +37,7 @@ FORMAT_KEYSHOT = "keyshot"
 VERDICTS_FILE = "verdicts.jsonl"  # in a run folder
 
 
-class VerdictFileError(ValueError):
+class VerdictFileError(KeyshotError, ValueError):
     """A verdict or reference-output file that cannot be read; the message names the file and line."""
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-#: The protocol: prompt sets, messages, parsers, the image policy and the scorer's chat rendering.
+#: The protocol: prompt sets, messages, parsers, the image policy and the scorer's chat rendering (they may
+#: import the error base, infer/errors.py, itself a leaf).
 PROTOCOL = ("prompts", "messages", "parsing", "images", "rendering")
 
 
@@ -35,8 +36,16 @@ def test_the_protocol_is_a_leaf(module):
         for m in imported(REPO / "infer" / f"{module}.py")
         if m.split(".")[0] in ("infer", "data_synth", "train")
     }
-    outside = {m for m in keyshot if m.removeprefix("infer.") not in PROTOCOL}
+    outside = {m for m in keyshot if m.removeprefix("infer.") not in (*PROTOCOL, "errors")}
     assert not outside, f"infer/{module}.py imports {sorted(outside)}: the protocol imports only itself"
+
+
+def test_the_error_base_is_a_leaf():
+    assert not {
+        m
+        for m in imported(REPO / "infer" / "errors.py")
+        if m.split(".")[0] in ("infer", "data_synth", "train")
+    }
 
 
 def test_infer_uses_neither_synthesis_nor_training():

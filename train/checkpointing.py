@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infer.checkpoint import CheckpointMeta, write_meta
+from infer.errors import KeyshotError
 from infer.fileio import write_text_atomic
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
-class ResumeError(RuntimeError):
+class ResumeError(KeyshotError, RuntimeError):
     """A checkpoint that cannot be resumed from."""
 
 

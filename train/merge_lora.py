@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from infer.checkpoint import CheckpointError, CheckpointMeta, read_meta
-from infer.errors import require_training_stack
+from infer.errors import KeyshotError, require_training_stack
 from infer.helptext import plain
 
 logger = logging.getLogger(__name__)
@@ -103,8 +103,8 @@ def run(args) -> int:
     require_training_stack("keyshot merge-lora")
     try:
         out = merge_adapter(args.adapter_dir, args.out, args.base, args.dtype, args.prompt_variant)
-    except CheckpointError as exc:
+    except KeyshotError as exc:
         logger.error("%s", exc)
-        return 2
+        return exc.exit_code
     print(out)
     return 0

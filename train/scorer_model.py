@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from infer.errors import KeyshotError
 from infer.vision_attention import use_batched_window_attention
 from train.settings import ModelSettings, OptimSettings
 
@@ -18,7 +19,7 @@ MERGER_PREFIX = "visual.merger."
 NO_DECAY_MARKERS = ("bias", "norm", "ln_q")
 
 
-class ModelSetupError(RuntimeError):
+class ModelSetupError(KeyshotError, RuntimeError):
     """The model cannot be set up as the config asks."""
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from infer.cli import parse
 from infer.config import ConfigError, dump_config, load_config
+from infer.errors import KeyshotError
 from infer.logs import setup_logging
 from train.settings import TrainConfig
 
@@ -53,8 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         logger.error("%s", exc)
         return 2
-    from infer.checkpoint import CheckpointError
-    from infer.images import ImageError
     from infer.rendering import DataError
     from train.recipe import check_inputs, run_training
 
@@ -69,15 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("config: %s", cfg)
     if rank == 0:
         dump_config(cfg, Path(cfg.run_dir) / "config.yaml")
-    from train.checkpointing import ResumeError
     from train.preemption import EXIT_REQUEUE, Preempted, write_marker
-    from train.scorer_model import ModelSetupError
 
     try:
         run_training(cfg)
-    except (ConfigError, DataError, ImageError, CheckpointError, ResumeError, ModelSetupError) as exc:
+    except KeyshotError as exc:
         logger.error("%s", exc)
-        return 2
+        return exc.exit_code
     except Preempted as stop:
         if rank == 0:
             write_marker(Path(cfg.run_dir), stop)

@@ -16,9 +16,8 @@ from pathlib import Path
 
 from infer.errors import KeyshotError
 from infer.helptext import plain
-from infer.metrics import MetricsInputError, load_human_labels
+from infer.metrics import load_human_labels
 from infer.runlock import RunLock
-from infer.verdicts import VerdictFileError
 
 
 def add_parser(subparsers) -> None:
@@ -48,11 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.run.exists():
         raise KeyshotError(f"{args.run}: no such run folder or file")
     out = args.out or default_out(args.run)
-    try:
-        labels = load_human_labels(args.human_labels) if args.human_labels else None
-        with RunLock(out, wait=args.wait, what="keyshot report"):
-            index = build_report(args.run, out, human_labels=labels, progress=not args.no_progress)
-    except (VerdictFileError, MetricsInputError) as exc:
-        raise KeyshotError(str(exc)) from None
+    labels = load_human_labels(args.human_labels) if args.human_labels else None
+    with RunLock(out, wait=args.wait, what="keyshot report"):
+        index = build_report(args.run, out, human_labels=labels, progress=not args.no_progress)
     print(f"report: {index}  (open it in a browser; the folder is self-contained)")
     return 0
