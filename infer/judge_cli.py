@@ -28,7 +28,7 @@ from tqdm import tqdm
 from infer.cache import CallCache
 from infer.client import JudgeClient
 from infer.config import config_to_dict, load_config, split_paths_and_overrides
-from infer.errors import EXIT_INCOMPLETE, KeyshotError, RunStopError, require_training_stack
+from infer.errors import EXIT_INCOMPLETE, EXIT_USAGE, KeyshotError, RunStopError, require_training_stack
 from infer.fileio import write_text_atomic
 from infer.helptext import plain
 from infer.judge_config import JudgeRunConfig, JudgeRunError, build_scorer
@@ -401,6 +401,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyshotError as exc:
         print(f"keyshot judge: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ValueError as exc:  # a value checked where it is used (not every check has a KeyshotError yet)
+        print(f"keyshot judge: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     print(summary["markdown"])
     print(f"verdicts: {run_folder(cfg, shard) / VERDICTS_FILE}")
     if shard:

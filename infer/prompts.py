@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+from infer.errors import KeyshotError
+
 VARIANTS = ("online_mind2web", "general")
 STEPS = ("key_points", "key_screenshot", "outcome")
 _DATA = "webjudge_prompts.json"
@@ -50,21 +52,25 @@ def _raw() -> dict[str, str]:
     return json.loads(resources.files("infer").joinpath("prompts", _DATA).read_text(encoding="utf-8"))
 
 
+class PromptSetError(KeyshotError, ValueError):
+    """A prompt variant or version this keyshot does not ship."""
+
+
 @cache
 def load_prompt_set(variant: str = "online_mind2web") -> PromptSet:
     """Return the prompt set ``variant`` ("online_mind2web", the WebJudge-7B one, or "general")."""
     if variant not in VARIANTS:
-        raise ValueError(f"unknown prompt variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+        raise PromptSetError(f"unknown prompt variant {variant!r}; choose one of {', '.join(VARIANTS)}")
     prefix = variant + "."
     strings = tuple(sorted((k[len(prefix) :], v) for k, v in _raw().items() if k.startswith(prefix)))
     return PromptSet(variant=variant, strings=strings)
 
 
 def prompt_set_for_version(version: str) -> PromptSet:
-    """Return the shipped prompt set whose version is ``version``, or raise ValueError."""
+    """Return the shipped prompt set whose version is ``version``, or raise PromptSetError."""
     for variant in VARIANTS:
         ps = load_prompt_set(variant)
         if ps.version == version:
             return ps
     known = ", ".join(load_prompt_set(v).version for v in VARIANTS)
-    raise ValueError(f"prompt version {version!r} is not shipped with this keyshot (known: {known})")
+    raise PromptSetError(f"prompt version {version!r} is not shipped with this keyshot (known: {known})")

@@ -37,7 +37,7 @@ import httpx2
 
 from infer.client import EndpointConfig
 from infer.config import load_config
-from infer.errors import KeyshotError
+from infer.errors import EXIT_USAGE, KeyshotError
 from infer.helptext import plain
 from infer.serve_plan import ENV_VLLM_PYTHON, ServeConfig, ServeError, check_vllm_installed, plan_server
 
@@ -207,6 +207,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyshotError as exc:
         print(f"keyshot serve: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ValueError as exc:  # a value checked where it is used (not every check has a KeyshotError yet)
+        print(f"keyshot serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     plan = server.plan
     if args.dry_run:
         print(" ".join(_quote(a) for a in plan.command))
