@@ -106,7 +106,9 @@ class ImagePolicy:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown ImagePolicy keys {unknown}; known keys: {sorted(known)}")
+            raise ImageError(
+                "image_policy", f"unknown ImagePolicy keys {unknown}; known keys: {sorted(known)}"
+            )
         return cls(**data)
 
 

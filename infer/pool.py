@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 from infer.breaker import Breaker
 from infer.cache import CallCache
 from infer.client import Completion, InFlight, JudgeClient
+from infer.config import ConfigError
 from infer.endpoint import EndpointConfig, JudgeCallError
 from infer.errors import EndpointDownError
 from infer.responses import ENDPOINT_FAULT_STATUS, RETRYABLE_STATUS
@@ -41,13 +42,15 @@ DEFAULT_COOLDOWN_S = 30.0
 def member_configs(endpoints: list[EndpointConfig]) -> list[EndpointConfig]:
     """The pool's endpoints, each named ``model@host:port`` and failing over instead of retrying.
 
-    Raises ValueError when they do not serve one model (their answers would not be interchangeable).
+    Raises ConfigError when they do not serve one model (their answers would not be interchangeable).
     """
     models = sorted({ep.model for ep in endpoints})
     if len(models) != 1:
-        raise ValueError(f"scorer.endpoints must all serve one model (one cache, one protocol), got {models}")
+        raise ConfigError(
+            f"scorer.endpoints must all serve one model (one cache, one protocol), got {models}"
+        )
     if any(ep.budget_usd is not None for ep in endpoints):
-        raise ValueError(
+        raise ConfigError(
             "a pool of endpoints cannot carry budget_usd (each replica would get the whole budget): pools are "
             "for self-hosted servers; cap the paid judge instead"
         )

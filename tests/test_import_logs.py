@@ -192,6 +192,17 @@ def test_reference_output_joined_with_its_trajectories(tmp_path):
     assert result.meta.rows == {"train": 8}
 
 
+def test_an_unknown_trajectory_format_is_one_line(tmp_path, capsys):
+    trajs = _reference_trajectories(tmp_path / "trajs", {})
+    argv = ["synth", "import-reference", str(REFERENCE), "--trajectories", str(trajs)]
+    assert keyshot([*argv, "--run", str(tmp_path / "run"), "--format", "xyz"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "keyshot synth: error: unknown trajectory format 'xyz'; choose one of "
+        "['auto', 'online-mind2web', 'online-mind2web-v1', 'online-mind2web-v2', 'agentlab', 'jsonl']"
+    ]
+
+
 def test_reference_output_with_a_mismatched_folder_is_skipped(tmp_path):
     trajs = _reference_trajectories(tmp_path / "trajs", {"om2w-task-b": 3})
     report = import_reference(REFERENCE, trajs, tmp_path / "run", teacher="my-judge")

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from infer.config import ConfigError
 from infer.loaders.agentlab import FORMAT as AGENTLAB
 from infer.loaders.agentlab import is_agentlab_run, load_agentlab, parse_experiment_analysis
 from infer.loaders.common import InputScope, read_json
@@ -134,7 +135,7 @@ def iter_trajectories(
 
     Screenshot files must lie inside ``path`` (its folder, for a file) or one of ``allow_outside``."""
     if fmt not in _FMT_CHOICES:
-        raise ValueError(f"unknown trajectory format {fmt!r}; choose one of {list(_FMT_CHOICES)}")
+        raise ConfigError(f"unknown trajectory format {fmt!r}; choose one of {list(_FMT_CHOICES)}")
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     if not path.exists():
