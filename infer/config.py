@@ -110,7 +110,9 @@ def _build(cls: type[T], data: dict, where: str) -> T:
             f"{key!r} (did you mean {close!r}?)" if (close := closest_key(key, fields)) else repr(key)
             for key in unknown
         ]
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(named)}; known: {sorted(fields)}")
+        raise ConfigError(
+            f"{where + ': ' if where else ''}unknown key(s) {', '.join(named)}; known: {sorted(fields)}"
+        )
     required = [
         name
         for name, f in fields.items()
