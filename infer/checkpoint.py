@@ -26,6 +26,23 @@ class CheckpointError(KeyshotError, ValueError):
     """A checkpoint folder that is missing something keyshot needs."""
 
 
+def looks_like_local_path(model: str) -> bool:
+    """A path rather than a hub id (``org/name``): it exists, starts with / . ~ or has more than one slash."""
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1 or Path(model).expanduser().exists()
+
+
+def model_folder_problem(model: str | os.PathLike) -> str | None:
+    """Why ``model``, a local path, is not a model folder ("no such folder", "a file", "a folder without
+    config.json"), or None when it is one. The one check of ``keyshot serve``, ``keyshot judge`` and
+    ``train/sft.py`` (each says what to pass instead)."""
+    path = Path(model).expanduser()
+    if not path.exists():
+        return "no such folder"
+    if path.is_file():
+        return "a file"
+    return None if (path / "config.json").is_file() else "a folder without config.json"
+
+
 @dataclass
 class CheckpointMeta:
     prompt_variant: str

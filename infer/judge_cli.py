@@ -26,6 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from infer.cache import CallCache
+from infer.checkpoint import model_folder_problem
 from infer.client import JudgeClient
 from infer.config import config_to_dict, load_config, split_paths_and_overrides
 from infer.errors import EXIT_INCOMPLETE, EXIT_USAGE, KeyshotError, RunStopError, require_training_stack
@@ -124,9 +125,9 @@ def dry_run(
 ) -> str:
     """What a run would do, checked as far as it can be without a paid call."""
     for folder in filter(None, [serve_scorer, cfg.scorer.checkpoint]):
-        if not (Path(folder) / "config.json").is_file():
+        if problem := model_folder_problem(folder):
             raise JudgeRunError(
-                f"{folder}: not a model checkpoint (no config.json); pass the folder a training run wrote (RUN/final)"
+                f"{folder}: not a model checkpoint ({problem}); pass the folder a training run wrote (RUN/final)"
             )
     if serve_scorer:
         cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer

@@ -22,10 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from infer.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, KeyshotError
+from infer.errors import EXIT_INCOMPLETE, EXIT_OK, KeyshotError
 from infer.fileio import atomic_output, write_text_atomic
 from infer.helptext import plain
-from infer.judge_config import JudgeRunError
 from infer.run_protocol import RUN_FILE, protocol_differences, read_protocol
 from infer.run_summary import combine_summaries, summarize, summary_markdown
 from infer.runlock import RunLock
@@ -54,8 +53,8 @@ def check_shards(out: Path) -> tuple[int, dict[int, Path], dict[int, dict], dict
         summary = read_summary(folder) or {}
         why = unfinished(folder, VERDICTS_FILE, "keyshot merge")
         try:
-            protocol = read_protocol(folder, advice=None)  # the refusal says what to do
-        except JudgeRunError as exc:
+            protocol = read_protocol(folder)
+        except KeyshotError as exc:  # named among the shards to re-run
             protocol, why = None, why or str(exc)
         if why is None and protocol is None:
             why = "never started judging (no run.json)"
@@ -204,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         summary = merge_shards(args.out)
     except KeyshotError as exc:
         print(f"keyshot merge: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_code
     print(summary["markdown"])
     print(f"verdicts: {args.out / VERDICTS_FILE}")
     if args.human_labels or args.arb_index:

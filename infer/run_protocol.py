@@ -58,18 +58,16 @@ def checkpoint_hash(folder: str) -> str | None:
     return digest.hexdigest()[:16]
 
 
-def read_protocol(folder: Path, advice: str | None = "move it away or use another --out") -> dict | None:
+def read_protocol(folder: Path) -> dict | None:
     """The protocol recorded in ``folder/run.json``, or None when the folder has none yet; a file that is
-    not a run file raises, naming it, with ``advice`` (what the calling command's user can do)."""
+    not a run file raises JudgeRunError naming it (each command adds what its user can do)."""
     path = folder / RUN_FILE
     if not path.exists():
         return None
     try:
         protocol = json.loads(path.read_text(encoding="utf-8")).get("protocol", {})
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-        raise JudgeRunError(
-            f"{path}: not a keyshot run file ({exc})" + (f"; {advice}" if advice else "")
-        ) from None
+        raise JudgeRunError(f"{path}: not a keyshot run file ({exc})") from None
     if "variant" in protocol and "prompt_variant" not in protocol:  # folders written before the rename
         protocol["prompt_variant"] = protocol.pop("variant")
     return protocol
@@ -84,7 +82,10 @@ def protocol_differences(a: dict, b: dict, names: tuple[str, str] = ("in the fol
 def check_fingerprint(out: Path, fingerprint: dict, *, record: bool = True) -> None:
     """Refuse a run folder made with another protocol; record the protocol in ``OUT/run.json``
     (unless ``record`` is False: a dry run writes nothing)."""
-    recorded = read_protocol(out)
+    try:
+        recorded = read_protocol(out)
+    except JudgeRunError as exc:
+        raise JudgeRunError(f"{exc}; move it away or use another --out") from None
     if recorded is not None:
         shown = protocol_differences(recorded, fingerprint)
         if shown:

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from infer.checkpoint import CheckpointError, CheckpointMeta, read_meta, saved_pixel_bounds
+from infer.checkpoint import (
+    CheckpointError,
+    CheckpointMeta,
+    looks_like_local_path,
+    model_folder_problem,
+    read_meta,
+    saved_pixel_bounds,
+)
 from infer.errors import KeyshotError
 from infer.prompts import load_prompt_set
 
@@ -113,11 +120,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def looks_like_local_path(model: str) -> bool:
-    """A path rather than a hub id (``org/name``): starts with / . ~ or has more than one slash."""
-    return model.startswith(("/", ".", "~")) or model.count("/") > 1
-
-
 def check_vllm_installed(python: str) -> None:
     """Refuse at once, with what to do, an interpreter that has no vLLM."""
     probe = subprocess.run(
@@ -190,16 +192,15 @@ def plan_server(cfg: ServeConfig) -> ServePlan:
     """Check the checkpoint and build the vLLM command; launches nothing."""
     if not cfg.model:
         raise ServeError("no model: set model=<checkpoint folder>")
-    if looks_like_local_path(cfg.model) and not Path(cfg.model).expanduser().exists():
+    problem = model_folder_problem(cfg.model) if looks_like_local_path(cfg.model) else None
+    if problem == "no such folder":
         raise ServeError(
             f"{cfg.model}: no such checkpoint folder; pass the folder a training run wrote (RUN/final) "
             "or a Hugging Face model id (org/name)"
         )
-    local = Path(cfg.model).expanduser()
-    if local.exists() and not (local / "config.json").is_file():
-        what = "a file" if local.is_file() else "a folder without config.json"
+    if problem:
         raise ServeError(
-            f"{cfg.model}: {what}, not a model checkpoint; pass the folder a training run wrote (RUN/final)"
+            f"{cfg.model}: {problem}, not a model checkpoint; pass the folder a training run wrote (RUN/final)"
         )
     meta = check_prompt_version(cfg.model, cfg.prompt_variant, allow_missing=cfg.allow_missing_meta)
     for name, adapter in cfg.lora_modules.items():

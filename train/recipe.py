@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from infer.checkpoint import CheckpointMeta, read_meta
+from infer.checkpoint import CheckpointMeta, looks_like_local_path, model_folder_problem, read_meta
 from infer.config import ConfigError, config_to_dict
 from infer.rendering import (
     DataError,
@@ -142,12 +142,10 @@ def check_inputs(cfg: TrainConfig) -> str:
     checked without loading the model or writing anything; DataError naming the path. Returns what was
     checked, in one line."""
     ds, _, prompt_version = load_training_data(cfg)
-    model = Path(cfg.model.name_or_path).expanduser()
-    local = model.is_absolute() or str(cfg.model.name_or_path).startswith((".", "~")) or model.exists()
-    if local and not (model / "config.json").is_file():
-        what = "no such folder" if not model.exists() else "no config.json in it"
+    model = str(cfg.model.name_or_path)
+    if looks_like_local_path(model) and (problem := model_folder_problem(model)):
         raise DataError(
-            f"{model}: model.name_or_path is not a model folder ({what}); give a checkpoint folder or a hub id"
+            f"{model}: model.name_or_path is not a model folder ({problem}); give a checkpoint folder or a hub id"
         )
     rows = ", ".join(f"{len(part):,} {split}" for split, part in ds.items())
     return f"dataset {cfg.data.path} ({rows} rows, prompt {prompt_version}), model {cfg.model.name_or_path}"

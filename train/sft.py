@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from infer.cli import parse
-from infer.config import ConfigError, dump_config, load_config
+from infer.config import dump_config, load_config
 from infer.errors import KeyshotError
 from infer.logs import setup_logging
 from train.settings import TrainConfig
@@ -49,19 +49,14 @@ def main(argv: list[str] | None = None) -> int:
         logging.INFO if rank == 0 else logging.WARNING,
         f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s",
     )
-    try:
-        cfg = load_config(TrainConfig, args.config, args.overrides)
-    except ConfigError as exc:
-        logger.error("%s", exc)
-        return 2
-    from infer.rendering import DataError
     from train.recipe import check_inputs, run_training
 
     try:
+        cfg = load_config(TrainConfig, args.config, args.overrides)
         checked = check_inputs(cfg)  # before anything is written or a model is loaded
-    except DataError as exc:
+    except KeyshotError as exc:
         logger.error("%s", exc)
-        return 2
+        return exc.exit_code
     if args.check:
         print(f"ok: {checked}")
         return 0

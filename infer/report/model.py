@@ -19,11 +19,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infer.judge_config import JudgeRunError
+from infer.errors import KeyshotError
 from infer.metrics import JudgedRecord, MetricsReport, agent_key, compute_metrics, recorded_ground_truth
 from infer.released_verdicts import load_verdicts
 from infer.run_protocol import read_protocol
-from infer.shards import ShardError, read_summary
+from infer.shards import read_summary
 from infer.trajectory import NOT_EXECUTABLE
 from infer.verdicts import Verdict
 
@@ -64,15 +64,15 @@ def load_run(path: Path) -> Run:
 def _summary(folder: Path) -> dict:
     try:
         return read_summary(folder) or {}
-    except ShardError as exc:
+    except KeyshotError as exc:
         logger.warning("%s; the report shows the run without its summary", exc)
         return {}
 
 
 def _protocol(folder: Path) -> dict:
     try:
-        return read_protocol(folder, advice=None) or {}
-    except JudgeRunError as exc:
+        return read_protocol(folder) or {}
+    except KeyshotError as exc:
         logger.warning("%s; the report reads the protocol from the verdicts", exc)
         return {}
 

@@ -385,7 +385,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self._send_json(200, {"status": "ok"})
         elif self.path in ("/v1/models", "/models"):
-            fake._record_headers(self.headers)
+            fake._record_headers(self.path, self.headers)
             if not fake._key_ok(self.headers.get("Authorization")):
                 self._send_json(401, {"error": {"message": "Incorrect API key provided"}})
                 return
@@ -427,8 +427,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(status, {"error": {"message": message}}, headers)
 
     def _chat(self, fake: FakeOpenAI, raw: bytes) -> None:
-        fake._record_headers(self.headers)
-        fake._record_auth(self.headers.get("Authorization"))
+        fake._record_headers(self.path, self.headers)
         if not fake._key_ok(self.headers.get("Authorization")):
             self._send_json(401, {"error": {"message": "Incorrect API key provided"}})
             return
@@ -527,8 +526,7 @@ class FakeOpenAI:
         self.record_requests = record_requests
         self.leak_auth_in_errors = leak_auth_in_errors
         self.requests: list[dict] = []
-        self.auth_headers: list[str | None] = []
-        self.request_headers: list[dict[str, str]] = []  # every request's, names lower-cased
+        self._headers: list[tuple[str, dict[str, str]]] = []  # (path, headers with lower-cased names)
         self._host, self._port = host, port
         self._stats = ServerStats()
         self._in_flight = 0
@@ -619,13 +617,21 @@ class FakeOpenAI:
     def _key_ok(self, authorization: str | None) -> bool:
         return self.api_key is None or authorization == f"Bearer {self.api_key}"
 
-    def _record_headers(self, headers: Any) -> None:
+    @property
+    def request_headers(self) -> list[dict[str, str]]:
+        """Every request's headers (chat completions and model lists), names lower-cased."""
         with self._lock:
-            self.request_headers.append({k.lower(): v for k, v in headers.items()})
+            return [headers for _, headers in self._headers]
 
-    def _record_auth(self, value: str | None) -> None:
+    @property
+    def auth_headers(self) -> list[str | None]:
+        """The ``Authorization`` header of every chat completion request (None when it had none)."""
         with self._lock:
-            self.auth_headers.append(value)
+            return [h.get("authorization") for path, h in self._headers if path.endswith("/chat/completions")]
+
+    def _record_headers(self, path: str, headers: Any) -> None:
+        with self._lock:
+            self._headers.append((path, {k.lower(): v for k, v in headers.items()}))
 
     def _record(self, request: dict) -> None:
         with self._lock:
