@@ -2,8 +2,9 @@
 
 A keyshot checkpoint is a normal Hugging Face folder (weights, processor with its pixel bounds,
 chat template, greedy ``generation_config.json``) plus ``keyshot.json``: the prompt set and version
-the scorer was trained on, the image policy, the base model and a hash of the training data.
-``keyshot serve`` reads it to pass matching flags to vLLM and refuses a prompt-version mismatch.
+the scorer was trained on, the image policy, the base model, a hash of the training data and the length
+of the answers it was trained on. ``keyshot serve`` reads it to pass matching flags to vLLM and refuses a
+prompt-version mismatch; ``keyshot serve`` and ``keyshot judge`` allow answers as long as the trained ones.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class CheckpointMeta:
     max_length: int | None = None
     data_hash: str | None = None
     image_policy: dict = field(default_factory=dict)  # ImagePolicy fields, for the record
+    # the answers trained on, in tokens with their <|im_end|>: {"max", "p99", "rows"} ({} when unknown)
+    answer_tokens: dict = field(default_factory=dict)
     keyshot_version: str = ""
     created: str = ""
     extra: dict = field(default_factory=dict)
@@ -108,6 +111,16 @@ def read_meta(checkpoint_dir: str | os.PathLike) -> CheckpointMeta | None:
     if missing:
         raise CheckpointError(f"{path}: missing field(s) {sorted(missing)}")
     return CheckpointMeta(**{k: v for k, v in data.items() if k in known})
+
+
+def trained_answer_tokens(model: str | os.PathLike | None) -> int | None:
+    """The longest answer (in tokens) the scorer in ``model`` was trained on, from its ``keyshot.json``;
+    None when that is unknown (no local folder, no metadata, a checkpoint written before it was recorded)."""
+    if not model or not Path(model).expanduser().is_dir():
+        return None
+    meta = read_meta(Path(model).expanduser())
+    longest = meta.answer_tokens.get("max") if meta is not None and meta.answer_tokens else None
+    return int(longest) if longest else None
 
 
 def saved_pixel_bounds(checkpoint_dir: str | os.PathLike) -> tuple[int, int] | None:

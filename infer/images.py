@@ -244,6 +244,13 @@ def visual_tokens(width: int, height: int, policy: ImagePolicy = DEFAULT_POLICY)
     return plan_image(width, height, policy).visual_tokens
 
 
+def processor_tokens(width: int, height: int, *, min_pixels: int, max_pixels: int) -> int:
+    """Visual tokens the Qwen2.5-VL processor emits for a ``width×height`` image it resizes into
+    ``[min_pixels, max_pixels]``: its own :func:`smart_resize`, one token per 28×28 px (``grid_h·grid_w/4``)."""
+    new_h, new_w = smart_resize(height, width, min_pixels=min_pixels, max_pixels=max_pixels)
+    return (new_h // TOKEN_PIXELS) * (new_w // TOKEN_PIXELS)
+
+
 def _open(src: Path | str | bytes | Image.Image) -> tuple[Image.Image, str]:
     if isinstance(src, Image.Image):
         return src, "<PIL image>"

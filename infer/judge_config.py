@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from infer.cache import CallCache
+from infer.checkpoint import trained_answer_tokens
 from infer.client import EndpointConfig, JudgeClient
+from infer.config import ConfigError
 from infer.errors import KeyshotError
 from infer.images import DEFAULT_POLICY, ImagePolicy
 from infer.local_scorer import TransformersScorer
@@ -29,7 +31,8 @@ class ScorerConfig:
     several replicas of it, each call to the least-loaded live one), ``transformers``
     (in-process, ``checkpoint`` is the model folder) or ``none`` (reference configuration: the judge
     scores every screenshot). ``checkpoint`` also fixes the image policy (its training pixel bounds);
-    without it, ``min_pixels``/``max_pixels`` do, else keyshot's default policy.
+    without it, ``min_pixels``/``max_pixels`` do, else keyshot's default policy. A checkpoint that records
+    the answer length it was trained on also fixes the least answer limit (:func:`scorer_max_tokens`).
     """
 
     backend: Literal["openai", "transformers", "none"] = "openai"
@@ -102,6 +105,35 @@ def scorer_policy(cfg: ScorerConfig) -> ImagePolicy | None:
     return None
 
 
+#: The in-process scorer's answer limit when neither scorer.max_tokens nor the checkpoint says one.
+DEFAULT_LOCAL_MAX_TOKENS = 512
+
+
+def scorer_max_tokens(sc: ScorerConfig, default: int) -> int:
+    """The scorer's answer limit: ``scorer.max_tokens``, else ``default`` (the endpoint's ``max_tokens``),
+    raised with a log line to the longest answer the checkpoint was trained on (``keyshot.json``), so
+    that no answer like the trained ones is cut. An explicit ``scorer.max_tokens`` below that length is
+    refused. A scorer whose checkpoint is unknown (a remote endpoint) keeps its limit."""
+    longest = trained_answer_tokens(sc.checkpoint)
+    if sc.max_tokens is not None:
+        if longest and sc.max_tokens < longest:
+            raise ConfigError(
+                f"scorer.max_tokens={sc.max_tokens} is below the longest answer {sc.checkpoint} was trained on "
+                f"({longest} tokens, its keyshot.json answer_tokens): its answers would be cut; remove "
+                f"scorer.max_tokens or set it to at least {longest}"
+            )
+        return sc.max_tokens
+    if longest and default < longest:
+        logger.info(
+            "scorer max_tokens raised from %d to %d, the longest answer %s was trained on",
+            default,
+            longest,
+            sc.checkpoint,
+        )
+        return longest
+    return default
+
+
 def build_scorer(
     cfg: JudgeRunConfig, cache: CallCache | None, ledger: UsageLedger, endpoint: EndpointConfig | None = None
 ) -> KeyScreenshotScorer | None:
@@ -119,7 +151,7 @@ def build_scorer(
             device=sc.device,
             dtype=sc.dtype,
             batch_size=sc.batch_size,
-            max_new_tokens=sc.max_tokens or 512,
+            max_new_tokens=scorer_max_tokens(sc, DEFAULT_LOCAL_MAX_TOKENS),
             parse_mode=cfg.pipeline.parse_mode,
             logprobs=sc.logprobs,
         )
@@ -131,12 +163,14 @@ def build_scorer(
         if endpoint is not None
         else EndpointPool(sc.endpoints, cache, ledger, cooldown_s=sc.cooldown_s)
     )
+    served_limit = endpoint.max_tokens if endpoint is not None else min(e.max_tokens for e in sc.endpoints)
+    limit = scorer_max_tokens(sc, served_limit)
     return OpenAIScorer(
         client,
         prompts,
         parse_mode=cfg.pipeline.parse_mode,
         logprobs=sc.logprobs,
-        max_tokens=sc.max_tokens,
+        max_tokens=limit if limit != served_limit else sc.max_tokens,  # None: each endpoint's own
         policy=scorer_policy(sc),
         retry_invalid=sc.retry_invalid,
     )

@@ -5,8 +5,14 @@ pixel bounds and the dataset builder render a scorer request here, with the proc
 and ``infer.images.prepare_image`` under the processor's pixel bounds (what ``keyshot serve`` sends), so
 the scorer is trained on exactly the tokens and pixels it is served. Only the last assistant answer and
 its ``<|im_end|>`` carry labels, known while rendering (the prompt, the answer and the template's tail
-are tokenized apart, so the prompt's tokens are the served request's). A row longer than ``max_length`` gets a smaller ``max_pixels`` (fewer
-visual tokens) instead of a cut, so image tokens are never truncated.
+are tokenized apart, so the prompt's tokens are the served request's). A row longer than ``max_length`` gets a
+smaller ``max_pixels`` (fewer visual tokens) instead of a cut, so image tokens are never truncated.
+
+The plan is the render (DESIGN.md contract 9): a row's planned visual tokens are the processor's own
+``smart_resize`` (both of its pixel bounds, the 28 px grid) applied to the image as it is prepared, and a
+smaller ``max_pixels`` is accepted only if the prepared image is not below the processor's ``min_pixels``
+(the processor would enlarge it again). A row whose text leaves no room for the smallest such image is
+dropped with :data:`NO_IMAGE_ROOM`.
 """
 
 from __future__ import annotations
@@ -23,13 +29,13 @@ from PIL import Image
 
 from infer.errors import KeyshotError
 from infer.images import (
-    TOKEN_PIXELS,
     ImagePolicy,
     open_header,
     pixel_bounds,
+    plan_image,
     prepare_image,
+    processor_tokens,
     target_size,
-    visual_tokens,
 )
 
 IGNORE_INDEX = -100
@@ -100,19 +106,42 @@ def image_source(value: Any):
     raise DataError(f"unsupported image cell {type(value).__name__}: expected a PIL image or {{bytes, path}}")
 
 
+TEXT_TOO_LONG = "text alone too long"
+NO_IMAGE_ROOM = "text leaves no room for the image at min_pixels"
+
+
 @dataclass(frozen=True)
 class ExamplePlan:
     """How one row will be rendered: its length and the pixel bound that keeps it within max_length."""
 
     row: int
     text_tokens: int  # tokens without the visual ones
-    visual_tokens: int
+    visual_tokens: int  # what the processor emits for the prepared image
     max_pixels: int
     bounded: bool  # max_pixels was lowered to fit max_length
+    answer_tokens: int = 0  # the labelled answer with its <|im_end|>: what the scorer learns to generate
+    image_size: tuple[int, int] = (0, 0)  # (width, height) of the prepared image the processor receives
 
     @property
     def length(self) -> int:
         return self.text_tokens + self.visual_tokens
+
+    def describe(self) -> str:
+        width, height = self.image_size
+        return (
+            f"{self.text_tokens} text + {self.visual_tokens} visual tokens, image prepared at {width}x{height} "
+            f"under max_pixels={self.max_pixels}"
+        )
+
+
+@dataclass(frozen=True)
+class DroppedRow:
+    """A row no image size fits into max_length, and why (:data:`TEXT_TOO_LONG` or :data:`NO_IMAGE_ROOM`)."""
+
+    row: int
+    reason: str
+    text_tokens: int
+    room: int  # max_length - text_tokens: the visual tokens the text leaves
 
 
 class ScorerRenderer:
@@ -123,6 +152,7 @@ class ScorerRenderer:
         self.tokenizer = processor.tokenizer
         self.policy = policy
         self.max_length = max_length
+        self.pixel_bounds = processor_pixel_bounds(processor)
         self.image_pad_id = self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
 
     def chat_text(self, messages: Sequence[dict], *, generation_prompt: bool = False) -> str:
@@ -158,30 +188,63 @@ class ScorerRenderer:
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
-    def plan(self, row: int, messages: Sequence[dict], size: tuple[int, int]) -> ExamplePlan | None:
-        """Length of a row and the max_pixels that fit it in max_length; None if even the smallest image does not."""
+    def _policy(self, max_pixels: int | None) -> ImagePolicy:
+        if max_pixels in (None, self.policy.max_pixels):
+            return self.policy
+        return dataclasses.replace(self.policy, max_pixels=max_pixels)
+
+    def image_fit(self, size: tuple[int, int], max_pixels: int) -> tuple[tuple[int, int], int]:
+        """``((width, height), visual tokens)``: the image :meth:`prepare` makes of a ``size`` screenshot
+        under ``max_pixels``, and the tokens the processor emits for it (its own resize, its own bounds)."""
+        prepared = plan_image(*size, self._policy(max_pixels))
+        lo, hi = self.pixel_bounds
+        tokens = processor_tokens(prepared.width, prepared.height, min_pixels=lo, max_pixels=hi)
+        return (prepared.width, prepared.height), tokens
+
+    def _lowered_fit(self, size: tuple[int, int], room: int) -> tuple[int, tuple[int, int], int] | None:
+        """The largest ``max_pixels`` below the policy's whose image costs at most ``room`` tokens and is
+        not below the processor's ``min_pixels``: ``(max_pixels, prepared size, tokens)``, or None."""
+        low, high = self.policy.min_pixels, self.policy.max_pixels - 1
+        best = None
+        while low <= high:  # the prepared image shrinks as max_pixels does
+            mid = (low + high) // 2
+            if plan_image(*size, self._policy(mid)).visual_tokens <= room:
+                best, low = mid, mid + 1
+            else:
+                high = mid - 1
+        if best is None:
+            return None
+        (width, height), tokens = self.image_fit(size, best)
+        if width * height < self.pixel_bounds[0] or tokens > room:
+            return None
+        return best, (width, height), tokens
+
+    def plan(self, row: int, messages: Sequence[dict], size: tuple[int, int]) -> ExamplePlan | DroppedRow:
+        """The row's rendered length and the max_pixels that fit it in max_length, or why it cannot fit."""
         prompt, answer, tail = self.split(messages)
         ids = self._ids(prompt)
         n_pads = sum(1 for t in ids if t == self.image_pad_id)
         if n_pads != 1:
             raise DataError(f"row {row}: the rendered messages hold {n_pads} image placeholders, expected 1")
-        text_tokens = len(ids) - 1 + len(self._ids(answer)) + len(self._ids(tail))
+        answer_tokens = len(self._ids(answer))
+        text_tokens = len(ids) - 1 + answer_tokens + len(self._ids(tail))
         width, height = size
         try:
-            tokens = visual_tokens(width, height, self.policy)
+            prepared, tokens = self.image_fit(size, self.policy.max_pixels)
         except ValueError as exc:
             raise DataError(f"row {row}: image {width}x{height}: {exc}") from None
-        budget = self.max_length - text_tokens
-        if tokens <= budget:
-            return ExamplePlan(row, text_tokens, tokens, self.policy.max_pixels, bounded=False)
-        max_pixels = budget * TOKEN_PIXELS * TOKEN_PIXELS
-        while max_pixels >= self.policy.min_pixels:
-            policy = dataclasses.replace(self.policy, max_pixels=max_pixels)
-            tokens = visual_tokens(width, height, policy)
-            if tokens <= budget:
-                return ExamplePlan(row, text_tokens, tokens, max_pixels, bounded=True)
-            max_pixels -= TOKEN_PIXELS * TOKEN_PIXELS
-        return None
+        room = self.max_length - text_tokens
+        if tokens <= room:
+            return ExamplePlan(
+                row, text_tokens, tokens, self.policy.max_pixels, False, answer_tokens, prepared
+            )
+        if room <= 0:
+            return DroppedRow(row, TEXT_TOO_LONG, text_tokens, room)
+        fit = self._lowered_fit(size, room)
+        if fit is None:
+            return DroppedRow(row, NO_IMAGE_ROOM, text_tokens, room)
+        max_pixels, prepared, tokens = fit
+        return ExamplePlan(row, text_tokens, tokens, max_pixels, True, answer_tokens, prepared)
 
     def prepare(self, image: Any, max_pixels: int | None = None) -> Image.Image:
         """The image as the scorer is served it under the policy (``max_pixels`` lowered for long rows).
@@ -189,9 +252,7 @@ class ScorerRenderer:
         A JPEG that already has the policy's target size (a dataset of prepared screenshots) is used
         as it is: re-encoding it would move its pixels away from the ones the server decodes.
         """
-        policy = self.policy
-        if max_pixels not in (None, policy.max_pixels):
-            policy = dataclasses.replace(policy, max_pixels=max_pixels)
+        policy = self._policy(max_pixels)
         src = image_source(image)
         prepared = src if isinstance(src, Image.Image) else None
         if isinstance(src, bytes) and src[:3] == b"\xff\xd8\xff":

@@ -87,6 +87,8 @@ class VLLMServer:
             "seed": self.config.seed,
             "name": f"vllm:{self.model_name}",
         }
+        if self.plan.max_tokens is not None:
+            values["max_tokens"] = self.plan.max_tokens
         values.update(overrides)
         return EndpointConfig(**values)
 
@@ -232,6 +234,10 @@ def run(args: argparse.Namespace) -> int:
             f"prompt version: {plan.prompt_version}; pixel bounds: {plan.min_pixels}..{plan.max_pixels}",
             flush=True,
         )
+        if plan.max_tokens is not None:
+            print(
+                f"answers: up to {plan.max_tokens} tokens (send max_tokens >= {plan.max_tokens})", flush=True
+            )
         print(f"log: {plan.log_file}  (Ctrl-C stops the server)", flush=True)
         while not stop["now"]:
             if server.process is None or server.process.poll() is not None:

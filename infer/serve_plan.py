@@ -1,6 +1,6 @@
 """What ``keyshot serve`` will run: a serve config checked against the checkpoint (prompt version, pixel
-bounds, local path) and turned into vLLM's command line and environment (:func:`plan_server`). Starting,
-watching and stopping the process is :class:`infer.serve.VLLMServer`'s.
+bounds, answer length, local path) and turned into vLLM's command line and environment (:func:`plan_server`).
+Starting, watching and stopping the process is :class:`infer.serve.VLLMServer`'s.
 """
 
 from __future__ import annotations
@@ -65,6 +65,9 @@ class ServeConfig:
     enable_prefix_caching: bool = True
     min_pixels: int | None = None  # default: the checkpoint's training bounds
     max_pixels: int | None = None
+    # answer tokens a request that names no max_tokens gets; default: the longest answer the checkpoint was
+    # trained on (keyshot.json's answer_tokens), and a value below that is refused
+    max_tokens: int | None = None
     prompt_variant: str = "online_mind2web"
     allow_missing_meta: bool = True  # serve a plain model folder (no keyshot.json), with a warning
     lora_modules: dict[str, str] = field(default_factory=dict)
@@ -92,6 +95,8 @@ class ServeConfig:
             raise ValueError("max_images_per_prompt must be >= 1")
         if (self.min_pixels is None) != (self.max_pixels is None):
             raise ValueError("set both min_pixels and max_pixels, or neither")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1 (or null), got {self.max_tokens}")
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,7 @@ class ServePlan:
     prompt_version: str
     log_file: Path
     device: str
+    max_tokens: int | None = None  # the answer length requests should allow (None: not known)
 
 
 def vllm_python(configured: str | None = None) -> str:
@@ -182,6 +188,26 @@ def _pixel_bounds(cfg: ServeConfig, meta: CheckpointMeta | None) -> tuple[int | 
     return trained
 
 
+def answer_limit(cfg: ServeConfig, meta: CheckpointMeta | None) -> int | None:
+    """The answer tokens to allow: the configured ``max_tokens``, else the checkpoint's longest trained
+    answer; a configured value below that is refused (answers the scorer was trained on would be cut)."""
+    longest = int(meta.answer_tokens.get("max") or 0) if meta is not None and meta.answer_tokens else 0
+    if cfg.max_tokens is not None and cfg.max_tokens < longest:
+        raise ServeError(
+            f"{cfg.model}: max_tokens={cfg.max_tokens} is below the longest answer the checkpoint was trained "
+            f"on ({longest} tokens, keyshot.json answer_tokens): its answers would be cut; remove max_tokens "
+            f"or set it to at least {longest}"
+        )
+    if cfg.max_tokens is None and longest:
+        logger.info(
+            "%s: answers allowed up to %d tokens, the longest the checkpoint was trained on (99th percentile %s)",
+            cfg.model,
+            longest,
+            meta.answer_tokens.get("p99"),
+        )
+    return cfg.max_tokens or longest or None
+
+
 def _device(cfg: ServeConfig) -> str:
     if cfg.device != "auto":
         return cfg.device
@@ -209,6 +235,7 @@ def plan_server(cfg: ServeConfig) -> ServePlan:
         adapter_meta = check_prompt_version(adapter, cfg.prompt_variant, allow_missing=cfg.allow_missing_meta)
         meta = meta or adapter_meta
     min_px, max_px = _pixel_bounds(cfg, meta)
+    max_tokens = answer_limit(cfg, meta)
     device = _device(cfg)
     port = cfg.port or free_port(cfg.host)
     served = cfg.served_model_name or Path(cfg.model.rstrip("/")).name or "keyshot-scorer"
@@ -241,8 +268,11 @@ def plan_server(cfg: ServeConfig) -> ServePlan:
     ]
     if min_px is not None:
         cmd += ["--mm-processor-kwargs", json.dumps({"min_pixels": min_px, "max_pixels": max_px})]
-    if cfg.greedy:
-        cmd += ["--override-generation-config", json.dumps({"temperature": 0.0})]
+    generation = {"temperature": 0.0} if cfg.greedy else {}
+    if max_tokens is not None:
+        generation["max_new_tokens"] = max_tokens  # vLLM's max_tokens for a request that names none
+    if generation:
+        cmd += ["--override-generation-config", json.dumps(generation)]
     if cfg.max_num_seqs is not None:
         cmd += ["--max-num-seqs", str(cfg.max_num_seqs)]
     if cfg.mm_processor_cache_gb is not None:
@@ -295,6 +325,7 @@ def plan_server(cfg: ServeConfig) -> ServePlan:
         prompt_version=load_prompt_set(cfg.prompt_variant).version,
         log_file=log_file,
         device=device,
+        max_tokens=max_tokens,
     )
 
 

@@ -259,9 +259,10 @@ def test_the_entry_runs_as_a_script_without_path_tricks(tmp_path):
     assert f"{missing}: config file not found" in proc.stderr
 
 
-def test_check_names_a_bad_dataset_or_model_path_in_one_line(tmp_path):
+def test_check_names_a_bad_dataset_or_model_path_in_one_line(tmp_path, tiny_model_dir):
     """`train/sft.py --check` (run by slurm/train.sh before launching): every wrong data.path or model
-    path is one line naming it, exit 2, before anything is written; a good one says what it found."""
+    path is one line naming it, exit 2, before anything is written; a good one says what it found and
+    that the rows render at their planned length."""
     from infer.testing.scorer_data import build_scorer_dataset
 
     dataset = build_scorer_dataset(tmp_path / "ds", n_train=4, n_val=2)
@@ -303,14 +304,12 @@ def test_check_names_a_bad_dataset_or_model_path_in_one_line(tmp_path):
         proc.returncode == 2
         and "nomodel: model.name_or_path is not a model folder (no such folder)" in proc.stderr
     )
+    good = [*base, f"data.path={dataset}", f"run_dir={tmp_path / 'run'}", "--check"]
+    proc = subprocess.run([*good, f"model.name_or_path={model}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "model: model.name_or_path has no loadable processor (" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     proc = subprocess.run(
-        [
-            *base,
-            f"data.path={dataset}",
-            f"model.name_or_path={model}",
-            f"run_dir={tmp_path / 'run'}",
-            "--check",
-        ],
+        [*good, f"model.name_or_path={tiny_model_dir}", "data.max_length=530"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -318,4 +317,5 @@ def test_check_names_a_bad_dataset_or_model_path_in_one_line(tmp_path):
     assert proc.returncode == 0 and proc.stdout.startswith("ok: dataset ") and "4 train" in proc.stdout, (
         proc.stderr
     )
+    assert "\nok: train: 4 shrunk and 0 other rows render at their planned length" in proc.stdout, proc.stdout
     assert not (tmp_path / "run").exists()  # a check writes nothing

@@ -146,7 +146,9 @@ def test_long_rows_get_fewer_visual_tokens_never_a_cut(processor):
     assert int(grid.prod()) // 4 == plan.visual_tokens
     assert _labelled_text(example, processor.tokenizer).endswith("**Score**: 5<|im_end|>")
     hopeless = ScorerRenderer(processor, image_policy_for(processor), max_length=full.text_tokens + 2)
-    assert hopeless.plan(0, messages, (1280, 720)) is None
+    dropped = hopeless.plan(0, messages, (1280, 720))
+    reason = "text leaves no room for the image at min_pixels"
+    assert (dropped.reason, dropped.room, dropped.text_tokens) == (reason, 2, full.text_tokens)
 
 
 def test_dataset_counts_shrunk_and_dropped_rows(dataset_dir, processor):
@@ -156,7 +158,8 @@ def test_dataset_counts_shrunk_and_dropped_rows(dataset_dir, processor):
     renderer = ScorerRenderer(processor, image_policy_for(processor), max_length=text_only + 30)
     data = ScorerDataset(ds["train"], renderer)
     assert data.stats.bounded >= 1
-    assert data.stats.kept + data.stats.dropped_too_long == data.stats.rows == 12
+    dropped = data.stats.dropped_too_long + data.stats.dropped_no_image_room
+    assert data.stats.kept + dropped == data.stats.rows == 12
     assert max(data.lengths) <= renderer.max_length
     for i in range(len(data)):
         assert data[i]["input_ids"].numel() == data.lengths[i] <= renderer.max_length

@@ -143,7 +143,8 @@ def test_final_checkpoint_is_self_describing(learned_run, tiny_model_dir, datase
 
     from infer.checkpoint import read_meta, saved_pixel_bounds
     from infer.prompts import load_prompt_set
-    from train.batches import dataset_data_hash, load_scorer_dataset
+    from infer.rendering import ScorerRenderer, image_policy_for
+    from train.batches import ScorerDataset, dataset_data_hash, load_scorer_dataset
 
     run_dir, _ = learned_run
     final = run_dir / "final"
@@ -159,7 +160,12 @@ def test_final_checkpoint_is_self_describing(learned_run, tiny_model_dir, datase
     gen = GenerationConfig.from_pretrained(final)
     assert gen.do_sample is False and gen.eos_token_id
     model = AutoModelForImageTextToText.from_pretrained(final)
-    AutoProcessor.from_pretrained(final)
+    processor = AutoProcessor.from_pretrained(final)
+    # the answer length it was trained on, for keyshot serve and keyshot judge
+    trained = ScorerDataset(ds["train"], ScorerRenderer(processor, image_policy_for(processor), 1024))
+    assert meta.answer_tokens == trained.answer_tokens and meta.answer_tokens["rows"] == 48
+    assert meta.answer_tokens["max"] >= meta.answer_tokens["p99"] > 10
+    assert meta.extra["rows_skipped_off_plan"] == []
     trained, base = _state_dict(final), _state_dict(tiny_model_dir)
     assert trained.keys() == base.keys()
     changed = [k for k in base if not torch.equal(trained[k], base[k])]

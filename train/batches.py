@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from infer.rendering import (
     IGNORE_INDEX,
+    NO_IMAGE_ROOM,
     DataError,
     ExamplePlan,
     ScorerRenderer,
@@ -129,11 +130,28 @@ class PlanStats:
     rows: int = 0
     kept: int = 0
     bounded: int = 0
-    dropped_too_long: int = 0
+    dropped_too_long: int = 0  # the text alone exceeds max_length
+    dropped_no_image_room: int = 0  # the text leaves less room than the smallest image the processor allows
+
+
+def answer_token_stats(answer_tokens: Sequence[int]) -> dict[str, int]:
+    """``{"max", "p99", "rows"}`` of the answers' token counts (each with its ``<|im_end|>``): the answer
+    length a scorer is trained on, recorded in its checkpoint (``keyshot.json``'s ``answer_tokens``)."""
+    counts = np.asarray(answer_tokens, dtype=np.int64)
+    if not counts.size:
+        return {}
+    p99 = int(np.percentile(counts, 99, method="higher"))
+    return {"max": int(counts.max()), "p99": p99, "rows": int(counts.size)}
 
 
 class ScorerDataset(torch.utils.data.Dataset):
-    """A split of a scorer dataset, rendered on access (so in DataLoader workers)."""
+    """A split of a scorer dataset, rendered on access (so in DataLoader workers).
+
+    A row whose rendering does not have its planned length (a bug of the plan, see
+    :meth:`render_problem`) is not fatal: it is logged with its numbers, flagged (in memory shared
+    with the DataLoader workers, :attr:`mismatched_rows`) and the next planned row takes its place,
+    so every rank still runs the same steps with full batches.
+    """
 
     def __init__(
         self, hf_split, renderer: ScorerRenderer, *, max_samples: int | None = None, name: str = "train"
@@ -152,40 +170,82 @@ class ScorerDataset(torch.utils.data.Dataset):
         self.plans: list[ExamplePlan] = []
         for i, row in enumerate(tqdm(headers, desc=f"plan {name}", leave=False, mininterval=2.0)):
             plan = renderer.plan(i, row["messages"], image_size(row["image"]))
-            if plan is None:
-                self.stats.dropped_too_long += 1
+            if not isinstance(plan, ExamplePlan):
+                if plan.reason == NO_IMAGE_ROOM:
+                    self.stats.dropped_no_image_room += 1
+                else:
+                    self.stats.dropped_too_long += 1
                 continue
             self.stats.bounded += plan.bounded
             self.plans.append(plan)
         self.stats.kept = len(self.plans)
         logger.info(
-            "%s: %d rows, %d kept, %d shrunk to fit max_length=%d (smaller max_pixels), %d dropped (text alone too long)",
+            "%s: %d rows, %d kept, %d shrunk to fit max_length=%d (smaller max_pixels), %d dropped (text "
+            "alone too long), %d dropped (text leaves no room for the image at min_pixels)",
             name,
             self.stats.rows,
             self.stats.kept,
             self.stats.bounded,
             renderer.max_length,
             self.stats.dropped_too_long,
+            self.stats.dropped_no_image_room,
         )
         if not self.plans:
             raise DataError(f"{name}: no row fits max_length={renderer.max_length}")
+        self._mismatched = torch.zeros(len(self.plans), dtype=torch.uint8).share_memory_()
 
     @property
     def lengths(self) -> list[int]:
         return [p.length for p in self.plans]
 
+    @property
+    def answer_tokens(self) -> dict[str, int]:
+        """The kept rows' answer lengths (:func:`answer_token_stats`)."""
+        return answer_token_stats([p.answer_tokens for p in self.plans])
+
+    def mismatch_flags(self) -> torch.Tensor:
+        """1 for each example this process and its DataLoader workers skipped (rendered off its plan)."""
+        return self._mismatched.long()
+
+    @property
+    def mismatched_rows(self) -> list[int]:
+        """Dataset rows (``plan.row``) of the examples :meth:`mismatch_flags` marks."""
+        return [self.plans[i].row for i in self._mismatched.nonzero().flatten().tolist()]
+
     def __len__(self) -> int:
         return len(self.plans)
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+    def _render(self, i: int) -> dict[str, torch.Tensor]:
         plan = self.plans[i]
         row = self.rows[plan.row]
-        example = self.renderer.render(row["messages"], row["image"], plan.max_pixels)
-        if example["input_ids"].numel() != plan.length:
-            raise DataError(
-                f"{self.name} row {plan.row}: rendered {example['input_ids'].numel()} tokens, planned {plan.length}"
-            )
-        return example
+        return self.renderer.render(row["messages"], row["image"], plan.max_pixels)
+
+    def render_problem(self, i: int, example: dict[str, torch.Tensor] | None = None) -> str | None:
+        """Why example ``i`` does not render as planned (its row and the numbers), or None when it does."""
+        plan = self.plans[i]
+        example = self._render(i) if example is None else example
+        rendered = example["input_ids"].numel()
+        visual = int(example["image_grid_thw"][0].prod()) // 4
+        if rendered == plan.length and visual == plan.visual_tokens:
+            return None
+        grid = "x".join(str(int(v)) for v in example["image_grid_thw"][0])
+        return (
+            f"{self.name} row {plan.row}: rendered {rendered} tokens, planned {plan.length} ({plan.describe()}; "
+            f"the processor made {visual} visual tokens, grid {grid})"
+        )
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        for step in range(len(self.plans)):
+            j = (i + step) % len(self.plans)
+            if self._mismatched[j]:
+                continue
+            example = self._render(j)
+            problem = self.render_problem(j, example)
+            if problem is None:
+                return example
+            self._mismatched[j] = 1
+            logger.warning("%s: skipped (the next planned row trains in its place)", problem)
+        raise DataError(f"{self.name}: no planned row renders at its planned length (see the warnings above)")
 
     def target_score(self, i: int) -> int | None:
         """The row's reference score: the ``score`` column, else the score in its answer."""

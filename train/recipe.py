@@ -151,6 +151,54 @@ def check_inputs(cfg: TrainConfig) -> str:
     return f"dataset {cfg.data.path} ({rows} rows, prompt {prompt_version}), model {cfg.model.name_or_path}"
 
 
+def training_renderer(cfg: TrainConfig) -> ScorerRenderer:
+    """The run's renderer: the model's processor under the configured pixel bounds, its image policy."""
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(cfg.model.name_or_path)
+    except (OSError, ValueError) as exc:  # no processor files, an unrecognised one, a hub id not reachable
+        reason = " ".join(str(exc).split())
+        raise DataError(
+            f"{cfg.model.name_or_path}: model.name_or_path has no loadable processor ({reason})"
+        ) from None
+    lo, hi = processor_pixel_bounds(processor)
+    set_processor_pixel_bounds(processor, cfg.data.min_pixels or lo, cfg.data.max_pixels or hi)
+    return ScorerRenderer(processor, image_policy_for(processor, cfg.data.max_aspect), cfg.data.max_length)
+
+
+def check_rendering(data: ScorerDataset, sample: int = 32, seed: int = 0) -> str:
+    """Render every shrunk example of ``data`` and ``sample`` of the others; DataError naming each row
+    whose rendered length is not its planned length (with the numbers). Returns what was rendered."""
+    shrunk = [i for i, plan in enumerate(data.plans) if plan.bounded]
+    others = [i for i, plan in enumerate(data.plans) if not plan.bounded]
+    rng = np.random.default_rng(seed)
+    picked = sorted(int(i) for i in rng.choice(others, size=min(sample, len(others)), replace=False))
+    problems = [p for i in shrunk + picked if (p := data.render_problem(i))]
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise DataError(
+            f"{len(problems)} of {len(shrunk) + len(picked)} rendered rows differ from their plan: "
+            + "; ".join(problems[:5])
+            + more
+        )
+    return (
+        f"{data.name}: {len(shrunk)} shrunk and {len(picked)} other rows render at their planned length "
+        f"(max_length={data.renderer.max_length}; {data.stats.dropped_too_long} dropped, text alone too long; "
+        f"{data.stats.dropped_no_image_room} dropped, no room for the image at min_pixels)"
+    )
+
+
+def check_training_rows(cfg: TrainConfig, sample: int = 32) -> str:
+    """``train/sft.py --check``'s rendering check: plan the train split as a run would (the processor,
+    no model weights) and :func:`check_rendering` it."""
+    ds, _, _ = load_training_data(cfg)
+    data = ScorerDataset(
+        ds[cfg.data.train_split], training_renderer(cfg), max_samples=cfg.data.max_train_samples, name="train"
+    )
+    return check_rendering(data, sample, cfg.seed)
+
+
 def _log_scalars(accelerator, metrics_log: MetricsLog, record: dict, prefix: str) -> None:
     metrics_log.write(record)
     scalars = {
@@ -188,7 +236,7 @@ def run_training(cfg: TrainConfig) -> Path:
 
 def _run_training(cfg: TrainConfig, watch: PreemptionWatch) -> Path:
     from accelerate.utils import set_seed
-    from transformers import AutoProcessor, get_scheduler
+    from transformers import get_scheduler
 
     run_dir = Path(cfg.run_dir)
     accelerator = build_accelerator(cfg, run_dir)
@@ -206,12 +254,9 @@ def _run_training(cfg: TrainConfig, watch: PreemptionWatch) -> Path:
     set_seed(cfg.seed)
 
     # -- processor, image policy, data
-    processor = AutoProcessor.from_pretrained(cfg.model.name_or_path)
-    lo, hi = processor_pixel_bounds(processor)
-    set_processor_pixel_bounds(processor, cfg.data.min_pixels or lo, cfg.data.max_pixels or hi)
-    policy = image_policy_for(processor, cfg.data.max_aspect)
+    renderer = training_renderer(cfg)
+    processor, policy = renderer.processor, renderer.policy
     logger.info("image policy: %s", policy.to_dict())
-    renderer = ScorerRenderer(processor, policy, cfg.data.max_length)
     ds, prompt_variant, prompt_version = load_training_data(cfg)
     recorded = dataset_description(ds).get("image_policy") or {}
     if recorded and (recorded.get("min_pixels"), recorded.get("max_pixels")) != (
@@ -424,6 +469,7 @@ def _run_training(cfg: TrainConfig, watch: PreemptionWatch) -> Path:
             state.epoch += 1
             state.batches_in_epoch = 0
 
+    skipped = _rows_skipped_off_plan(accelerator, train_set)
     run_eval()
     final = export_final(
         accelerator,
@@ -436,9 +482,26 @@ def _run_training(cfg: TrainConfig, watch: PreemptionWatch) -> Path:
         ds,
         policy.to_dict(),
         state,
+        answer_tokens=train_set.answer_tokens,
+        skipped_rows=skipped,
     )
     accelerator.end_training()
     return final
+
+
+def _rows_skipped_off_plan(accelerator, data: ScorerDataset) -> list[int]:
+    """The rows any rank skipped because they rendered off their plan (every rank must call this)."""
+    flags = data.mismatch_flags().to(accelerator.device)
+    gathered = accelerator.gather(flags).view(-1, len(data)).amax(0).cpu()
+    rows = [data.plans[i].row for i in gathered.nonzero().flatten().tolist()]
+    if rows:
+        logger.warning(
+            "%s: %d row(s) rendered off their plan and were skipped (rows %s; warnings above give the numbers)",
+            data.name,
+            len(rows),
+            rows[:20],
+        )
+    return rows
 
 
 def _normalised(state: TrainerState, batches_per_epoch: int) -> TrainerState:
@@ -462,9 +525,24 @@ def _flatten(data: dict, prefix: str = "") -> dict:
 
 
 def export_final(
-    accelerator, model, processor, cfg: TrainConfig, run_dir: Path, variant, version, ds, policy, state
+    accelerator,
+    model,
+    processor,
+    cfg: TrainConfig,
+    run_dir: Path,
+    variant,
+    version,
+    ds,
+    policy,
+    state,
+    *,
+    answer_tokens: dict | None = None,
+    skipped_rows: list[int] | None = None,
 ) -> Path:
-    """Write ``RUN/final`` (and ``RUN/final_adapter`` for LoRA); every rank must call this."""
+    """Write ``RUN/final`` (and ``RUN/final_adapter`` for LoRA); every rank must call this.
+
+    ``answer_tokens`` (the train rows' answer lengths, ``ScorerDataset.answer_tokens``) goes into
+    ``keyshot.json``, where ``keyshot serve`` and ``keyshot judge`` read the answer length to allow."""
     from train.merge_lora import merge_adapter
 
     state_dict = accelerator.get_state_dict(model)  # gathers ZeRO-3 shards (16-bit save enabled in the JSON)
@@ -481,12 +559,14 @@ def export_final(
             max_length=cfg.data.max_length,
             data_hash=dataset_data_hash(ds, splits),
             image_policy=policy,
+            answer_tokens=dict(answer_tokens or {}),
             extra={
                 "steps": state.step,
                 "samples_seen": state.samples_seen,
                 "world_size": accelerator.num_processes,
                 "lora": cfg.model.lora.enabled,
                 "deepspeed_zero_stage": _deepspeed_stage(accelerator),
+                "rows_skipped_off_plan": list(skipped_rows or []),
             },
         )
         unwrapped = accelerator.unwrap_model(model)

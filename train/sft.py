@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="check the config, the dataset and the model path, then exit (no model is loaded): run it "
-        "before `accelerate launch` or sbatch, whose launchers add their own traceback to any failure",
+        help="check the config, the dataset and the model path, and render every row whose image is shrunk "
+        "to fit max_length (and a sample of the others) to prove it has its planned length, then exit (no "
+        "model weights are loaded): run it before `accelerate launch` or sbatch, whose launchers add their "
+        "own traceback to any failure",
     )
     args = parse(parser, argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -49,16 +51,17 @@ def main(argv: list[str] | None = None) -> int:
         logging.INFO if rank == 0 else logging.WARNING,
         f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s",
     )
-    from train.recipe import check_inputs, run_training
+    from train.recipe import check_inputs, check_training_rows, run_training
 
     try:
         cfg = load_config(TrainConfig, args.config, args.overrides)
         checked = check_inputs(cfg)  # before anything is written or a model is loaded
+        rendered = check_training_rows(cfg) if args.check else ""
     except KeyshotError as exc:
         logger.error("%s", exc)
         return exc.exit_code
     if args.check:
-        print(f"ok: {checked}")
+        print(f"ok: {checked}\nok: {rendered}")
         return 0
     logger.info("config: %s", cfg)
     if rank == 0:
