@@ -162,7 +162,12 @@ def main(argv: list[str] | None = None) -> dict:
     )  # fmt: skip
 
     results = {}
-    for name, model in (("untrained (base)", base), ("trained", train_dir / "final")):
+    # The untrained model's answers are cut by max_tokens and hold no score: keyshot's strict mode stops such
+    # a run (no verdict without evidence), so it is judged in reference mode, which reads every answer.
+    for name, model, mode in (
+        ("untrained (base)", base, "reference"),
+        ("trained", train_dir / "final", "strict"),
+    ):
         out = work / ("judge-" + name.split()[0])
         with FakeOpenAI(cue_teacher, model="cue-judge") as judge:
             run(
@@ -170,6 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
                     str(BIN / "keyshot"), "judge", str(world["cue-agent-c"]), "--config", "configs/judge/tiny_cpu.yaml",
                     "--serve-scorer", str(model), "--out", str(out), f"judge.base_url={judge.base_url}",
                     "judge.model=cue-judge", f"scorer.serve.vllm_python={args.vllm_python}",
+                    f"pipeline.parse_mode={mode}",
                 ],
                 logs / f"judge-{name.split()[0]}.log",
             )  # fmt: skip

@@ -1,6 +1,8 @@
-"""The circuit breaker of an endpoint: when to declare it down and stop the run instead of retrying.
+"""When a run stops early instead of paying for calls that cannot help.
 
-Shared by :class:`infer.client.JudgeClient` (one endpoint) and :class:`infer.pool.EndpointPool` (replicas).
+:class:`Breaker`, the circuit breaker of an endpoint: when to declare it down instead of retrying. Shared by
+:class:`infer.client.JudgeClient` (one endpoint) and :class:`infer.pool.EndpointPool` (replicas).
+:class:`CutWatch`: when the first answers under a token limit were all cut by it (the pipeline's).
 """
 
 from __future__ import annotations
@@ -8,9 +10,12 @@ from __future__ import annotations
 import logging
 import time
 
-from infer.errors import EndpointDownError
+from infer.errors import CutAnswersError, EndpointDownError
 
 logger = logging.getLogger(__name__)
+
+#: How many first answers under one token limit, all cut, stop a run.
+CUT_WATCH_FIRST = 8
 
 
 class Breaker:
@@ -53,3 +58,45 @@ class Breaker:
         """Close a tripped breaker (a pool tries an endpoint again after its cool-down)."""
         self.down = None
         self.in_a_row = 0
+
+
+class CutWatch:
+    """The answers given under one token limit (``setting``, e.g. ``scorer.endpoint.max_tokens``) in a run.
+
+    When its first ``first`` answers were all cut by the limit, it goes down
+    (:class:`~infer.errors.CutAnswersError`: the limit is too small for the model) and stays down;
+    ``first=None`` never goes down, it only counts (reference mode, which reads cut answers as the
+    reference does). Its counts tell the user what to change (:meth:`report`).
+    """
+
+    def __init__(self, setting: str, first: int | None = CUT_WATCH_FIRST):
+        self.setting, self.first = setting, first
+        self.answers = 0
+        self.cut = 0
+        self.cut_tokens = 0  # the most completion tokens of a cut answer
+        self.longest_tokens = 0  # the most completion tokens of any answer
+        self.down: CutAnswersError | None = None
+
+    def answered(self, cut: bool, completion_tokens: int) -> None:
+        """Count an answer (cached ones too: they were cut just the same)."""
+        self.answers += 1
+        self.longest_tokens = max(self.longest_tokens, completion_tokens)
+        if cut:
+            self.cut += 1
+            self.cut_tokens = max(self.cut_tokens, completion_tokens)
+        if self.down is None and self.answers == self.first and self.cut == self.first:
+            self.down = CutAnswersError(self.setting, self.answers, self.cut_tokens, self.longest_tokens)
+
+    def check(self) -> None:
+        """Raise the watch's CutAnswersError once it is down."""
+        if self.down is not None:
+            raise self.down
+
+    def report(self) -> dict:
+        return {
+            "setting": self.setting,
+            "answers": self.answers,
+            "cut": self.cut,
+            "cut_tokens": self.cut_tokens,
+            "longest_tokens": self.longest_tokens,
+        }

@@ -6,8 +6,9 @@ client (:mod:`infer.transport`: pooling, timeouts, error classes; no retries or 
 own). The client bounds concurrency with a semaphore, gives every request a timeout, retries
 429/5xx/timeouts/broken connections/malformed bodies with exponential backoff and jitter (honouring
 ``Retry-After``), caches well-formed answers (:mod:`infer.cache`) and accounts tokens and cost
-(:mod:`infer.usage`). The API key is read from the environment at call time and never appears in
-logs, exceptions, reprs or the cache.
+(:mod:`infer.usage`). An answer cut by its token limit comes back with ``cut=True`` and ``valid=False``
+(DESIGN.md contract 8), from the endpoint or from the cache alike; it is never asked again. The API key
+is read from the environment at call time and never appears in logs, exceptions, reprs or the cache.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from infer.responses import (
     RETRYABLE_STATUS,
     Answer,
     Transient,
+    answer_cut,
     parse_body,
     retry_after_s,
 )
@@ -64,6 +66,8 @@ __all__ = [  # the endpoint's names too, so that callers need one import
 
 @dataclass
 class Completion:
+    """One answer. ``cut``: it was cut by its token limit (``valid`` is then False and ``error`` says so)."""
+
     text: str
     finish_reason: str | None
     prompt_tokens: int
@@ -76,6 +80,17 @@ class Completion:
     error: str | None = None
     logprobs: list[dict] | None = None
     saved_cost_usd: float = 0.0
+    cut: bool = False
+
+
+def cut_error(completion_tokens: int, limit: int | None) -> str:
+    """What a cut answer's ``error`` says."""
+    return f"answer cut by max_tokens after {completion_tokens} tokens (limit {limit})"
+
+
+def token_limit(payload: dict[str, Any]) -> int | None:
+    """The answer length limit a request body asks for."""
+    return payload.get("max_completion_tokens") or payload.get("max_tokens")
 
 
 class InFlight:
@@ -214,8 +229,10 @@ class JudgeClient:
         answer (returned to them as ``cached``, at no cost). ``validate(text)`` returns an error string
         for a malformed answer; such an answer is asked
         again up to ``max_invalid_retries`` times, and if it stays malformed the last one is returned
-        with ``valid=False`` and the error (never cached). Raises :class:`JudgeCallError` when the
-        endpoint fails for good and :class:`BudgetExceededError` when the budget is spent.
+        with ``valid=False`` and the error (never cached). An answer cut by the token limit is returned
+        at once with ``cut=True`` and ``valid=False`` (cached: a re-run reads it as cut again). Raises
+        :class:`JudgeCallError` when the endpoint fails for good and :class:`BudgetExceededError` when
+        the budget is spent.
         """
         payload = build_payload(self.endpoint, messages, max_tokens=max_tokens, logprobs=logprobs)
         key = cache_key(self.endpoint.model, prompt_version, messages, answer_params(payload))
@@ -243,6 +260,8 @@ class JudgeClient:
         if hit is not None:
             self.ledger.record_cache_hit(ep.name, hit.cost_usd)
             logger.debug("endpoint %r: cache hit %s", ep.name, key[:12])
+            limit = token_limit(payload)
+            cut = answer_cut(hit.finish_reason, hit.completion_tokens, limit)
             return Completion(
                 text=hit.text,
                 finish_reason=hit.finish_reason,
@@ -254,6 +273,9 @@ class JudgeClient:
                 model=hit.model,
                 logprobs=hit.logprobs,
                 saved_cost_usd=hit.cost_usd,
+                valid=not cut,
+                error=cut_error(hit.completion_tokens, limit) if cut else None,
+                cut=cut,
             )
         try:
             return await self._call(payload, key, prompt_version, validate)
@@ -342,11 +364,17 @@ class JudgeClient:
 
             self.breaker.answered()
             spent += cost
-            error = validate(answer.text) if validate is not None else None
+            # a cut answer is not asked again: the same limit would cut it the same way
+            limit = token_limit(payload)
+            cut = answer_cut(answer.finish_reason, answer.completion_tokens, limit)
+            error = validate(answer.text) if validate is not None and not cut else None
             if error is not None and invalid_answers < ep.max_invalid_retries:
                 invalid_answers += 1
                 logger.debug("endpoint %r: malformed answer (%s); asking again", ep.name, error)
                 continue
+            if cut:
+                error = cut_error(answer.completion_tokens, limit)
+                logger.debug("endpoint %r: %s", ep.name, error)
             completion = Completion(
                 text=answer.text,
                 finish_reason=answer.finish_reason,
@@ -359,13 +387,14 @@ class JudgeClient:
                 valid=error is None,
                 error=error,
                 logprobs=answer.logprobs,
+                cut=cut,
             )
-            if error is not None:
+            if error is not None and not cut:
                 self.ledger.record_invalid(ep.name)
                 logger.warning(
                     "endpoint %r: answer still malformed after %d tries: %s", ep.name, attempts, error
                 )
-            elif self.cache is not None:
+            elif self.cache is not None:  # a cut answer too: it is read as cut again from the cache
                 self.cache.put(
                     key,
                     model=answer.model,

@@ -5,8 +5,8 @@ Exit codes of every keyshot command:
 ======  =========================================================================================
 0       the job did what was asked: every input judged or listed with the reason it was not
 1       a bug (a traceback was printed)
-2       a user mistake (bad config, bad path, a second writer on a run folder ...): one line says
-        which file or field, what is wrong and what to do
+2       a user mistake (bad config, bad path, a second writer on a run folder, a max_tokens that cuts
+        every first answer of a run ...): one line says which file or field, what is wrong and what to do
 3       incomplete: some trajectories need calls that failed; re-run the same command to retry them
 4       an endpoint is down (the circuit breaker tripped); re-run once it answers
 5       a spending cap was reached; re-run with a larger budget to finish
@@ -41,6 +41,8 @@ class RunStopError(RuntimeError):
     Trajectories in flight are not written; a re-run of the same command judges them."""
 
     exit_code = EXIT_INCOMPLETE
+    #: what the run's log adds to the message when it stops
+    advice = "re-run the same command to finish"
 
 
 class EndpointDownError(RunStopError):
@@ -56,6 +58,31 @@ class EndpointDownError(RunStopError):
         super().__init__(
             f"endpoint {name!r} at {url} is down: {failures} requests in a row failed (last: {last_error}); "
             "check the server, the model name and the API key, then re-run the same command to resume"
+        )
+
+
+def raise_advice(setting: str) -> str:
+    """What to do about answers cut under ``setting``: raise it; a judge's limit is part of the run's
+    protocol (``run.json``), so its verdicts go to a new folder."""
+    if setting == "judge.max_tokens":
+        return "raise judge.max_tokens and judge into a new --out (the run folder's protocol records it)"
+    return f"raise {setting} and re-run the same command"
+
+
+class CutAnswersError(RunStopError):
+    """The first answers under one token limit were all cut by it (DESIGN.md contract 8): the limit is
+    too small for the model, every later answer would be cut too, so the run stops before paying for
+    them. A configuration error: its exit code is the usage one."""
+
+    exit_code = EXIT_USAGE
+    advice = ""
+
+    def __init__(self, setting: str, answers: int, cut_tokens: int, longest_tokens: int):
+        self.setting = setting
+        super().__init__(
+            f"the first {answers} answers under {setting} were all cut by max_tokens (at up to {cut_tokens} "
+            f"completion tokens; the longest answer seen: {longest_tokens} tokens): the model answers at more "
+            f"length than {setting} allows; {raise_advice(setting)}"
         )
 
 

@@ -29,7 +29,7 @@ from infer.cache import CallCache
 from infer.checkpoint import model_folder_problem
 from infer.client import JudgeClient
 from infer.config import config_to_dict, load_config, split_paths_and_overrides
-from infer.errors import EXIT_INCOMPLETE, EXIT_USAGE, KeyshotError, RunStopError, require_training_stack
+from infer.errors import EXIT_USAGE, KeyshotError, RunStopError, require_training_stack
 from infer.fileio import write_text_atomic
 from infer.helptext import plain
 from infer.judge_config import JudgeRunConfig, JudgeRunError, build_scorer
@@ -38,7 +38,7 @@ from infer.preflight import preflight
 from infer.redaction import redact_config
 from infer.run_inputs import import_reference_verdicts, load_all, nothing_found_message
 from infer.run_protocol import check_fingerprint, protocol_fingerprint
-from infer.run_summary import exit_code, summarize, summary_markdown
+from infer.run_summary import cut_lines, exit_code, judged_without_scores_line, summarize, summary_markdown
 from infer.runlock import RunLock
 from infer.serve import VLLMServer
 from infer.serve_plan import ServeConfig
@@ -70,8 +70,8 @@ async def judge_all(
 ) -> list[Verdict]:
     """Judge ``trajectories`` (at most ``concurrency`` at once), appending each verdict as it is done.
 
-    Stops starting new trajectories once an endpoint's budget is spent or an endpoint is down (they
-    are judged on resume).
+    Stops starting new trajectories once an endpoint's budget is spent, an endpoint is down or the first
+    answers under a token limit were all cut (they are judged on resume).
     """
     slots = asyncio.Semaphore(max(1, concurrency))
     done: list[Verdict] = []
@@ -86,7 +86,7 @@ async def judge_all(
                 verdict = await webjudge.judge(t)
             except RunStopError as exc:
                 if not stop.is_set():
-                    logger.error("%s; stopping: re-run the same command to finish", exc)
+                    logger.error("%s; stopping%s", exc, f": {exc.advice}" if exc.advice else "")
                 stop.set()
                 return  # not judged: left for a resumed run
             writer.append(verdict)
@@ -155,7 +155,7 @@ def dry_run(
         f"dry run: {owned} trajectories found ({', '.join(agents)}), {len(trajectories) - len(todo)} already "
         f"judged in {out}, {len(todo)} to judge with {shots:,} screenshots",
         f"judge calls: {judge_calls} to {cfg.judge.model} at {cfg.judge.display_url}",
-        f"unreadable: {len(load_errors)}; duplicates: {len(duplicates)}",
+        f"not loaded: {len(load_errors)}; duplicates: {len(duplicates)}",
         *[f"  {e}" for e in load_errors[:20]],
         "endpoints reachable, keys accepted, models served; nothing was called",
     ]
@@ -246,6 +246,7 @@ def _judge_locked(
     server: VLLMServer | None = None
     done: list[Verdict] = []
     stop_error: RunStopError | None = None
+    cut_answers: list[dict] = []
     try:
         scorer_endpoint = None
         if serve_scorer and todo:
@@ -273,6 +274,7 @@ def _judge_locked(
             with VerdictWriter(verdicts_path) as writer:
                 done = asyncio.run(judge_all(webjudge, todo, writer, cfg.concurrency, progress=progress))
             stop_error = webjudge.stop_error
+            cut_answers = webjudge.cut_report()
     finally:
         if server is not None:
             server.stop()
@@ -297,6 +299,7 @@ def _judge_locked(
             "budget_stop": isinstance(stop_error, BudgetExceededError),
             "stopped": str(stop_error) if stop_error else None,
             "exit_code": stop_error.exit_code if stop_error else None,
+            "cut_answers": cut_answers,
             "ledger": ledger.as_dict(),
             "config": redact_config(config_to_dict(cfg)),
         },
@@ -418,12 +421,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"report: {index}")
     else:
         print(f"browse it: keyshot report {cfg.out}")
-    code = exit_code(summary)
-    if summary["run"]["stopped"]:
-        print(f"keyshot judge: stopped: {summary['run']['stopped']}", file=sys.stderr)
-    elif code == EXIT_INCOMPLETE:
-        print(
-            f"keyshot judge: {summary['incomplete']} trajectories incomplete; re-run the same command to retry them",
-            file=sys.stderr,
+    for line in run_warnings(summary):
+        print(f"keyshot judge: {line}", file=sys.stderr)
+    return exit_code(summary)
+
+
+def run_warnings(summary: dict) -> list[str]:
+    """What the terminal says after the summary: a stop, cut answers, trajectories without a verdict."""
+    run = summary["run"]
+    lines = [f"stopped: {run['stopped']}"] if run.get("stopped") else []
+    lines += cut_lines(run.get("cut_answers") or [])
+    no_scores = summary.get("no_readable_scores", 0)
+    if no_scores:
+        lines.append(
+            f"{no_scores} trajectories have no readable scores: no verdict (not counted as failures; "
+            "summary.md says why); the next run judges them again"
         )
-    return code
+    failed = summary["incomplete"] - no_scores
+    if failed and not run.get("stopped"):
+        lines.append(f"{failed} trajectories incomplete; re-run the same command to retry them")
+    if summary.get("judged_without_scores"):
+        lines.append(judged_without_scores_line(summary["judged_without_scores"]))
+    return lines

@@ -21,6 +21,7 @@ from infer.checkpoint import CheckpointError
 from infer.images import ImagePolicy, PreparedImage
 from infer.messages import scorer_messages
 from infer.prompts import PromptSet
+from infer.responses import answer_cut
 from infer.scorer import KeyScreenshotScorer, ScreenshotScore, checkpoint_image_policy
 
 logger = logging.getLogger(__name__)
@@ -248,6 +249,7 @@ class TransformersScorer(KeyScreenshotScorer):
             prompt_tokens=gen.prompt_tokens,
             completion_tokens=gen.completion_tokens,
             finish_reason=gen.finish_reason,
+            cut=answer_cut(gen.finish_reason, gen.completion_tokens, self.max_new_tokens),
         )
 
     async def score(self, task: str, key_points: str, image: PreparedImage) -> ScreenshotScore:

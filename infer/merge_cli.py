@@ -26,7 +26,7 @@ from infer.errors import EXIT_INCOMPLETE, EXIT_OK, KeyshotError
 from infer.fileio import atomic_output, write_text_atomic
 from infer.helptext import plain
 from infer.run_protocol import RUN_FILE, protocol_differences, read_protocol
-from infer.run_summary import combine_summaries, summarize, summary_markdown
+from infer.run_summary import combine_cut_reports, combine_summaries, summarize, summary_markdown
 from infer.runlock import RunLock
 from infer.shards import (
     SUMMARY_FILE,
@@ -167,6 +167,7 @@ def merge_shards(out: Path) -> dict:
             "shard_seconds": {i: summaries[i]["run"].get("seconds") for i in sorted(summaries)},
             "stopped": None,
             "exit_code": None,
+            "cut_answers": combine_cut_reports([r.get("cut_answers") or [] for r in runs]),
             "ledger": UsageLedger.summed([r.get("ledger") or {} for r in runs]).as_dict(),
             "config": runs[0].get("config"),
         }

@@ -30,6 +30,13 @@ reference's behaviour instead (a failed screenshot call counts as score 0), reco
 ``Verdict.partial``. A screenshot whose *image* cannot be read is not a failed call: it is recorded
 as an error on that screenshot and the rest is judged. A spent budget or an endpoint that is down
 (:class:`~infer.errors.RunStopError`) stops the run; the trajectories in flight are judged on resume.
+
+A verdict needs evidence (DESIGN.md contract 8). An answer cut by max_tokens is a failed call, not an
+answer: in strict mode (the default) a cut key-point or outcome answer makes the trajectory incomplete, a
+cut scorer answer gives no score, and a trajectory none of whose screenshot scores could be read gets no
+verdict, only the reason (``Verdict.no_evidence``; incomplete, so the next run judges it again). When the
+first answers under one token limit are all cut, the run stops (:class:`~infer.breaker.CutWatch`, a
+configuration error). Reference mode reads every answer as the reference does and only counts and warns.
 """
 
 from __future__ import annotations
@@ -41,15 +48,24 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from infer.breaker import CUT_WATCH_FIRST, CutWatch
 from infer.client import JudgeCallError, JudgeClient
-from infer.errors import RunStopError
+from infer.errors import RunStopError, raise_advice
 from infer.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy, PreparedImage
 from infer.messages import MAX_KEPT_IMAGES
 from infer.prompts import PromptSet, load_prompt_set
 from infer.scorer import KeyScreenshotScorer, OpenAIScorer, ScreenshotScore
 from infer.steps import Protocol, ask_key_points, ask_outcome
 from infer.trajectory import Trajectory, TrajectoryError
-from infer.verdicts import KEEP_THRESHOLD, OutcomeCall, RoleUsage, ScreenshotRecord, Verdict, select_kept
+from infer.verdicts import (
+    KEEP_THRESHOLD,
+    OutcomeCall,
+    RoleUsage,
+    ScreenshotRecord,
+    Verdict,
+    missing_evidence,
+    select_kept,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +163,8 @@ class WebJudge:
             )
         self.scorer = scorer
         self.protocol = Protocol(self.prompts, self.config.parse_mode)
-        self.stop_error: RunStopError | None = None  # a spent budget or an endpoint that is down
+        self.stop_error: RunStopError | None = None  # a spent budget, an endpoint that is down, cut answers
+        self.cut_watches: dict[str, CutWatch] = {}  # per token-limit setting, this run's answers
         self.policy = image_policy or scorer.image_policy or default_policy
         if image_policy is None and scorer.image_policy is None and scorer.role == "scorer":
             logger.warning(
@@ -172,6 +189,34 @@ class WebJudge:
             "allow_partial": cfg.allow_partial,
         }
 
+    # ------------------------------------------------------------------ cut answers
+    @property
+    def strict(self) -> bool:
+        return self.config.parse_mode == "strict"
+
+    def _judge_setting(self, step: str) -> str:
+        """The setting that limits a judge step's answers (``key_points`` or ``outcome``)."""
+        override = f"{step}_max_tokens"
+        return f"pipeline.{override}" if getattr(self.config, override) is not None else "judge.max_tokens"
+
+    def _answered(self, setting: str, verdict: Verdict, what: str, cut: bool, tokens: int) -> None:
+        """Count an answer under ``setting``; a cut one is named in the verdict."""
+        watch = self.cut_watches.get(setting)
+        if watch is None:
+            watch = self.cut_watches[setting] = CutWatch(setting, CUT_WATCH_FIRST if self.strict else None)
+        watch.answered(cut, tokens)
+        if cut:
+            verdict.cut.append(f"{what}: cut at {tokens} tokens ({setting})")
+
+    def _check_cuts(self) -> None:
+        """Stop (CutAnswersError) once the first answers under some token limit were all cut."""
+        for watch in self.cut_watches.values():
+            watch.check()
+
+    def cut_report(self) -> list[dict]:
+        """This run's answers per token-limit setting that cut some of them."""
+        return [w.report() for w in self.cut_watches.values() if w.cut]
+
     # ------------------------------------------------------------------ judge calls
     def _record_call(self, verdict: Verdict, role: str, completion) -> None:
         verdict.usage.setdefault(role, RoleUsage()).add_call(
@@ -191,6 +236,11 @@ class WebJudge:
             verdict.incomplete.append(f"key points: {exc}")
             raise
         self._record_call(verdict, "judge", completion)
+        setting = self._judge_setting("key_points")
+        self._answered(setting, verdict, "key points", completion.cut, completion.completion_tokens)
+        self._check_cuts()
+        if points is None and completion.cut:
+            raise _StepError(f"{completion.error}; {raise_advice(setting)}")
         if points is None:
             raise _StepError(f"key points: {error} (answer: {completion.text[:200]!r})")
         return points
@@ -222,6 +272,12 @@ class WebJudge:
             verdict.incomplete.append(f"{what}: {exc}")
             raise
         self._record_call(verdict, "judge", completion)
+        setting = self._judge_setting("outcome")
+        what = "outcome" if key_point is None else f"outcome for key point {key_point!r}"
+        self._answered(setting, verdict, what, completion.cut, completion.completion_tokens)
+        self._check_cuts()
+        if completion.cut and self.strict:
+            raise _StepError(f"{completion.error}; {raise_advice(setting)}")
         return OutcomeCall(
             text=completion.text,
             success=status.success,
@@ -229,6 +285,7 @@ class WebJudge:
             error=status.error,
             key_point=key_point,
             cached=completion.cached,
+            cut=completion.cut,
         )
 
     # ------------------------------------------------------------------ screenshots
@@ -258,6 +315,7 @@ class WebJudge:
             trajectory.task, key_points, [img for _, img in readable]
         )
         by_index = {shot.index: (img, s) for (shot, img), s in zip(readable, scores, strict=True)}
+        setting = self.scorer.max_tokens_setting
         role = self.scorer.role
         usage = verdict.usage.setdefault(role, RoleUsage())
         for shot, img in zip(trajectory.screenshots, prepared, strict=True):
@@ -269,7 +327,7 @@ class WebJudge:
                 record.visual_tokens = img.visual_tokens
                 record.score, record.thought, record.valid = s.score, s.thought, s.valid
                 record.error, record.expected_score, record.raw = s.error, s.expected_score, s.raw or None
-                record.cached, record.call_failed = s.cached, s.call_failed
+                record.cached, record.call_failed, record.cut = s.cached, s.call_failed, s.cut
                 if s.call_failed:  # no answer: the call failed after retries
                     usage.errors += 1
                     failed = f"screenshot {shot.index}: {s.error}"
@@ -280,10 +338,27 @@ class WebJudge:
                         verdict.incomplete.append(failed)
                 else:
                     usage.add_call(s.prompt_tokens, s.completion_tokens, s.cost_usd, s.cached)
+                    self._answered(setting, verdict, f"screenshot {shot.index}", s.cut, s.completion_tokens)
             if record.error:
                 verdict.errors.append(f"screenshot {shot.index}: {record.error}")
             verdict.screenshots.append(record)
+        self._check_cuts()
         return {index: img for index, (img, _) in by_index.items()}
+
+    def _check_evidence(self, verdict: Verdict) -> None:
+        """No verdict without a readable screenshot score (strict); reference mode judges anyway, warned."""
+        reason = missing_evidence(verdict.screenshots)
+        if reason is None:
+            return
+        verdict.no_evidence = reason
+        if self.strict:
+            raise _StepError(f"{reason}; no verdict without evidence, the next run judges it again")
+        logger.warning(
+            "%s: %s; judged anyway (parse_mode=reference keeps the reference's behaviour)",
+            verdict.task_id,
+            reason,
+        )
+        verdict.errors.append(f"{reason} (judged anyway: parse_mode=reference)")
 
     # ------------------------------------------------------------------ one trajectory
     async def judge(self, trajectory: Trajectory) -> Verdict:
@@ -306,6 +381,7 @@ class WebJudge:
         timing = {"started": started}
         step = "key points"
         try:
+            self._check_cuts()
             verdict.key_points = await self._key_points(trajectory, verdict)
             timing["key_points_s"] = time.perf_counter() - t0
 
@@ -319,6 +395,7 @@ class WebJudge:
                     f"incomplete: the scorer call failed for screenshot(s) {failed} "
                     f"({verdict.incomplete[-1].split(': ', 1)[-1]}); re-run to retry them"
                 )
+            self._check_evidence(verdict)
             verdict.kept = select_kept(
                 verdict.screenshots,
                 self.config.threshold,

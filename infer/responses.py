@@ -19,6 +19,9 @@ RETRYABLE_STATUS = frozenset({408, 409, 429})
 ENDPOINT_FAULT_STATUS = frozenset({401, 403, 404})
 #: How much of an error body a message quotes.
 BODY_EXCERPT = 300
+#: Finish reasons that say the answer was cut by its token limit (OpenAI and vLLM say "length";
+#: Anthropic's native name is "max_tokens").
+CUT_FINISH_REASONS = frozenset({"length", "max_tokens"})
 
 
 class Transient(Exception):
@@ -39,6 +42,15 @@ class Answer:
     completion_tokens: int
     model: str
     logprobs: list[dict] | None
+
+
+def answer_cut(finish_reason: str | None, completion_tokens: int, limit: int | None) -> bool:
+    """True when an answer was cut by its token limit: the endpoint says so (``finish_reason``), or it
+    gives no reason and the answer used the whole limit. A cut answer is a failed call (DESIGN.md
+    contract 8): asking again with the same limit gives the same cut."""
+    if finish_reason in CUT_FINISH_REASONS:
+        return True
+    return finish_reason is None and limit is not None and completion_tokens >= limit
 
 
 def retry_after_s(headers: httpx2.Headers) -> float | None:

@@ -30,6 +30,7 @@ from infer.checkpoint import CheckpointError, read_meta, saved_pixel_bounds
 from infer.client import JudgeCallError, JudgeClient
 from infer.images import DEFAULT_POLICY, ImagePolicy, PreparedImage
 from infer.parsing import ScoreResult
+from infer.pool import EndpointPool
 from infer.prompts import PromptSet
 from infer.steps import Protocol, ask_score
 
@@ -45,6 +46,7 @@ class ScreenshotScore:
     ``score`` is 1..5, or None when the answer could not be read in strict mode (0 in reference
     mode, as the reference). ``error`` is set for unreadable answers and for failed calls;
     ``call_failed`` tells the two apart (a failed call has no answer: its trajectory is incomplete).
+    ``cut``: the answer was cut by the token limit; strict mode reads no score from it.
     """
 
     score: int | None
@@ -59,6 +61,7 @@ class ScreenshotScore:
     cost_usd: float = 0.0
     finish_reason: str | None = None
     call_failed: bool = False
+    cut: bool = False
 
     @classmethod
     def failed(cls, error: str) -> ScreenshotScore:
@@ -75,6 +78,8 @@ class KeyScreenshotScorer(ABC):
 
     #: what :class:`~infer.verdicts.Verdict` usage records this scorer's calls under
     role: str = "scorer"
+    #: the config setting that limits this scorer's answers (named when its answers are cut)
+    max_tokens_setting: str = "scorer.max_tokens"
 
     def __init__(self, prompts: PromptSet, *, parse_mode: str = "strict"):
         self.prompts = prompts
@@ -134,12 +139,14 @@ class KeyScreenshotScorer(ABC):
                 raise r
         return list(results)
 
-    def read(self, text: str) -> ScoreResult:
-        return self.protocol.read_score(text)
+    def read(self, text: str, *, cut: bool = False) -> ScoreResult:
+        return self.protocol.read_score(text, cut=cut)
 
-    def to_score(self, text: str, logprobs: list[dict] | None, **usage) -> ScreenshotScore:
+    def to_score(
+        self, text: str, logprobs: list[dict] | None, *, cut: bool = False, **usage
+    ) -> ScreenshotScore:
         """One answer -> ScreenshotScore (parse, expected score from logprobs), for every back-end."""
-        result = self.read(text)
+        result = self.read(text, cut=cut)
         expected = None
         if self.logprobs:
             expected = expected_score_from_logprobs(
@@ -152,6 +159,7 @@ class KeyScreenshotScorer(ABC):
             valid=result.valid,
             error=result.error,
             expected_score=expected,
+            cut=cut,
             **usage,
         )
 
@@ -313,6 +321,18 @@ class OpenAIScorer(KeyScreenshotScorer):
     def image_policy(self) -> ImagePolicy | None:
         return self._policy
 
+    @property
+    def max_tokens_setting(self) -> str:
+        if self.role == "judge":
+            return "judge.max_tokens"
+        if self.max_tokens is not None:
+            return "scorer.max_tokens"
+        return (
+            "scorer.endpoints[].max_tokens"
+            if isinstance(self.client, EndpointPool)
+            else "scorer.endpoint.max_tokens"
+        )
+
     async def score(self, task: str, key_points: str, image: PreparedImage) -> ScreenshotScore:
         try:
             completion, _ = await ask_score(
@@ -335,6 +355,7 @@ class OpenAIScorer(KeyScreenshotScorer):
             cached=completion.cached,
             cost_usd=completion.cost_usd,
             finish_reason=completion.finish_reason,
+            cut=completion.cut,
         )
 
     async def aclose(self) -> None:

@@ -6,6 +6,10 @@ the parser of its own variant, so no caller can pair a request with the wrong re
 builds the request (:mod:`infer.messages`), sends it through a client (``JudgeClient`` or a pool: cache,
 retries, and in strict mode a validator that asks again for an unreadable answer) and returns the
 completion with its reading. What a caller records (verdicts, label records) stays the caller's.
+
+An answer cut by its token limit (``Completion.cut``) is a failed call, not an answer (DESIGN.md contract
+8): strict mode reads nothing from it (an invalid reading that says so); reference mode reads it as the
+reference does, and the caller still sees ``cut``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ from infer.parsing import ParseError, ScoreResult, StatusResult, parse_key_point
 from infer.prompts import PromptSet
 
 
+def cut_reading(what: str) -> str:
+    """The error of a strict reading of a cut answer."""
+    return f"no {what} read: the answer was cut by max_tokens"
+
+
 @dataclass(frozen=True)
 class Protocol:
     """A prompt set and a parse mode (``strict`` or ``reference``): how requests are built and read."""
@@ -27,14 +36,24 @@ class Protocol:
     prompts: PromptSet
     mode: str = "strict"
 
-    def read_key_points(self, text: str) -> str:
+    def _ignores(self, cut: bool) -> bool:
+        """Whether an answer is left unread: a cut one, in strict mode."""
+        return cut and self.mode == "strict"
+
+    def read_key_points(self, text: str, *, cut: bool = False) -> str:
         """The key points of an answer; raises ParseError."""
+        if self._ignores(cut):
+            raise ParseError(cut_reading("key points"))
         return parse_key_points(text, mode=self.mode)
 
-    def read_score(self, text: str) -> ScoreResult:
+    def read_score(self, text: str, *, cut: bool = False) -> ScoreResult:
+        if self._ignores(cut):
+            return ScoreResult(None, "", False, cut_reading("score"))
         return parse_score(text, mode=self.mode, variant=self.prompts.variant)
 
-    def read_status(self, text: str) -> StatusResult:
+    def read_status(self, text: str, *, cut: bool = False) -> StatusResult:
+        if self._ignores(cut):
+            return StatusResult(None, False, cut_reading("status"))
         return parse_status(text, mode=self.mode)
 
     # validators for the client: an error string makes it ask again (strict mode only)
@@ -68,7 +87,7 @@ async def ask_key_points(
         validate=protocol._validator(protocol.key_points_error),
     )
     try:
-        return completion, protocol.read_key_points(completion.text), None
+        return completion, protocol.read_key_points(completion.text, cut=completion.cut), None
     except ParseError as exc:
         return completion, None, str(exc)
 
@@ -93,7 +112,7 @@ async def ask_score(
         logprobs=logprobs,
         validate=protocol.score_error if ask_again else None,
     )
-    return completion, protocol.read_score(completion.text)
+    return completion, protocol.read_score(completion.text, cut=completion.cut)
 
 
 async def ask_outcome(
@@ -125,4 +144,4 @@ async def ask_outcome(
         max_tokens=max_tokens,
         validate=protocol._validator(protocol.status_error),
     )
-    return completion, protocol.read_status(completion.text)
+    return completion, protocol.read_status(completion.text, cut=completion.cut)

@@ -56,6 +56,7 @@ class ScreenshotRecord:
     cached: bool = False
     visual_tokens: int | None = None
     call_failed: bool = False
+    cut: bool = False  # the answer was cut by max_tokens
 
 
 @dataclass
@@ -68,6 +69,7 @@ class OutcomeCall:
     error: str | None = None
     key_point: str | None = None
     cached: bool = False
+    cut: bool = False  # the answer was cut by max_tokens
 
 
 @dataclass
@@ -125,6 +127,26 @@ def select_kept(
     return sorted((r.index for r in best), key=order.__getitem__)
 
 
+def missing_evidence(records: list[ScreenshotRecord]) -> str | None:
+    """Why none of a trajectory's screenshot scores could be read, or None when one was (or there are
+    no screenshots: the trajectory is judged on its actions). No verdict rests on such a trajectory in
+    strict mode (DESIGN.md contract 8)."""
+    if not records or any(r.valid for r in records):
+        return None
+    failed = sum(r.call_failed for r in records)
+    images = sum(not r.call_failed and r.visual_tokens is None for r in records)
+    answers = len(records) - failed - images
+    reason = (
+        f"no readable scores: {answers} of {answers} answers had no score "
+        f"({sum(r.cut for r in records)} cut by max_tokens)"
+    )
+    if images:
+        reason += f"; {images} screenshot(s) could not be read"
+    if failed:
+        reason += f"; {failed} call(s) failed"
+    return reason
+
+
 def empty_usage() -> dict[str, RoleUsage]:
     return {role: RoleUsage() for role in ROLES}
 
@@ -138,7 +160,10 @@ class Verdict:
     and is judged again on resume, every answered call coming from the cache. ``status_valid=False``
     with ``error=None`` means the judge answered but its verdict could not be read (``errors`` says
     how). ``partial`` lists the failed calls a run with ``allow_partial`` went on without (the
-    reference's behaviour: such a screenshot counts as score 0).
+    reference's behaviour: such a screenshot counts as score 0). ``cut`` names the calls whose answers
+    were cut by max_tokens. ``no_evidence`` says why no screenshot score could be read
+    (:func:`missing_evidence`): in strict mode such a verdict is incomplete (``error`` says the same;
+    the next run judges it again), in reference mode it is judged anyway, as the reference does.
     """
 
     task_id: str
@@ -164,6 +189,8 @@ class Verdict:
     run: str | None = None
     incomplete: list[str] = field(default_factory=list)
     partial: list[str] = field(default_factory=list)
+    cut: list[str] = field(default_factory=list)
+    no_evidence: str | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:

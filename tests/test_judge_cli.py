@@ -190,6 +190,8 @@ def test_kill_9_and_resume_repays_nothing(vllm_server, scorer_checkpoint, tmp_pa
             f"scorer.endpoint.base_url={vllm_server.base_url}",
             f"scorer.endpoint.model={vllm_server.model_name}",
             "scorer.endpoint.max_tokens=8",
+            # the untrained model's answers are all cut: strict mode would stop the run (test_evidence.py)
+            "pipeline.parse_mode=reference",
             f"scorer.checkpoint={scorer_checkpoint}",
         ]
         vllm_before = vllm_request_count(vllm_server)

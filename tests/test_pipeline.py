@@ -375,14 +375,17 @@ def test_two_judge_calls_per_trajectory_with_vllm_scorer(vllm_server, scorer_che
     trajectories = agentlab_trajectories()
     assert len(trajectories) == 2
     policy = checkpoint_image_policy(scorer_checkpoint)
+    # The untrained model's answers are cut by max_tokens and hold no score: strict mode gives no verdict on
+    # them and stops the run (tests/test_evidence.py); reference mode judges anyway, as the reference does.
     with FakeOpenAI(make_judge()) as server:
         scorer = OpenAIScorer(
             JudgeClient(vllm_server.endpoint(max_tokens=16, max_concurrency=4)),
             load_prompt_set(),
+            parse_mode="reference",
             policy=policy,
             logprobs=3,
         )
-        webjudge = WebJudge(judge_client(server), scorer)
+        webjudge = WebJudge(judge_client(server), scorer, PipelineConfig(parse_mode="reference"))
         assert webjudge.policy == policy
         verdicts = judge_all(webjudge, trajectories)
         assert server.stats.completions_served == 2 * len(trajectories)

@@ -122,8 +122,9 @@ def index_page(run: Run, rows: list[dict], report) -> str:
             ("trajectories", len(rows)),
             ("success", words["success"]),
             ("failure", words["failure"]),
-            ("unreadable verdict", words["unreadable"]),
-            ("incomplete", words["incomplete"]),
+            ("verdict without a status", words["no-status"]),
+            ("no readable scores", words["no-scores"]),
+            ("incomplete (failed calls)", words["incomplete"]),
             ("screenshots", sum(r["shots"] for r in rows)),
             ("kept", sum(r["kept"] for r in rows)),
             ("judge + scorer $", f"{cost:.2f}"),
@@ -170,7 +171,10 @@ def index_page(run: Run, rows: list[dict], report) -> str:
                             n,
                             sum(r[attr] == g and r["verdict"] == "success" for r in rows),
                             sum(r[attr] == g and r["verdict"] == "failure" for r in rows),
-                            sum(r[attr] == g and r["verdict"] in ("unreadable", "incomplete") for r in rows),
+                            sum(
+                                r[attr] == g and r["verdict"] in ("no-status", "no-scores", "incomplete")
+                                for r in rows
+                            ),
                             f"{100 * sum(r[attr] == g and r['verdict'] == 'success' for r in rows) / n:.1f}",
                         ]
                         for g, n in sorted(groups.items())
@@ -193,7 +197,11 @@ def index_page(run: Run, rows: list[dict], report) -> str:
                 kinds["infrastructure"],
                 "site blocked, CAPTCHA or a crashed run: not the agent's fault",
             ],
-            ["incomplete", kinds["incomplete"], "a call failed: no verdict; re-run keyshot judge to retry"],
+            [
+                "incomplete",
+                kinds["incomplete"],
+                "a call failed, or no screenshot score could be read: no verdict; re-run keyshot judge to retry",
+            ],
         ],
         numeric={1},
     )
@@ -293,7 +301,7 @@ def trajectory_page(
     if v.outcome_calls and len(v.outcome_calls) > 1 or (v.outcome_calls and v.outcome_calls[0].key_point):
         items = "".join(
             f'<li class="{"met" if c.success else "unmet"}">{esc(c.key_point)} — '
-            f"{'met' if c.success else ('not met' if c.success is False else 'unreadable')}</li>"
+            f"{'met' if c.success else ('not met' if c.success is False else 'no status')}</li>"
             for c in v.outcome_calls
         )
         outcome = f'<h2>Key points judged one by one (failure attribution)</h2><ul class="kps">{items}</ul>'

@@ -103,9 +103,11 @@ def kind_of(v: Verdict, truth: str | None) -> str:
 
 
 def verdict_word(v: Verdict) -> str:
+    """``success``, ``failure``, ``no-status`` (a verdict without a status), ``no-scores`` (no screenshot
+    score could be read: no verdict) or ``incomplete`` (a call failed)."""
     if not v.finished:
-        return "incomplete"
-    return {True: "success", False: "failure"}.get(v.success, "unreadable")
+        return "no-scores" if v.no_evidence else "incomplete"
+    return {True: "success", False: "failure"}.get(v.success, "no-status")
 
 
 def metrics_of(run: Run, truths: list[str | None]) -> MetricsReport | None:

@@ -126,8 +126,8 @@ TRAJECTORY_TABLE = """
 <div class="controls">
   <button data-filter="all">all</button>
   <button data-filter="disagree">disagreements with ground truth</button>
-  <button data-filter="unreadable">unreadable verdicts</button>
-  <button data-filter="incomplete">incomplete (failed calls)</button>
+  <button data-filter="unreadable">verdicts without a status</button>
+  <button data-filter="incomplete">no verdict (failed calls, no readable scores)</button>
   <button data-filter="apart">not executable / infrastructure</button>
   <select id="agent"><option value="">every agent</option></select>
   <input id="search" type="search" placeholder="search task or id">

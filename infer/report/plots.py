@@ -35,12 +35,12 @@ def _no_data(ax, what: str) -> None:
 def score_histogram(scores: list[int | None], threshold: float) -> bytes:
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
-    counts = Counter("unreadable" if s is None else str(s) for s in scores)
+    counts = Counter("no score" if s is None else str(s) for s in scores)
     if not scores:
         _no_data(ax, "no screenshot was scored")
     else:
-        labels = ["1", "2", "3", "4", "5", "unreadable"]
-        colors = ["#aab4c5" if lb == "unreadable" or float(lb) < threshold else "#2f5bd3" for lb in labels]
+        labels = ["1", "2", "3", "4", "5", "no score"]
+        colors = ["#aab4c5" if lb == "no score" or float(lb) < threshold else "#2f5bd3" for lb in labels]
         ax.bar(labels, [counts.get(lb, 0) for lb in labels], color=colors)
         ax.set_ylabel("screenshots")
         ax.set_title(f"Screenshot scores (blue: kept, score ≥ {threshold:g})", fontsize=10)
@@ -82,7 +82,7 @@ def confusion_matrix(pairs: list[tuple[str, str]]) -> bytes:
     if not pairs:
         _no_data(ax, "no ground truth to compare with")
         return _png(fig)
-    rows = ["success", "failure", "unreadable", "incomplete"]
+    rows = ["success", "failure", "no-status", "no-scores", "incomplete"]
     cols = sorted({t for _, t in pairs}, key=[SUCCESS, FAILURE, NOT_EXECUTABLE, UNSURE].index)
     counts = Counter(pairs)
     grid = [[counts.get((r, c), 0) for c in cols] for r in rows]

@@ -203,12 +203,16 @@ def outcome_answer(task: str, n_images: int, rule: str) -> str:
     return f'Thoughts: For the task "{task[:80]}", {why}.\nStatus: "{status}"'
 
 
-def make_judge(outcome_rule: str = "any_image", score_rule: str = "brightness") -> Responder:
+def make_judge(
+    outcome_rule: str = "any_image", score_rule: str = "brightness", *, reasoning_words: int = 0
+) -> Responder:
     """A deterministic WebJudge judge for all three steps.
 
     Key points: the task split into clauses. Scorer: ``score_rule`` applied to the screenshot.
     Outcome: ``any_image`` (success iff at least one kept screenshot was attached), ``task_hash``,
-    ``always_success`` or ``always_failure``.
+    ``always_success`` or ``always_failure``. ``reasoning_words`` makes the scorer verbose: that many
+    more words of reasoning before the score (about two tokens each), so a small ``max_tokens`` cuts
+    the answer before its score (the server answers ``finish_reason: "length"``).
     """
     outcome_answer("", 0, outcome_rule)  # reject an unknown rule now, not at the first request
     score_image(score_rule, Image.new("RGB", (1, 1)))
@@ -220,16 +224,20 @@ def make_judge(outcome_rule: str = "any_image", score_rule: str = "brightness") 
             return key_points_answer(_task_after("Task:", text))
         if step == "outcome":
             return outcome_answer(_task_after("User Task:", text), len(images), outcome_rule)
-        return _score_answer(images, score_rule)
+        return _score_answer(images, score_rule, reasoning_words)
 
     return respond
 
 
-def _score_answer(images: list[str], rule: str) -> str:
+def _score_answer(images: list[str], rule: str, reasoning_words: int = 0) -> str:
     if len(images) != 1:
         raise ResponderError(f"a key-screenshot request needs exactly one image, got {len(images)}")
     score, description = SCORE_RULES[rule](decode_image(images[0]))
-    return f"**Reasoning**: {description} It is judged by its {rule.replace('_', ' ')}.\n\n**Score**: {score}"
+    more = "".join(f" Region {i + 1} of the page was looked at." for i in range(-(-reasoning_words // 7)))
+    return (
+        f"**Reasoning**: {description}{more} It is judged by its {rule.replace('_', ' ')}."
+        f"\n\n**Score**: {score}"
+    )
 
 
 def make_teacher(rule: str = "brightness", garbage_rate: float = 0.0, seed: int = 0) -> Responder:

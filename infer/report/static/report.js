@@ -22,8 +22,8 @@
     var filters = {
       all: function () { return true; },
       disagree: function (r) { return r.agree === false; },
-      unreadable: function (r) { return r.verdict === "unreadable"; },
-      incomplete: function (r) { return r.verdict === "incomplete"; },
+      unreadable: function (r) { return r.verdict === "no-status"; },
+      incomplete: function (r) { return r.verdict === "incomplete" || r.verdict === "no-scores"; },
       apart: function (r) { return r.kind === "not executable" || r.kind === "infrastructure"; },
     };
 
