@@ -101,15 +101,6 @@ def allocate(
     return out
 
 
-def assign_splits(agents: list[str], cfg: SplitConfig, rows: dict[str, int] | None = None) -> dict[str, str]:
-    """Agent → split. With lists, unlisted agents get no split. With fractions, agents (of ``rows``
-    rows each, 1 when not given) are dealt out by :func:`allocate`."""
-    agents = sorted(set(agents))
-    if cfg.agents:
-        return {a: split for split, names in cfg.agents.items() for a in names if a in agents}
-    return allocate({a: (rows or {}).get(a, 1) for a in agents}, cfg.shares(), cfg.seed)
-
-
 class _Groups:
     """Union-find over hashable items."""
 

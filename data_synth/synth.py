@@ -6,6 +6,10 @@ key-screenshot request for every screenshot, sent to every teacher through the s
 outcome verdict of each teacher's kept screenshots (``outcome: true``, for the human-label filter).
 Every result is appended to the label store (``RUN/labels.jsonl``) as soon as it is known.
 
+A request is sent once per session even when two trajectories ask it (one episode in two layouts,
+an agent stuck on a page): while it is on its way, and after a malformed answer, which the call cache
+does not keep (:meth:`_Run._ask_once`).
+
 Resuming is running the same command again: a (trajectory, step, teacher) with a label is skipped,
 and a call whose label line was lost is answered by the cache for free. Failed labels (timeouts,
 5xx, answers without a readable score, each already retried by the client) are recorded with their

@@ -12,7 +12,7 @@ import pytest
 from data_synth.dataset import META_FILE, BuildConfig, build_dataset, read_dataset_meta
 from data_synth.errors import SynthError
 from data_synth.labels import LABELS_FILE, read_store
-from data_synth.splits import SplitConfig, assign_splits
+from data_synth.splits import SplitConfig, allocate
 from data_synth.synth import run_synth
 from infer.images import DEFAULT_POLICY, prepare_image
 from infer.messages import scorer_messages
@@ -158,17 +158,21 @@ def test_listed_agents_that_share_screenshots_are_kept_together(built, tmp_path)
 
 
 def test_hash_split_of_agents_is_seeded_and_disjoint():
+    def assign(agents, cfg):  # agents of one row each, dealt out as the builder deals agent units
+        return allocate(dict.fromkeys(agents, 1), cfg.shares(), cfg.seed)
+
     agents = [f"agent-{i}" for i in range(10)]
     cfg = SplitConfig(fractions={"train": 0.6, "validation": 0.2, "test": 0.2}, seed=3)
-    split_of = assign_splits(agents, cfg)
-    assert split_of == assign_splits(list(reversed(agents)), cfg)
+    split_of = assign(agents, cfg)
+    assert split_of == assign(list(reversed(agents)), cfg)
     counts = {s: sum(v == s for v in split_of.values()) for s in ("train", "validation", "test")}
     assert counts == {"train": 6, "validation": 2, "test": 2}
-    assert split_of != assign_splits(agents, SplitConfig(seed=4))
-    few = assign_splits(
-        ["a", "b", "c"], SplitConfig(fractions={"train": 0.8, "validation": 0.1, "test": 0.1})
-    )
+    assert split_of != assign(agents, SplitConfig(seed=4))
+    few = assign(["a", "b", "c"], SplitConfig(fractions={"train": 0.8, "validation": 0.1, "test": 0.1}))
     assert sorted(few.values()) == ["test", "train", "validation"]
+    # by rows: one large agent fills train, the small ones the other splits
+    by_rows = allocate({"big": 60, "mid": 25, "small": 15}, cfg.shares(), 0)
+    assert by_rows == {"big": "train", "mid": "validation", "small": "test"}
     with pytest.raises(ValueError, match="listed in both"):
         SplitConfig(agents={"train": ["a"], "test": ["a"]})
 
