@@ -17,7 +17,10 @@ dataset builder then streams the images of the rows kept here. The steps, each c
    equals the consensus and who gave a reasoning; ``normalized`` rewrites it in the WebJudge-7B style
    ``**Reasoning**: …\\n\\n**Score**: N``, ``raw`` keeps the teacher's answer as is. No such teacher
    (possible with ``mean``) drops the row;
-7. class balance, per split listed in ``balance.splits`` (train only by default, so validation and
+7. identical rows (``content_key``: the same screenshot bytes and the same request) are one row (the
+   first in trajectory and step order whose trajectory names its agent, else the first) with ``count`` the number of times it occurred (a trainer may
+   weight a row by it); collapsed rows whose consensus differed from the kept one are counted;
+8. class balance, per split listed in ``balance.splits`` (train only by default, so validation and
    test keep the natural distribution): ``max_score1_ratio`` keeps at most ``ratio ×`` (rows with
    other scores) score-1 rows, ``per_class_cap`` caps each score's rows; the rows kept are chosen by
    a seeded hash of (trajectory, step), so the choice is stable across builds.
@@ -32,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from data_synth.labels import LabelRecord, StoreContents
+from data_synth.labels import LabelRecord, StoreContents, TrajectoryRecord
 from infer.messages import scorer_answer
 
 logger = logging.getLogger(__name__)
@@ -92,6 +95,7 @@ class RowPlan:
     target: LabelRecord
     labels: list[LabelRecord]
     split: str
+    count: int = 1  # identical rows collapsed into this one (itself included)
 
 
 @dataclass
@@ -104,6 +108,8 @@ class AggregationReport:
     scores_after_balance: dict[str, dict[int, int]] = field(default_factory=dict)
     target_teachers: dict[str, int] = field(default_factory=dict)
     config: dict = field(default_factory=dict)
+    duplicates: int = 0  # rows identical to an earlier row, collapsed into it
+    duplicate_conflicts: int = 0  # of those, rows whose consensus score differed from the kept row's
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + n
@@ -154,9 +160,13 @@ def _stable_rank(seed: int, uid: str, step: int) -> str:
 
 # ---------------------------------------------------------------------------- the aggregation
 def aggregate(
-    contents: StoreContents, cfg: AggregationConfig, split_of_agent: Callable[[str | None], str | None]
+    contents: StoreContents,
+    cfg: AggregationConfig,
+    split_of: Callable[[TrajectoryRecord], str | None],
+    content_key: Callable[[RowPlan], str] | None = None,
 ) -> tuple[list[RowPlan], AggregationReport]:
-    """Decide the dataset rows (sorted by trajectory and step) from a label store's contents."""
+    """Decide the dataset rows (sorted by trajectory and step) from a label store's contents.
+    ``split_of(trajectory)`` is its split (None: left out); rows with the same ``content_key`` are one."""
     report = AggregationReport()
     by_priority = _priority_key(cfg.teacher_priority)
     rows: list[RowPlan] = []
@@ -217,7 +227,7 @@ def aggregate(
         if target is None:
             report.drop("no teacher answer matches the consensus")
             continue
-        split = split_of_agent(traj.agent)
+        split = split_of(traj)
         if split is None:
             report.drop("agent in no split")
             continue
@@ -226,6 +236,8 @@ def aggregate(
         )
         rows.append(RowPlan(uid, step, score, answer, target, sorted(labels, key=by_priority), split))
 
+    if content_key is not None:  # the row kept names its agent where one of the copies does
+        rows = collapse(rows, content_key, report, lambda row: contents.trajectories[row.uid].agent is None)
     for row in rows:
         hist = report.scores_before_balance.setdefault(row.split, {s: 0 for s in SCORES})
         hist[row.score] += 1
@@ -235,6 +247,29 @@ def aggregate(
         hist[row.score] += 1
         report.target_teachers[row.target.teacher] = report.target_teachers.get(row.target.teacher, 0) + 1
     return rows, report
+
+
+def collapse(
+    rows: list[RowPlan],
+    content_key: Callable[[RowPlan], str],
+    report: AggregationReport,
+    rank: Callable[[RowPlan], object] = lambda row: 0,
+) -> list[RowPlan]:
+    """One row per content key, the one of lowest ``rank`` (ties: the first); its ``count`` says how
+    many rows it stands for. The rows kept stay in their order."""
+    groups: dict[str, list[RowPlan]] = {}
+    for row in rows:
+        groups.setdefault(content_key(row), []).append(row)
+    kept: set[int] = set()
+    for same in groups.values():
+        first = min(same, key=rank)
+        for row in same:
+            if row is not first:
+                first.count += row.count
+                report.duplicates += row.count
+                report.duplicate_conflicts += row.score != first.score
+        kept.add(id(first))
+    return [row for row in rows if id(row) in kept]
 
 
 def balance(

@@ -1,7 +1,8 @@
 """The dataset card: ``README.md`` in the dataset folder, with a score histogram (``scores.png``).
 
-It states what training needs to trust the data: counts per split, agent and score; each teacher's
-score distribution; inter-teacher agreement; what aggregation dropped and why; the money spent; and
+It states what training needs to trust the data: counts per split, agent and score; how the rows
+were split (the unit and why, requested and achieved fractions, trajectories kept together because
+they share screenshots) and the duplicate rows collapsed; each teacher's score distribution; inter-teacher agreement; what aggregation dropped and why; the money spent; and
 the prompt version, image policy and data hash that training writes into the checkpoint.
 """
 
@@ -75,6 +76,48 @@ def plot_scores(path: Path, teachers: dict[str, dict[int, int]], dataset: dict[i
     write_bytes_atomic(path, buffer.getvalue())
 
 
+_UNITS = {
+    "agent": "by agent: no agent's trajectories are in two splits",
+    "task group": "by task group: no task's trajectories are in two splits",
+    "agent lists": "by the agents listed per split in the build config",
+}
+
+
+def split_section(meta: DatasetMeta) -> list[str]:
+    """How the rows were split (unit, requested and achieved fractions, what was kept together) and
+    what was collapsed as duplicates."""
+    info, dup = meta.splits, meta.duplicates
+    if "unit" not in info:  # a dataset built before splits said how
+        return []
+    lines = ["", "## Splits", "", f"Split {_UNITS.get(info['unit'], info['unit'])}."]
+    if info.get("reason"):
+        lines.append(
+            f"The agent split could not meet the requested fractions ({info['reason']}), so the rows are "
+            "split by task group, each kept in its agent's split where that split had room "
+            f"({info.get('moved', 0)} trajectories placed outside it)."
+        )
+    elif info.get("moved"):
+        lines.append(
+            f"{info['moved']} trajectories were placed outside their agent's split to keep a group whole."
+        )
+    requested, achieved = info.get("requested", {}), info.get("achieved", {})
+    lines += ["", "| split | requested | achieved | rows |", "|---|---:|---:|---:|"]
+    for split in achieved:
+        want = f"{requested[split]:.3f}" if split in requested else "listed"
+        lines.append(f"| {split} | {want} | {achieved[split]:.3f} | {meta.rows.get(split, 0)} |")
+    lines += [
+        "",
+        f"- trajectories that share a screenshot are kept in one split: {info.get('shared_screenshots', 0)} "
+        f"screenshots appear in more than one trajectory, {info.get('grouped_trajectories', 0)} trajectories "
+        f"were grouped with another because of them ({info.get('groups', 0)} groups in all)",
+        f"- screenshots in more than one split: {info.get('screenshots_in_two_splits', 0)}",
+        f"- duplicate rows collapsed: {dup.get('rows_collapsed', 0)} rows were identical to another (same "
+        "screenshot bytes, same request) and are counted in that row's `count` column (a trainer may weight "
+        f"a row by it); {dup.get('score_conflicts', 0)} of them had another consensus score than the row kept",
+    ]
+    return lines
+
+
 def render_card(
     run_dir: Path,
     contents: StoreContents,
@@ -120,6 +163,7 @@ def render_card(
         lines.append(
             f"| **{split}** | all | " + " | ".join(map(str, split_total)) + f" | {sum(split_total)} |"
         )
+    lines += split_section(meta)
     lines += [
         "",
         f"![scores]({PLOT_FILE})",

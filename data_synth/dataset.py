@@ -1,11 +1,15 @@
-"""Build the scorer's training set: a ``datasets.DatasetDict`` split by agent, streamed to disk.
+"""Build the scorer's training set: a ``datasets.DatasetDict`` with no screenshot in two splits, streamed to disk.
 
-Each row is one screenshot of one trajectory: ``messages`` (built by
-:func:`infer.messages.scorer_example`, the same builder infer uses, with the target answer as the
-assistant turn), ``image`` (the JPEG of :func:`infer.images.prepare_image`: exactly the pixels the
-scorer is served), ``answer`` and ``score`` (the consensus), ``teacher_scores`` (every teacher's
-score, validity and error) and provenance columns. Splits are by agent, so no agent's trajectories
-appear in two splits: listed per split, or a seeded hash split of the agents.
+Each row is one screenshot request: ``messages`` (built by :func:`infer.messages.scorer_example`, the
+same builder infer uses, with the target answer as the assistant turn), ``image`` (the JPEG of
+:func:`infer.images.prepare_image`: exactly the pixels the scorer is served), ``answer`` and ``score``
+(the consensus), ``teacher_scores`` (every teacher's score, validity and error), ``count`` and
+provenance columns. Rows are keyed by content (the sha256 of the screenshot file and of the request
+messages): identical rows (one episode in two layouts, an agent stuck on a page) are one row whose
+``count`` says how many times it occurred; a trainer may weight a row's loss by it. Splits keep
+trajectories that share a screenshot together, by agent where the agents can meet the requested
+fractions, else by task group (:mod:`data_synth.splits`); the card and ``keyshot_dataset.json`` say
+which, why, the fractions asked for and reached, and what was collapsed or grouped.
 
 Rows are generated one at a time (``Dataset.from_generator``) and written in small batches, so
 memory does not grow with the number of screenshots. The folder is written atomically::
@@ -22,13 +26,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -36,10 +39,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from data_synth.aggregate import AggregationConfig, AggregationReport, RowPlan, aggregate
+from data_synth.aggregate import AggregationConfig, AggregationReport, RowPlan, aggregate, collapse
 from data_synth.errors import SynthError
 from data_synth.labels import JUDGE_ORIGIN, LABELS_FILE, StoreContents, read_store
 from data_synth.run_folder import DATASET_DIR, read_manifest, write_json_atomic
+from data_synth.splits import UNKNOWN_AGENT, SplitConfig, SplitPlan, plan_splits, split_rank
 from infer.images import DEFAULT_POLICY, ImageError, ImagePolicy, PreparedImage, prepare_image
 from infer.messages import scorer_example
 from infer.prompts import PromptSet, load_prompt_set
@@ -47,72 +51,6 @@ from infer.prompts import PromptSet, load_prompt_set
 logger = logging.getLogger(__name__)
 
 META_FILE = "keyshot_dataset.json"
-SPLIT_ORDER = ("train", "validation", "test")
-UNKNOWN_AGENT = "unknown"
-
-
-# ---------------------------------------------------------------------------- splits
-@dataclass
-class SplitConfig:
-    """``agents``: split name → agent names (agents listed nowhere are left out, and reported).
-    Without ``agents``, agents are split by a seeded hash in the proportions of ``fractions``."""
-
-    agents: dict[str, list[str]] = field(default_factory=dict)
-    fractions: dict[str, float] = field(
-        default_factory=lambda: {"train": 0.6, "validation": 0.2, "test": 0.2}
-    )
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        seen: dict[str, str] = {}
-        for split, names in self.agents.items():
-            for name in names:
-                if name in seen:
-                    raise ValueError(
-                        f"splits.agents: agent {name!r} is listed in both {seen[name]!r} and {split!r}"
-                    )
-                seen[name] = split
-        if not self.agents and (
-            not self.fractions
-            or any(v < 0 for v in self.fractions.values())
-            or sum(self.fractions.values()) <= 0
-        ):
-            raise ValueError("splits.fractions must give each split a share >= 0, with a positive total")
-
-
-def _hash01(seed: int, name: str) -> str:
-    return hashlib.sha256(f"{seed}:{name}".encode()).hexdigest()
-
-
-def assign_splits(agents: list[str], cfg: SplitConfig) -> dict[str, str]:
-    """Agent → split. With lists, unlisted agents get no split. With fractions, agents are ordered by
-    a seeded hash and cut by largest remainders; every split with a positive share gets at least one
-    agent when there are enough agents."""
-    agents = sorted(set(agents))
-    if cfg.agents:
-        return {a: split for split, names in cfg.agents.items() for a in names if a in agents}
-    total = sum(cfg.fractions.values())
-    shares = {s: f / total for s, f in cfg.fractions.items()}
-    n = len(agents)
-    counts = {s: math.floor(shares[s] * n) for s in shares}
-    by_remainder = sorted(shares, key=lambda s: (-(shares[s] * n - counts[s]), s))
-    for s in by_remainder[: n - sum(counts.values())]:
-        counts[s] += 1
-    positive = [s for s in shares if shares[s] > 0]
-    if n >= len(positive):
-        for s in positive:
-            while counts[s] == 0:
-                donor = max(counts, key=lambda d: (counts[d], d))
-                counts[donor] -= 1
-                counts[s] += 1
-    ordered = sorted(agents, key=lambda a: _hash01(cfg.seed, a))
-    out: dict[str, str] = {}
-    i = 0
-    for split in sorted(shares, key=lambda s: (SPLIT_ORDER.index(s) if s in SPLIT_ORDER else 99, s)):
-        for a in ordered[i : i + counts[split]]:
-            out[a] = split
-        i += counts[split]
-    return out
 
 
 # ---------------------------------------------------------------------------- features
@@ -147,6 +85,7 @@ def dataset_features():
             "prompt_version": Value("string"),
             "source": Value("string"),
             "human_label": Value("string"),
+            "count": Value("int32"),
         }
     )
 
@@ -179,6 +118,7 @@ class DatasetMeta:
     teachers: list[str]
     aggregation: dict
     splits: dict
+    duplicates: dict = field(default_factory=dict)  # rows collapsed into an identical row
 
 
 def read_dataset_meta(dataset_dir: str | os.PathLike) -> DatasetMeta:
@@ -215,19 +155,54 @@ class _RowSource:
     fields: dict
 
 
+def _key_points(contents: StoreContents, plan: RowPlan) -> str:
+    """The key points the row's target label was made with (else the run's judge's)."""
+    origin = plan.target.key_points_origin
+    record = contents.key_points.get((plan.uid, origin)) or contents.key_points.get((plan.uid, JUDGE_ORIGIN))
+    if record is None or record.key_points is None:
+        raise SynthError(f"label store: trajectory {plan.uid!r} has labels but no key points from {origin!r}")
+    return record.key_points
+
+
+def _screenshot_hashes(contents: StoreContents, workers: int) -> dict[str, list[str | None]]:
+    """uid → the sha256 of each screenshot file as stored (None: no pixels, or unreadable)."""
+
+    def digest(path: str) -> str | None:
+        try:
+            return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        except OSError:
+            return None
+
+    paths = sorted({p for t in contents.trajectories.values() for p in t.screenshots if p})
+    with ThreadPoolExecutor(max(1, workers), thread_name_prefix="hash-image") as pool:
+        hashes = dict(zip(paths, pool.map(digest, paths), strict=True))
+    return {
+        uid: [hashes[p] if p else None for p in t.screenshots] for uid, t in contents.trajectories.items()
+    }
+
+
+def _content_key(
+    contents: StoreContents, prompts: PromptSet, hashes: dict[str, list[str | None]]
+) -> Callable[[RowPlan], str]:
+    """A row's content: its screenshot's hash and its request's (an unreadable screenshot: its place)."""
+
+    def key(plan: RowPlan) -> str:
+        image = hashes[plan.uid][plan.step]
+        if image is None:
+            return f"\0{plan.uid}\0{plan.step}"
+        traj = contents.trajectories[plan.uid]
+        request = scorer_example(prompts, traj.task, _key_points(contents, plan))
+        blob = json.dumps(request, sort_keys=True, ensure_ascii=False).encode()
+        return image + hashlib.sha256(blob).hexdigest()
+
+    return key
+
+
 def _row_sources(contents: StoreContents, plans: list[RowPlan], prompts: PromptSet) -> list[_RowSource]:
     out = []
     for plan in plans:
         traj = contents.trajectories[plan.uid]
-        origin = plan.target.key_points_origin
-        kp_record = contents.key_points.get((plan.uid, origin)) or contents.key_points.get(
-            (plan.uid, JUDGE_ORIGIN)
-        )
-        if kp_record is None or kp_record.key_points is None:
-            raise SynthError(
-                f"label store: trajectory {plan.uid!r} has labels but no key points from {origin!r}"
-            )
-        key_points = kp_record.key_points
+        key_points = _key_points(contents, plan)
         out.append(
             _RowSource(
                 plan=plan,
@@ -258,6 +233,7 @@ def _row_sources(contents: StoreContents, plans: list[RowPlan], prompts: PromptS
                     "prompt_version": prompts.version,
                     "source": plan.target.source if plan.target.source != "api" else traj.source,
                     "human_label": traj.human_label,
+                    "count": plan.count,
                 },
             )
         )
@@ -321,7 +297,7 @@ class _RowStream:
             yield row
 
     def _hash(self, row: dict, jpeg: bytes) -> None:
-        content = {k: row[k] for k in ("uid", "step", "messages", "answer", "score")}
+        content = {k: row[k] for k in ("uid", "step", "messages", "answer", "score", "count")}
         self.hasher.update(json.dumps(content, sort_keys=True, ensure_ascii=False).encode())
         self.hasher.update(hashlib.sha256(jpeg).digest())
 
@@ -384,20 +360,18 @@ def build_dataset(run_dir: str | os.PathLike, cfg: BuildConfig | None = None) ->
         raise SynthError(f"{labels_path}: no label store; run `keyshot synth run` or an import first")
     prompts, policy = resolve_build_settings(run, cfg)
     contents = read_store(labels_path)
-    agents = sorted({t.agent or UNKNOWN_AGENT for t in contents.trajectories.values()})
-    split_of = assign_splits(agents, cfg.splits)
-    plans, report = aggregate(contents, cfg.aggregation, lambda agent: split_of.get(agent or UNKNOWN_AGENT))
+    hashes = _screenshot_hashes(contents, cfg.image_workers)
+    content_key = _content_key(contents, prompts, hashes)
+    split_plan = _plan_splits(contents, cfg, hashes, content_key)
+    plans, report = aggregate(
+        contents, cfg.aggregation, lambda traj: split_plan.split_of.get(traj.uid), content_key
+    )
     report.config = asdict(cfg.aggregation)
-    unassigned = sorted(a for a in agents if a not in split_of)
-    if unassigned:
-        logger.warning("agents in no split (their rows are left out): %s", ", ".join(unassigned))
     if not plans:
         raise SynthError(f"{run}: no dataset row survives aggregation (dropped: {report.dropped})")
 
     sources = _row_sources(contents, plans, prompts)
-    split_names = sorted(
-        {p.split for p in plans}, key=lambda s: (SPLIT_ORDER.index(s) if s in SPLIT_ORDER else 99, s)
-    )
+    split_names = sorted({p.split for p in plans}, key=split_rank)
     out = Path(cfg.output_dir) if cfg.output_dir else run / DATASET_DIR
     out.parent.mkdir(parents=True, exist_ok=True)
     features = dataset_features()
@@ -439,7 +413,8 @@ def build_dataset(run_dir: str | os.PathLike, cfg: BuildConfig | None = None) ->
             rows={s: len(d) for s, d in splits.items()},
             teachers=contents.teachers(),
             aggregation=asdict(cfg.aggregation),
-            splits={"agents": {a: s for a, s in sorted(split_of.items())}, "config": asdict(cfg.splits)},
+            splits=_split_summary(split_plan, cfg.splits, contents, plans, hashes, splits),
+            duplicates={"rows_collapsed": report.duplicates, "score_conflicts": report.duplicate_conflicts},
         )
         for ds in splits.values():
             ds.info.description = json.dumps({"keyshot": asdict(meta)}, ensure_ascii=False)
@@ -451,6 +426,57 @@ def build_dataset(run_dir: str | os.PathLike, cfg: BuildConfig | None = None) ->
         _replace_dir(staged, out)
     logger.info("dataset written to %s: %s", out, meta.rows)
     return BuildResult(out, meta, report, rows_written, unreadable)
+
+
+def _plan_splits(
+    contents: StoreContents, cfg: BuildConfig, hashes: dict[str, list[str | None]], content_key
+) -> SplitPlan:
+    """Split the trajectories by the rows aggregation would make of them (identical rows counted once)."""
+    every, _ = aggregate(contents, cfg.aggregation, lambda _traj: "", None)  # "": no split is balanced
+    rows = dict.fromkeys((p.uid for p in every), 0)
+    for plan in collapse(
+        every, content_key, AggregationReport(), lambda p: contents.trajectories[p.uid].agent is None
+    ):
+        rows[plan.uid] += 1
+    split_plan = plan_splits(contents.trajectories, hashes, rows, cfg.splits)
+    left_out = sorted(
+        {contents.trajectories[u].agent or UNKNOWN_AGENT for u in rows}
+        - {contents.trajectories[u].agent or UNKNOWN_AGENT for u in split_plan.split_of}
+    )
+    if left_out:
+        logger.warning("agents in no split (their rows are left out): %s", ", ".join(left_out))
+    return split_plan
+
+
+def _split_summary(
+    split_plan: SplitPlan,
+    cfg: SplitConfig,
+    contents: StoreContents,
+    plans: list[RowPlan],
+    hashes: dict[str, list[str | None]],
+    written: dict,
+) -> dict:
+    """What ``keyshot_dataset.json`` and the card say about the splits: the plan, the shares of the
+    rows written, each agent's splits and, as a check, the screenshots found in two splits (none)."""
+    total = sum(len(ds) for ds in written.values()) or 1
+    splits_of_image: dict[str, set[str]] = {}
+    agents: dict[str, set[str]] = {}
+    for plan in plans:
+        if plan.split in written:
+            digest = hashes[plan.uid][plan.step]
+            if digest is not None:
+                splits_of_image.setdefault(digest, set()).add(plan.split)
+            agents.setdefault(contents.trajectories[plan.uid].agent or UNKNOWN_AGENT, set()).add(plan.split)
+    return {
+        **split_plan.as_dict(),
+        "achieved": {
+            s: round(len(written[s]) / total, 4) if s in written else 0.0
+            for s in sorted(set(written) | set(split_plan.requested) | set(cfg.agents), key=split_rank)
+        },
+        "screenshots_in_two_splits": sum(len(s) > 1 for s in splits_of_image.values()),
+        "agents": {a: sorted(s, key=split_rank) for a, s in sorted(agents.items())},
+        "config": asdict(cfg),
+    }
 
 
 def _replace_dir(staged: Path, out: Path) -> None:

@@ -6,6 +6,10 @@ key-screenshot request for every screenshot, sent to every teacher through the s
 outcome verdict of each teacher's kept screenshots (``outcome: true``, for the human-label filter).
 Every result is appended to the label store (``RUN/labels.jsonl``) as soon as it is known.
 
+A request is sent once per session even when two trajectories ask it (one episode in two layouts,
+an agent stuck on a page): while it is on its way, and after a malformed answer, which the call cache
+does not keep (:meth:`_Run._ask_once`).
+
 Resuming is running the same command again: a (trajectory, step, teacher) with a label is skipped,
 and a call whose label line was lost is answered by the cache for free. Failed labels (timeouts,
 5xx, answers without a readable score, each already retried by the client) are recorded with their
@@ -20,8 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,7 +57,7 @@ from data_synth.sources import iter_trajectories, trajectory_record
 from data_synth.synth_config import SynthConfig
 from data_synth.teachers import TeacherConfig, TeacherSet, remaining_budgets, shard_budgets
 from infer.cache import CallCache
-from infer.client import JudgeCallError
+from infer.client import Completion, JudgeCallError
 from infer.errors import (
     EXIT_BUDGET,
     EXIT_ENDPOINT_DOWN,
@@ -161,11 +166,45 @@ class _Run:
         self.retry_failed = retry_failed
         self.progress = progress
         self.recorder = recorder
+        self.ledger = ledger
         self.judge = teachers.key_points_judge.client(cache, ledger)
         self.clients = {t.name: t.client(cache, ledger) for t in teachers.teachers}
         self.stopped: set[str] = set()
         self.report = SynthReport(estimate=CostEstimate())
         self.images = asyncio.Semaphore(cfg.images_in_flight)
+        self._asked: dict[tuple, asyncio.Future] = {}  # see _ask_once
+
+    async def _ask_once(self, endpoint: str, key: tuple, ask: Callable[[], Awaitable[tuple]]) -> tuple:
+        """``ask()``, unless the same request was asked in this session: one trajectory's screenshot
+        is often another's (one episode in two layouts, an agent stuck on a page). While it is on its
+        way, and after it came back malformed (the call cache keeps well-formed answers only), the
+        same request gets that answer, as a cache hit at no cost; a well-formed answer is the call
+        cache's to give from then on. ``ask()`` returns a tuple whose first item is the Completion."""
+        pending = self._asked.get(key)
+        if pending is not None:
+            first, *reading = await asyncio.shield(pending)
+            self.ledger.record_cache_hit(endpoint, first.cost_usd)
+            shared = dataclasses.replace(
+                first, cached=True, cost_usd=0.0, attempts=0, saved_cost_usd=first.cost_usd
+            )
+            return (shared, *reading)
+        future = asyncio.get_running_loop().create_future()
+        self._asked[key] = future
+        try:
+            answer = await ask()
+        except BaseException as exc:
+            self._asked.pop(key, None)
+            if isinstance(exc, asyncio.CancelledError):
+                future.cancel()
+            else:
+                future.set_exception(exc)
+                future.exception()  # retrieved: waiters get it, nobody else needs to
+            raise
+        future.set_result(answer)
+        completion: Completion = answer[0]
+        if completion.valid:
+            self._asked.pop(key, None)
+        return answer
 
     async def run(self, trajectories: Iterator[Trajectory]) -> None:
         slots = asyncio.Semaphore(self.cfg.trajectories_in_flight)
@@ -221,7 +260,11 @@ class _Run:
         if judge in self.stopped:
             return None
         try:
-            done, points, error = await ask_key_points(self.judge, self.protocol, traj.task)
+            done, points, error = await self._ask_once(
+                judge,
+                ("key_points", judge, traj.task),
+                lambda: ask_key_points(self.judge, self.protocol, traj.task),
+            )
         except RunStopError as exc:
             self._stop(judge, exc)
             return None
@@ -269,17 +312,30 @@ class _Run:
                 return
             image_url = prepared.data_url
             del prepared
-            await asyncio.gather(*(self._label(traj, shot.index, t, key_points, image_url) for t in todo))
+            digest = hashlib.sha256(image_url.encode()).hexdigest()
+            await asyncio.gather(
+                *(self._label(traj, shot.index, t, key_points, image_url, digest) for t in todo)
+            )
 
     async def _label(
-        self, traj: Trajectory, step: int, teacher: TeacherConfig, key_points: str, image_url: str
+        self,
+        traj: Trajectory,
+        step: int,
+        teacher: TeacherConfig,
+        key_points: str,
+        image_url: str,
+        image_digest: str,
     ) -> None:
         try:
             if teacher.name in self.stopped:
                 return
             try:
-                done, parsed = await ask_score(
-                    self.clients[teacher.name], self.protocol, traj.task, key_points, image_url
+                done, parsed = await self._ask_once(
+                    teacher.name,
+                    ("score", teacher.name, traj.task, key_points, image_digest),
+                    lambda: ask_score(
+                        self.clients[teacher.name], self.protocol, traj.task, key_points, image_url
+                    ),
                 )
             except RunStopError as exc:
                 self._stop(teacher.name, exc)

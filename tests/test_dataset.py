@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from data_synth.dataset import (
-    META_FILE,
-    BuildConfig,
-    SplitConfig,
-    assign_splits,
-    build_dataset,
-    read_dataset_meta,
-)
+from data_synth.dataset import META_FILE, BuildConfig, build_dataset, read_dataset_meta
 from data_synth.errors import SynthError
 from data_synth.labels import LABELS_FILE, read_store
+from data_synth.splits import SplitConfig, allocate
 from data_synth.synth import run_synth
 from infer.images import DEFAULT_POLICY, prepare_image
 from infer.messages import scorer_messages
 from infer.prompts import load_prompt_set
 from infer.testing.fake_openai import FakeOpenAI, make_teacher
 from tests.support.synth_env import (
+    LEAKY_SPLITS,
     RULES,
     SPLITS,
     expected_scores,
@@ -57,9 +53,10 @@ def dataset(built):
 def test_round_trip_rows_and_consensus_scores(built, dataset):
     run, result = built
     trajs = {t.uid: t for t in fixture_trajectories()}
-    assert sorted(dataset) == ["test", "train", "validation"]
+    assert sorted(dataset) == ["test", "train"]
     assert sum(len(dataset[s]) for s in dataset) == sum(t.num_screenshots for t in trajs.values())
-    assert result.meta.rows == {s: len(dataset[s]) for s in ("train", "validation", "test")}
+    assert set(dataset["train"]["count"]) == {1}  # no two fixture rows are the same request
+    assert result.meta.rows == {s: len(dataset[s]) for s in ("train", "test")}
     expected = {(uid, n): expected_scores(t, rule) for uid, t in trajs.items() for n, rule in RULES.items()}
     for split in dataset:
         for row in dataset[split]:
@@ -124,25 +121,58 @@ def test_row_renders_to_the_same_tokens_as_the_infer_request(built, dataset, tin
     assert checked == 4
 
 
+def _split_of_images(dataset) -> dict[str, set[str]]:
+    from datasets import Image
+
+    out: dict[str, set[str]] = {}
+    for split in dataset:
+        for row in dataset[split].cast_column("image", Image(decode=False)):
+            out.setdefault(hashlib.sha256(row["image"]["bytes"]).hexdigest(), set()).add(split)
+    return out
+
+
 def test_splits_are_by_agent_without_overlap(dataset):
     agents = {split: set(dataset[split]["agent"]) for split in dataset}
     assert agents == {split: set(names) for split, names in SPLITS.items()}
-    tasks = {split: set(dataset[split]["uid"]) for split in dataset}
-    assert not (tasks["train"] & tasks["validation"]) and not (tasks["train"] & tasks["test"])
+    assert all(len(splits) == 1 for splits in _split_of_images(dataset).values())
+
+
+def test_listed_agents_that_share_screenshots_are_kept_together(built, tmp_path):
+    # the old lists put SeeAct (train), Agent-E (validation) and Operator (test), whose fixture
+    # trajectories share screenshot files, in three splits: their group goes where most of its rows are
+    from datasets import load_from_disk
+
+    run, _ = built
+    result = build_dataset(
+        run, BuildConfig(splits=SplitConfig(agents=LEAKY_SPLITS), output_dir=str(tmp_path / "d"))
+    )
+    dataset = load_from_disk(str(result.path))
+    assert sorted(dataset) == ["train"]
+    assert all(len(splits) == 1 for splits in _split_of_images(dataset).values())
+    info = result.meta.splits
+    assert info["unit"] == "agent lists" and info["moved"] == 2  # Agent-E's and Operator's trajectories
+    assert info["screenshots_in_two_splits"] == 0 and info["shared_screenshots"] == 4
+    card = (result.path / "README.md").read_text(encoding="utf-8")
+    assert "2 trajectories were placed outside their agent's split" in card
+    assert "| validation | listed | 0.000 | 0 |" in card
 
 
 def test_hash_split_of_agents_is_seeded_and_disjoint():
+    def assign(agents, cfg):  # agents of one row each, dealt out as the builder deals agent units
+        return allocate(dict.fromkeys(agents, 1), cfg.shares(), cfg.seed)
+
     agents = [f"agent-{i}" for i in range(10)]
     cfg = SplitConfig(fractions={"train": 0.6, "validation": 0.2, "test": 0.2}, seed=3)
-    split_of = assign_splits(agents, cfg)
-    assert split_of == assign_splits(list(reversed(agents)), cfg)
+    split_of = assign(agents, cfg)
+    assert split_of == assign(list(reversed(agents)), cfg)
     counts = {s: sum(v == s for v in split_of.values()) for s in ("train", "validation", "test")}
     assert counts == {"train": 6, "validation": 2, "test": 2}
-    assert split_of != assign_splits(agents, SplitConfig(seed=4))
-    few = assign_splits(
-        ["a", "b", "c"], SplitConfig(fractions={"train": 0.8, "validation": 0.1, "test": 0.1})
-    )
+    assert split_of != assign(agents, SplitConfig(seed=4))
+    few = assign(["a", "b", "c"], SplitConfig(fractions={"train": 0.8, "validation": 0.1, "test": 0.1}))
     assert sorted(few.values()) == ["test", "train", "validation"]
+    # by rows: one large agent fills train, the small ones the other splits
+    by_rows = allocate({"big": 60, "mid": 25, "small": 15}, cfg.shares(), 0)
+    assert by_rows == {"big": "train", "mid": "validation", "small": "test"}
     with pytest.raises(ValueError, match="listed in both"):
         SplitConfig(agents={"train": ["a"], "test": ["a"]})
 

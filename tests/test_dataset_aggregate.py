@@ -54,7 +54,7 @@ def _store(
     return contents
 
 
-def _train(_agent):
+def _train(_traj):
     return "train"
 
 
@@ -125,7 +125,9 @@ def test_a_teacher_without_reasoning_is_not_a_target():
 def test_rows_without_pixels_or_split_are_dropped():
     contents = _store({("t", 0): {"a": 2}, ("t", 1): {"a": 3}, ("u", 0): {"a": 4}}, agents={"u": "other"})
     contents.trajectories["t"].screenshots[1] = None
-    rows, report = aggregate(contents, AggregationConfig(), lambda agent: "train" if agent == "A" else None)
+    rows, report = aggregate(
+        contents, AggregationConfig(), lambda traj: "train" if traj.agent == "A" else None
+    )
     assert [(r.uid, r.step) for r in rows] == [("t", 0)]
     assert report.dropped == {"no pixels for the screenshot": 1, "agent in no split": 1}
 
@@ -155,8 +157,8 @@ def test_class_balance_downsamples_score_1_in_train_only():
     agents.update({f"s{i}": "X" for i in range(5)} | {f"f{i}": "X" for i in range(4)})
     contents = _store(scores, agents)
 
-    def split(agent):
-        return "train" if agent == "X" else "test"
+    def split(traj):
+        return "train" if traj.agent == "X" else "test"
 
     cfg = AggregationConfig(balance=BalanceConfig(max_score1_ratio=2.0, per_class_cap={5: 3}, seed=1))
     rows, report = aggregate(contents, cfg, split)

@@ -97,7 +97,10 @@ def test_dataset_rows_carry_the_recorded_scores(tmp_path):
     ds = load_from_disk(str(result.path))
     record = json.loads((ARB / "webjudge_7B" / "webarena" / GPT4O_AGENT / "webarena.344.json").read_text())
     rows = list(ds["train"])
-    assert [(r["uid"], r["step"]) for r in rows] == [(UID_344, 2), (UID_344, 3)]
+    # the two kept screenshots of webarena.344 are the same bytes (the agent stayed on the page) and the
+    # same request: one row, counted twice
+    assert [(r["uid"], r["step"], r["count"]) for r in rows] == [(UID_344, 2, 2)]
+    assert result.meta.duplicates == {"rows_collapsed": 1, "score_conflicts": 0}
     for row in rows:
         assert row["score"] == record["image_judge_record"][row["step"]]["Score"]
         assert row["teacher"] == "webjudge-7B" and row["source"].startswith("import:arb:webjudge_7B/")
@@ -189,7 +192,8 @@ def test_reference_output_joined_with_its_trajectories(tmp_path):
         assert contents.outcomes[(uid, "gpt-4o")].success == bool(record["predicted_label"])
         assert all(Path(s).is_file() for s in contents.trajectories[uid].screenshots)
     result = build_dataset(tmp_path / "run", BuildConfig(splits=SplitConfig(agents={"train": ["SeeAct"]})))
-    assert result.meta.rows == {"train": 8}
+    # 8 screenshots from a pool of 4 files: the 6-step task repeats 2 of them with the same request
+    assert result.meta.rows == {"train": 6} and result.meta.duplicates["rows_collapsed"] == 2
 
 
 def test_an_unknown_trajectory_format_is_one_line(tmp_path, capsys):
