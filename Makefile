@@ -31,7 +31,7 @@ test-fast: setup
 # The main job (README): judge the bundled sample trajectories end to end on CPU, no API key; the
 # tiny untrained model on a real vLLM server stands in for scorer and judge.
 demo: setup setup-vllm
-	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m infer.demo --out runs/demo
+	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m keyshot.infer.demo --out runs/demo
 
 # The end-to-end learning loop (synth -> train -> serve -> judge) and its table.
 loop: setup setup-vllm

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from infer.images import DEFAULT_POLICY, REFERENCE_POLICY, plan_image, prepare_image
+from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY, plan_image, prepare_image
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Build the scorer's training set: a ``datasets.DatasetDict`` split by agent, streamed to disk.
 
 Each row is one screenshot of one trajectory: ``messages`` (built by
-:func:`infer.messages.scorer_example`, the same builder infer uses, with the target answer as the
-assistant turn), ``image`` (the JPEG of :func:`infer.images.prepare_image`: exactly the pixels the
+:func:`keyshot.infer.protocol.messages.scorer_example`, the same builder infer uses, with the target answer as the
+assistant turn), ``image`` (the JPEG of :func:`keyshot.infer.protocol.images.prepare_image`: exactly the pixels the
 scorer is served), ``answer`` and ``score`` (the consensus), ``teacher_scores`` (every teacher's
 score, validity and error) and provenance columns. Splits are by agent, so no agent's trajectories
 appear in two splits: listed per split, or a seeded hash split of the agents.
@@ -36,13 +36,19 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from data_synth.aggregate import AggregationConfig, AggregationReport, RowPlan, aggregate
-from data_synth.errors import SynthError
-from data_synth.labels import JUDGE_ORIGIN, LABELS_FILE, StoreContents, read_store
-from data_synth.run_folder import DATASET_DIR, read_manifest, write_json_atomic
-from infer.images import DEFAULT_POLICY, ImageError, ImagePolicy, PreparedImage, prepare_image
-from infer.messages import scorer_example
-from infer.prompts import PromptSet, load_prompt_set
+from keyshot.data_synth.aggregate import AggregationConfig, AggregationReport, RowPlan, aggregate
+from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.labels import JUDGE_ORIGIN, LABELS_FILE, StoreContents, read_store
+from keyshot.data_synth.run_folder import DATASET_DIR, read_manifest, write_json_atomic
+from keyshot.infer.protocol.images import (
+    DEFAULT_POLICY,
+    ImageError,
+    ImagePolicy,
+    PreparedImage,
+    prepare_image,
+)
+from keyshot.infer.protocol.messages import scorer_example
+from keyshot.infer.protocol.prompts import PromptSet, load_prompt_set
 
 logger = logging.getLogger(__name__)
 
@@ -375,7 +381,7 @@ def build_dataset(run_dir: str | os.PathLike, cfg: BuildConfig | None = None) ->
     """Aggregate a run's labels and write the DatasetDict, its card and ``keyshot_dataset.json``."""
     from datasets import Dataset, DatasetDict
 
-    from data_synth.card import write_card
+    from keyshot.data_synth.card import write_card
 
     cfg = cfg or BuildConfig()
     run = Path(run_dir)

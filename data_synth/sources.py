@@ -1,4 +1,4 @@
-"""Where trajectories come from: folders or JSONL files (any format :mod:`infer.loaders` reads),
+"""Where trajectories come from: folders or JSONL files (any format :mod:`keyshot.infer.loaders` reads),
 with the agent and benchmark their format may not name, and human labels joined from a file."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_synth.errors import SynthError
-from data_synth.labels import TrajectoryRecord
-from data_synth.run_folder import store_image
-from infer.loaders.human_labels import normalize_human_label, read_human_labels
-from infer.trajectory import HUMAN_LABELS, Trajectory, TrajectoryError, load_trajectories
+from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.labels import TrajectoryRecord
+from keyshot.data_synth.run_folder import store_image
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.loaders.human_labels import normalize_human_label, read_human_labels
+from keyshot.infer.loaders.trajectory import HUMAN_LABELS, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +41,8 @@ class TrajectorySource:
 
 def load_human_labels(path: str | os.PathLike, agent: str | None) -> dict[str, str]:
     """``{task_id: human label}`` from Online-Mind2Web's ``human_label.json`` (the column of ``agent``,
-    matched loosely, see :mod:`infer.loaders.human_labels`) or from a ``{task_id: label}`` JSON object
-    (labels as in :data:`infer.trajectory.HUMAN_LABELS` or the codes "0"/"1"/"2")."""
+    matched loosely, see :mod:`keyshot.infer.loaders.human_labels`) or from a ``{task_id: label}`` JSON object
+    (labels as in :data:`keyshot.infer.loaders.trajectory.HUMAN_LABELS` or the codes "0"/"1"/"2")."""
     p = Path(path)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))

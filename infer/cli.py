@@ -19,21 +19,25 @@ import importlib
 import logging
 import signal
 import sys
+from importlib.metadata import entry_points
 
-from infer.errors import EXIT_USAGE, Interrupted, KeyshotError, require_training_stack
-from infer.helptext import plain
-from infer.logs import setup_logging
+from keyshot.infer.common.errors import EXIT_USAGE, Interrupted, KeyshotError, require_training_stack
+from keyshot.infer.common.helptext import plain
+from keyshot.infer.common.logs import setup_logging
 
-# Each module registers its subcommand with ``add_parser(subparsers)`` and sets ``func``.
-SUBCOMMAND_MODULES = (
-    "infer.judge_cli",
-    "infer.serve",
-    "infer.metrics_cli",
-    "infer.merge_cli",
-    "infer.report.cli",
-    "data_synth.cli",
-    "train.merge_lora",
-)
+#: Entry-point group of the subcommands: each names a module whose ``add_parser(subparsers)`` registers
+#: one subcommand and sets ``func`` (pyproject.toml lists them; a plug-in package may add its own).
+COMMANDS_GROUP = "keyshot.commands"
+
+
+def subcommand_modules() -> list[str]:
+    """The modules that register subcommands, as the installed package declares them."""
+    found = [ep.value for ep in entry_points(group=COMMANDS_GROUP)]
+    if not found:
+        raise SystemExit(
+            "keyshot: no subcommands are registered: install the package (pip install -e . from a checkout)"
+        )
+    return found
 
 
 def _add_tiny_model(subparsers) -> None:
@@ -45,7 +49,7 @@ def _add_tiny_model(subparsers) -> None:
 
     def run(args) -> int:
         require_training_stack("keyshot tiny-model")
-        from infer.tiny_model import build_tiny_qwen25vl
+        from keyshot.infer.model.tiny_model import build_tiny_qwen25vl
 
         print(build_tiny_qwen25vl(args.out, seed=args.seed))
         return 0
@@ -60,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in SUBCOMMAND_MODULES:
+    for name in subcommand_modules():
         importlib.import_module(name).add_parser(subparsers)
     _add_tiny_model(subparsers)
     return parser

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from infer.loaders import read_human_labels
-from infer.trajectory import TrajectoryError, load_trajectories, load_trajectory
+from keyshot.infer.loaders import load_trajectories, load_trajectory, read_human_labels
+from keyshot.infer.loaders.trajectory import TrajectoryError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TRAJ = FIXTURES / "trajectories"

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from infer.cli import main as keyshot
-from infer.testing.fake_openai import FakeOpenAI, make_judge
-from infer.verdicts import read_verdicts
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = str(REPO / "configs/judge/reference_gpt4o.yaml")
@@ -417,7 +417,7 @@ def test_a_core_install_asked_for_the_training_stack_says_what_to_install(tmp_pa
 
     v1(tmp_path / "IN", "good-a")
     argv = [str(tmp_path / a) if a in ("OUT", "ADAPTER", "IN", "C") else a for a in argv]
-    code = "import sys; sys.modules['torch'] = None; from infer.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; sys.modules['torch'] = None; from keyshot.infer.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.run(
         [sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=120
     )

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from infer.cli import main as keyshot
-from infer.report.model import load_run
-from infer.testing.fake_openai import FakeOpenAI, make_judge
-from infer.testing.worlds import synthetic_trajectories
-from infer.verdicts import read_verdicts
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.report.model import load_run
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+from keyshot.infer.testing.worlds import synthetic_trajectories
 
 REPO = Path(__file__).resolve().parents[1]
 XSS = '<script>document.body.setAttribute("data-pwned","1")</script><img src=x onerror="document.body.dataset.pwned=1">'
@@ -181,7 +181,7 @@ def test_report_of_an_empty_or_missing_run_is_a_clear_error(tmp_path, capsys):
 
 
 def test_metrics_png_style_plots_say_no_data(tmp_path):
-    from infer.report import plots
+    from keyshot.infer.report import plots
 
     png = plots.agent_success_rates(None)
     assert png.startswith(b"\x89PNG") and len(png) > 1000

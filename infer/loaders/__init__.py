@@ -1,6 +1,6 @@
 """Trajectory loaders: Online-Mind2Web v1/v2 folders, AgentLab/BrowserGym runs, keyshot JSONL.
 
-``iter_trajectories`` (behind :func:`infer.trajectory.load_trajectories`) accepts one trajectory
+``iter_trajectories`` (behind :func:`keyshot.infer.loaders.load_trajectories`) accepts one trajectory
 folder, a folder of trajectory folders (and/or JSONL files), or a JSONL file, and detects each
 trajectory's format unless one is forced.
 """
@@ -10,16 +10,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from infer.config import ConfigError
-from infer.loaders.agentlab import FORMAT as AGENTLAB
-from infer.loaders.agentlab import is_agentlab_run, load_agentlab, parse_experiment_analysis
-from infer.loaders.common import InputScope, read_json
-from infer.loaders.human_labels import HumanLabels, attach_human_labels, read_human_labels
-from infer.loaders.jsonl import FORMAT as JSONL
-from infer.loaders.jsonl import JSONL_SUFFIXES, iter_jsonl, write_jsonl
-from infer.loaders.mind2web import RESULT_FILE, SCREENSHOT_DIR, V1, V2, load_online_mind2web, schema_of
-from infer.trajectory import OnError, Trajectory, TrajectoryError
+from keyshot.infer.common.config import ConfigError
+from keyshot.infer.loaders.agentlab import FORMAT as AGENTLAB
+from keyshot.infer.loaders.agentlab import is_agentlab_run, load_agentlab, parse_experiment_analysis
+from keyshot.infer.loaders.common import InputScope, read_json
+from keyshot.infer.loaders.human_labels import HumanLabels, attach_human_labels, read_human_labels
+from keyshot.infer.loaders.jsonl import FORMAT as JSONL
+from keyshot.infer.loaders.jsonl import JSONL_SUFFIXES, iter_jsonl, write_jsonl
+from keyshot.infer.loaders.mind2web import (
+    RESULT_FILE,
+    SCREENSHOT_DIR,
+    V1,
+    V2,
+    load_online_mind2web,
+    schema_of,
+)
+from keyshot.infer.loaders.trajectory import OnError, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +43,8 @@ __all__ = [
     "detect_format",
     "iter_jsonl",
     "iter_trajectories",
+    "load_trajectories",
+    "load_trajectory",
     "load_agentlab",
     "load_online_mind2web",
     "parse_experiment_analysis",
@@ -131,7 +141,7 @@ def iter_trajectories(
     errors: list[TrajectoryError] | None = None,
     allow_outside: tuple[Path | str, ...] = (),
 ) -> Iterator[Trajectory]:
-    """See :func:`infer.trajectory.load_trajectories`. Path problems raise at once; others per ``on_error``.
+    """See :func:`keyshot.infer.loaders.load_trajectories`. Path problems raise at once; others per ``on_error``.
 
     Screenshot files must lie inside ``path`` (its folder, for a file) or one of ``allow_outside``."""
     if fmt not in _FMT_CHOICES:
@@ -240,3 +250,45 @@ def _run(
             logger.warning("skipping a trajectory: %s", exc)
             if errors is not None:
                 errors.append(exc)
+
+
+def load_trajectories(
+    path: Path | str,
+    fmt: str = "auto",
+    *,
+    on_error: OnError = "raise",
+    agent: str | None = None,
+    benchmark: str | None = None,
+    errors: list[TrajectoryError] | None = None,
+    allow_outside: tuple[Path | str, ...] = (),
+) -> Iterator[Trajectory]:
+    """Yield the trajectories in a trajectory folder, a folder of trajectory folders, or a JSONL file.
+
+    Args:
+        path: the folder or JSONL file.
+        fmt: ``"auto"`` (detect per trajectory) or one of :data:`keyshot.infer.loaders.FORMATS` to force one.
+        on_error: ``"raise"`` stops at the first bad trajectory; ``"skip"`` logs a warning naming the
+            file, appends the error to ``errors`` (when given) and goes on.
+        agent, benchmark: defaults for trajectories whose format does not name them.
+        allow_outside: folders outside ``path`` that screenshot references may point into (by
+            default a reference that resolves outside ``path`` fails its trajectory).
+
+    A missing ``path`` raises :class:`TrajectoryError` at once, whatever ``on_error`` says.
+    """
+    return iter_trajectories(
+        Path(path),
+        fmt,
+        on_error=on_error,
+        agent=agent,
+        benchmark=benchmark,
+        errors=errors,
+        allow_outside=allow_outside,
+    )
+
+
+def load_trajectory(path: Path | str, fmt: str = "auto", **defaults: Any) -> Trajectory:
+    """Load exactly one trajectory (a trajectory folder, or a JSONL file with one line)."""
+    found = list(load_trajectories(path, fmt, on_error="raise", **defaults))
+    if len(found) != 1:
+        raise TrajectoryError(path, f"expected one trajectory, found {len(found)}")
+    return found[0]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infer.trajectory import Screenshot, TrajectoryError
+from keyshot.infer.loaders.trajectory import Screenshot, TrajectoryError
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infer.loaders.common import read_json
-from infer.trajectory import FAILURE, NOT_EXECUTABLE, SUCCESS, UNSURE, Trajectory, TrajectoryError
+from keyshot.infer.loaders.common import read_json
+from keyshot.infer.loaders.trajectory import (
+    FAILURE,
+    NOT_EXECUTABLE,
+    SUCCESS,
+    UNSURE,
+    Trajectory,
+    TrajectoryError,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -16,9 +16,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from infer.fileio import atomic_output
-from infer.images import sniff_image_type
-from infer.loaders.common import (
+from keyshot.infer.common.fileio import atomic_output
+from keyshot.infer.loaders.common import (
     InputScope,
     check_counts,
     require_regular_file,
@@ -26,7 +25,8 @@ from infer.loaders.common import (
     screenshot_from_ref,
     string_list,
 )
-from infer.trajectory import HUMAN_LABELS, OnError, Trajectory, TrajectoryError
+from keyshot.infer.loaders.trajectory import HUMAN_LABELS, OnError, Trajectory, TrajectoryError
+from keyshot.infer.protocol.images import sniff_image_type
 
 logger = logging.getLogger(__name__)
 

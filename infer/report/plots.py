@@ -6,8 +6,8 @@ from __future__ import annotations
 import io
 from collections import Counter
 
-from infer.metrics import MetricsReport
-from infer.trajectory import FAILURE, NOT_EXECUTABLE, SUCCESS, UNSURE
+from keyshot.infer.loaders.trajectory import FAILURE, NOT_EXECUTABLE, SUCCESS, UNSURE
+from keyshot.infer.metrics.compute import MetricsReport
 
 
 def _figure(width: float = 5.2, height: float = 3.4):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from infer.fileio import write_bytes_atomic, write_text_atomic
+from keyshot.infer.common.fileio import write_bytes_atomic, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
