@@ -156,7 +156,7 @@ def test_second_process_is_refused_at_once(world, tmp_path):
     out = tmp_path / "run"
     holder = subprocess.Popen(
         [
-            "python",
+            sys.executable,
             "-c",
             f"from keyshot.infer.runs.lock import RunLock; import time\nwith RunLock({str(out)!r}): time.sleep(30)",
         ],

@@ -1,4 +1,4 @@
-"""The one client through which every judge, teacher and scorer call goes (DESIGN.md contract 7).
+"""The one client through which every judge, teacher and scorer call goes (docs/architecture.md, "One call path").
 
 Payload building (:func:`build_payload`), the call with retries (:class:`JudgeClient`) and the
 answer's parsing (callers pass ``validate``) are separate. Requests go through the official ``openai``

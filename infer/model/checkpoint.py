@@ -1,4 +1,4 @@
-"""Self-describing scorer checkpoints (DESIGN.md contract 5).
+"""Self-describing scorer checkpoints (docs/architecture.md, "Self-describing checkpoints").
 
 A keyshot checkpoint is a normal Hugging Face folder (weights, processor with its pixel bounds,
 chat template, greedy ``generation_config.json``) plus ``keyshot.json``: the prompt set and version

@@ -2,7 +2,7 @@
 
 Two modes:
 
-* ``reference`` reproduces the reference implementation choice for choice (PROTOCOL.md): the
+* ``reference`` reproduces the reference implementation choice for choice (docs/protocol.md): the
   score is the first ``[1-5]`` in the text between the first and the second ``Score``, a parse
   failure is score 0; the verdict is success iff ``"success"`` occurs in the lower-cased text after
   the first ``status:``.
