@@ -161,6 +161,23 @@ def test_strings_are_escaped_and_no_machine_path_leaks(report):
     assert all(not s.strip().startswith("document.body") for s in first.scripts)
 
 
+def test_no_file_of_the_report_holds_a_path_of_the_machine(report):
+    """A report folder is made to be shared: the run's and the input's absolute paths appear nowhere
+    in it (pages, thumbnail index, scripts, images)."""
+    run, out = report
+    machine_paths = {
+        str(p).encode() for p in (run, run.parent / "world", run.resolve(), run.parent.resolve())
+    }
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert (
+        out / "images" / "index.json" in files
+        and len(json.loads((out / "images" / "index.json").read_text())) >= 12
+    )
+    for path in files:
+        data = path.read_bytes()
+        assert not any(machine in data for machine in machine_paths), path
+
+
 def test_rebuild_reuses_thumbnails_and_released_records_render(report, tmp_path, caplog):
     run, out = report
     import logging

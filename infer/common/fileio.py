@@ -11,7 +11,48 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from keyshot.infer.common.errors import KeyshotError
+
 logger = logging.getLogger(__name__)
+
+
+class OutputPathError(KeyshotError):
+    """A file keyshot writes cannot be written: a folder stands at its path, a file where one of its
+    folders goes, or the system refuses (permissions, a full disk)."""
+
+
+def output_problem(path: Path, exc: OSError, *, folder: bool = False) -> OutputPathError:
+    """The one-line error for ``path`` (a file, or with ``folder`` a folder) that could not be made."""
+    if not folder and path.is_dir():
+        return OutputPathError(
+            f"{path}: is a folder where keyshot writes a file: move it away or choose another output "
+            "folder, then re-run"
+        )
+    candidates = [path, *path.parents] if folder else list(path.parents)
+    in_the_way = next((p for p in candidates if _not_a_folder(p)), None)
+    if in_the_way is not None:
+        needed = "" if in_the_way == path else f" (to write {path})"
+        return OutputPathError(
+            f"{in_the_way}: is a file where keyshot needs a folder{needed}: move it away or choose "
+            "another output path, then re-run"
+        )
+    return OutputPathError(
+        f"{path}: cannot write ({exc.strerror or exc}): check the folder's permissions and free space"
+    )
+
+
+def _not_a_folder(path: Path) -> bool:
+    return (path.exists() or path.is_symlink()) and not path.is_dir()
+
+
+def make_folder(path: str | os.PathLike) -> Path:
+    """``mkdir -p path``; a file in the way raises OutputPathError naming it."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise output_problem(path, exc, folder=True) from exc
+    return path
 
 
 def _file_mode() -> int:
@@ -25,11 +66,15 @@ def atomic_output(
     path: str | os.PathLike, mode: str = "wb", encoding: str | None = None, *, sync: bool = False
 ) -> Iterator[IO]:
     """A file handle on a temporary sibling of ``path``, renamed into place when the block ends; left out
-    (``path`` untouched) when it raises. The one way keyshot writes a whole file. ``sync`` also flushes
+    (``path`` untouched) when it raises. The one way keyshot writes a whole file. A folder at ``path``
+    or a file where a folder of it goes raises OutputPathError naming it. ``sync`` also flushes
     it to the disk first (a merge's result; not the report's thousands of pages)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    make_folder(path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise output_problem(path, exc) from exc
     try:
         with os.fdopen(fd, mode, encoding=encoding) as fh:
             yield fh
@@ -37,7 +82,10 @@ def atomic_output(
                 fh.flush()
                 os.fsync(fh.fileno())
         os.chmod(tmp, _file_mode())
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise output_problem(path, exc) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -48,6 +48,11 @@ class TrajectoryError(KeyshotError):
         self.problem = problem
 
 
+class SkippedEntry(TrajectoryError):
+    """An entry of the input that holds no trajectory (an archive, a stray file, an empty JSONL file):
+    not judged, listed with the reason. ``on_error="raise"`` warns of it instead of stopping."""
+
+
 @dataclass(frozen=True)
 class Screenshot:
     """One screenshot of a trajectory.

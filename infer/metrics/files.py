@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from keyshot.infer.common.fileio import write_bytes_atomic
+from keyshot.infer.common.fileio import make_folder, write_bytes_atomic
 from keyshot.infer.metrics.compute import MetricsReport
 
 
@@ -137,8 +137,7 @@ def metrics_png(report: MetricsReport) -> bytes:
 
 def write_metrics(report: MetricsReport, out_dir: str | Path) -> dict[str, Path]:
     """Write metrics.json, metrics.md, metrics.csv and metrics.png into ``out_dir`` (atomically)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = make_folder(out_dir)
     files = {
         "json": (out_dir / "metrics.json", json.dumps(asdict(report), indent=2).encode() + b"\n"),
         "md": (out_dir / "metrics.md", metrics_markdown(report).encode()),
