@@ -15,6 +15,7 @@ Training is ``accelerate launch train/sft.py --config …`` (see the README).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import signal
@@ -84,11 +85,45 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
     )
     unknown = [a for a in extras if a.startswith("-")] + (items if target is None else [])
     if unknown:
+        command = chosen_parser(parser, argv if argv is not None else sys.argv[1:])
         hint = " (overrides are written key=value, without --set)" if "--set" in unknown else ""
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+        hint += "".join(
+            f" (did you mean {close}?)"
+            for flag in unknown
+            if flag != "--set" and (close := closest_option(command, flag))
+        )
+        command.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if target is not None:
         getattr(args, target).extend(items)
     return args
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return {
+        name: sub
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, sub in action.choices.items()
+    }
+
+
+def chosen_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of the (sub)subcommand ``argv`` names (``synth run`` → its parser), so that its
+    usage, not the top level's, goes with an error about its arguments."""
+    for item in argv:
+        sub = _subcommands(parser).get(item)
+        if sub is not None:
+            parser = sub
+    return parser
+
+
+def closest_option(parser: argparse.ArgumentParser, flag: str) -> str | None:
+    """The option of ``parser`` a mistyped flag most likely meant (``--confg`` → ``--config``)."""
+    if not flag.startswith("--"):
+        return None
+    options = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    close = difflib.get_close_matches(flag.split("=", 1)[0], options, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def main(argv: list[str] | None = None) -> int:

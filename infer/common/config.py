@@ -1,7 +1,8 @@
 """Typed dataclass configs from YAML, with ``key.sub=value`` overrides from the command line.
 
-Unknown keys are errors (a typo in a config must not be silently ignored); values are checked and
-converted to the annotated field types, nested dataclasses included.
+Unknown keys are errors (a typo in a config must not be silently ignored), all of them named in one
+message; values are checked and converted to the annotated field types, nested dataclasses included.
+Every error says where the bad key came from: the file and line, or the command line override.
 
     cfg = load_config(TrainConfig, "configs/train/tiny_cpu.yaml", ["optim.lr=1e-4", "epochs=2"])
 """
@@ -17,6 +18,7 @@ import re
 import types
 import typing
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,7 +31,16 @@ T = TypeVar("T")
 
 
 class ConfigError(KeyshotError, ValueError):
-    """A config file or override that does not fit its dataclass."""
+    """A config file or override that does not fit its dataclass; ``key`` is the dotted key it is
+    about (``judge.model``, ``sources[0].path``), when it is about one."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+def _bad(where: str, problem: str) -> ConfigError:
+    return ConfigError(f"{where}: {problem}", key=where)
 
 
 def _convert(value: Any, tp: Any, where: str) -> Any:
@@ -45,47 +56,47 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
             try:
                 return _convert(value, arg, where)
             except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"{where}: cannot be {value!r}")
+                errors.append(exc)
+        raise errors[0] if errors else _bad(where, f"cannot be {value!r}")
     if origin is typing.Literal:
         if value not in args:
-            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
+            raise _bad(where, f"{value!r} is not one of {list(args)}")
         return value
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+            raise _bad(where, f"expected a mapping, got {value!r}")
         return _build(tp, value, where)
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
+            raise _bad(where, f"expected a list, got {value!r}")
         item = args[0] if args else Any
         items = [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+            raise _bad(where, f"expected a mapping, got {value!r}")
         return dict(value)
     if tp is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
             return value.lower() in ("true", "yes", "1")
-        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+        raise _bad(where, f"expected true/false, got {value!r}")
     if tp in (int, float):
         if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+            raise _bad(where, f"expected {tp.__name__}, got {value!r}")
         try:
             converted = tp(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}") from None
+            raise _bad(where, f"expected {tp.__name__}, got {value!r}") from None
         if tp is int and isinstance(value, float) and value != converted:
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+            raise _bad(where, f"expected an integer, got {value!r}")
         return converted
     if tp is str:
         if isinstance(value, dict | list):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
+            raise _bad(where, f"expected a string, got {value!r}")
         return str(value)
     return value
 
@@ -99,6 +110,136 @@ def closest_key(key: str, known: Iterable[str]) -> str | None:
             return name
     close = difflib.get_close_matches(key.lower(), known, n=1, cutoff=0.6)
     return close[0] if close else None
+
+
+#: A key's place in a config: section names and list indexes (``("sources", 0, "path")``).
+KeyPath = tuple[str | int, ...]
+
+
+def dotted(path: KeyPath) -> str:
+    """``("sources", 0, "path")`` → ``sources[0].path``: how errors name a key."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _sections(tp: Any, value: Any, path: KeyPath) -> list[tuple[type, dict, KeyPath]]:
+    """The dataclass sections a field's value holds: (class, mapping, path) of each."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        return _sections(options[0], value, path) if len(options) == 1 else []
+    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        return [(tp, value, path)]
+    if origin in (list, tuple) and args and isinstance(value, list):
+        return [found for i, item in enumerate(value) for found in _sections(args[0], item, (*path, i))]
+    return []
+
+
+def unknown_keys(cls: type, data: dict, path: KeyPath = ()) -> list[tuple[KeyPath, list[str]]]:
+    """Every key of ``data`` (nested sections included) that ``cls`` does not have, with the keys its
+    section knows."""
+    hints = typing.get_type_hints(cls)
+    fields = sorted(f.name for f in dataclasses.fields(cls) if f.init)
+    found: list[tuple[KeyPath, list[str]]] = []
+    for key, value in data.items():
+        if key not in fields:
+            found.append(((*path, str(key)), fields))
+            continue
+        for section, section_data, section_path in _sections(hints[key], value, (*path, key)):
+            found += unknown_keys(section, section_data, section_path)
+    return found
+
+
+OVERRIDE_ORIGIN = "command line override"
+
+
+@dataclass(frozen=True)
+class KeyOrigins:
+    """Where each key of a config came from: ``file`` (``lines``: the line of each key path) or a
+    command line override (``overrides``: the override that set each key path)."""
+
+    file: str = ""
+    lines: dict[KeyPath, int] = field(default_factory=dict)
+    overrides: dict[KeyPath, str] = field(default_factory=dict)
+
+    def of(self, path: KeyPath) -> str:
+        """The override that set ``path`` (or a section above it), else the file and line."""
+        for n in range(len(path), 0, -1):
+            if path[:n] in self.overrides:
+                return f"{OVERRIDE_ORIGIN} {self.overrides[path[:n]]!r}"
+        line = self.lines.get(path)
+        return f"{self.file}:{line}" if self.file and line else self.file
+
+    def of_section(self, path: KeyPath) -> str:
+        """Where a section's values came from: the overrides inside it (with the file's line), else
+        :meth:`of`."""
+        inside = [
+            item for key, item in self.overrides.items() if len(key) > len(path) and key[: len(path)] == path
+        ]
+        base = self.of(path)
+        if not inside or base.startswith(OVERRIDE_ORIGIN):
+            return base
+        return f"{OVERRIDE_ORIGIN} {', '.join(map(repr, inside))}" + (f" (with {base})" if base else "")
+
+    def of_dotted(self, key: str) -> str:
+        """:meth:`of` (:meth:`of_section` for a section) of a key named as errors name it, "" for the
+        whole config; the file for a key it cannot place."""
+        known = {dotted(path): path for path in (*self.lines, *self.overrides)}
+        path = () if key == "" else known.get(key)
+        if path is None:
+            return self.file
+        return self.of_section(path) if self._is_section(path) else self.of(path)
+
+    def _is_section(self, path: KeyPath) -> bool:
+        return any(
+            key[: len(path)] == path and len(key) > len(path) for key in (*self.lines, *self.overrides)
+        )
+
+
+def yaml_key_lines(text: str) -> dict[KeyPath, int]:
+    """The line (1-based) of each key and list item of a YAML document, by its path."""
+    lines: dict[KeyPath, int] = {}
+
+    def walk(node: yaml.Node, path: KeyPath) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                key_path = (*path, str(key_node.value))
+                lines[key_path] = key_node.start_mark.line + 1
+                walk(value_node, key_path)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                lines[(*path, i)] = item.start_mark.line + 1
+                walk(item, (*path, i))
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return lines
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def unknown_keys_message(found: list[tuple[KeyPath, list[str]]], origins: KeyOrigins) -> str:
+    """One line naming every unknown key, grouped by where it came from and its section."""
+    groups: dict[tuple[str, str], list[tuple[str, list[str]]]] = {}
+    for path, known in found:
+        groups.setdefault((origins.of(path), dotted(path[:-1])), []).append((str(path[-1]), known))
+    parts = []
+    for (origin, section), keys in groups.items():
+        named = [
+            f"{key!r} (did you mean {close!r}?)" if (close := closest_key(key, known)) else repr(key)
+            for key, known in keys
+        ]
+        unsure = any(closest_key(key, known) is None for key, known in keys)
+        where = ": ".join(x for x in (origin, section) if x)
+        parts.append(
+            f"{where + ': ' if where else ''}unknown key(s) {', '.join(named)}"
+            + (f" (known: {', '.join(keys[0][1])})" if unsure else "")
+        )
+    return "; ".join(parts)
 
 
 def _build(cls: type[T], data: dict, where: str) -> T:
@@ -127,7 +268,7 @@ def _build(cls: type[T], data: dict, where: str) -> T:
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:  # a dataclass's own checks (ranges) name the field
-        raise ConfigError(f"{where or cls.__name__}: {exc}") from None
+        raise ConfigError(f"{where or cls.__name__}: {exc}", key=where) from None
 
 
 def _set_path(data: dict, dotted: str, value: Any) -> None:
@@ -159,10 +300,12 @@ def split_paths_and_overrides(items: list[str]) -> tuple[list[str], list[str]]:
 def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> T:
     """Build ``cls`` from a YAML file (optional) and ``key.sub=value`` overrides (YAML-typed values)."""
     data: dict = {}
+    lines: dict[KeyPath, int] = {}
     if path is not None:
         p = Path(path)
         try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+            text = p.read_text(encoding="utf-8")
+            loaded = yaml.safe_load(text)
         except FileNotFoundError:
             raise ConfigError(f"{p}: config file not found") from None
         except yaml.YAMLError as exc:
@@ -170,21 +313,37 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: 
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping")
         data = loaded or {}
-    return config_from_data(cls, data, overrides, where=str(path) if path is not None else "")
+        lines = yaml_key_lines(text)
+    return config_from_data(cls, data, overrides, where=str(path) if path is not None else "", lines=lines)
 
 
-def config_from_data(cls: type[T], data: dict, overrides: list[str] | None = None, *, where: str = "") -> T:
-    """Build ``cls`` from a mapping (a YAML file's, or a section of one) and ``key.sub=value`` overrides."""
+def config_from_data(
+    cls: type[T],
+    data: dict,
+    overrides: list[str] | None = None,
+    *,
+    where: str = "",
+    lines: dict[KeyPath, int] | None = None,
+) -> T:
+    """Build ``cls`` from a mapping (a YAML file's, or a section of one) and ``key.sub=value`` overrides.
+    ``where`` names the file (``lines``: the line of each of its keys, :func:`yaml_key_lines`)."""
     data = copy.deepcopy(data)  # the overrides change a copy
+    set_by: dict[KeyPath, str] = {}
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.sub=value")
         key, raw = item.split("=", 1)
         _set_path(data, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
+        set_by[tuple(key.strip().split("."))] = item
+    origins = KeyOrigins(file=where, lines=dict(lines or {}), overrides=set_by)
+    found = unknown_keys(cls, data)
+    if found:
+        raise ConfigError(unknown_keys_message(found, origins))
     try:
         return _build(cls, data, "")
     except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}" if where else str(exc)) from None
+        origin = origins.of_dotted(exc.key) if exc.key is not None else where
+        raise ConfigError(f"{origin}: {exc}" if origin else str(exc)) from None
 
 
 def config_to_dict(cfg: Any) -> dict:

@@ -16,7 +16,13 @@ from keyshot.infer.common.config import ConfigError
 from keyshot.infer.loaders.agentlab import FORMAT as AGENTLAB
 from keyshot.infer.loaders.agentlab import is_agentlab_run, load_agentlab, parse_experiment_analysis
 from keyshot.infer.loaders.common import InputScope, account_for, read_json
-from keyshot.infer.loaders.human_labels import HumanLabels, attach_human_labels, read_human_labels
+from keyshot.infer.loaders.human_labels import (
+    HumanLabels,
+    LabelTable,
+    attach_human_labels,
+    read_human_labels,
+    read_label_file,
+)
 from keyshot.infer.loaders.jsonl import FORMAT as JSONL
 from keyshot.infer.loaders.jsonl import JSONL_SUFFIXES, iter_jsonl, write_jsonl
 from keyshot.infer.loaders.mind2web import (
@@ -39,6 +45,7 @@ _FMT_CHOICES = ("auto", MIND2WEB_ANY, *FORMATS)
 __all__ = [
     "FORMATS",
     "HumanLabels",
+    "LabelTable",
     "attach_human_labels",
     "detect_format",
     "iter_jsonl",
@@ -49,6 +56,7 @@ __all__ = [
     "load_online_mind2web",
     "parse_experiment_analysis",
     "read_human_labels",
+    "read_label_file",
     "write_jsonl",
 ]
 

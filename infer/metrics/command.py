@@ -5,6 +5,10 @@ Examples::
     keyshot metrics runs/om2w/verdicts.jsonl --human-labels data/online_mind2web/human_label.json --out runs/om2w/metrics
     keyshot metrics runs/arb/verdicts.jsonl --arb-index data/arb_webjudge/dev/index.csv --out runs/arb/metrics
     keyshot metrics --arb-index data/arb_webjudge/dev/index.csv --arb-judge webjudge_7B --out runs/released_7b
+    keyshot metrics runs/mine/verdicts.jsonl --human-labels labels.csv --agent MyAgent --out runs/mine/metrics
+
+Human labels (--human-labels): Online-Mind2Web's human_label.json, a JSON object {task_id: 0|1} or
+{task_id: {"label": 0|1, "agent": NAME}}, or a CSV with the header task_id,label[,agent].
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from keyshot.infer.common.helptext import plain
 from keyshot.infer.common.logs import setup_logging
 from keyshot.infer.metrics.compute import (
     LABEL_2_POLICIES,
+    MetricsInputError,
+    MetricsReport,
     arb_records,
     compute_metrics,
     load_arb_index,
@@ -39,7 +45,15 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="keyshot verdict JSONL (one object per trajectory: task_id, agent, benchmark, success, human_label); "
         "leave out to score the released records listed in --arb-index",
     )
-    parser.add_argument("--human-labels", type=Path, help="Online-Mind2Web human_label.json")
+    parser.add_argument(
+        "--human-labels",
+        type=Path,
+        help="human labels: Online-Mind2Web human_label.json, {task_id: 0|1} JSON, or task_id,label[,agent] CSV",
+    )
+    parser.add_argument(
+        "--agent", help="the agent of verdicts judged without one (joined with the labels by it)"
+    )
+    parser.add_argument("--benchmark", help="the benchmark of verdicts judged without one")
     parser.add_argument(
         "--label-2",
         choices=LABEL_2_POLICIES,
@@ -80,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
             verdicts, _ = load_verdicts(args.verdicts)
             labels = load_human_labels(args.human_labels) if args.human_labels else None
             index = load_arb_index(args.arb_index) if args.arb_index else None
-            records = records_from_verdicts(verdicts, human_labels=labels, arb_index=index)
+            records = records_from_verdicts(
+                verdicts, human_labels=labels, arb_index=index, agent=args.agent, benchmark=args.benchmark
+            )
             sources = {"verdicts": str(args.verdicts)}
         elif args.arb_index is not None:
             records = arb_records(args.arb_index, judge=args.arb_judge, parse_mode=args.arb_parse_mode)
@@ -92,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             if getattr(args, name) is not None:
                 sources[name] = str(getattr(args, name))
         report = compute_metrics(records, label_2=args.label_2, sources=sources)
+        require_compared(report)
         paths = write_metrics(report, args.out)
     except KeyshotError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -99,6 +116,22 @@ def run(args: argparse.Namespace) -> int:
     print(metrics_markdown(report))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def require_compared(report: MetricsReport) -> None:
+    """Refuse a report that compares nothing: no record had a truth to join."""
+    if report.n_used:
+        return
+    dropped = ", ".join(f"{reason} {n}" for reason, n in report.dropped.items()) or "none"
+    advice = (
+        "give the human labels with --human-labels FILE (Online-Mind2Web human_label.json, {task_id: 0|1} "
+        "JSON or task_id,label[,agent] CSV), or for AgentRewardBench --arb-index INDEX.csv"
+        if "no_human_label" in report.dropped
+        else "every truth is unsure or not executable (--label-2 decides how not executable counts)"
+    )
+    raise MetricsInputError(
+        f"nothing to compare: {report.n_records} records, none with a usable truth (dropped: {dropped}); {advice}"
+    )
 
 
 def write_verdict_metrics(
@@ -116,6 +149,8 @@ def write_verdict_metrics(
         arb_index=arb_index,
         arb_judge=None,
         arb_parse_mode="reference",
+        agent=None,
+        benchmark=None,
         label_2=label_2,
         out=out,
     )

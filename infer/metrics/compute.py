@@ -5,21 +5,29 @@ Everything works on plain :class:`JudgedRecord` rows ``(task_id, agent, benchmar
 human)``. ``predicted`` is the judge's verdict (None = no parseable verdict, counted as failure);
 ``human`` is a canonical label: ``success``, ``failure``, ``not_executable`` (Online-Mind2Web's
 "2") or ``unsure`` (always dropped). Records are built from keyshot's verdicts
-(:func:`records_from_verdicts`, read by :func:`keyshot.infer.runs.verdict_sources.load_verdicts`), Online-Mind2Web's ``human_label.json`` (:func:`load_human_labels`) and
-the AgentRewardBench WebJudge record folder (:func:`load_arb_index`, :func:`arb_records`).
+(:func:`records_from_verdicts`, read by :func:`keyshot.infer.runs.verdict_sources.load_verdicts`), a
+human-label file (:func:`load_human_labels`: Online-Mind2Web's ``human_label.json``, a ``{task_id:
+label}`` map or a ``task_id,label[,agent]`` CSV) and the AgentRewardBench WebJudge record folder
+(:func:`load_arb_index`, :func:`arb_records`). Each record says where its truth came from
+(:data:`TRUTH_SOURCES`), and each table of the report names its sources.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.loaders.human_labels import normalize_agent, normalize_human_label, read_human_labels
+from keyshot.infer.loaders.human_labels import (
+    LabelTable,
+    normalize_agent,
+    normalize_human_label,
+    read_label_file,
+)
 from keyshot.infer.loaders.judge_records import ArbIndexRow, read_arb_index, read_record_outcome, record_path
 from keyshot.infer.loaders.trajectory import FAILURE, NOT_EXECUTABLE, SUCCESS, UNSURE, TrajectoryError
 from keyshot.infer.protocol.verdicts import Verdict
@@ -29,6 +37,13 @@ logger = logging.getLogger(__name__)
 LABEL_2_POLICIES = ("not_success", "drop", "success")
 OVERALL = "Overall"
 MACRO = "Macro average"
+
+#: Where a record's truth comes from: a human-label file or the verdict's own human label, the
+#: benchmark's reward AgentLab recorded with the trajectory, or AgentRewardBench's annotation.
+HUMAN_LABELS = "human labels"
+AGENTLAB_REWARD = "AgentLab reward"
+ARB_ANNOTATION = "ARB annotation"
+TRUTH_SOURCES = (HUMAN_LABELS, AGENTLAB_REWARD, ARB_ANNOTATION)
 
 
 class MetricsInputError(KeyshotError, ValueError):
@@ -42,6 +57,7 @@ class JudgedRecord:
     benchmark: str
     predicted: bool | None
     human: str | None
+    truth: str | None = None  # one of TRUTH_SOURCES, None when there is no truth
 
 
 # ---------------------------------------------------------------------------- label handling
@@ -119,6 +135,7 @@ class MetricsReport:
     agreement: list[AgreementRow]
     classification: list[ClassificationRow]
     sources: dict[str, str] = field(default_factory=dict)
+    truth: dict[str, int] = field(default_factory=dict)  # records used, by the source of their truth
 
     def row(self, section: str, group: str) -> AgreementRow | ClassificationRow:
         rows = self.agreement if section == "agreement" else self.classification
@@ -262,22 +279,19 @@ def compute_metrics(
         agreement=agreement_metrics(records, label_2),
         classification=classification_metrics(records, label_2),
         sources=dict(sources or {}),
+        truth=dict(sorted(Counter(r.truth or "unnamed" for r, _ in pairs).items())),
     )
 
 
 # ---------------------------------------------------------------------------- readers
-def load_human_labels(path: str | Path) -> dict[tuple[str, str], str]:
-    """Online-Mind2Web ``human_label.json``: ``{(task_id, agent_key(agent)): canonical label}``, read by
-    the one reader of that file (:func:`keyshot.infer.loaders.human_labels.read_human_labels`)."""
+def load_human_labels(path: str | Path) -> LabelTable:
+    """A human-label file of any accepted shape, read by the one reader of label files
+    (:func:`keyshot.infer.loaders.human_labels.read_label_file`): a mapping ``(task_id, agent_key) ->
+    label`` where labels without an agent hold for every agent."""
     try:
-        table = read_human_labels(path)
+        return read_label_file(path)
     except TrajectoryError as exc:
         raise MetricsInputError(str(exc)) from None
-    return {
-        (task_id, agent_key(agent)): label
-        for agent, column in table.labels.items()
-        for task_id, label in column.items()
-    }
 
 
 def load_arb_index(path: str | Path) -> list[ArbIndexRow]:
@@ -314,13 +328,20 @@ def arb_records(
         except TrajectoryError as exc:
             raise MetricsInputError(str(exc)) from None
         status = parse_status(text, mode=parse_mode)
-        out.append(JudgedRecord(row.task_id, row.agent, row.benchmark, status.success, row.human))
+        out.append(
+            JudgedRecord(row.task_id, row.agent, row.benchmark, status.success, row.human, ARB_ANNOTATION)
+        )
     return out
 
 
 def recorded_ground_truth(v: Verdict) -> str | None:
     """The ground truth a verdict carries itself: its human label, else the benchmark's reward
     recorded with the trajectory (AgentLab/BrowserGym ``cum_reward``: > 0 is success), else None."""
+    return recorded_truth(v)[0]
+
+
+def recorded_truth(v: Verdict) -> tuple[str | None, str | None]:
+    """:func:`recorded_ground_truth` and its source (``HUMAN_LABELS``, ``AGENTLAB_REWARD`` or None)."""
     try:
         human = normalize_human_label(v.human_label)
     except ValueError:
@@ -328,46 +349,53 @@ def recorded_ground_truth(v: Verdict) -> str | None:
             "task %s (%s): unknown human label %r, treated as missing", v.task_id, v.agent, v.human_label
         )
         human = None
+    if human is not None:
+        return human, HUMAN_LABELS
     reward = v.reward
-    if human is None and isinstance(reward, int | float) and not isinstance(reward, bool):
-        human = SUCCESS if reward > 0 else FAILURE
-    return human
+    if isinstance(reward, int | float) and not isinstance(reward, bool):
+        return (SUCCESS if reward > 0 else FAILURE), AGENTLAB_REWARD
+    return None, None
 
 
 def records_from_verdicts(
     verdicts: Iterable[Verdict],
-    human_labels: dict[tuple[str, str], str] | None = None,
+    human_labels: Mapping[tuple[str, str], str] | None = None,
     arb_index: Sequence[ArbIndexRow] | None = None,
+    *,
+    agent: str | None = None,
+    benchmark: str | None = None,
 ) -> list[JudgedRecord]:
-    """Turn verdict rows into records; human labels come from ``human_labels`` (Online-Mind2Web,
-    keyed by task id and agent) or ``arb_index`` (keyed by benchmark, agent and task id) when they
-    have the trajectory, else from the verdict's own ``human_label``, else from the benchmark's
-    reward recorded with the trajectory (AgentLab/BrowserGym ``cum_reward``: > 0 is success)."""
+    """Turn verdict rows into records; human labels come from ``human_labels`` (a label file, keyed by
+    task id and agent) or ``arb_index`` (keyed by benchmark, agent and task id) when they have the
+    trajectory, else from the verdict's own ``human_label``, else from the benchmark's reward recorded
+    with the trajectory (AgentLab/BrowserGym ``cum_reward``: > 0 is success). ``agent`` and
+    ``benchmark`` are given to verdicts judged without them, before the join."""
     arb = {row.key: row.human for row in arb_index or []}
     records = []
     matched = 0
     verdict_keys: list[tuple[str, str]] = []
     for v in verdicts:
         task_id = str(v.task_id)
-        agent = str(v.agent or "unknown")
-        benchmark = str(v.benchmark or "unknown")
+        agent_name = str(v.agent or agent or "unknown")
+        bench = str(v.benchmark or benchmark or "unknown")
         predicted = normalize_prediction(v.success)
-        human = recorded_ground_truth(v)
-        key = (task_id, agent_key(agent))
-        verdict_keys.append((task_id, agent))
+        human, truth = recorded_truth(v)
+        key = (task_id, agent_key(agent_name))
+        verdict_keys.append((task_id, agent_name))
         if human_labels is not None and key in human_labels:
-            human = human_labels[key]
+            human, truth = human_labels[key], HUMAN_LABELS
             matched += 1
-        elif (benchmark, agent_key(agent), task_id) in arb:
-            human = arb[(benchmark, agent_key(agent), task_id)]
+        elif (bench, agent_key(agent_name), task_id) in arb:
+            human, truth = arb[(bench, agent_key(agent_name), task_id)], ARB_ANNOTATION
             matched += 1
-        records.append(JudgedRecord(task_id, agent, benchmark, predicted, human))
+        records.append(JudgedRecord(task_id, agent_name, bench, predicted, human, truth if human else None))
     if (human_labels is not None or arb_index is not None) and records and matched * 2 < len(records):
         label_keys = list(human_labels or {})[:3] or [(r.task_id, r.agent) for r in list(arb_index or [])[:3]]
         raise MetricsInputError(
             f"only {matched} of {len(records)} verdicts matched a human label: verdicts are keyed (task id, agent) "
             f"like {verdict_keys[:3]}, the labels like {label_keys}; the agent of a verdict comes from the "
-            "trajectory (Online-Mind2Web: the agent folder's name, or keyshot judge --agent NAME)"
+            "trajectory (Online-Mind2Web: the agent folder's name, or keyshot judge --agent NAME); verdicts "
+            "judged without an agent take keyshot metrics --agent NAME"
         )
     if human_labels is not None or arb_index is not None:
         logger.info("%d of %d verdicts matched a human label", matched, len(records))

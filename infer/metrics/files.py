@@ -10,23 +10,46 @@ from dataclasses import asdict
 from pathlib import Path
 
 from keyshot.infer.common.fileio import make_folder, write_bytes_atomic
-from keyshot.infer.metrics.compute import MetricsReport
+from keyshot.infer.common.text import shorten_middle
+from keyshot.infer.metrics.compute import AGENTLAB_REWARD, ARB_ANNOTATION, HUMAN_LABELS, MetricsReport
 
 
 def percent(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.1f}"
 
 
+#: The success-rate column's name by the source of the truth (several sources: "true SR").
+_SR_COLUMN = {HUMAN_LABELS: "human SR", AGENTLAB_REWARD: "reward SR", ARB_ANNOTATION: "ARB human SR"}
+
+
+def truth_source(report: MetricsReport) -> str:
+    """Where the truth of the report's records comes from: "human labels", or each source with its
+    count ("AgentLab reward 12, human labels 3")."""
+    if not report.truth:
+        return "none (no record has a human label or a recorded reward)"
+    if len(report.truth) == 1:
+        return next(iter(report.truth))
+    return ", ".join(f"{source} {n}" for source, n in report.truth.items())
+
+
+def truth_sr_column(report: MetricsReport) -> str:
+    """The name of the truth's success rate: "human SR", "reward SR", "ARB human SR" or "true SR"."""
+    return _SR_COLUMN.get(next(iter(report.truth)), "true SR") if len(report.truth) == 1 else "true SR"
+
+
 def metrics_markdown(report: MetricsReport) -> str:
-    """The report as Markdown tables (rates in percent)."""
+    """The report as Markdown tables (rates in percent), each naming the source of its truth."""
+    truth = f"Truth: {truth_source(report)}."
     out = [
         f"Records: {report.n_records}, used: {report.n_used}"
         + (f", dropped: {', '.join(f'{k} {v}' for k, v in report.dropped.items())}" if report.dropped else "")
         + f". Human label 2 (not executable): {report.label_2}. No verdict counts as failure.",
         "",
-        "### Success rate and agreement with humans (Online-Mind2Web style)",
+        "### Success rate and agreement with the truth (Online-Mind2Web style)",
         "",
-        "| group | n | no verdict | judge SR | human SR | AR | SR gap |",
+        truth,
+        "",
+        f"| group | n | no verdict | judge SR | {truth_sr_column(report)} | AR | SR gap |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report.agreement:
@@ -37,7 +60,9 @@ def metrics_markdown(report: MetricsReport) -> str:
         )
     out += [
         "",
-        "### Precision, recall, F1 of the judge's success (AgentRewardBench style)",
+        "### Precision, recall, F1 of the judge's success against the truth (AgentRewardBench style)",
+        "",
+        truth,
         "",
         "| scope | group | n | TP | FP | FN | TN | precision | recall | F1 |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -82,10 +107,6 @@ def metrics_csv(report: MetricsReport) -> str:
     return buf.getvalue()
 
 
-def _short(name: str, width: int = 26) -> str:
-    return name if len(name) <= width else name[: width - 1] + "…"
-
-
 def metrics_png(report: MetricsReport) -> bytes:
     """A bar chart: success rates and agreement per agent; precision/recall/F1 per group."""
     import numpy as np
@@ -100,20 +121,20 @@ def metrics_png(report: MetricsReport) -> bytes:
         (
             agree,
             ("judge_sr", "human_sr", "agreement"),
-            ("judge SR", "human SR", "agreement"),
+            ("judge SR", truth_sr_column(report), "agreement"),
             "Success rate and agreement",
         ),
         (
             clf,
             ("precision", "recall", "f1"),
             ("precision", "recall", "F1"),
-            "Judge success vs human (P / R / F1)",
+            f"Judge success vs {truth_source(report)} (P / R / F1)",
         ),
     )
     for i, (rows, keys, labels, title) in enumerate(panels):
         ax = fig.add_subplot(2, 1, i + 1)
         if not rows:
-            ax.text(0.5, 0.5, f"{title}: no data (no verdict has a human label)", ha="center", va="center")
+            ax.text(0.5, 0.5, f"{title}: no data (no verdict has a truth)", ha="center", va="center")
             ax.set_xticks([])
             ax.set_yticks([])
             continue
@@ -123,7 +144,7 @@ def metrics_png(report: MetricsReport) -> bytes:
             values = [100 * (getattr(r, key) or 0.0) for r in rows]
             ax.bar(x + (j - (len(keys) - 1) / 2) * width, values, width, label=label)
         ax.set_xticks(x)
-        ax.set_xticklabels([_short(r.group) for r in rows], rotation=25, ha="right", fontsize=8)
+        ax.set_xticklabels([shorten_middle(r.group, 26) for r in rows], rotation=25, ha="right", fontsize=8)
         ax.set_ylim(0, 100)
         ax.set_ylabel("%")
         ax.set_title(title, fontsize=10)
