@@ -576,16 +576,21 @@ def test_metrics_out_naming_a_file_is_one_line(tmp_path):
     assert judge(root, out) == 0
     target = tmp_path / "metrics.txt"
     target.write_text("notes")
+    labels = tmp_path / "labels.json"
+    labels.write_text(json.dumps({name: 1 for name in GOOD}))
     argv = [
         sys.executable,
         "-m",
         "keyshot.infer.cli",
         "metrics",
         str(out / "verdicts.jsonl"),
+        "--human-labels",
+        str(labels),
         "--out",
         str(target),
     ]
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert f"{target}: is a file where keyshot needs a folder" in done.stderr and done.stderr.count("\n") == 1
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"{target}: is a file where keyshot needs a folder" in errors[0], done.stderr
     assert target.read_text() == "notes"
