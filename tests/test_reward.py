@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -356,3 +357,31 @@ def test_verl_compute_score_with_and_without_the_reward_router(tmp_path, servers
     assert "key_screenshot" not in steps(judge)
     bad = asyncio.run(compute_score("om2w", "x", None, extra_info={}))
     assert bad["score"] is None and "extra_info" in bad["error"]
+
+
+def test_reward_filter_writes_accepted_ids_and_links_folders(tmp_path, servers):
+    judge, scorer = servers
+    config = write_config(tmp_path, judge, scorer)
+    out = tmp_path / "filtered"
+    rollouts = str(FIXTURES / "trajectories" / "online_mind2web_v1")
+    argv = [
+        "reward",
+        "filter",
+        rollouts,
+        "--config",
+        str(config),
+        "--min-reward",
+        "1",
+        "--out",
+        str(out),
+        "--link",
+    ]
+    assert keyshot(argv) == 0
+    every = [json.loads(line) for line in (out / "rewards.jsonl").read_text().splitlines()]
+    accepted = [json.loads(line) for line in (out / "accepted.jsonl").read_text().splitlines()]
+    assert len(every) == 2 and all(set(r) >= {"id", "reward", "progress", "error"} for r in every)
+    assert accepted == [r for r in every if r["reward"] == 1.0]
+    assert len(list((out / "accepted").iterdir())) == len(accepted)
+    assert all(
+        link.is_symlink() and (link / "result.json").is_file() for link in (out / "accepted").iterdir()
+    )
