@@ -14,7 +14,7 @@ TORCH_INDEX := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
 $(BIN)/keyshot: pyproject.toml .ci/constraints-cpu.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -U pip
-	$(BIN)/pip install -q $(TORCH_INDEX) -c .ci/constraints-cpu.txt "torch==2.13.0+cpu" "torchvision==0.28.0" -e ".[train,dev]"
+	$(BIN)/pip install -q $(TORCH_INDEX) -c .ci/constraints-cpu.txt "torch==2.13.0+cpu" "torchvision==0.28.0" -e ".[train,dev,reward]"
 	$(BIN)/python tools/install_tv_shim.py
 	touch $@
 

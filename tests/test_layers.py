@@ -33,6 +33,20 @@ BELOW = {
         "judge",
     },
     "testing": {"common", "protocol", "loaders", "testing"},
+    "reward": {
+        "common",
+        "protocol",
+        "loaders",
+        "model",
+        "client",
+        "runs",
+        "metrics",
+        "serve",
+        "report",
+        "judge",
+        "testing",
+        "reward",
+    },
 }
 #: floor -> the floors of keyshot it may import
 FLOORS = {"infer": {"infer"}, "data_synth": {"infer", "data_synth"}, "train": {"infer", "train"}}
