@@ -594,3 +594,26 @@ def test_metrics_out_naming_a_file_is_one_line(tmp_path):
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and f"{target}: is a file where keyshot needs a folder" in errors[0], done.stderr
     assert target.read_text() == "notes"
+
+
+def test_one_task_in_two_agents_folders_that_nothing_tells_apart_is_refused_naming_both(tmp_path):
+    """Two Online-Mind2Web agent folders passed one by one: their tasks have no agent, so a task id in
+    both would be judged once and the other agent's trajectory lost. The run refuses, naming both."""
+    seeact, browser_use = tmp_path / "SeeAct", tmp_path / "Browser_Use"
+    v1(seeact, "task-1")
+    v1(browser_use, "task-1")
+    out = tmp_path / "out"
+    code, _, err = judge_cli([seeact, browser_use], out)
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    line = err.strip()
+    assert "\n" not in line
+    assert str(seeact / "task-1") in line and str(browser_use / "task-1") in line
+    assert "no agent name tells the two apart" in line and "--agent NAME" in line
+    assert not (out / "verdicts.jsonl").exists()
+    # passed as one parent folder, each folder's name names its agent: both are judged
+    code, _, err = judge_cli([tmp_path], tmp_path / "both")
+    assert code == 0, err[-3000:]
+    assert {(v.task_id, v.agent) for v in read_verdicts(tmp_path / "both" / "verdicts.jsonl")} == {
+        ("task-1", "SeeAct"),
+        ("task-1", "Browser_Use"),
+    }

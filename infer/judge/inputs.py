@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from keyshot.infer.judge.config import JudgeRunConfig
+from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.protocol.verdicts import ResumeIndex, VerdictWriter, read_verdicts, verdict_key
@@ -52,12 +52,17 @@ def load_all(
         key = verdict_key(t.task_id, t.agent, t.run)
         if key in seen:
             first = seen[key].source
-            same = (
-                "the same trajectory reached twice" if first == t.source else f"the same identity as {first}"
-            )
-            duplicates.append(
-                f"{t.source}: task {t.task_id} (agent {t.agent}, run {t.run}) is {same}; judged once"
-            )
+            if first == t.source:
+                why = f"task {t.task_id} (agent {t.agent}, run {t.run}) is the same trajectory reached twice; judged once"
+            elif t.agent is None:
+                raise JudgeRunError(
+                    f"{t.source}: task {t.task_id} is also in {first} and no agent name tells the two apart; "
+                    "nothing was judged: put the agent folders under one parent folder and pass that (each "
+                    "folder's name names its agent), or judge each folder with --agent NAME"
+                )
+            else:
+                why = f"task {t.task_id} (agent {t.agent}, run {t.run}) is the same identity as {first}; judged once"
+            duplicates.append(f"{t.source}: {why}")
             logger.warning("%s", duplicates[-1])
             continue
         seen[key] = t
