@@ -4,18 +4,22 @@ PY ?= python3.11
 VENV := .venv
 VLLM_VENV := .venv-vllm
 BIN := $(VENV)/bin
+# The "+cpu" torch builds come from the PyTorch CPU wheel index: where pip has none configured, set
+# TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu (passed to pip as --extra-index-url).
+TORCH_INDEX_URL ?=
+TORCH_INDEX := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
 
 .PHONY: setup setup-vllm test test-fast lint demo loop bench bench-gpu clean
 
 $(BIN)/keyshot: pyproject.toml .ci/constraints-cpu.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -U pip
-	$(BIN)/pip install -q -c .ci/constraints-cpu.txt "torch==2.13.0+cpu" "torchvision==0.28.0" -e ".[train,dev]"
+	$(BIN)/pip install -q $(TORCH_INDEX) -c .ci/constraints-cpu.txt "torch==2.13.0+cpu" "torchvision==0.28.0" -e ".[train,dev,reward]"
 	$(BIN)/python tools/install_tv_shim.py
 	touch $@
 
 $(VLLM_VENV)/bin/python:
-	tools/setup_vllm_cpu.sh $(VLLM_VENV)
+	TORCH_INDEX_URL="$(TORCH_INDEX_URL)" tools/setup_vllm_cpu.sh $(VLLM_VENV)
 
 setup: $(BIN)/keyshot
 
@@ -31,7 +35,7 @@ test-fast: setup
 # The main job (README): judge the bundled sample trajectories end to end on CPU, no API key; the
 # tiny untrained model on a real vLLM server stands in for scorer and judge.
 demo: setup setup-vllm
-	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m infer.demo --out runs/demo
+	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m keyshot.infer.demo --out runs/demo
 
 # The end-to-end learning loop (synth -> train -> serve -> judge) and its table.
 loop: setup setup-vllm

@@ -28,15 +28,16 @@ from pathlib import Path
 
 import numpy as np
 
-from infer.client import EndpointConfig, JudgeClient
-from infer.images import DEFAULT_POLICY
-from infer.pipeline import PipelineConfig, WebJudge
-from infer.prompts import load_prompt_set
-from infer.scorer import OpenAIScorer
-from infer.testing.fake_openai import FakeOpenAI, make_judge
-from infer.testing.worlds import synthetic_trajectories
-from infer.trajectory import Trajectory, load_trajectories
-from infer.verdicts import Verdict
+from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
+from keyshot.infer.judge.pipeline import PipelineConfig, WebJudge
+from keyshot.infer.judge.scorers import OpenAIScorer
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.loaders.trajectory import Trajectory
+from keyshot.infer.protocol.images import DEFAULT_POLICY
+from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.protocol.verdicts import Verdict
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+from keyshot.infer.testing.worlds import synthetic_trajectories
 
 REPO = Path(__file__).resolve().parents[1]
 #: USD per million tokens (input, output), list prices

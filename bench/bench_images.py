@@ -28,7 +28,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from infer.images import DEFAULT_POLICY, REFERENCE_POLICY, plan_image, prepare_image
+from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY, plan_image, prepare_image
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print(f"{r.method:<34}{r.per_second:>9.1f}{r.ms_per_image:>9.2f}{r.ratio_to_decode:>8.2f}")
     by_name = {r.method: r.ms_per_image for r in results}
-    shots, kept = 27, 2  # Online-Mind2Web's mean length; ~1.5 of ~19 kept in the released run (PROTOCOL.md)
+    shots, kept = (
+        27,
+        2,
+    )  # Online-Mind2Web's mean length; ~1.5 of ~19 kept in the released run (docs/protocol.md)
     scorer, original = by_name["prepare_image, keyshot policy"], by_name["prepare_image, reference policy"]
     twice = shots * scorer + kept * original
     once = shots * by_name["scorer + original from one decode"]

@@ -8,7 +8,7 @@ server's image processor works as in production. The images are the 65 real Work
 
 * raw: the PNG file as it is, left to the server to decode, resize to the processor's target size
   and normalise; or
-* pre-sized: ``infer.images.prepare_image`` under the scorer's policy (a JPEG at the target size,
+* pre-sized: ``keyshot.infer.protocol.images.prepare_image`` under the scorer's policy (a JPEG at the target size,
   as ``OpenAIScorer`` sends): the server decodes and normalises, nothing to resize.
 
 One request at a time (``max_tokens`` 1, so the time is the request's preprocessing plus prefill),
@@ -32,14 +32,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from infer.checkpoint import write_scorer_meta  # noqa: E402
-from infer.client import JudgeClient  # noqa: E402
-from infer.images import DEFAULT_POLICY, prepare_image  # noqa: E402
-from infer.messages import scorer_messages  # noqa: E402
-from infer.prompts import load_prompt_set  # noqa: E402
-from infer.serve import VLLMServer  # noqa: E402
-from infer.serve_plan import ServeConfig  # noqa: E402
-from infer.tiny_model import build_tiny_qwen25vl  # noqa: E402
+from keyshot.infer.client.judge_client import JudgeClient  # noqa: E402
+from keyshot.infer.model.checkpoint import write_scorer_meta  # noqa: E402
+from keyshot.infer.model.tiny_model import build_tiny_qwen25vl  # noqa: E402
+from keyshot.infer.protocol.images import DEFAULT_POLICY, prepare_image  # noqa: E402
+from keyshot.infer.protocol.messages import scorer_messages  # noqa: E402
+from keyshot.infer.protocol.prompts import load_prompt_set  # noqa: E402
+from keyshot.infer.serve.command import VLLMServer  # noqa: E402
+from keyshot.infer.serve.plan import ServeConfig  # noqa: E402
 
 SCREENSHOTS = REPO.parent / "shared" / "data" / "agentlab_workarena"
 TASK = "Order an iPad Pro with 256 GB of storage in silver"

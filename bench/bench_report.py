@@ -19,7 +19,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from infer.verdicts import OutcomeCall, RoleUsage, ScreenshotRecord, Verdict, VerdictWriter
+from keyshot.infer.protocol.verdicts import OutcomeCall, RoleUsage, ScreenshotRecord, Verdict, VerdictWriter
 
 
 def write_run(root: Path, n: int, shots: int) -> Path:
@@ -82,7 +82,7 @@ def write_run(root: Path, n: int, shots: int) -> Path:
 
 
 def timed_build(run: Path, out: Path) -> float:
-    from infer.report import build_report
+    from keyshot.infer.report import build_report
 
     started = time.perf_counter()
     build_report(run, out, progress=False)

@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from infer.testing.configs import fake_judge_config
-from infer.testing.fake_openai import FakeOpenAI, judge_responder, spawn_fake_openai
-from infer.testing.worlds import synthetic_trajectories
-from infer.verdicts import OutcomeCall, RoleUsage, ScreenshotRecord, Verdict
+from keyshot.infer.protocol.verdicts import OutcomeCall, RoleUsage, ScreenshotRecord, Verdict
+from keyshot.infer.testing.configs import fake_judge_config
+from keyshot.infer.testing.fake_openai import FakeOpenAI, judge_responder, spawn_fake_openai
+from keyshot.infer.testing.worlds import synthetic_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = 27  # Online-Mind2Web's mean trajectory length
@@ -38,7 +38,7 @@ def _judge(inputs: list[str], cfg: Path, out: Path, shard: str | None = None) ->
     argv = [
         sys.executable,
         "-m",
-        "infer.cli",
+        "keyshot.infer.cli",
         "judge",
         *inputs,
         "--config",
@@ -150,8 +150,8 @@ def _verdict(i: int, rng: random.Random) -> Verdict:
 
 
 def bench_merge(tmp: Path, lines: int, shards: int = 8) -> dict:
-    from infer.run_protocol import RUN_FILE
-    from infer.run_summary import summarize
+    from keyshot.infer.runs.run_record import RUN_FILE
+    from keyshot.infer.runs.summary import summarize
 
     root = tmp / "merge"
     rng = random.Random(0)
@@ -174,14 +174,14 @@ def bench_merge(tmp: Path, lines: int, shards: int = 8) -> dict:
         (folder / "summary.json").write_text(json.dumps(summary))
     size = sum((f / "verdicts.jsonl").stat().st_size for f in folders)
     code = (
-        "import resource, sys, time; from infer.merge_cli import merge_shards; t0 = time.perf_counter(); "
+        "import resource, sys, time; from keyshot.infer.judge.merge import merge_shards; t0 = time.perf_counter(); "
         "s = merge_shards(sys.argv[1]); "
         "print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, s['trajectories'])"
     )
     base = "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
     idle = int(
         subprocess.run(
-            [sys.executable, "-c", "import infer.merge_cli; " + base],
+            [sys.executable, "-c", "import keyshot.infer.judge.merge; " + base],
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -5,7 +5,7 @@
         --checkpoint runs/sft/final --screenshots 200 --json runs/bench_scorer.json
 
 Both modes score the same number of screenshots of the same sizes through the same server and the
-same :class:`infer.scorer.OpenAIScorer` (no cache), in one process. The images are distinct
+same :class:`keyshot.infer.judge.scorers.OpenAIScorer` (no cache), in one process. The images are distinct
 in every pass (random noise at the sizes of real screenshots), so vLLM's prefix cache helps both
 modes equally (shared system prompt and task) and never replays a whole request. One untimed
 warm-up pass comes first. "sequential" awaits each call before sending the next, as a loop over
@@ -30,12 +30,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from infer.client import EndpointConfig, JudgeClient
-from infer.images import ImagePolicy, PreparedImage, prepare_image
-from infer.prompts import load_prompt_set
-from infer.scorer import OpenAIScorer, checkpoint_image_policy
-from infer.serve import VLLMServer
-from infer.serve_plan import ServeConfig
+from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
+from keyshot.infer.judge.scorers import OpenAIScorer, checkpoint_image_policy
+from keyshot.infer.protocol.images import ImagePolicy, PreparedImage, prepare_image
+from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.serve.command import VLLMServer
+from keyshot.infer.serve.plan import ServeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class Result:
 
 def tiny_checkpoint(out: Path) -> Path:
     """The tiny random Qwen2.5-VL as a scorer checkpoint (keyshot.json with its pixel bounds)."""
-    from infer.tiny_model import build_tiny_scorer
+    from keyshot.infer.model.tiny_model import build_tiny_scorer
 
     return build_tiny_scorer(out)
 

@@ -35,11 +35,11 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from data_synth.dataset import BuildConfig, SplitConfig, build_dataset  # noqa: E402
-from data_synth.labels import KeyPointsRecord, LabelRecord, LabelStore, TrajectoryRecord  # noqa: E402
-from data_synth.run_folder import open_manifest  # noqa: E402
-from infer.images import DEFAULT_POLICY, prepare_image  # noqa: E402
-from infer.prompts import load_prompt_set  # noqa: E402
+from keyshot.data_synth.dataset import BuildConfig, SplitConfig, build_dataset  # noqa: E402
+from keyshot.data_synth.labels import KeyPointsRecord, LabelRecord, LabelStore, TrajectoryRecord  # noqa: E402
+from keyshot.data_synth.run_folder import open_manifest  # noqa: E402
+from keyshot.infer.protocol.images import DEFAULT_POLICY, prepare_image  # noqa: E402
+from keyshot.infer.protocol.prompts import load_prompt_set  # noqa: E402
 
 DEFAULT_SHOTS = [REPO / "tests/fixtures/trajectories", REPO / "tests/fixtures/agentlab_small"]
 AGENTS = ("SeeAct", "Browser_Use", "Claude_Computer_Use_3.5", "Agent-E", "Operator")

@@ -32,10 +32,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python bench/bench_train.py` from a checkout
     sys.path.insert(0, str(REPO))
 
-from infer.rendering import ScorerRenderer, image_policy_for  # noqa: E402
-from infer.testing.scorer_data import scorer_rows  # noqa: E402
-from infer.tiny_model import build_tiny_qwen25vl  # noqa: E402
-from train.batches import LengthGroupedBatchSampler, RandomBatchSampler, ScorerCollator, padding_fraction  # noqa: E402
+from keyshot.infer.model.tiny_model import build_tiny_qwen25vl  # noqa: E402
+from keyshot.infer.protocol.chat_template import ScorerRenderer, image_policy_for  # noqa: E402
+from keyshot.infer.testing.scorer_data import scorer_rows  # noqa: E402
+from keyshot.train.batches import (  # noqa: E402
+    LengthGroupedBatchSampler,
+    RandomBatchSampler,
+    ScorerCollator,
+    padding_fraction,
+)
 
 logger = logging.getLogger("bench_train")
 

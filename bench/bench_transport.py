@@ -1,4 +1,4 @@
-"""What the official ``openai`` client costs as keyshot's transport (infer/transport.py).
+"""What the official ``openai`` client costs as keyshot's transport (infer/client/transport.py).
 
 Baseline, measured in the same run: one shared ``httpx2.AsyncClient`` posting the same JSON body
 (what keyshot sent with before). Both send real screenshot-scoring requests (a bundled Online-Mind2Web
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import httpx2
 
-from infer.messages import scorer_messages
-from infer.prompts import load_prompt_set
-from infer.testing.fake_openai import spawn_fake_openai
-from infer.transport import authorization, openai_client
+from keyshot.infer.client.transport import authorization, openai_client
+from keyshot.infer.protocol.messages import scorer_messages
+from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.testing.fake_openai import spawn_fake_openai
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOT = ROOT / "infer/samples/48c73f3f53e2611c4a1052457c1033db/trajectory/1.jpg"

@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from infer.tiny_model import build_tiny_qwen25vl
-    from infer.vision_attention import use_batched_window_attention
+    from keyshot.infer.model.tiny_model import build_tiny_qwen25vl
+    from keyshot.infer.model.vision_attention import use_batched_window_attention
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:

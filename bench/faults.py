@@ -29,10 +29,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from data_synth.labels import LABELS_FILE, read_store
-from infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge, make_teacher
-from infer.testing.worlds import synthetic_trajectories
-from infer.verdicts import read_verdicts
+from keyshot.data_synth.labels import LABELS_FILE, read_store
+from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge, make_teacher
+from keyshot.infer.testing.worlds import synthetic_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST_RETRY = ["backoff_base_s=0.02", "backoff_max_s=0.2", "timeout_s=1.0"]
@@ -61,7 +61,7 @@ class Outcome:
 
 # ---------------------------------------------------------------------------- judge
 def judge_command(world: Path, out: Path, judge_url: str, scorer_url: str) -> list[str]:
-    argv = [sys.executable, "-m", "infer.cli", "judge", str(world), "--no-progress"]
+    argv = [sys.executable, "-m", "keyshot.infer.cli", "judge", str(world), "--no-progress"]
     argv += ["--config", str(ROOT / "configs/judge/webjudge7b.yaml"), f"out={out}", "scorer.logprobs=null"]
     argv += [
         f"judge.base_url={judge_url}",
@@ -270,7 +270,7 @@ def run_synth(
         FakeOpenAI(make_judge()) as judge,
     ):
         cfg = synth_config(work / f"synth-{slug(name)}.yaml", run, world, teacher.base_url, judge.base_url)
-        argv = [sys.executable, "-m", "infer.cli", "synth", "run", "--config", str(cfg), "--no-build"]
+        argv = [sys.executable, "-m", "keyshot.infer.cli", "synth", "run", "--config", str(cfg), "--no-build"]
         started = time.perf_counter()
         for _ in range(kills):
             proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -296,7 +296,7 @@ def run_synth(
     with FakeOpenAI(make_teacher("brightness")) as teacher, FakeOpenAI(make_judge()) as judge:
         cfg = synth_config(work / f"synth-{slug(name)}.yaml", run, world, teacher.base_url, judge.base_url)
         proc = subprocess.run(
-            [sys.executable, "-m", "infer.cli", "synth", "run", "--config", str(cfg), "--no-build"],
+            [sys.executable, "-m", "keyshot.infer.cli", "synth", "run", "--config", str(cfg), "--no-build"],
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -6,15 +6,15 @@ ceiling, and train/serve parity, at Qwen2.5-VL-7B's shape, in one command with n
 
 The model is built from ``configs/models/qwen2.5-vl-7b.json`` with random bf16 weights created on the
 device (no checkpoint is read or written); the processor and tokenizer are the tiny fixture's
-(``infer.tiny_model``) with the scorer's pixel bounds, so a 1280×720 screenshot is 1,196 visual tokens
+(``keyshot.infer.model.tiny_model``) with the scorer's pixel bounds, so a 1280×720 screenshot is 1,196 visual tokens
 as for the real model (text tokenises differently: the fixture's vocabulary is small; the counts are
 printed). The training examples are rendered by train/batches.py (``ScorerRenderer``, ``ScorerCollator``,
-the batch samplers), the model is set up by ``train.scorer_model.prepare_for_training`` (frozen vision tower,
+the batch samplers), the model is set up by ``keyshot.train.scorer_model.prepare_for_training`` (frozen vision tower,
 activation checkpointing, LoRA, batched vision windows), the optimizer is the recipe's AdamW over
 ``parameter_groups``, the logging is the recipe's ``ThroughputMeter``/``log_totals``.
 
 **MFU** = model FLOPs per second ÷ the device's dense bf16 peak. Model FLOPs per micro-batch come from
-``train.throughput.FlopsModel`` on the real shapes: language model ``2·N_llm·tokens + 4·L·d·Σs²``,
+``keyshot.train.throughput.FlopsModel`` on the real shapes: language model ``2·N_llm·tokens + 4·L·d·Σs²``,
 vision tower ``2·N_vis·patches`` plus attention (``4·d_vis·n²`` per full-attention layer and
 ``4·d_vis·n·w`` per windowed layer, ``w`` = 64 patches), merger ``2·N_merger·patches/4``; times 3 where
 gradients flow (full fine-tune: language model and merger), 2 for the language model under LoRA (input
@@ -54,22 +54,22 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python bench/gpu.py` from a checkout
     sys.path.insert(0, str(REPO))
 
-from infer.images import DEFAULT_POLICY, prepare_image  # noqa: E402
-from infer.local_scorer import TransformersScorer  # noqa: E402
-from infer.messages import scorer_messages  # noqa: E402
-from infer.prompts import load_prompt_set  # noqa: E402
-from infer.rendering import (  # noqa: E402
+from keyshot.infer.judge.local_scorer import TransformersScorer  # noqa: E402
+from keyshot.infer.model.tiny_model import build_tiny_qwen25vl  # noqa: E402
+from keyshot.infer.protocol.chat_template import (  # noqa: E402
     ScorerRenderer,
     image_policy_for,
     image_size,
     set_processor_pixel_bounds,
 )
-from infer.testing.scorer_data import scorer_rows  # noqa: E402
-from infer.tiny_model import build_tiny_qwen25vl  # noqa: E402
-from train.batches import ScorerCollator, build_batch_sampler  # noqa: E402
-from train.scorer_model import parameter_groups, prepare_for_training  # noqa: E402
-from train.settings import LoraSettings, ModelSettings, OptimSettings  # noqa: E402
-from train.throughput import FlopsModel, ThroughputMeter, log_totals  # noqa: E402
+from keyshot.infer.protocol.images import DEFAULT_POLICY, prepare_image  # noqa: E402
+from keyshot.infer.protocol.messages import scorer_messages  # noqa: E402
+from keyshot.infer.protocol.prompts import load_prompt_set  # noqa: E402
+from keyshot.infer.testing.scorer_data import scorer_rows  # noqa: E402
+from keyshot.train.batches import ScorerCollator, build_batch_sampler  # noqa: E402
+from keyshot.train.scorer_model import parameter_groups, prepare_for_training  # noqa: E402
+from keyshot.train.settings import LoraSettings, ModelSettings, OptimSettings  # noqa: E402
+from keyshot.train.throughput import FlopsModel, ThroughputMeter, log_totals  # noqa: E402
 
 logger = logging.getLogger("bench.gpu")
 
@@ -161,7 +161,7 @@ def build_model(kit: Kit, depth: int | None = None):
     """Random weights created on the device, in the kit's dtype."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from train.scorer_model import attention_implementation
+    from keyshot.train.scorer_model import attention_implementation
 
     torch.manual_seed(0)
     config = model_config(kit, depth)
@@ -344,7 +344,7 @@ def train_fitting(kit: Kit, rows: list[dict], *, mode: str, batching: str, batch
 
 # ----------------------------------------------------------------------------- scoring
 def screenshots(n: int) -> list:
-    from infer.testing.scorer_data import screenshot
+    from keyshot.infer.testing.scorer_data import screenshot
 
     rng = random.Random(0)
     return [
@@ -405,7 +405,7 @@ def scorer_bench(kit: Kit, batch_sizes: list[int], reps: int) -> tuple[dict, obj
 
 def parity(scorer: TransformersScorer, kit: Kit) -> dict:
     """One example through the training path and the scoring path: the same token ids and pixels."""
-    from infer.testing.scorer_data import screenshot
+    from keyshot.infer.testing.scorer_data import screenshot
 
     prompts = load_prompt_set()
     image = prepare_image(screenshot(3, (1280, 720), random.Random(1)), DEFAULT_POLICY)
@@ -427,11 +427,11 @@ def vllm_row(kit: Kit, model, enabled: bool, n: int, tmp: Path) -> str:
     ``n`` requests in flight; or why it was not measured."""
     import asyncio
 
-    from infer.checkpoint import write_scorer_meta
-    from infer.client import JudgeClient
-    from infer.scorer import OpenAIScorer
-    from infer.serve import VLLMServer
-    from infer.serve_plan import ServeConfig, vllm_python
+    from keyshot.infer.client.judge_client import JudgeClient
+    from keyshot.infer.judge.scorers import OpenAIScorer
+    from keyshot.infer.model.checkpoint import write_scorer_meta
+    from keyshot.infer.serve.command import VLLMServer
+    from keyshot.infer.serve.plan import ServeConfig, vllm_python
 
     if not enabled:
         return "not run (--no-vllm)"

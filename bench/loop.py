@@ -32,10 +32,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from infer.images import ImagePolicy, prepare_image  # noqa: E402
-from infer.testing.cue_world import WorldSpec, agreement, cue_score, cue_teacher, make_world  # noqa: E402
-from infer.testing.fake_openai import FakeOpenAI  # noqa: E402
-from infer.tiny_model import TINY_MAX_PIXELS, TINY_MIN_PIXELS  # noqa: E402
+from keyshot.infer.model.tiny_model import TINY_MAX_PIXELS, TINY_MIN_PIXELS  # noqa: E402
+from keyshot.infer.protocol.images import ImagePolicy, prepare_image  # noqa: E402
+from keyshot.infer.testing.cue_world import WorldSpec, agreement, cue_score, cue_teacher, make_world  # noqa: E402
+from keyshot.infer.testing.fake_openai import FakeOpenAI  # noqa: E402
 
 BIN = Path(sys.executable).parent
 POLICY = ImagePolicy(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS)

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from data_synth.labels import LabelRecord, StoreContents, TrajectoryRecord
-from infer.messages import scorer_answer
+from keyshot.data_synth.labels import LabelRecord, StoreContents, TrajectoryRecord
+from keyshot.infer.protocol.messages import scorer_answer
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data_synth.labels import StoreContents
+from keyshot.data_synth.labels import StoreContents
 
 CATEGORIES = (1, 2, 3, 4, 5)
 

@@ -25,16 +25,17 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from data_synth.errors import RecordImportError, SynthError
-from data_synth.importers import ImportReport, append_new, kept_steps, labels_for, require_field
-from data_synth.labels import KeyPointsRecord, LabelStore, OutcomeRecord, TrajectoryRecord
-from data_synth.run_folder import open_manifest, store_image
-from infer.loaders.human_labels import normalize_agent
-from infer.loaders.judge_records import find_index, outcome_text, read_arb_index
-from infer.parsing import parse_status
-from infer.prompts import load_prompt_set
-from infer.runlock import RunLock
-from infer.trajectory import TrajectoryError, load_trajectory
+from keyshot.data_synth.errors import RecordImportError, SynthError
+from keyshot.data_synth.importers import ImportReport, append_new, kept_steps, labels_for, require_field
+from keyshot.data_synth.labels import KeyPointsRecord, LabelStore, OutcomeRecord, TrajectoryRecord
+from keyshot.data_synth.run_folder import open_manifest, store_image
+from keyshot.infer.loaders import load_trajectory
+from keyshot.infer.loaders.human_labels import normalize_agent
+from keyshot.infer.loaders.judge_records import find_index, outcome_text, read_arb_index
+from keyshot.infer.loaders.trajectory import TrajectoryError
+from keyshot.infer.protocol.parsing import parse_status
+from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.runs.lock import RunLock
 
 logger = logging.getLogger(__name__)
 

@@ -15,14 +15,14 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from data_synth.agreement import pairwise_agreement
-from data_synth.labels import StoreContents
-from data_synth.run_folder import read_usage
-from infer.fileio import write_bytes_atomic
+from keyshot.data_synth.agreement import pairwise_agreement
+from keyshot.data_synth.labels import StoreContents
+from keyshot.data_synth.run_folder import read_usage
+from keyshot.infer.common.fileio import write_bytes_atomic
 
 if TYPE_CHECKING:
-    from data_synth.aggregate import AggregationReport
-    from data_synth.dataset import DatasetMeta
+    from keyshot.data_synth.aggregate import AggregationReport
+    from keyshot.data_synth.dataset import DatasetMeta
 
 logger = logging.getLogger(__name__)
 

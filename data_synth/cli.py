@@ -9,7 +9,7 @@
 
 ``run`` labels (resumable: run it again after any stop) and then builds ``RUN/dataset``; the
 imports add labels from existing WebJudge logs at no cost; ``build`` (re)builds the dataset from
-whatever labels the run folder holds. Also runnable as ``python -m data_synth.cli``.
+whatever labels the run folder holds. Also runnable as ``python -m keyshot.data_synth.cli``.
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ from pathlib import Path
 
 import yaml
 
-from data_synth.arb_import import import_arb
-from data_synth.dataset import BuildConfig, build_dataset
-from data_synth.errors import SynthError
-from data_synth.merge import merge_synth_shards
-from data_synth.reference_import import import_reference
-from data_synth.synth import run_synth
-from data_synth.synth_config import load_synth_config
-from infer.config import ConfigError, config_from_data, split_paths_and_overrides
-from infer.errors import KeyshotError
-from infer.helptext import plain
-from infer.logs import setup_logging
-from infer.shards import ShardSpec
+from keyshot.data_synth.arb_import import import_arb
+from keyshot.data_synth.dataset import BuildConfig, build_dataset
+from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.merge import merge_synth_shards
+from keyshot.data_synth.reference_import import import_reference
+from keyshot.data_synth.synth import run_synth
+from keyshot.data_synth.synth_config import load_synth_config
+from keyshot.infer.common.config import ConfigError, config_from_data, split_paths_and_overrides
+from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.common.helptext import plain
+from keyshot.infer.common.logs import setup_logging
+from keyshot.infer.runs.shards import ShardSpec
 
 logger = logging.getLogger(__name__)
 
@@ -215,10 +215,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data_synth.cli")
+    parser = argparse.ArgumentParser(prog="python -m keyshot.data_synth.cli")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_parser(subparsers)
-    from infer.cli import parse
+    from keyshot.infer.cli import parse
 
     args = parse(parser, ["synth", *(sys.argv[1:] if argv is None else argv)])
     setup_logging()

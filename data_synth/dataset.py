@@ -1,14 +1,14 @@
 """Build the scorer's training set: a ``datasets.DatasetDict`` with no screenshot in two splits, streamed to disk.
 
-Each row is one screenshot request: ``messages`` (built by :func:`infer.messages.scorer_example`, the
+Each row is one screenshot request: ``messages`` (built by :func:`keyshot.infer.protocol.messages.scorer_example`, the
 same builder infer uses, with the target answer as the assistant turn), ``image`` (the JPEG of
-:func:`infer.images.prepare_image`: exactly the pixels the scorer is served), ``answer`` and ``score``
+:func:`keyshot.infer.protocol.images.prepare_image`: exactly the pixels the scorer is served), ``answer`` and ``score``
 (the consensus), ``teacher_scores`` (every teacher's score, validity and error), ``count`` and
 provenance columns. Rows are keyed by content (the sha256 of the screenshot file and of the request
 messages): identical rows (one episode in two layouts, an agent stuck on a page) are one row whose
 ``count`` says how many times it occurred; a trainer may weight a row's loss by it. Splits keep
 trajectories that share a screenshot together, by agent where the agents can meet the requested
-fractions, else by task group (:mod:`data_synth.splits`); the card and ``keyshot_dataset.json`` say
+fractions, else by task group (:mod:`keyshot.data_synth.splits`); the card and ``keyshot_dataset.json`` say
 which, why, the fractions asked for and reached, and what was collapsed or grouped.
 
 Rows are generated one at a time (``Dataset.from_generator``) and written in small batches, so
@@ -39,14 +39,20 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from data_synth.aggregate import AggregationConfig, AggregationReport, RowPlan, aggregate, collapse
-from data_synth.errors import SynthError
-from data_synth.labels import JUDGE_ORIGIN, LABELS_FILE, StoreContents, read_store
-from data_synth.run_folder import DATASET_DIR, read_manifest, write_json_atomic
-from data_synth.splits import UNKNOWN_AGENT, SplitConfig, SplitPlan, plan_splits, split_rank
-from infer.images import DEFAULT_POLICY, ImageError, ImagePolicy, PreparedImage, prepare_image
-from infer.messages import scorer_example
-from infer.prompts import PromptSet, load_prompt_set
+from keyshot.data_synth.aggregate import AggregationConfig, AggregationReport, RowPlan, aggregate, collapse
+from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.labels import JUDGE_ORIGIN, LABELS_FILE, StoreContents, read_store
+from keyshot.data_synth.run_folder import DATASET_DIR, read_manifest, write_json_atomic
+from keyshot.data_synth.splits import UNKNOWN_AGENT, SplitConfig, SplitPlan, plan_splits, split_rank
+from keyshot.infer.protocol.images import (
+    DEFAULT_POLICY,
+    ImageError,
+    ImagePolicy,
+    PreparedImage,
+    prepare_image,
+)
+from keyshot.infer.protocol.messages import scorer_example
+from keyshot.infer.protocol.prompts import PromptSet, load_prompt_set
 
 logger = logging.getLogger(__name__)
 
@@ -351,7 +357,7 @@ def build_dataset(run_dir: str | os.PathLike, cfg: BuildConfig | None = None) ->
     """Aggregate a run's labels and write the DatasetDict, its card and ``keyshot_dataset.json``."""
     from datasets import Dataset, DatasetDict
 
-    from data_synth.card import write_card
+    from keyshot.data_synth.card import write_card
 
     cfg = cfg or BuildConfig()
     run = Path(run_dir)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infer.errors import KeyshotError
+from keyshot.infer.common.errors import KeyshotError
 
 
 class SynthError(KeyshotError, ValueError):

@@ -2,7 +2,7 @@
 
 Printed before every ``keyshot synth run`` and all that ``--dry-run`` does. It counts the calls
 that have no label yet: prompt tokens from the prompt text (each teacher's ``chars_per_token``) plus
-its ``image_tokens`` rule on the screenshot's size (:mod:`data_synth.teachers`), ``est_output_tokens``
+its ``image_tokens`` rule on the screenshot's size (:mod:`keyshot.data_synth.teachers`), ``est_output_tokens``
 per answer. Key points not yet known count ``est_key_points_chars``; outcome calls assume
 ``est_outcome_images`` kept screenshots. Calls already in the cache are counted too (their label
 lines were lost), so the estimate is an upper bound.
@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from data_synth.labels import JUDGE_ORIGIN, StoreContents, call_failed
-from data_synth.teachers import TeacherConfig, TeacherSet
-from infer.images import ImagePolicy, open_header
-from infer.prompts import PromptSet
-from infer.trajectory import Screenshot, Trajectory
+from keyshot.data_synth.labels import JUDGE_ORIGIN, StoreContents, call_failed
+from keyshot.data_synth.teachers import TeacherConfig, TeacherSet
+from keyshot.infer.loaders.trajectory import Screenshot, Trajectory
+from keyshot.infer.protocol.images import ImagePolicy, open_header
+from keyshot.infer.protocol.prompts import PromptSet
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Import existing WebJudge logs as teacher labels, without paying for a single call again: what the
 two importers share (their report, the keep rule of the recorded scores, label records, idempotent appends).
 
-* AgentRewardBench WebJudge records: :mod:`data_synth.arb_import` (``keyshot synth import-arb``).
-* The reference ``src/run.py`` results: :mod:`data_synth.reference_import` (``keyshot synth import-reference``).
+* AgentRewardBench WebJudge records: :mod:`keyshot.data_synth.arb_import` (``keyshot synth import-arb``).
+* The reference ``src/run.py`` results: :mod:`keyshot.data_synth.reference_import` (``keyshot synth import-reference``).
 
 A label's score is the recorded ``Score``: 1-5 is a valid label; 0 (the original run could not read a
 score) is an invalid label, dropped by aggregation. Importing twice appends nothing new.
@@ -14,11 +14,17 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from data_synth.errors import RecordImportError
-from data_synth.labels import KeyPointsRecord, LabelRecord, LabelStore, OutcomeRecord, TrajectoryRecord
-from infer.loaders.judge_records import recorded_score
-from infer.parsing import parse_score
-from infer.verdicts import KEEP_THRESHOLD, ScreenshotRecord, select_kept
+from keyshot.data_synth.errors import RecordImportError
+from keyshot.data_synth.labels import (
+    KeyPointsRecord,
+    LabelRecord,
+    LabelStore,
+    OutcomeRecord,
+    TrajectoryRecord,
+)
+from keyshot.infer.loaders.judge_records import recorded_score
+from keyshot.infer.protocol.parsing import parse_score
+from keyshot.infer.protocol.verdicts import KEEP_THRESHOLD, ScreenshotRecord, select_kept
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from data_synth.errors import LabelStoreError
-from infer.fileio import cut_torn_tail
+from keyshot.data_synth.errors import LabelStoreError
+from keyshot.infer.common.fileio import cut_torn_tail
 
 logger = logging.getLogger(__name__)
 

@@ -14,19 +14,19 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-from data_synth.dataset import BuildConfig, BuildResult, build_dataset
-from data_synth.errors import SynthError
-from data_synth.labels import LABELS_FILE
-from data_synth.run_folder import (
+from keyshot.data_synth.dataset import BuildConfig, BuildResult, build_dataset
+from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.labels import LABELS_FILE
+from keyshot.data_synth.run_folder import (
     MANIFEST_FILE,
     USAGE_DIR,
     manifest_conflict,
     read_manifest,
     write_json_atomic,
 )
-from infer.fileio import atomic_output
-from infer.runlock import RunLock
-from infer.shards import ShardError, find_shards, read_summary, refuse_unmergeable, unfinished
+from keyshot.infer.common.fileio import atomic_output
+from keyshot.infer.runs.lock import RunLock
+from keyshot.infer.runs.shards import ShardError, find_shards, read_summary, refuse_unmergeable, unfinished
 
 MERGED_FILE = "merged.json"
 

@@ -15,14 +15,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from data_synth.errors import RecordImportError, SynthError
-from data_synth.importers import ImportReport, append_new, labels_for, require_field
-from data_synth.labels import KeyPointsRecord, LabelStore, OutcomeRecord
-from data_synth.run_folder import open_manifest
-from data_synth.sources import load_human_labels, trajectory_record
-from infer.prompts import load_prompt_set
-from infer.runlock import RunLock
-from infer.trajectory import TrajectoryError, load_trajectory
+from keyshot.data_synth.errors import RecordImportError, SynthError
+from keyshot.data_synth.importers import ImportReport, append_new, labels_for, require_field
+from keyshot.data_synth.labels import KeyPointsRecord, LabelStore, OutcomeRecord
+from keyshot.data_synth.run_folder import open_manifest
+from keyshot.data_synth.sources import load_human_labels, trajectory_record
+from keyshot.infer.loaders import load_trajectory
+from keyshot.infer.loaders.trajectory import TrajectoryError
+from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.runs.lock import RunLock
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 
     RUN/
       run.json        prompt set and image policy the labels were made with
-      labels.jsonl    the label store (data_synth.labels)
+      labels.jsonl    the label store (keyshot.data_synth.labels)
       calls.sqlite    the client's call cache: no call is ever paid twice
       usage/          per-endpoint calls, tokens and dollars, one file per run session
       images/         screenshots recovered from imported logs
@@ -25,10 +25,10 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from data_synth.errors import SynthError
-from infer.fileio import write_bytes_atomic
-from infer.images import sniff_image_type
-from infer.usage import UsageLedger
+from keyshot.data_synth.errors import SynthError
+from keyshot.infer.client.usage import UsageLedger
+from keyshot.infer.common.fileio import write_bytes_atomic
+from keyshot.infer.protocol.images import sniff_image_type
 
 logger = logging.getLogger(__name__)
 

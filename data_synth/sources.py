@@ -1,20 +1,20 @@
-"""Where trajectories come from: folders or JSONL files (any format :mod:`infer.loaders` reads),
+"""Where trajectories come from: folders or JSONL files (any format :mod:`keyshot.infer.loaders` reads),
 with the agent and benchmark their format may not name, and human labels joined from a file."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_synth.errors import SynthError
-from data_synth.labels import TrajectoryRecord
-from data_synth.run_folder import store_image
-from infer.loaders.human_labels import normalize_human_label, read_human_labels
-from infer.trajectory import HUMAN_LABELS, Trajectory, TrajectoryError, load_trajectories
+from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.labels import TrajectoryRecord
+from keyshot.data_synth.run_folder import store_image
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.loaders.human_labels import labels_for_agent
+from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
 
@@ -39,36 +39,13 @@ class TrajectorySource:
 
 
 def load_human_labels(path: str | os.PathLike, agent: str | None) -> dict[str, str]:
-    """``{task_id: human label}`` from Online-Mind2Web's ``human_label.json`` (the column of ``agent``,
-    matched loosely, see :mod:`infer.loaders.human_labels`) or from a ``{task_id: label}`` JSON object
-    (labels as in :data:`infer.trajectory.HUMAN_LABELS` or the codes "0"/"1"/"2")."""
-    p = Path(path)
+    """``{task_id: human label}`` of ``agent`` from a label file of any shape the one reader takes
+    (:func:`keyshot.infer.loaders.human_labels.labels_for_agent`)."""
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SynthError(f"{p}: human-label file not found; {MISSING_DATA_HINT}") from None
-    except json.JSONDecodeError as exc:
-        raise SynthError(f"{p}: not valid JSON ({exc.msg})") from None
-    if isinstance(data, dict):
-        out: dict[str, str] = {}
-        for task_id, value in data.items():
-            try:
-                label = normalize_human_label(value)
-            except ValueError:
-                label = None
-            if label is None:
-                raise SynthError(
-                    f"{p}: task {task_id!r} has label {value!r}, not one of {list(HUMAN_LABELS)} or 0/1/2"
-                )
-            out[str(task_id)] = label
-        return out
-    if agent is None:
-        raise SynthError(f"{p}: an Online-Mind2Web human-label file needs the source's agent name")
-    try:
-        table = read_human_labels(p)
-        return dict(table.labels[table.resolve_agent(agent)])
+        return labels_for_agent(path, agent)
     except TrajectoryError as exc:
-        raise SynthError(str(exc)) from None
+        hint = f"; {MISSING_DATA_HINT}" if not Path(path).exists() else ""
+        raise SynthError(f"{exc}{hint}") from None
 
 
 def iter_trajectories(

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from data_synth.labels import TrajectoryRecord
+from keyshot.data_synth.labels import TrajectoryRecord
 
 logger = logging.getLogger(__name__)
 

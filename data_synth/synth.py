@@ -2,7 +2,7 @@
 
 For each trajectory: the key points once (from the teacher set's ``key_points_judge``), then the
 key-screenshot request for every screenshot, sent to every teacher through the shared
-:class:`infer.client.JudgeClient` and its SQLite cache (``RUN/calls.sqlite``); optionally the
+:class:`keyshot.infer.client.judge_client.JudgeClient` and its SQLite cache (``RUN/calls.sqlite``); optionally the
 outcome verdict of each teacher's kept screenshots (``outcome: true``, for the human-label filter).
 Every result is appended to the label store (``RUN/labels.jsonl``) as soon as it is known.
 
@@ -17,7 +17,7 @@ reason and retried only with ``retry_failed``. A teacher whose budget is spent s
 labels are made by a later run with a larger budget.
 
 Budgets cap a run folder's spending over all its sessions (:func:`remaining_budgets`). The cost
-estimate printed before every run, and all that ``--dry-run`` does, is :mod:`data_synth.estimate`.
+estimate printed before every run, and all that ``--dry-run`` does, is :mod:`keyshot.data_synth.estimate`.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from data_synth.dataset import BuildResult, build_dataset
-from data_synth.errors import SynthError
-from data_synth.estimate import CostEstimate, estimate_cost, label_needed
-from data_synth.labels import (
+from keyshot.data_synth.dataset import BuildResult, build_dataset
+from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.estimate import CostEstimate, estimate_cost, label_needed
+from keyshot.data_synth.labels import (
     CALL_FAILED,
     JUDGE_ORIGIN,
     LABELS_FILE,
@@ -46,19 +46,21 @@ from data_synth.labels import (
     call_failed,
     read_store,
 )
-from data_synth.run_folder import (
+from keyshot.data_synth.run_folder import (
     CACHE_FILE,
     UsageRecorder,
     open_manifest,
     read_usage,
     write_json_atomic,
 )
-from data_synth.sources import iter_trajectories, trajectory_record
-from data_synth.synth_config import SynthConfig
-from data_synth.teachers import TeacherConfig, TeacherSet, remaining_budgets, shard_budgets
-from infer.cache import CallCache
-from infer.client import Completion, JudgeCallError
-from infer.errors import (
+from keyshot.data_synth.sources import iter_trajectories, trajectory_record
+from keyshot.data_synth.synth_config import SynthConfig
+from keyshot.data_synth.teachers import TeacherConfig, TeacherSet, remaining_budgets, shard_budgets
+from keyshot.infer.client.cache import CallCache
+from keyshot.infer.client.judge_client import Completion, JudgeCallError
+from keyshot.infer.client.preflight import preflight
+from keyshot.infer.client.usage import UsageLedger
+from keyshot.infer.common.errors import (
     EXIT_BUDGET,
     EXIT_ENDPOINT_DOWN,
     EXIT_INCOMPLETE,
@@ -66,15 +68,13 @@ from infer.errors import (
     EndpointDownError,
     RunStopError,
 )
-from infer.images import ImagePolicy
-from infer.preflight import preflight
-from infer.prompts import PromptSet, load_prompt_set
-from infer.runlock import RunLock
-from infer.shards import SUMMARY_FILE, ShardSpec
-from infer.steps import Protocol, ask_key_points, ask_outcome, ask_score
-from infer.trajectory import Screenshot, Trajectory, TrajectoryError
-from infer.usage import UsageLedger
-from infer.verdicts import KEEP_THRESHOLD, ScreenshotRecord, select_kept
+from keyshot.infer.judge.calls import Protocol, ask_key_points, ask_outcome, ask_score
+from keyshot.infer.loaders.trajectory import Screenshot, Trajectory, TrajectoryError
+from keyshot.infer.protocol.images import ImagePolicy
+from keyshot.infer.protocol.prompts import PromptSet, load_prompt_set
+from keyshot.infer.protocol.verdicts import KEEP_THRESHOLD, ScreenshotRecord, select_kept
+from keyshot.infer.runs.lock import RunLock
+from keyshot.infer.runs.shards import SUMMARY_FILE, ShardSpec
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class SynthReport:
 
     @property
     def exit_code(self) -> int:
-        """0 when every needed call answered; else :mod:`infer.errors`' code for why not."""
+        """0 when every needed call answered; else :mod:`keyshot.infer.common.errors`' code for why not."""
         if self.dry_run:
             return EXIT_OK
         if self.endpoints_down:

@@ -7,12 +7,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
-from data_synth.dataset import BuildConfig
-from data_synth.errors import SynthError
-from data_synth.sources import TrajectorySource
-from data_synth.teachers import TeacherSet, load_teacher_set
-from infer.config import ConfigError, load_config
-from infer.images import DEFAULT_POLICY, ImagePolicy
+from keyshot.data_synth.dataset import BuildConfig
+from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.sources import TrajectorySource
+from keyshot.data_synth.teachers import TeacherSet, load_teacher_set
+from keyshot.infer.common.config import ConfigError, load_config
+from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy
 
 
 @dataclass

@@ -1,14 +1,14 @@
 """Teachers as config: OpenAI-compatible endpoints that label screenshots, and the judge that writes
 the key points (``configs/teachers/*.yaml``).
 
-A teacher is an :class:`infer.client.EndpointConfig` (URL, model, API key *environment variable*,
+A teacher is an :class:`keyshot.infer.client.judge_client.EndpointConfig` (URL, model, API key *environment variable*,
 concurrency, retries, prices per million tokens, budget cap) plus what the cost estimate of
 ``keyshot synth run --dry-run`` has to assume about it: how many prompt tokens one screenshot costs
 (``image_tokens``) and how long an answer is (``est_output_tokens``).
 
 ``image_tokens`` rules (applied to the image that is sent, i.e. after the run's image policy):
 
-* ``qwen``: exact for Qwen2.5-VL on vLLM: one token per 28×28 px (:func:`infer.images.visual_tokens`).
+* ``qwen``: exact for Qwen2.5-VL on vLLM: one token per 28×28 px (:func:`keyshot.infer.protocol.images.visual_tokens`).
 * ``openai_tiles``: GPT-4o / GPT-4.1 "high" detail: fit in 2048×2048, shortest side to 768, then
   85 + 170 per 512-px tile.
 * ``openai_patches:M``: GPT-4.1-mini / -nano, o4-mini: 32-px patches, at most 1536, times the model's
@@ -30,13 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_synth.errors import SynthError
-from infer.cache import CallCache
-from infer.client import EndpointConfig, JudgeClient
-from infer.config import ConfigError, load_config
-from infer.images import DEFAULT_POLICY, ImagePolicy, target_size, visual_tokens
-from infer.pool import EndpointPool, member_configs
-from infer.usage import UsageLedger
+from keyshot.data_synth.errors import SynthError
+from keyshot.infer.client.cache import CallCache
+from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
+from keyshot.infer.client.pool import EndpointPool, member_configs
+from keyshot.infer.client.usage import UsageLedger
+from keyshot.infer.common.config import ConfigError, load_config
+from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy, target_size, visual_tokens
 
 _PATCHES = re.compile(r"^openai_patches:(\d+(?:\.\d+)?)$")
 IMAGE_TOKEN_RULES = ("qwen", "openai_tiles", "openai_patches:M", "claude", "<int>")
@@ -45,7 +45,7 @@ IMAGE_TOKEN_RULES = ("qwen", "openai_tiles", "openai_patches:M", "claude", "<int
 @dataclass
 class TeacherConfig:
     """One teacher. ``replicas``: more base URLs serving the same model (a self-hosted teacher on several
-    nodes); calls then go to the least-loaded live one (:class:`infer.pool.EndpointPool`)."""
+    nodes); calls then go to the least-loaded live one (:class:`keyshot.infer.client.pool.EndpointPool`)."""
 
     endpoint: EndpointConfig
     image_tokens: str = "qwen"

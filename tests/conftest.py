@@ -25,6 +25,6 @@ def fixtures_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random Qwen2.5-VL (fp32): config, weights, tokenizer, processor, chat template."""
-    from infer.tiny_model import build_tiny_qwen25vl
+    from keyshot.infer.model.tiny_model import build_tiny_qwen25vl
 
     return build_tiny_qwen25vl(tmp_path_factory.mktemp("tiny-qwen25vl"), seed=0)

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infer.cli import main as keyshot
-from infer.loaders import agentlab_records, parse_experiment_analysis
-from infer.testing.fake_openai import FakeOpenAI, make_judge
-from infer.trajectory import TrajectoryError, load_trajectory
-from infer.verdicts import read_verdicts
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.loaders import agentlab_records, load_trajectory, parse_experiment_analysis
+from keyshot.infer.loaders.trajectory import TrajectoryError
+from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 
 REPO = Path(__file__).resolve().parents[1]
 AGENTLAB = Path(__file__).parent / "fixtures" / "trajectories" / "agentlab"

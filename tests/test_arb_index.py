@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from data_synth.arb_import import import_arb
-from data_synth.errors import SynthError
-from data_synth.labels import LABELS_FILE, read_store
-from infer.loaders.judge_records import outcome_text, read_arb_index
-from infer.metrics import MetricsInputError, arb_records, load_arb_index
+from keyshot.data_synth.arb_import import import_arb
+from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.labels import LABELS_FILE, read_store
+from keyshot.infer.loaders.judge_records import outcome_text, read_arb_index
+from keyshot.infer.metrics.compute import MetricsInputError, arb_records, load_arb_index
 
 ARB = Path(__file__).parent / "fixtures" / "arb_records"
 

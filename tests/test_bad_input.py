@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import shutil
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from infer.loaders import read_human_labels
-from infer.trajectory import TrajectoryError, load_trajectories, load_trajectory
+from keyshot.infer.loaders import load_trajectories, load_trajectory, read_human_labels
+from keyshot.infer.loaders.trajectory import SkippedEntry, TrajectoryError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TRAJ = FIXTURES / "trajectories"
@@ -294,3 +295,58 @@ def test_bad_human_label_file(tmp_path):
     path.write_text(json.dumps({"a": 1}))
     with pytest.raises(TrajectoryError, match=r"human_label\.json: expected a JSON list"):
         read_human_labels(path)
+
+
+def test_entries_that_hold_no_trajectory_are_listed_as_skipped(tmp_path, caplog):
+    """Files of an input folder (and of its agent folders) that are not trajectories are reported as
+    skipped entries with the reason; with on_error="raise" they are warned of, not raised."""
+    root = tmp_path / "release"
+    _v1_task(root / "SeeAct", "task1")
+    (root / "SeeAct" / "notes.txt").write_text("slow network")
+    (root / "part2.zip").write_bytes(b"PK\x03\x04")
+    (root / "human_label.json").write_text("[]")
+    (root / ".DS_Store").write_bytes(b"\0")  # hidden: not an entry
+    errors: list[TrajectoryError] = []
+    found = list(load_trajectories(root, on_error="skip", errors=errors))
+    assert [(t.agent, t.task_id) for t in found] == [("SeeAct", "task1")]
+    assert all(isinstance(e, SkippedEntry) for e in errors)
+    reasons = {e.path.name: e.problem for e in errors}
+    assert sorted(reasons) == ["human_label.json", "notes.txt", "part2.zip"]
+    assert "unpack it" in reasons["part2.zip"] and "not a trajectory file" in reasons["notes.txt"]
+    with caplog.at_level(logging.WARNING):
+        assert len(list(load_trajectories(root))) == 1
+    assert "part2.zip: an archive" in caplog.text
+
+
+def test_a_loose_result_json_does_not_hide_the_task_folders_beside_it(tmp_path):
+    _v1_task(tmp_path, "task1")
+    _v1_task(tmp_path, "task2")
+    shutil.copy(tmp_path / "task1" / "result.json", tmp_path / "result.json")
+    errors: list[TrajectoryError] = []
+    found = list(load_trajectories(tmp_path, on_error="skip", errors=errors))
+    assert sorted(t.task_id for t in found) == ["task1", "task2"]
+    assert [str(e) for e in errors] == [
+        f"{tmp_path / 'result.json'}: a result.json outside a task folder: an Online-Mind2Web task folder "
+        "holds result.json and trajectory/; move it into its task folder"
+    ]
+    assert load_trajectory(tmp_path / "task1").task_id == "task1"  # a task folder is still one trajectory
+
+
+def test_jsonl_bad_bytes_and_deep_nesting_skip_one_line_each(tmp_path):
+    def good(n: int) -> bytes:
+        return json.dumps({"task_id": f"t{n}", "task": "x", "actions": [], "screenshots": ["s.png"]}).encode()
+
+    shutil.copy(PNG, tmp_path / "s.png")
+    deep = "[" * 50_000 + "]" * 50_000
+    data = b"\n".join([good(1), b'{"task": "\xff"}', deep.encode(), good(4)])
+    path = tmp_path / "trajs.jsonl"
+    path.write_bytes(codecs.BOM_UTF8 + data + b"\n")
+    errors: list[TrajectoryError] = []
+    found = list(load_trajectories(path, on_error="skip", errors=errors))
+    assert [t.task_id for t in found] == ["t1", "t4"]
+    assert [(e.line, e.problem.split(" (")[0]) for e in errors] == [
+        (2, "not UTF-8 text"),
+        (3, "JSON nested too deeply to read"),
+    ]
+    with pytest.raises(TrajectoryError, match=r"trajs\.jsonl:2: not UTF-8 text"):
+        list(load_trajectories(path))

@@ -3,18 +3,21 @@ file or field, and that every other trajectory's verdict is intact."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from infer.cli import main as keyshot
-from infer.testing.fake_openai import FakeOpenAI, make_judge
-from infer.verdicts import read_verdicts
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = str(REPO / "configs/judge/reference_gpt4o.yaml")
@@ -417,10 +420,200 @@ def test_a_core_install_asked_for_the_training_stack_says_what_to_install(tmp_pa
 
     v1(tmp_path / "IN", "good-a")
     argv = [str(tmp_path / a) if a in ("OUT", "ADAPTER", "IN", "C") else a for a in argv]
-    code = "import sys; sys.modules['torch'] = None; from infer.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; sys.modules['torch'] = None; from keyshot.infer.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.run(
         [sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{what} needs torch" in proc.stderr and "pip install 'keyshot[train]'" in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+# ----------------------------------------------------------------------------- through the console script
+def judge_cli(inputs: list[Path], out: Path) -> tuple[int, str, str]:
+    """``python -m keyshot.infer.cli judge`` in a subprocess, against the fake judge: (exit, stdout, stderr)."""
+    with FakeOpenAI(make_judge()) as server:
+        argv = [sys.executable, "-m", "keyshot.infer.cli", "judge", *map(str, inputs), "--config", REFERENCE]
+        argv += ["--no-progress", f"out={out}", f"judge.base_url={server.base_url}", "judge.api_key_env=null"]
+        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stdout, done.stderr
+
+
+def jsonl_record(root: Path, task_id: str) -> str:
+    shot = png(root / "shots" / f"{task_id}.png")
+    return json.dumps(
+        {"task_id": task_id, "task": "t", "actions": ["a"], "screenshots": [str(shot.relative_to(root))]}
+    )
+
+
+def _zip_beside(root: Path) -> tuple[str, str]:
+    (root / "online_mind2web_part2.zip").write_bytes(b"PK\x03\x04" + os.urandom(64))
+    return "online_mind2web_part2.zip", "unpack it"
+
+
+def _loose_result_json(root: Path) -> tuple[str, str]:
+    shutil.copy(root / "good-a" / "result.json", root / "result.json")
+    return "result.json", "outside a task folder"
+
+
+def _dangling_jsonl(root: Path) -> tuple[str, str]:
+    (root / "more.jsonl").symlink_to(root / "moved-away.jsonl")
+    return "more.jsonl", "dangling symlink"
+
+
+def _looping_jsonl(root: Path) -> tuple[str, str]:
+    (root / "more.jsonl").symlink_to("more.jsonl")
+    return "more.jsonl", "symlink loop"
+
+
+def _fifo_jsonl(root: Path) -> tuple[str, str]:
+    os.mkfifo(root / "more.jsonl")
+    return "more.jsonl", "not a regular file"
+
+
+def _empty_jsonl(root: Path) -> tuple[str, str]:
+    (root / "more.jsonl").write_text("\n")
+    return "more.jsonl", "empty JSONL file"
+
+
+def _looping_screenshot(root: Path) -> tuple[str, str]:
+    shot = v1(root, "bad-one") / "trajectory" / "1.png"
+    shot.unlink()
+    shot.symlink_to("1.png")
+    return "bad-one/trajectory/1.png", "symlink loop"
+
+
+def _deeply_nested_result(root: Path) -> tuple[str, str]:
+    task = v1(root, "bad-one")
+    (task / "result.json").write_text("[" * 100_000 + "]" * 100_000)
+    return "bad-one/result.json", "nested too deeply"
+
+
+def _non_utf8_jsonl_line(root: Path) -> tuple[str, str]:
+    lines = [
+        jsonl_record(root, "line-1").encode(),
+        b'{"task_id": "caf\xe9"}',
+        jsonl_record(root, "line-3").encode(),
+    ]
+    (root / "more.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    return "more.jsonl:2", "not UTF-8"
+
+
+UNJUDGED = {
+    "zip file beside task folders": _zip_beside,
+    "loose result.json at the input root": _loose_result_json,
+    "dangling symlink named .jsonl": _dangling_jsonl,
+    "symlink loop named .jsonl": _looping_jsonl,
+    "FIFO named .jsonl": _fifo_jsonl,
+    "empty .jsonl": _empty_jsonl,
+    "screenshot that is a symlink loop": _looping_screenshot,
+    "result.json nested 100,000 levels deep": _deeply_nested_result,
+    "JSONL line that is not UTF-8": _non_utf8_jsonl_line,
+}
+
+
+@pytest.mark.parametrize("case", list(UNJUDGED))
+def test_every_entry_not_judged_is_listed_with_its_reason(tmp_path, case):
+    root = tmp_path / "input"
+    for name in GOOD:
+        v1(root, name)
+    where, reason = UNJUDGED[case](root)
+    out = tmp_path / "out"
+    code, stdout, stderr = judge_cli([root], out)
+    assert code == 0 and "Traceback" not in stderr, stderr[-3000:]
+    good_verdicts_intact(out)
+    messages = json.loads((out / "summary.json").read_text())["run"]["load_error_messages"]
+    listed = [m for m in messages if m.startswith(f"{root / where}:")]
+    assert len(messages) == 1 and len(listed) == 1 and reason in listed[0], messages
+    assert str(root / where) in stdout  # the printed summary lists it too
+    judged = {v.task_id for v in read_verdicts(out / "verdicts.jsonl")}
+    assert judged >= set(GOOD) and "bad-one" not in judged
+    if case == "JSONL line that is not UTF-8":  # the good lines of that file are judged
+        assert {"line-1", "line-3"} <= judged
+
+
+def test_a_byte_order_mark_does_not_hide_the_first_jsonl_record(tmp_path):
+    root = tmp_path / "input"
+    lines = [jsonl_record(root, "first"), jsonl_record(root, "second")]
+    (root / "bom.jsonl").write_bytes(codecs.BOM_UTF8 + "\n".join(lines).encode() + b"\n")
+    out = tmp_path / "out"
+    code, _, stderr = judge_cli([root / "bom.jsonl"], out)
+    assert code == 0 and "Traceback" not in stderr, stderr[-3000:]
+    assert {v.task_id for v in read_verdicts(out / "verdicts.jsonl")} == {"first", "second"}
+    assert json.loads((out / "summary.json").read_text())["run"]["load_errors"] == 0
+
+
+def test_a_fifo_as_the_input_path_is_one_line(tmp_path):
+    fifo = tmp_path / "trajectories"
+    os.mkfifo(fifo)
+    code, _, stderr = judge_cli([fifo], tmp_path / "out")
+    assert code == 2 and "Traceback" not in stderr and stderr.count("\n") == 1, stderr[-3000:]
+    assert f"{fifo}: not a file or folder (a FIFO" in stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_where_the_summary_goes_is_named_and_the_verdicts_kept(tmp_path):
+    root = tmp_path / "input"
+    for name in GOOD:
+        v1(root, name)
+    out = tmp_path / "out"
+    (out / "summary.json").mkdir(parents=True)
+    code, _, stderr = judge_cli([root], out)
+    assert code == 2 and "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert (
+        f"{out / 'summary.json'}: is a folder where keyshot writes a file" in last and "move it away" in last
+    )
+    good_verdicts_intact(out)  # judged and kept: a re-run once the folder is moved resumes for free
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_metrics_out_naming_a_file_is_one_line(tmp_path):
+    root = tmp_path / "input"
+    for name in GOOD:
+        v1(root, name)
+    out = tmp_path / "out"
+    assert judge(root, out) == 0
+    target = tmp_path / "metrics.txt"
+    target.write_text("notes")
+    labels = tmp_path / "labels.json"
+    labels.write_text(json.dumps({name: 1 for name in GOOD}))
+    argv = [
+        sys.executable,
+        "-m",
+        "keyshot.infer.cli",
+        "metrics",
+        str(out / "verdicts.jsonl"),
+        "--human-labels",
+        str(labels),
+        "--out",
+        str(target),
+    ]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"{target}: is a file where keyshot needs a folder" in errors[0], done.stderr
+    assert target.read_text() == "notes"
+
+
+def test_one_task_in_two_agents_folders_that_nothing_tells_apart_is_refused_naming_both(tmp_path):
+    """Two Online-Mind2Web agent folders passed one by one: their tasks have no agent, so a task id in
+    both would be judged once and the other agent's trajectory lost. The run refuses, naming both."""
+    seeact, browser_use = tmp_path / "SeeAct", tmp_path / "Browser_Use"
+    v1(seeact, "task-1")
+    v1(browser_use, "task-1")
+    out = tmp_path / "out"
+    code, _, err = judge_cli([seeact, browser_use], out)
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    line = err.strip()
+    assert "\n" not in line
+    assert str(seeact / "task-1") in line and str(browser_use / "task-1") in line
+    assert "no agent name tells the two apart" in line and "--agent NAME" in line
+    assert not (out / "verdicts.jsonl").exists()
+    # passed as one parent folder, each folder's name names its agent: both are judged
+    code, _, err = judge_cli([tmp_path], tmp_path / "both")
+    assert code == 0, err[-3000:]
+    assert {(v.task_id, v.agent) for v in read_verdicts(tmp_path / "both" / "verdicts.jsonl")} == {
+        ("task-1", "SeeAct"),
+        ("task-1", "Browser_Use"),
+    }

@@ -12,8 +12,8 @@ import httpx2
 import pytest
 from PIL import Image
 
-from infer.cache import CallCache, cache_key
-from infer.client import (
+from keyshot.infer.client.cache import CallCache, cache_key
+from keyshot.infer.client.judge_client import (
     BudgetExceededError,
     EndpointConfig,
     JudgeCallError,
@@ -22,12 +22,13 @@ from infer.client import (
     build_payload,
     is_reasoning_model,
 )
-from infer.messages import key_points_messages, scorer_messages
-from infer.parsing import parse_score
-from infer.preflight import preflight
-from infer.prompts import load_prompt_set
-from infer.responses import retry_after_s
-from infer.testing.fake_openai import (
+from keyshot.infer.client.preflight import preflight
+from keyshot.infer.client.replies import retry_after_s
+from keyshot.infer.client.usage import UsageLedger
+from keyshot.infer.protocol.messages import key_points_messages, scorer_messages
+from keyshot.infer.protocol.parsing import parse_score
+from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.testing.fake_openai import (
     FAULT_KINDS,
     FakeOpenAI,
     FaultPlan,
@@ -36,7 +37,6 @@ from infer.testing.fake_openai import (
     judge_responder,
     score_image,
 )
-from infer.usage import UsageLedger
 
 PROMPTS = load_prompt_set()
 VERSION = PROMPTS.version
@@ -438,7 +438,7 @@ def test_ledger_summary_table_and_dict():
 
 
 def test_identical_requests_in_flight_are_sent_once():
-    from infer.testing.fake_openai import FakeOpenAI
+    from keyshot.infer.testing.fake_openai import FakeOpenAI
 
     messages = [
         {"role": "system", "content": "You are a judge."},
@@ -464,8 +464,8 @@ def test_identical_requests_in_flight_are_sent_once():
 
 _SHARED_CACHE_CALLER = """
 import asyncio, sys
-from infer.cache import CallCache
-from infer.client import EndpointConfig, JudgeClient
+from keyshot.infer.client.cache import CallCache
+from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
 messages = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
 client = JudgeClient(EndpointConfig(base_url=sys.argv[1], model="m", api_key_env=None), cache=CallCache(sys.argv[2]))
 async def eight():
@@ -483,7 +483,7 @@ def test_processes_sharing_a_cache_send_an_identical_call_once(tmp_path):
     import subprocess
     import sys
 
-    from infer.testing.fake_openai import FakeOpenAI
+    from keyshot.infer.testing.fake_openai import FakeOpenAI
 
     cache = tmp_path / "calls.sqlite"
     with FakeOpenAI(lambda request: "yes", latency_s=1.0) as server:
@@ -507,8 +507,8 @@ def test_a_claim_left_by_a_killed_process_does_not_block_the_call(tmp_path):
     import subprocess
     import sys
 
-    from infer.cache import CallCache
-    from infer.testing.fake_openai import FakeOpenAI
+    from keyshot.infer.client.cache import CallCache
+    from keyshot.infer.testing.fake_openai import FakeOpenAI
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # its pid no longer runs: the claim it "left" is stale at once

@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from infer.config import ConfigError, dump_config, load_config
+from keyshot.infer.common.config import ConfigError, dump_config, load_config
 
 
 @dataclass
@@ -61,7 +61,7 @@ def test_missing_file(tmp_path):
 
 
 def test_a_command_without_its_config_says_so_in_one_line(capsys):
-    from infer.cli import main as keyshot
+    from keyshot.infer.cli import main as keyshot
 
     assert keyshot(["judge", "infer/samples"]) == 2
     err = capsys.readouterr().err

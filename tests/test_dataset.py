@@ -9,15 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_synth.dataset import META_FILE, BuildConfig, build_dataset, read_dataset_meta
-from data_synth.errors import SynthError
-from data_synth.labels import LABELS_FILE, read_store
-from data_synth.splits import SplitConfig, allocate
-from data_synth.synth import run_synth
-from infer.images import DEFAULT_POLICY, prepare_image
-from infer.messages import scorer_messages
-from infer.prompts import load_prompt_set
-from infer.testing.fake_openai import FakeOpenAI, make_teacher
+from keyshot.data_synth.dataset import (
+    META_FILE,
+    BuildConfig,
+    build_dataset,
+    read_dataset_meta,
+)
+from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.labels import LABELS_FILE, read_store
+from keyshot.data_synth.splits import SplitConfig, allocate
+from keyshot.data_synth.synth import run_synth
+from keyshot.infer.protocol.images import DEFAULT_POLICY, prepare_image
+from keyshot.infer.protocol.messages import scorer_messages
+from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_teacher
 from tests.support.synth_env import (
     LEAKY_SPLITS,
     RULES,

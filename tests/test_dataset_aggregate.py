@@ -6,9 +6,15 @@ import math
 
 import pytest
 
-from data_synth.aggregate import AggregationConfig, BalanceConfig, aggregate, consensus_score, outcome_matches
-from data_synth.agreement import cohen_kappa, pairwise_agreement, spearman
-from data_synth.labels import (
+from keyshot.data_synth.aggregate import (
+    AggregationConfig,
+    BalanceConfig,
+    aggregate,
+    consensus_score,
+    outcome_matches,
+)
+from keyshot.data_synth.agreement import cohen_kappa, pairwise_agreement, spearman
+from keyshot.data_synth.labels import (
     LabelRecord,
     LabelStore,
     OutcomeRecord,
@@ -226,7 +232,7 @@ def test_label_store_keeps_the_latest_record_and_survives_a_torn_line(tmp_path):
     contents = read_store(path)
     assert {k: v.score for k, v in contents.labels.items()} == {("t", 0, "a"): 4, ("t", 1, "a"): 2}
     path.write_text('{"kind": "label"}\n' + path.read_text(), encoding="utf-8")
-    from data_synth.errors import LabelStoreError
+    from keyshot.data_synth.errors import LabelStoreError
 
     with pytest.raises(LabelStoreError, match=r"labels.jsonl:1: incomplete LabelRecord"):
         read_store(path)

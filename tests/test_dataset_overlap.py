@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from data_synth.synth import run_synth
-from infer.testing.fake_openai import FakeOpenAI, make_teacher
-from infer.trajectory import load_trajectories
+from keyshot.data_synth.synth import run_synth
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_teacher
 from tests.support.synth_env import FIXTURES, RULES, synth_config, teacher_set
 
 AGENTLAB_RUNS = [FIXTURES / "trajectories" / "agentlab", FIXTURES / "agentlab_small"]
@@ -138,11 +138,11 @@ def test_no_screenshot_is_in_two_splits_and_the_fallback_is_said(two_layouts):
 
 
 def test_the_builder_warns_when_it_falls_back(two_layouts, tmp_path, caplog):
-    from data_synth.dataset import BuildConfig, build_dataset
-    from data_synth.splits import SplitConfig
+    from keyshot.data_synth.dataset import BuildConfig, build_dataset
+    from keyshot.data_synth.splits import SplitConfig
 
     run = Path(two_layouts["report"].dataset.path).parent
-    with caplog.at_level(logging.WARNING, logger="data_synth.splits"):
+    with caplog.at_level(logging.WARNING, logger="keyshot.data_synth.splits"):
         build_dataset(
             run, BuildConfig(splits=SplitConfig(fractions=FRACTIONS), output_dir=str(tmp_path / "d"))
         )

@@ -1,4 +1,4 @@
-"""A verdict needs evidence (DESIGN.md contract 8): an answer cut by max_tokens is a failed call, a run whose
+"""A verdict needs evidence (docs/architecture.md, "A verdict needs evidence"): an answer cut by max_tokens is a failed call, a run whose
 first answers are all cut stops as a configuration error, and a trajectory none of whose screenshot scores
 could be read gets no verdict in strict mode (reference mode judges it anyway, warned)."""
 
@@ -8,14 +8,20 @@ import asyncio
 import json
 from pathlib import Path
 
-from infer.cache import CallCache
-from infer.cli import main as keyshot
-from infer.images import DEFAULT_POLICY
-from infer.pipeline import PipelineConfig, WebJudge
-from infer.prompts import load_prompt_set
-from infer.steps import Protocol, ask_score
-from infer.testing.fake_openai import GARBAGE_TEXT, FakeOpenAI, identify_step, make_judge, make_teacher
-from infer.verdicts import read_verdicts
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.client.cache import CallCache
+from keyshot.infer.judge.calls import Protocol, ask_score
+from keyshot.infer.judge.pipeline import PipelineConfig, WebJudge
+from keyshot.infer.protocol.images import DEFAULT_POLICY
+from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.testing.fake_openai import (
+    GARBAGE_TEXT,
+    FakeOpenAI,
+    identify_step,
+    make_judge,
+    make_teacher,
+)
 from tests.test_judge_cli import ALL_PATHS, N_SCREENSHOTS, N_TRAJECTORIES, judge_overrides
 from tests.test_pipeline import agentlab_trajectories, judge_all, judge_client
 

@@ -12,11 +12,11 @@ import urllib.request
 import pytest
 from PIL import Image
 
-from infer.client import EndpointConfig, JudgeClient
-from infer.messages import key_points_messages, outcome_messages, scorer_messages
-from infer.parsing import parse_key_points, parse_score, parse_status
-from infer.prompts import load_prompt_set
-from infer.testing.fake_openai import (
+from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
+from keyshot.infer.protocol.messages import key_points_messages, outcome_messages, scorer_messages
+from keyshot.infer.protocol.parsing import parse_key_points, parse_score, parse_status
+from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.testing.fake_openai import (
     GARBAGE_TEXT,
     FakeOpenAI,
     ResponderError,

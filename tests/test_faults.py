@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from infer.cli import main as keyshot
-from infer.runlock import RunLock
-from infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge
-from infer.testing.worlds import synthetic_trajectories
-from infer.verdicts import latest_verdicts, read_verdicts
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.protocol.verdicts import latest_verdicts, read_verdicts
+from keyshot.infer.runs.lock import RunLock
+from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge
+from keyshot.infer.testing.worlds import synthetic_trajectories
 
 REPO = Path(__file__).resolve().parents[1]
 WEBJUDGE7B = str(REPO / "configs/judge/webjudge7b.yaml")
@@ -156,9 +156,9 @@ def test_second_process_is_refused_at_once(world, tmp_path):
     out = tmp_path / "run"
     holder = subprocess.Popen(
         [
-            "python",
+            sys.executable,
             "-c",
-            f"from infer.runlock import RunLock; import time\nwith RunLock({str(out)!r}): time.sleep(30)",
+            f"from keyshot.infer.runs.lock import RunLock; import time\nwith RunLock({str(out)!r}): time.sleep(30)",
         ],
         cwd=REPO,
     )
@@ -172,7 +172,7 @@ def test_second_process_is_refused_at_once(world, tmp_path):
             [
                 sys.executable,
                 "-m",
-                "infer.cli",
+                "keyshot.infer.cli",
                 *judge_argv(world, out, "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1"),
             ],
             capture_output=True,
@@ -339,7 +339,7 @@ def _point_first_screenshot_at(folder: Path, ref: str) -> None:
 
 
 def _load(root: Path, **kwargs) -> tuple[list, list]:
-    from infer.trajectory import load_trajectories
+    from keyshot.infer.loaders import load_trajectories
 
     errors: list = []
     found = list(load_trajectories(root, on_error="skip", errors=errors, **kwargs))

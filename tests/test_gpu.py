@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_log_totals_on_cuda():
+    from keyshot.train.throughput import FlopsModel, ThroughputMeter, log_totals
     from tests.test_train_model import _FLOPS_ARGS
-    from train.throughput import FlopsModel, ThroughputMeter, log_totals
 
     meter = ThroughputMeter(FlopsModel(**_FLOPS_ARGS), peak_tflops_per_device=1.0, world_size=1)
     meter.add_batch(
@@ -38,9 +38,9 @@ def test_log_totals_on_cuda():
 def test_scorer_on_cuda_loads_bf16_and_answers(tiny_model_dir):
     from PIL import Image
 
-    from infer.images import prepare_image
-    from infer.local_scorer import TransformersScorer
-    from infer.prompts import load_prompt_set
+    from keyshot.infer.judge.local_scorer import TransformersScorer
+    from keyshot.infer.protocol.images import prepare_image
+    from keyshot.infer.protocol.prompts import load_prompt_set
 
     scorer = TransformersScorer(tiny_model_dir, load_prompt_set(), device="cuda", max_new_tokens=8)
     assert scorer.model.dtype == torch.bfloat16
@@ -51,14 +51,14 @@ def test_scorer_on_cuda_loads_bf16_and_answers(tiny_model_dir):
 
 def test_recipe_logs_evaluates_checkpoints_and_resumes_on_cuda(tiny_model_dir, tmp_path):
     pytest.importorskip("datasets")
-    from infer.testing.scorer_data import build_scorer_dataset
+    from keyshot.infer.testing.scorer_data import build_scorer_dataset
 
     data = build_scorer_dataset(tmp_path / "data", n_train=16, n_val=4, seed=0)
     run_dir = tmp_path / "run"
     command = [
         sys.executable,
         "-m",
-        "train.sft",
+        "keyshot.train.sft",
         "--config",
         "configs/train/tiny_cpu.yaml",
         f"model.name_or_path={tiny_model_dir}",

@@ -41,7 +41,7 @@ def test_kit_runs_end_to_end_on_cpu(tmp_path):
 def test_the_7b_shape_is_qwen25_vl_7b(tmp_path):
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
-    from infer.tiny_model import build_tiny_qwen25vl
+    from keyshot.infer.model.tiny_model import build_tiny_qwen25vl
 
     fixture = build_tiny_qwen25vl(tmp_path / "fixture")
     kit = gpu.Kit(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from infer.images import (
+from keyshot.infer.protocol.images import (
     DEFAULT_POLICY,
     REFERENCE_POLICY,
     ImageError,
@@ -310,7 +310,7 @@ def test_a_page_past_the_decompression_bomb_limit_follows_the_policy(tmp_path):
     only that top part is decoded; an image that large in both directions stays refused."""
     import resource
 
-    from infer.images import DEFAULT_POLICY, ImageError, open_header, prepare_image
+    from keyshot.infer.protocol.images import DEFAULT_POLICY, ImageError, open_header, prepare_image
 
     tall = tmp_path / "tall.png"
     Image.new("RGB", (1280, 150_000), "white").save(tall)

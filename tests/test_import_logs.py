@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from data_synth.arb_import import import_arb
-from data_synth.dataset import BuildConfig, SplitConfig, build_dataset
-from data_synth.errors import SynthError
-from data_synth.importers import kept_steps
-from data_synth.labels import LABELS_FILE, read_store
-from data_synth.reference_import import import_reference, teacher_from_filename
-from infer.cli import main as keyshot
-from infer.images import DEFAULT_POLICY, prepare_image
+from keyshot.data_synth.arb_import import import_arb
+from keyshot.data_synth.dataset import BuildConfig, SplitConfig, build_dataset
+from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.importers import kept_steps
+from keyshot.data_synth.labels import LABELS_FILE, read_store
+from keyshot.data_synth.reference_import import import_reference, teacher_from_filename
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.protocol.images import DEFAULT_POLICY, prepare_image
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ARB = FIXTURES / "arb_records"

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from infer.cli import main as keyshot
-from infer.config import load_config, split_paths_and_overrides
-from infer.judge_config import JudgeRunConfig
-from infer.testing.fake_openai import FakeOpenAI, fetch_stats, make_judge, spawn_fake_openai
-from infer.verdicts import read_verdicts
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.common.config import load_config, split_paths_and_overrides
+from keyshot.infer.judge.config import JudgeRunConfig
+from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.testing.fake_openai import FakeOpenAI, fetch_stats, make_judge, spawn_fake_openai
 from tests.support.vllm import vllm_request_count
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,7 +183,7 @@ def test_kill_9_and_resume_repays_nothing(vllm_server, scorer_checkpoint, tmp_pa
     out = tmp_path / "run"
     cache = out / "calls.sqlite"
     with spawn_fake_openai("judge", latency_s=0.4) as (judge_url, _):
-        argv = [sys.executable, "-m", "infer.cli", "judge", *map(str, ALL_PATHS)]
+        argv = [sys.executable, "-m", "keyshot.infer.cli", "judge", *map(str, ALL_PATHS)]
         argv += ["--config", str(REPO / "configs/judge/tiny_cpu.yaml"), "--no-progress"]
         argv += judge_overrides(judge_url, out, concurrency="2", **{"judge.max_concurrency": "2"})
         argv += [

@@ -1,17 +1,55 @@
-"""The layers of docs/architecture.md hold: the protocol is a leaf, infer/ uses neither data_synth/ nor
-train/, and bench/ does not reach into tests/ (what it shares with them lives in infer/testing/)."""
+"""The rooms of docs/architecture.md hold: each room of keyshot.infer imports only the rooms below it,
+keyshot.infer names neither data_synth nor train, and bench/ does not reach into tests/."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
-#: The protocol: prompt sets, messages, parsers, the image policy and the scorer's chat rendering (they may
-#: import the error base, infer/errors.py, itself a leaf).
-PROTOCOL = ("prompts", "messages", "parsing", "images", "rendering")
+
+#: room -> the rooms of keyshot.infer it may import (itself included). Modules at infer/'s top (the
+#: ``keyshot`` command, the demo) may import any room.
+BELOW = {
+    "common": {"common"},
+    "protocol": {"common", "protocol"},
+    "loaders": {"common", "protocol", "loaders"},
+    "model": {"common", "protocol", "model"},
+    "client": {"common", "protocol", "client"},
+    "runs": {"common", "protocol", "loaders", "runs"},
+    "metrics": {"common", "protocol", "loaders", "runs", "metrics"},
+    "serve": {"common", "protocol", "model", "client", "serve"},
+    "report": {"common", "protocol", "loaders", "runs", "metrics", "report"},
+    "judge": {
+        "common",
+        "protocol",
+        "loaders",
+        "model",
+        "client",
+        "runs",
+        "metrics",
+        "serve",
+        "report",
+        "judge",
+    },
+    "testing": {"common", "protocol", "loaders", "testing"},
+    "reward": {
+        "common",
+        "protocol",
+        "loaders",
+        "model",
+        "client",
+        "runs",
+        "metrics",
+        "serve",
+        "report",
+        "judge",
+        "testing",
+        "reward",
+    },
+}
+#: floor -> the floors of keyshot it may import
+FLOORS = {"infer": {"infer"}, "data_synth": {"infer", "data_synth"}, "train": {"infer", "train"}}
 
 
 def imported(path: Path) -> set[str]:
@@ -25,48 +63,85 @@ def imported(path: Path) -> set[str]:
     return names
 
 
-def sources(package: str) -> list[Path]:
-    return sorted((REPO / package).rglob("*.py"))
+def violations(repo: Path) -> list[str]:
+    """``file: imports module`` for every import that climbs a floor or a room, or leaves ``keyshot``."""
+    found = []
+    for floor, allowed in FLOORS.items():
+        for path in sorted((repo / floor).rglob("*.py")):
+            parts = path.relative_to(repo / floor).parts
+            room = parts[0] if floor == "infer" and len(parts) > 1 else None
+            for name in sorted(imported(path)):
+                top = name.split(".")
+                if top[0] in ("infer", "train", "data_synth", "tests", "bench"):
+                    found.append(f"{path.relative_to(repo)}: imports {name} (import keyshot.{name})")
+                    continue
+                if top[0] != "keyshot" or len(top) < 2:
+                    continue
+                if top[1] not in allowed:
+                    found.append(
+                        f"{path.relative_to(repo)}: imports {name} (floor {floor} is below {top[1]})"
+                    )
+                elif room and top[1] == "infer" and len(top) > 2 and top[2] in set(BELOW) - BELOW[room]:
+                    found.append(f"{path.relative_to(repo)}: imports {name} (room {room} is below {top[2]})")
+    return found
 
 
-@pytest.mark.parametrize("module", PROTOCOL)
-def test_the_protocol_is_a_leaf(module):
-    keyshot = {
-        m
-        for m in imported(REPO / "infer" / f"{module}.py")
-        if m.split(".")[0] in ("infer", "data_synth", "train")
-    }
-    outside = {m for m in keyshot if m.removeprefix("infer.") not in (*PROTOCOL, "errors")}
-    assert not outside, f"infer/{module}.py imports {sorted(outside)}: the protocol imports only itself"
+def test_every_room_imports_only_the_rooms_below_it():
+    assert violations(REPO) == []
 
 
-def test_the_error_base_is_a_leaf():
-    assert not {
-        m
-        for m in imported(REPO / "infer" / "errors.py")
-        if m.split(".")[0] in ("infer", "data_synth", "train")
-    }
+def test_every_room_is_declared():
+    rooms = {p.parent.name for p in (REPO / "infer").glob("*/__init__.py")}
+    assert rooms == set(BELOW), "a new room of infer/ needs its place in BELOW (and in docs/architecture.md)"
 
 
-def test_infer_uses_neither_synthesis_nor_training():
-    found = {
-        str(path.relative_to(REPO)): sorted(
-            m for m in imported(path) if m.split(".")[0] in ("data_synth", "train", "tests", "bench")
-        )
-        for path in sources("infer")
-    }
-    assert not {k: v for k, v in found.items() if v}
+def test_a_planted_upward_import_is_found(tmp_path):
+    for floor in FLOORS:
+        (tmp_path / floor).mkdir()
+    (tmp_path / "infer" / "protocol").mkdir()
+    (tmp_path / "infer" / "protocol" / "parsing.py").write_text(
+        "def f():\n    from keyshot.infer.judge.pipeline import WebJudge\n"
+    )
+    (tmp_path / "infer" / "cli.py").write_text("import keyshot.data_synth.cli\n")
+    (tmp_path / "train" / "recipe.py").write_text("from infer.protocol import parsing\n")
+    assert violations(tmp_path) == [
+        "infer/cli.py: imports keyshot.data_synth.cli (floor infer is below data_synth)",
+        "infer/protocol/parsing.py: imports keyshot.infer.judge.pipeline (room protocol is below judge)",
+        "train/recipe.py: imports infer.protocol (import keyshot.infer.protocol)",
+    ]
 
 
 def test_bench_does_not_import_tests():
     found = {
         str(path.relative_to(REPO)): sorted(m for m in imported(path) if m.split(".")[0] == "tests")
-        for path in sources("bench")
+        for path in sorted((REPO / "bench").rglob("*.py"))
     }
     assert not {k: v for k, v in found.items() if v}
 
 
-def test_the_scan_sees_imports_inside_functions(tmp_path):
-    probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from train.recipe import run\n    import data_synth.cli\n")
-    assert imported(probe) == {"train.recipe", "data_synth.cli"}
+def test_no_import_circles():
+    """No module of keyshot imports itself back through others (imports inside functions count too)."""
+    graph: dict[str, set[str]] = {}
+    for floor in FLOORS:
+        for path in (REPO / floor).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(("keyshot", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+            graph[name] = {d for d in imported(path) if d.startswith("keyshot.") and d != name}
+    circles = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if dep not in graph:
+                continue
+            if state.get(dep) == 1:
+                circles.append(" -> ".join([*stack[stack.index(dep) :], dep]))
+            elif dep not in state:
+                visit(dep, [*stack, dep])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert circles == []

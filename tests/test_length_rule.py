@@ -1,4 +1,4 @@
-"""The plan is the render (DESIGN.md contract 9): a training row's planned length is the length the
+"""The plan is the render (docs/architecture.md, "One renderer"): a training row's planned length is the length the
 processor renders, at the edges too (rows whose text leaves 0-10 visual tokens of room; tiny, huge and
 extreme-aspect screenshots); a rendering off its plan is skipped, not fatal; ``--check`` renders the
 shrunk rows first. And the checkpoint's answer length (``keyshot.json`` answer_tokens) reaches
@@ -15,11 +15,9 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from infer.checkpoint import read_meta, trained_answer_tokens, write_meta
-from infer.config import ConfigError, load_config
-from infer.messages import scorer_answer, scorer_example
-from infer.prompts import load_prompt_set
-from infer.rendering import (
+from keyshot.infer.common.config import ConfigError, load_config
+from keyshot.infer.model.checkpoint import read_meta, trained_answer_tokens, write_meta
+from keyshot.infer.protocol.chat_template import (
     NO_IMAGE_ROOM,
     TEXT_TOO_LONG,
     DataError,
@@ -29,8 +27,10 @@ from infer.rendering import (
     image_policy_for,
     set_processor_pixel_bounds,
 )
-from train.batches import ScorerDataset, answer_token_stats
-from train.recipe import check_rendering
+from keyshot.infer.protocol.messages import scorer_answer, scorer_example
+from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.train.batches import ScorerDataset, answer_token_stats
+from keyshot.train.recipe import check_rendering
 
 PROMPTS = load_prompt_set("online_mind2web")
 #: Qwen2.5-VL-7B's own processor bounds (the tiny model's maximum is smaller).
@@ -146,8 +146,8 @@ def _tampered(data: ScorerDataset, index: int) -> None:
 
 @pytest.fixture
 def small_set(processor, tmp_path):
-    from infer.testing.scorer_data import build_scorer_dataset
-    from train.batches import load_scorer_dataset
+    from keyshot.infer.testing.scorer_data import build_scorer_dataset
+    from keyshot.train.batches import load_scorer_dataset
 
     ds = load_scorer_dataset(build_scorer_dataset(tmp_path / "ds", n_train=8, n_val=2))
     roomy = ScorerDataset(ds["train"], ScorerRenderer(processor, image_policy_for(processor), 4096))
@@ -162,7 +162,7 @@ def test_a_row_rendered_off_its_plan_is_skipped_named_and_counted(small_set, cap
     row is logged with its numbers and flagged where the DataLoader workers' flags are seen too."""
     bad, in_worker = 2, 5
     _tampered(small_set, bad)
-    with caplog.at_level(logging.WARNING, logger="train.batches"):
+    with caplog.at_level(logging.WARNING, logger="keyshot.train.batches"):
         assert small_set[bad]["input_ids"].numel() == small_set.lengths[bad + 1]
     plan = small_set.plans[bad]
     assert f"train row {plan.row}: rendered {plan.length + 1} tokens, planned {plan.length}" in caplog.text
@@ -236,8 +236,8 @@ def answered_checkpoint(scorer_checkpoint, tmp_path):
 def test_serve_allows_the_trained_answer_length(answered_checkpoint, scorer_checkpoint, tmp_path):
     import json
 
-    from infer.serve import VLLMServer
-    from infer.serve_plan import ServeConfig, ServeError, plan_server
+    from keyshot.infer.serve.command import VLLMServer
+    from keyshot.infer.serve.plan import ServeConfig, ServeError, plan_server
 
     base = {"model": str(answered_checkpoint), "device": "cpu", "tmpdir": str(tmp_path)}
     plan = plan_server(ServeConfig(**base))
@@ -254,7 +254,7 @@ def test_serve_allows_the_trained_answer_length(answered_checkpoint, scorer_chec
 
 
 def _judge_config(overrides):
-    from infer.judge_config import JudgeRunConfig
+    from keyshot.infer.judge.config import JudgeRunConfig
 
     return load_config(JudgeRunConfig, "configs/judge/tiny_cpu.yaml", overrides)
 
@@ -262,10 +262,10 @@ def _judge_config(overrides):
 def test_judge_scorer_max_tokens_follows_the_checkpoint(answered_checkpoint, caplog):
     """configs/judge/tiny_cpu.yaml's 64 tokens would cut a real-format answer: with a checkpoint that
     records its answers it is raised (a line says so); an explicit scorer.max_tokens below is refused."""
-    from infer.judge_config import build_scorer
-    from infer.usage import UsageLedger
+    from keyshot.infer.client.usage import UsageLedger
+    from keyshot.infer.judge.config import build_scorer
 
-    with caplog.at_level(logging.INFO, logger="infer.judge_config"):
+    with caplog.at_level(logging.INFO, logger="keyshot.infer.judge.config"):
         scorer = build_scorer(
             _judge_config([f"scorer.checkpoint={answered_checkpoint}"]), None, UsageLedger()
         )

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from infer.messages import (
+from keyshot.infer.protocol.messages import (
     MAX_KEPT_IMAGES,
     NO_DESCRIPTION,
     key_points_messages,
@@ -11,8 +11,8 @@ from infer.messages import (
     scorer_example,
     scorer_messages,
 )
-from infer.parsing import parse_score
-from infer.prompts import load_prompt_set, prompt_set_for_version
+from keyshot.infer.protocol.parsing import parse_score
+from keyshot.infer.protocol.prompts import load_prompt_set, prompt_set_for_version
 
 URL = "data:image/jpeg;base64,/9j/AAAA"
 

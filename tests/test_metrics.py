@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from infer import metrics_cli
-from infer.metrics import (
+from keyshot.infer.metrics import command as metrics_cli
+from keyshot.infer.metrics.compute import (
     JudgedRecord,
     MetricsInputError,
     agreement_metrics,
@@ -22,8 +22,8 @@ from infer.metrics import (
     normalize_human_label,
     records_from_verdicts,
 )
-from infer.released_verdicts import load_verdicts
-from infer.verdicts import Verdict, VerdictFileError, read_verdicts
+from keyshot.infer.protocol.verdicts import Verdict, VerdictFileError, read_verdicts
+from keyshot.infer.runs.verdict_sources import load_verdicts
 
 ARB = Path(__file__).parent / "fixtures" / "arb"
 

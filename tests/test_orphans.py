@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from infer.testing.fake_openai import spawn_fake_openai
-from infer.testing.worlds import synthetic_trajectories
+from keyshot.infer.testing.fake_openai import spawn_fake_openai
+from keyshot.infer.testing.worlds import synthetic_trajectories
 from tests.support.vllm import find_vllm_python, make_scorer_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -70,7 +70,7 @@ def judging(tiny_model_dir, tmp_path):
     with spawn_fake_openai("judge", latency_s=0.5) as (judge_url, _):
 
         def start() -> subprocess.Popen:
-            argv = [sys.executable, "-m", "infer.cli", "judge", str(world), "--no-progress"]
+            argv = [sys.executable, "-m", "keyshot.infer.cli", "judge", str(world), "--no-progress"]
             argv += ["--config", str(REPO / "configs/judge/tiny_cpu.yaml"), "--serve-scorer", str(checkpoint)]
             argv += [
                 f"out={out}",

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from infer.parsing import ParseError, parse_key_points, parse_score, parse_status
+from keyshot.infer.protocol.parsing import ParseError, parse_key_points, parse_score, parse_status
 
 from .conftest import FIXTURES
 
@@ -64,8 +64,8 @@ def test_strict_mode_differs_only_where_the_reference_misreads():
 
 
 def test_reference_thoughts_and_keep_rule_rebuild_every_released_outcome_prompt():
-    from infer.messages import outcome_messages
-    from infer.prompts import load_prompt_set
+    from keyshot.infer.protocol.messages import outcome_messages
+    from keyshot.infer.protocol.prompts import load_prompt_set
 
     general = load_prompt_set("general")
     for r in RECORDS:

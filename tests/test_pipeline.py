@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from infer.client import EndpointConfig, JudgeClient
-from infer.images import REFERENCE_POLICY
-from infer.pipeline import PipelineConfig, WebJudge, split_key_points
-from infer.prompts import load_prompt_set
-from infer.released_verdicts import read_reference_records
-from infer.scorer import OpenAIScorer, checkpoint_image_policy, expected_score_from_logprobs
-from infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge, score_image
-from infer.trajectory import Screenshot, Trajectory, load_trajectories
-from infer.verdicts import (
+from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
+from keyshot.infer.judge.pipeline import PipelineConfig, WebJudge
+from keyshot.infer.judge.scorers import OpenAIScorer, checkpoint_image_policy, expected_score_from_logprobs
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.loaders.trajectory import Screenshot, Trajectory
+from keyshot.infer.protocol.images import REFERENCE_POLICY
+from keyshot.infer.protocol.parsing import split_key_points
+from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.protocol.verdicts import (
     ResumeIndex,
     ScreenshotRecord,
     Verdict,
@@ -31,6 +31,8 @@ from infer.verdicts import (
     read_verdicts,
     select_kept,
 )
+from keyshot.infer.runs.verdict_sources import read_reference_records
+from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge, score_image
 
 FIXTURES = Path(__file__).parent / "fixtures"
 AGENTLAB_DIRS = [FIXTURES / "trajectories" / "agentlab", FIXTURES / "agentlab_small"]

@@ -9,9 +9,9 @@ import logging
 import shutil
 from pathlib import Path
 
-from infer.cli import main as keyshot
-from infer.testing.fake_openai import FakeOpenAI, make_judge
-from infer.verdicts import read_verdicts
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 
 REPO = Path(__file__).resolve().parents[1]
 V1 = Path(__file__).parent / "fixtures" / "trajectories" / "online_mind2web_v1"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from infer.cli import main as keyshot
-from infer.report.model import load_run
-from infer.testing.fake_openai import FakeOpenAI, make_judge
-from infer.testing.worlds import synthetic_trajectories
-from infer.verdicts import read_verdicts
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.report.model import load_run
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+from keyshot.infer.testing.worlds import synthetic_trajectories
 
 REPO = Path(__file__).resolve().parents[1]
 XSS = '<script>document.body.setAttribute("data-pwned","1")</script><img src=x onerror="document.body.dataset.pwned=1">'
@@ -161,6 +161,23 @@ def test_strings_are_escaped_and_no_machine_path_leaks(report):
     assert all(not s.strip().startswith("document.body") for s in first.scripts)
 
 
+def test_no_file_of_the_report_holds_a_path_of_the_machine(report):
+    """A report folder is made to be shared: the run's and the input's absolute paths appear nowhere
+    in it (pages, thumbnail index, scripts, images)."""
+    run, out = report
+    machine_paths = {
+        str(p).encode() for p in (run, run.parent / "world", run.resolve(), run.parent.resolve())
+    }
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert (
+        out / "images" / "index.json" in files
+        and len(json.loads((out / "images" / "index.json").read_text())) >= 12
+    )
+    for path in files:
+        data = path.read_bytes()
+        assert not any(machine in data for machine in machine_paths), path
+
+
 def test_rebuild_reuses_thumbnails_and_released_records_render(report, tmp_path, caplog):
     run, out = report
     import logging
@@ -181,7 +198,7 @@ def test_report_of_an_empty_or_missing_run_is_a_clear_error(tmp_path, capsys):
 
 
 def test_metrics_png_style_plots_say_no_data(tmp_path):
-    from infer.report import plots
+    from keyshot.infer.report import plots
 
     png = plots.agent_success_rates(None)
     assert png.startswith(b"\x89PNG") and len(png) > 1000

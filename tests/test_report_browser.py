@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infer.cli import main as keyshot
+from keyshot.infer.cli import main as keyshot
 from tests.test_report import judged_run
 
 pytestmark = pytest.mark.slow

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from infer.cli import main as keyshot
-from infer.client import EndpointConfig
-from infer.pool import EndpointPool
-from infer.run_summary import summarize
-from infer.shards import ShardError, ShardSpec, shard_key, shard_of
-from infer.testing.configs import fake_judge_config
-from infer.testing.fake_openai import FakeOpenAI, echo_responder, judge_responder, spawn_fake_openai
-from infer.testing.worlds import synthetic_trajectories
-from infer.verdicts import read_verdicts
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.client.judge_client import EndpointConfig
+from keyshot.infer.client.pool import EndpointPool
+from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.runs.shards import ShardError, ShardSpec, shard_key, shard_of
+from keyshot.infer.runs.summary import summarize
+from keyshot.infer.testing.configs import fake_judge_config
+from keyshot.infer.testing.fake_openai import FakeOpenAI, echo_responder, judge_responder, spawn_fake_openai
+from keyshot.infer.testing.worlds import synthetic_trajectories
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -243,7 +243,7 @@ def test_killed_shard_resumes_and_merges_without_loss(tmp_path, capsys):
         (out / "shard-1-of-2/calls.sqlite").unlink()
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "infer.cli", *argv, "--shard", "1/2"],
+            [sys.executable, "-m", "keyshot.infer.cli", *argv, "--shard", "1/2"],
             cwd=REPO,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -326,9 +326,9 @@ def test_pool_sends_identical_concurrent_requests_once():
 def test_synth_shards_merge_into_the_dataset_of_one_run(tmp_path, capsys):
     from datasets import load_from_disk
 
-    from data_synth.labels import LABELS_FILE, read_store
-    from data_synth.synth import run_synth
-    from infer.testing.fake_openai import make_teacher
+    from keyshot.data_synth.labels import LABELS_FILE, read_store
+    from keyshot.data_synth.synth import run_synth
+    from keyshot.infer.testing.fake_openai import make_teacher
     from tests.support.synth_env import RULES, synth_config, teacher_set
 
     with FakeOpenAI(make_teacher(RULES["bright"])) as bright, FakeOpenAI(make_teacher(RULES["dark"])) as dark:
@@ -367,9 +367,9 @@ def test_synth_shards_merge_into_the_dataset_of_one_run(tmp_path, capsys):
 
 
 def test_synth_teacher_replicas_carry_on_without_a_dead_one(tmp_path, caplog):
-    from data_synth.labels import LABELS_FILE, read_store
-    from data_synth.synth import run_synth
-    from infer.testing.fake_openai import make_teacher
+    from keyshot.data_synth.labels import LABELS_FILE, read_store
+    from keyshot.data_synth.synth import run_synth
+    from keyshot.infer.testing.fake_openai import make_teacher
     from tests.support.synth_env import RULES, synth_config, teacher_set
 
     with FakeOpenAI(make_teacher(RULES["bright"])) as dead:

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from infer.client import JudgeClient
-from infer.images import PreparedImage, prepare_image
-from infer.local_scorer import TransformersScorer
-from infer.messages import scorer_messages
-from infer.prompts import load_prompt_set
-from infer.scorer import OpenAIScorer, checkpoint_image_policy
-from infer.tiny_model import TINY_MAX_PIXELS, TINY_MIN_PIXELS
-from infer.trajectory import load_trajectories
+from keyshot.infer.client.judge_client import JudgeClient
+from keyshot.infer.judge.local_scorer import TransformersScorer
+from keyshot.infer.judge.scorers import OpenAIScorer, checkpoint_image_policy
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.model.tiny_model import TINY_MAX_PIXELS, TINY_MIN_PIXELS
+from keyshot.infer.protocol.images import PreparedImage, prepare_image
+from keyshot.infer.protocol.messages import scorer_messages
+from keyshot.infer.protocol.prompts import load_prompt_set
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TASK = "Search the knowledge base for the article about VPN access"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from infer.cli import main as keyshot
-from infer.testing.fake_openai import spawn_fake_openai
-from infer.testing.scorer_data import build_scorer_dataset
-from infer.verdicts import read_verdicts
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.testing.fake_openai import spawn_fake_openai
+from keyshot.infer.testing.scorer_data import build_scorer_dataset
 from tests.support.slurm import ensure_slurm, job_state, sbatch, slurm_cluster, wait_for
 from tests.test_scale import _comparable, _config, _input, _totals
 
@@ -160,8 +160,8 @@ def test_train_script_on_one_cpu_node(cluster, tiny_model_dir, tmp_path):
 def test_synth_array_then_merge_builds_the_dataset_of_one_run(cluster, tmp_path):
     from datasets import load_from_disk
 
-    from data_synth.synth import run_synth
-    from infer.testing.fake_openai import FakeOpenAI, make_teacher
+    from keyshot.data_synth.synth import run_synth
+    from keyshot.infer.testing.fake_openai import FakeOpenAI, make_teacher
     from tests.support.synth_env import RULES, synth_config, teacher_set
 
     logs = tmp_path / "logs"

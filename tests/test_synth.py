@@ -10,16 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_synth.errors import SynthError
-from data_synth.labels import LABELS_FILE, read_store
-from data_synth.run_folder import read_usage
-from data_synth.sources import load_human_labels
-from data_synth.synth import run_synth
-from data_synth.teachers import image_token_count
-from infer.images import DEFAULT_POLICY, REFERENCE_POLICY, visual_tokens
-from infer.parsing import parse_key_points
-from infer.preflight import PreflightError
-from infer.testing.fake_openai import FakeOpenAI, key_points_answer, make_teacher
+from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.labels import LABELS_FILE, read_store
+from keyshot.data_synth.run_folder import read_usage
+from keyshot.data_synth.sources import load_human_labels
+from keyshot.data_synth.synth import run_synth
+from keyshot.data_synth.teachers import image_token_count
+from keyshot.infer.client.preflight import PreflightError
+from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY, visual_tokens
+from keyshot.infer.protocol.parsing import parse_key_points
+from keyshot.infer.testing.fake_openai import FakeOpenAI, key_points_answer, make_teacher
 from tests.support.synth_env import (
     FIXTURES,
     RULES,
@@ -137,7 +137,7 @@ def test_faulty_teacher_is_retried_and_its_failures_recorded(tmp_path):
     assert report.labels_failed == len(bad) + len(down_labels)
 
     # the run folder still builds: failed labels are dropped, the others aggregated
-    from data_synth.dataset import build_dataset
+    from keyshot.data_synth.dataset import build_dataset
 
     result = build_dataset(tmp_path / "run")
     assert result.report.teacher_labels["down"] == {"valid": 0, "invalid": len(down_labels)}
@@ -300,7 +300,13 @@ def test_synthesis_writes_no_secret(tmp_path, monkeypatch, capsys):
 
 def _general_teacher():
     """A teacher answering in the `general` prompt set's format, with a two-paragraph reasoning."""
-    from infer.testing.fake_openai import decode_image, identify_step, make_judge, score_image, user_parts
+    from keyshot.infer.testing.fake_openai import (
+        decode_image,
+        identify_step,
+        make_judge,
+        score_image,
+        user_parts,
+    )
 
     judge = make_judge()
 
@@ -322,8 +328,8 @@ def test_general_variant_targets_split_the_teacher_answer_like_judge_does(tmp_pa
     the parse): the whole reasoning, both paragraphs, and the score after `### Score`."""
     from datasets import load_from_disk
 
-    from infer.cli import main as keyshot
-    from infer.verdicts import read_verdicts
+    from keyshot.infer.cli import main as keyshot
+    from keyshot.infer.protocol.verdicts import read_verdicts
 
     with FakeOpenAI(_general_teacher()) as server:
         teachers = teacher_set({"t": server.base_url})

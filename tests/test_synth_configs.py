@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from data_synth.cli import load_build_config
-from data_synth.errors import SynthError
-from data_synth.synth_config import load_synth_config
-from data_synth.teachers import load_teacher_set
+from keyshot.data_synth.cli import load_build_config
+from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.synth_config import load_synth_config
+from keyshot.data_synth.teachers import load_teacher_set
 
 ROOT = Path(__file__).resolve().parents[1]
 TEACHER_SETS = sorted((ROOT / "configs" / "teachers").glob("*.yaml"))

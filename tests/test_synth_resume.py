@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from data_synth.labels import LABELS_FILE, read_store
-from infer.testing.fake_openai import fetch_stats, spawn_fake_openai
+from keyshot.data_synth.labels import LABELS_FILE, read_store
+from keyshot.infer.testing.fake_openai import fetch_stats, spawn_fake_openai
 from tests.support.synth_env import fixture_trajectories, teacher_set, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ UNIQUE_CALLS = N_TRAJ + 2 * N_SHOTS  # key points once per trajectory, every scr
 
 
 def _synth(config: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "infer.cli", "synth", "run", "--config", str(config), "--no-build"]
+    cmd = [sys.executable, "-m", "keyshot.infer.cli", "synth", "run", "--config", str(config), "--no-build"]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from PIL import Image
 
-from infer.messages import scorer_answer, scorer_example
-from infer.prompts import load_prompt_set
-from infer.tiny_model import TINY_MAX_PIXELS, build_tiny_qwen25vl
+from keyshot.infer.model.tiny_model import TINY_MAX_PIXELS, build_tiny_qwen25vl
+from keyshot.infer.protocol.messages import scorer_answer, scorer_example
+from keyshot.infer.protocol.prompts import load_prompt_set
 
 
 def load(model_dir):

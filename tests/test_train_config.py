@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infer.config import ConfigError, load_config
-from train.settings import LLM_LORA_TARGET, TrainConfig
+from keyshot.infer.common.config import ConfigError, load_config
+from keyshot.train.settings import LLM_LORA_TARGET, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_CONFIGS = sorted((REPO / "configs" / "train").glob("*.yaml"))
@@ -30,7 +30,7 @@ def test_train_configs_load_and_name_their_command(path):
     cfg = load_config(TrainConfig, path)
     text = path.read_text(encoding="utf-8")
     assert _opening_comment(path).startswith("#")
-    launch = ("-m train.sft --config configs/train/", "train/sft.py --config configs/train/")
+    launch = ("-m keyshot.train.sft --config configs/train/", "train/sft.py --config configs/train/")
     assert any(form + path.name in text for form in launch)
     world = cfg.world_size or 1
     assert cfg.gradient_accumulation_steps(world) * cfg.per_device_batch_size * world == cfg.global_batch_size
@@ -152,7 +152,7 @@ def test_slurm_launch_gives_each_node_its_own_rank(tmp_path):
     launches = log.read_text(encoding="utf-8").splitlines()
     assert len(launches) == 2
     assert checks.read_text(encoding="utf-8").splitlines() == [
-        "-m train.sft --config configs/train/webjudge7b_full.yaml world_size=8 --check"
+        "-m keyshot.train.sft --config configs/train/webjudge7b_full.yaml world_size=8 --check"
     ]
     text = script.read_text()
     assert "#SBATCH --signal=USR1@" in text and "#SBATCH --requeue" in text  # preemption-safe
@@ -162,7 +162,7 @@ def test_slurm_launch_gives_each_node_its_own_rank(tmp_path):
         assert args[args.index("--main_process_ip") + 1] == "gpu-a17"
         assert args[args.index("--num_processes") + 1] == "8"
         assert args[args.index("--num_machines") + 1] == "2"
-        assert line.endswith("-m train.sft --config configs/train/webjudge7b_full.yaml world_size=8")
+        assert line.endswith("-m keyshot.train.sft --config configs/train/webjudge7b_full.yaml world_size=8")
 
 
 @pytest.mark.parametrize("name", ["serve.sh", "synth.sh", "synth_merge.sh", "judge.sh", "merge.sh"])
@@ -263,7 +263,7 @@ def test_check_names_a_bad_dataset_or_model_path_in_one_line(tmp_path, tiny_mode
     """`train/sft.py --check` (run by slurm/train.sh before launching): every wrong data.path or model
     path is one line naming it, exit 2, before anything is written; a good one says what it found and
     that the rows render at their planned length."""
-    from infer.testing.scorer_data import build_scorer_dataset
+    from keyshot.infer.testing.scorer_data import build_scorer_dataset
 
     dataset = build_scorer_dataset(tmp_path / "ds", n_train=4, n_val=2)
     model = tmp_path / "model"

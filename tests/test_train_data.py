@@ -10,11 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from infer.checkpoint import saved_pixel_bounds
-from infer.images import ImagePolicy, prepare_image
-from infer.messages import scorer_answer, scorer_example, scorer_messages
-from infer.prompts import load_prompt_set
-from infer.rendering import (
+from keyshot.infer.model.checkpoint import saved_pixel_bounds
+from keyshot.infer.protocol.chat_template import (
     IGNORE_INDEX,
     DataError,
     ScorerRenderer,
@@ -22,8 +19,11 @@ from infer.rendering import (
     processor_pixel_bounds,
     set_processor_pixel_bounds,
 )
-from infer.testing.scorer_data import build_scorer_dataset, screenshot
-from train.batches import (
+from keyshot.infer.protocol.images import ImagePolicy, prepare_image
+from keyshot.infer.protocol.messages import scorer_answer, scorer_example, scorer_messages
+from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.testing.scorer_data import build_scorer_dataset, screenshot
+from keyshot.train.batches import (
     LengthGroupedBatchSampler,
     RandomBatchSampler,
     ScorerCollator,

@@ -5,9 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.scorer_model import attention_implementation, count_parameters, load_scorer_model, parameter_groups
-from train.settings import LoraSettings, ModelSettings, OptimSettings
-from train.throughput import FlopsModel, ThroughputMeter
+from keyshot.train.scorer_model import (
+    attention_implementation,
+    count_parameters,
+    load_scorer_model,
+    parameter_groups,
+)
+from keyshot.train.settings import LoraSettings, ModelSettings, OptimSettings
+from keyshot.train.throughput import FlopsModel, ThroughputMeter
 
 
 def _settings(tiny_model_dir, **kw) -> ModelSettings:
@@ -93,7 +98,7 @@ def test_flops_model_counts_what_runs(tiny_model_dir):
 def test_log_totals_meet_on_the_model_device():
     """The losses live on the model's device and the meter counts on the host: the logging step must
     bring both to the device before concatenating (on CUDA, today's torch.cat of the two raised)."""
-    from train.throughput import log_totals
+    from keyshot.train.throughput import log_totals
 
     full = FlopsModel(**_FLOPS_ARGS)
     meter = ThroughputMeter(full, peak_tflops_per_device=1.0, world_size=1)

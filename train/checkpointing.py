@@ -8,7 +8,7 @@ rank has finished, so a kill never leaves a half checkpoint that looks complete;
 
 ``RUN/final/`` is a plain Hugging Face folder that ``AutoModelForImageTextToText`` and vLLM load as
 it is: safetensors weights, the processor with the training pixel bounds, the chat template, a
-greedy ``generation_config.json`` and ``keyshot.json`` (:mod:`infer.checkpoint`). A LoRA run also
+greedy ``generation_config.json`` and ``keyshot.json`` (:mod:`keyshot.infer.model.checkpoint`). A LoRA run also
 keeps its adapter in ``RUN/final_adapter/`` and merges it into ``RUN/final/``.
 """
 
@@ -24,9 +24,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from infer.checkpoint import CheckpointMeta, write_meta
-from infer.errors import KeyshotError
-from infer.fileio import write_text_atomic
+from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.common.fileio import write_text_atomic
+from keyshot.infer.model.checkpoint import CheckpointMeta, write_meta
 
 logger = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ import json
 import logging
 from pathlib import Path
 
-from infer.checkpoint import CheckpointError, CheckpointMeta, read_meta
-from infer.errors import KeyshotError, require_training_stack
-from infer.helptext import plain
+from keyshot.infer.common.errors import KeyshotError, require_training_stack
+from keyshot.infer.common.helptext import plain
+from keyshot.infer.model.checkpoint import CheckpointError, CheckpointMeta, read_meta
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +47,8 @@ def merge_adapter(
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from infer.rendering import processor_pixel_bounds
-    from train.checkpointing import write_model_folder
+    from keyshot.infer.protocol.chat_template import processor_pixel_bounds
+    from keyshot.train.checkpointing import write_model_folder
 
     adapter_dir = Path(adapter_dir)
     base = base or adapter_base_model(adapter_dir)
@@ -60,7 +60,7 @@ def merge_adapter(
             raise CheckpointError(
                 f"{adapter_dir}: no keyshot.json (training writes one); pass --prompt-variant to describe the scorer"
             )
-        from infer.prompts import load_prompt_set
+        from keyshot.infer.protocol.prompts import load_prompt_set
 
         lo, hi = processor_pixel_bounds(processor)
         meta = CheckpointMeta(

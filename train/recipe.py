@@ -19,16 +19,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from infer.checkpoint import CheckpointMeta, looks_like_local_path, model_folder_problem, read_meta
-from infer.config import ConfigError, config_to_dict
-from infer.rendering import (
+from keyshot.infer.common.config import ConfigError, config_to_dict
+from keyshot.infer.model.checkpoint import (
+    CheckpointMeta,
+    looks_like_local_path,
+    model_folder_problem,
+    read_meta,
+)
+from keyshot.infer.protocol.chat_template import (
     DataError,
     ScorerRenderer,
     image_policy_for,
     processor_pixel_bounds,
     set_processor_pixel_bounds,
 )
-from train.batches import (
+from keyshot.train.batches import (
     ScorerCollator,
     ScorerDataset,
     build_batch_sampler,
@@ -37,18 +42,18 @@ from train.batches import (
     dataset_prompt_version,
     load_scorer_dataset,
 )
-from train.checkpointing import (
+from keyshot.train.checkpointing import (
     CheckpointManager,
     ResumeError,
     TrainerState,
     write_adapter_folder,
     write_model_folder,
 )
-from train.preemption import Preempted, PreemptionWatch, clear_marker
-from train.scorer_model import load_scorer_model, parameter_groups
-from train.settings import TrainConfig
-from train.throughput import FlopsModel, ThroughputMeter, log_totals
-from train.validation import MetricsLog, evaluate
+from keyshot.train.preemption import Preempted, PreemptionWatch, clear_marker
+from keyshot.train.scorer_model import load_scorer_model, parameter_groups
+from keyshot.train.settings import TrainConfig
+from keyshot.train.throughput import FlopsModel, ThroughputMeter, log_totals
+from keyshot.train.validation import MetricsLog, evaluate
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +121,7 @@ def _fill_deepspeed_config(accelerator, cfg: TrainConfig, model) -> None:
 
 
 def _prompt_identity(ds, cfg: TrainConfig) -> tuple[str, str]:
-    from infer.prompts import load_prompt_set
+    from keyshot.infer.protocol.prompts import load_prompt_set
 
     version = dataset_prompt_version(ds)
     if version is None:
@@ -543,7 +548,7 @@ def export_final(
 
     ``answer_tokens`` (the train rows' answer lengths, ``ScorerDataset.answer_tokens``) goes into
     ``keyshot.json``, where ``keyshot serve`` and ``keyshot judge`` read the answer length to allow."""
-    from train.merge_lora import merge_adapter
+    from keyshot.train.merge_lora import merge_adapter
 
     state_dict = accelerator.get_state_dict(model)  # gathers ZeRO-3 shards (16-bit save enabled in the JSON)
     final = run_dir / FINAL

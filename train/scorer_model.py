@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from infer.errors import KeyshotError
-from infer.vision_attention import use_batched_window_attention
-from train.settings import ModelSettings, OptimSettings
+from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.model.vision_attention import use_batched_window_attention
+from keyshot.train.settings import ModelSettings, OptimSettings
 
 logger = logging.getLogger(__name__)
 

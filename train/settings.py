@@ -1,6 +1,6 @@
 """The typed training config (``configs/train/*.yaml`` → :class:`TrainConfig`).
 
-Filled by :func:`infer.config.load_config` from a YAML file and ``key.sub=value`` overrides; unknown
+Filled by :func:`keyshot.infer.common.config.load_config` from a YAML file and ``key.sub=value`` overrides; unknown
 keys are errors. The global batch is the one number that defines the recipe: gradient accumulation
 is derived from it as ``global_batch_size / (per_device_batch_size × world_size)`` and must divide.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from infer.config import ConfigError
+from keyshot.infer.common.config import ConfigError
 
 #: peft target for the language model only: the vision blocks also have gate/up/down_proj.
 LLM_LORA_TARGET = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
@@ -54,7 +54,7 @@ class DataSettings:
     #: Pixel bounds of the scorer's images; None keeps the base processor's own bounds.
     min_pixels: int | None = None
     max_pixels: int | None = None
-    #: Tall-page rule of the image policy (see infer.images.ImagePolicy.max_aspect).
+    #: Tall-page rule of the image policy (see keyshot.infer.protocol.images.ImagePolicy.max_aspect).
     max_aspect: float | None = 4.0
     #: "length_grouped": examples of similar length share a batch (seeded); "random": plain shuffled batches.
     batching: Literal["length_grouped", "random"] = "length_grouped"

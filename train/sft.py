@@ -1,13 +1,13 @@
 """Fine-tune the Qwen2.5-VL key-screenshot scorer: a thin entry for ``accelerate launch``.
 
-    # the paper recipe on 4×H100 (DeepSpeed ZeRO-3); LoRA on one GPU (`train/sft.py` works as well as `-m train.sft`)
-    accelerate launch --config_file configs/accelerate/gpu4_zero3.yaml -m train.sft --config configs/train/webjudge7b_full.yaml
-    accelerate launch --config_file configs/accelerate/gpu1.yaml -m train.sft --config configs/train/webjudge7b_lora.yaml
+    # the paper recipe on 4×H100 (DeepSpeed ZeRO-3); LoRA on one GPU (`train/sft.py` works as well as `-m keyshot.train.sft`)
+    accelerate launch --config_file configs/accelerate/gpu4_zero3.yaml -m keyshot.train.sft --config configs/train/webjudge7b_full.yaml
+    accelerate launch --config_file configs/accelerate/gpu1.yaml -m keyshot.train.sft --config configs/train/webjudge7b_lora.yaml
     # CPU (the tiny model): one process, or two with gloo (ACCELERATE_USE_CPU=1 is required)
-    accelerate launch --config_file configs/accelerate/cpu1.yaml -m train.sft --config configs/train/tiny_cpu.yaml
-    ACCELERATE_USE_CPU=1 accelerate launch --config_file configs/accelerate/cpu2.yaml -m train.sft --config configs/train/tiny_cpu.yaml
+    accelerate launch --config_file configs/accelerate/cpu1.yaml -m keyshot.train.sft --config configs/train/tiny_cpu.yaml
+    ACCELERATE_USE_CPU=1 accelerate launch --config_file configs/accelerate/cpu2.yaml -m keyshot.train.sft --config configs/train/tiny_cpu.yaml
     # overrides: key.sub=value after the config
-    accelerate launch ... -m train.sft --config configs/train/tiny_cpu.yaml run_dir=runs/x optim.lr=1e-4 max_steps=20
+    accelerate launch ... -m keyshot.train.sft --config configs/train/tiny_cpu.yaml run_dir=runs/x optim.lr=1e-4 max_steps=20
 
 Re-running the same command resumes from the newest checkpoint in ``run_dir``. SIGUSR1 or SIGTERM
 (SLURM's warning before a time limit or preemption) saves a checkpoint at the next step and exits
@@ -22,13 +22,13 @@ import os
 import sys
 from pathlib import Path
 
-from infer.cli import parse
-from infer.config import dump_config, load_config
-from infer.errors import KeyshotError
-from infer.logs import setup_logging
-from train.settings import TrainConfig
+from keyshot.infer.cli import parse
+from keyshot.infer.common.config import dump_config, load_config
+from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.common.logs import setup_logging
+from keyshot.train.settings import TrainConfig
 
-logger = logging.getLogger("train.sft")
+logger = logging.getLogger("keyshot.train.sft")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.INFO if rank == 0 else logging.WARNING,
         f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s",
     )
-    from train.recipe import check_inputs, check_training_rows, run_training
+    from keyshot.train.recipe import check_inputs, check_training_rows, run_training
 
     try:
         cfg = load_config(TrainConfig, args.config, args.overrides)
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("config: %s", cfg)
     if rank == 0:
         dump_config(cfg, Path(cfg.run_dir) / "config.yaml")
-    from train.preemption import EXIT_REQUEUE, Preempted, write_marker
+    from keyshot.train.preemption import EXIT_REQUEUE, Preempted, write_marker
 
     try:
         run_training(cfg)

@@ -2,7 +2,7 @@
 
 Every rank evaluates its share; shares are padded to equal length (padding items are run and
 discarded) so collective ops — ZeRO-3 parameter gathers inside ``generate`` included — stay in step.
-Scores are read with ``infer.parsing.parse_score`` (strict): an unparseable answer counts as a miss.
+Scores are read with ``keyshot.infer.protocol.parsing.parse_score`` (strict): an unparseable answer counts as a miss.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from infer.fileio import write_text_atomic
-from infer.parsing import parse_score
-from infer.rendering import IGNORE_INDEX
-from train.batches import ScorerCollator, ScorerDataset
+from keyshot.infer.common.fileio import write_text_atomic
+from keyshot.infer.protocol.chat_template import IGNORE_INDEX
+from keyshot.infer.protocol.parsing import parse_score
+from keyshot.train.batches import ScorerCollator, ScorerDataset
 
 logger = logging.getLogger(__name__)
 

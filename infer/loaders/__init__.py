@@ -1,6 +1,6 @@
 """Trajectory loaders: Online-Mind2Web v1/v2 folders, AgentLab/BrowserGym runs, keyshot JSONL.
 
-``iter_trajectories`` (behind :func:`infer.trajectory.load_trajectories`) accepts one trajectory
+``iter_trajectories`` (behind :func:`keyshot.infer.loaders.load_trajectories`) accepts one trajectory
 folder, a folder of trajectory folders (and/or JSONL files), or a JSONL file, and detects each
 trajectory's format unless one is forced.
 """
@@ -10,16 +10,30 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from infer.config import ConfigError
-from infer.loaders.agentlab import FORMAT as AGENTLAB
-from infer.loaders.agentlab import is_agentlab_run, load_agentlab, parse_experiment_analysis
-from infer.loaders.common import InputScope, read_json
-from infer.loaders.human_labels import HumanLabels, attach_human_labels, read_human_labels
-from infer.loaders.jsonl import FORMAT as JSONL
-from infer.loaders.jsonl import JSONL_SUFFIXES, iter_jsonl, write_jsonl
-from infer.loaders.mind2web import RESULT_FILE, SCREENSHOT_DIR, V1, V2, load_online_mind2web, schema_of
-from infer.trajectory import OnError, Trajectory, TrajectoryError
+from keyshot.infer.common.config import ConfigError
+from keyshot.infer.loaders.agentlab import FORMAT as AGENTLAB
+from keyshot.infer.loaders.agentlab import is_agentlab_run, load_agentlab, parse_experiment_analysis
+from keyshot.infer.loaders.common import InputScope, account_for, read_json
+from keyshot.infer.loaders.human_labels import (
+    HumanLabels,
+    LabelTable,
+    attach_human_labels,
+    read_human_labels,
+    read_label_file,
+)
+from keyshot.infer.loaders.jsonl import FORMAT as JSONL
+from keyshot.infer.loaders.jsonl import JSONL_SUFFIXES, iter_jsonl, write_jsonl
+from keyshot.infer.loaders.mind2web import (
+    RESULT_FILE,
+    SCREENSHOT_DIR,
+    V1,
+    V2,
+    load_online_mind2web,
+    schema_of,
+)
+from keyshot.infer.loaders.trajectory import OnError, SkippedEntry, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
 
@@ -31,31 +45,86 @@ _FMT_CHOICES = ("auto", MIND2WEB_ANY, *FORMATS)
 __all__ = [
     "FORMATS",
     "HumanLabels",
+    "LabelTable",
     "attach_human_labels",
     "detect_format",
     "iter_jsonl",
     "iter_trajectories",
+    "load_trajectories",
+    "load_trajectory",
     "load_agentlab",
     "load_online_mind2web",
     "parse_experiment_analysis",
     "read_human_labels",
+    "read_label_file",
     "write_jsonl",
 ]
 
 
-def _is_trajectory_folder(folder: Path) -> bool:
+Job = tuple[Path, Callable[[], Iterator[Trajectory]]]
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tgz", ".gz", ".bz2", ".xz", ".7z", ".rar")
+
+
+def _has_trajectory_files(folder: Path) -> bool:
     """Has the files of one trajectory (an Online-Mind2Web task folder, maybe broken, or an AgentLab run)."""
     return (folder / RESULT_FILE).is_file() or (folder / SCREENSHOT_DIR).is_dir() or is_agentlab_run(folder)
+
+
+def _loose_result_json(folder: Path) -> bool:
+    """A result.json beside task folders rather than in one (no trajectory/ of its own): the folder holds
+    trajectories and the file is listed as skipped."""
+    return (
+        (folder / RESULT_FILE).is_file()
+        and not (folder / SCREENSHOT_DIR).is_dir()
+        and not is_agentlab_run(folder)
+        and any(_has_trajectory_files(c) for c in _subfolders(folder))
+    )
+
+
+def _is_trajectory_folder(folder: Path) -> bool:
+    return _has_trajectory_files(folder) and not _loose_result_json(folder)
 
 
 MAX_DEPTH = 4  # levels below the input searched for trajectories (AgentRewardBench: benchmark/agent/run)
 
 
-def _subfolders(folder: Path) -> list[Path]:
+def _entries(folder: Path) -> list[Path]:
+    """The entries of a folder, hidden ones (.DS_Store, __MACOSX) left out."""
     try:
-        return [c for c in sorted(folder.iterdir()) if c.is_dir() and not c.name.startswith((".", "__"))]
+        return [c for c in sorted(folder.iterdir()) if not c.name.startswith((".", "__"))]
     except OSError:
         return []
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    return [c for c in _entries(folder) if c.is_dir()]
+
+
+def _skip_reason(entry: Path, fmt: str) -> str:
+    """Why an entry of an input folder that is neither a folder nor a JSONL file read is not judged."""
+    name = entry.name.lower()
+    if entry.is_symlink() and not entry.exists():
+        return "a dangling symlink or a symlink loop; not read"
+    if not entry.is_file():
+        return "not a file or folder (a FIFO, socket or device); not read"
+    if name.endswith(ARCHIVE_SUFFIXES):
+        return "an archive: unpack it (e.g. unzip) and pass the folder it makes to judge what it holds"
+    if name == RESULT_FILE:
+        return (
+            f"a {RESULT_FILE} outside a task folder: an Online-Mind2Web task folder holds {RESULT_FILE} and "
+            f"{SCREENSHOT_DIR}/; move it into its task folder"
+        )
+    if name.endswith(JSONL_SUFFIXES):
+        return f"a JSONL file, not read with format {fmt} (it reads folders); leave format at auto"
+    return f"not a trajectory file: trajectories are folders or {' / '.join(JSONL_SUFFIXES)} files"
+
+
+def _skipped(entry: Path, reason: str) -> Callable[[], Iterator[Trajectory]]:
+    def report() -> Iterator[Trajectory]:
+        raise SkippedEntry(entry, reason)
+        yield  # a generator, like every job
+
+    return report
 
 
 def _holds_trajectories(folder: Path, depth: int) -> bool:
@@ -68,13 +137,19 @@ def _holds_trajectories(folder: Path, depth: int) -> bool:
 
 def _nested_jobs(
     folder: Path, fmt: str, agent: str | None, benchmark: str | None, scope: InputScope, depth: int
-) -> list[tuple[Path, Callable[[], Iterator[Trajectory]]]]:
+) -> list[Job]:
     """Every trajectory under a folder of folders. A trajectory folder's parent names its agent unless the
     user named one (the Online-Mind2Web release: SeeAct/<task_id>/...; AgentLab runs name their own).
-    A subfolder that is neither a trajectory nor holds one becomes a job that fails with the reason."""
-    jobs: list[tuple[Path, Callable[[], Iterator[Trajectory]]]] = []
-    for child in _subfolders(folder):
-        if not _is_trajectory_folder(child) and depth > 1 and _holds_trajectories(child, depth - 1):
+    A subfolder that is neither a trajectory nor holds one becomes a job that fails with the reason; a
+    file there, one that reports it skipped."""
+    jobs: list[Job] = []
+    for child in _entries(folder):
+        if not child.is_dir():
+            reason = _skip_reason(child, fmt)
+            if child.is_file() and child.name.lower().endswith(JSONL_SUFFIXES):
+                reason = "a JSONL file inside a folder of trajectory folders is not read: pass it as an input"
+            jobs.append((child, _skipped(child, reason)))
+        elif not _is_trajectory_folder(child) and depth > 1 and _holds_trajectories(child, depth - 1):
             jobs.extend(_nested_jobs(child, fmt, agent, benchmark, scope, depth - 1))
         else:
             jobs.append((child, _single(child, fmt, agent or folder.name, benchmark, scope)))
@@ -131,7 +206,7 @@ def iter_trajectories(
     errors: list[TrajectoryError] | None = None,
     allow_outside: tuple[Path | str, ...] = (),
 ) -> Iterator[Trajectory]:
-    """See :func:`infer.trajectory.load_trajectories`. Path problems raise at once; others per ``on_error``.
+    """See :func:`keyshot.infer.loaders.load_trajectories`. Path problems raise at once; others per ``on_error``.
 
     Screenshot files must lie inside ``path`` (its folder, for a file) or one of ``allow_outside``."""
     if fmt not in _FMT_CHOICES:
@@ -139,7 +214,15 @@ def iter_trajectories(
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     if not path.exists():
-        raise TrajectoryError(path, "no such file or folder")
+        raise TrajectoryError(
+            path, "a dangling symlink or a symlink loop" if path.is_symlink() else "no such file or folder"
+        )
+    if not (path.is_file() or path.is_dir()):
+        raise TrajectoryError(
+            path,
+            "not a file or folder (a FIFO, socket or device): give a trajectory folder, a folder of them "
+            f"or a {' or '.join(JSONL_SUFFIXES)} file",
+        )
     scope = InputScope.of(path, allow_outside=allow_outside)
     if path.is_file():
         if path.name == RESULT_FILE and fmt != JSONL:
@@ -158,9 +241,7 @@ def iter_trajectories(
         raise TrajectoryError(path, "format jsonl is read from a .jsonl file, not a folder")
 
     if _is_trajectory_folder(path):
-        jobs: list[tuple[Path, Callable[[], Iterator[Trajectory]]]] = [
-            (path, _single(path, fmt, agent, benchmark, scope))
-        ]
+        jobs = [(path, _single(path, fmt, agent, benchmark, scope))]
     else:
         jobs = _folder_jobs(
             path, fmt, on_error=on_error, agent=agent, benchmark=benchmark, errors=errors, scope=scope
@@ -186,9 +267,12 @@ def _folder_jobs(
     benchmark: str | None,
     errors: list[TrajectoryError] | None,
     scope: InputScope,
-) -> list[tuple[Path, Callable[[], Iterator[Trajectory]]]]:
-    jobs: list[tuple[Path, Callable[[], Iterator[Trajectory]]]] = []
-    children = [child for child in sorted(folder.iterdir()) if not child.name.startswith((".", "__"))]
+) -> list[Job]:
+    """A job per entry of an input folder: a trajectory folder, a folder of them, a JSONL file, or an
+    entry that is reported skipped with the reason."""
+    jobs: list[Job] = []
+    skipped: list[Job] = []
+    children = _entries(folder)
     # Beside JSONL files, a subfolder that is no trajectory holds their screenshots; elsewhere it is an error.
     has_jsonl = any(c.is_file() and c.suffix.lower() in JSONL_SUFFIXES for c in children)
     for child in children:
@@ -196,17 +280,17 @@ def _folder_jobs(
             logger.debug(
                 "%s: %s is not a trajectory folder (screenshots of the JSONL files?)", folder, child.name
             )
+        elif child.is_dir() and fmt == JSONL:
+            logger.debug("%s: %s is a folder, not read with format jsonl (screenshots?)", folder, child.name)
         elif (
-            child.is_dir()
-            and fmt != JSONL
-            and not _is_trajectory_folder(child)
-            and _holds_trajectories(child, MAX_DEPTH - 1)
+            child.is_dir() and not _is_trajectory_folder(child) and _holds_trajectories(child, MAX_DEPTH - 1)
         ):
             # a folder of folders: one per agent (Online-Mind2Web), or per benchmark and agent (AgentRewardBench)
             jobs.extend(_nested_jobs(child, fmt, agent, benchmark, scope, MAX_DEPTH - 1))
-        elif child.is_dir() and fmt != JSONL:
+        elif child.is_dir():
             jobs.append((child, _single(child, fmt, agent, benchmark, scope)))
-        elif child.is_file() and child.suffix.lower() in JSONL_SUFFIXES and fmt in ("auto", JSONL):
+        elif child.suffix.lower() in JSONL_SUFFIXES and fmt in ("auto", JSONL):
+            # (a FIFO, dangling link or symlink loop named .jsonl is refused by name, never opened)
             jobs.append(
                 (
                     child,
@@ -216,27 +300,62 @@ def _folder_jobs(
                 )
             )
         else:
-            logger.debug("%s: ignoring %s", folder, child.name)
+            skipped.append((child, _skipped(child, _skip_reason(child, fmt))))
     if not jobs:
+        seen = "".join(f"; {where.name}: {_skip_reason(where, fmt)}" for where, _ in skipped[:3])
         raise TrajectoryError(
             folder,
             f"no trajectories found: expected {RESULT_FILE} (Online-Mind2Web), AgentLab run files, "
-            "trajectory folders or .jsonl files",
+            f"trajectory folders or .jsonl files{seen}",
         )
-    return jobs
+    return jobs + skipped
 
 
-def _run(
-    jobs: list[tuple[Path, Callable[[], Iterator[Trajectory]]]],
-    on_error: OnError,
-    errors: list[TrajectoryError] | None,
-) -> Iterator[Trajectory]:
+def _run(jobs: list[Job], on_error: OnError, errors: list[TrajectoryError] | None) -> Iterator[Trajectory]:
     for _where, job in jobs:
         try:
             yield from job()
         except TrajectoryError as exc:
-            if on_error == "raise":
-                raise
-            logger.warning("skipping a trajectory: %s", exc)
-            if errors is not None:
-                errors.append(exc)
+            account_for(exc, on_error, errors)
+
+
+def load_trajectories(
+    path: Path | str,
+    fmt: str = "auto",
+    *,
+    on_error: OnError = "raise",
+    agent: str | None = None,
+    benchmark: str | None = None,
+    errors: list[TrajectoryError] | None = None,
+    allow_outside: tuple[Path | str, ...] = (),
+) -> Iterator[Trajectory]:
+    """Yield the trajectories in a trajectory folder, a folder of trajectory folders, or a JSONL file.
+
+    Args:
+        path: the folder or JSONL file.
+        fmt: ``"auto"`` (detect per trajectory) or one of :data:`keyshot.infer.loaders.FORMATS` to force one.
+        on_error: ``"raise"`` stops at the first bad trajectory; ``"skip"`` logs a warning naming the
+            file, appends the error to ``errors`` (when given) and goes on.
+        agent, benchmark: defaults for trajectories whose format does not name them.
+        allow_outside: folders outside ``path`` that screenshot references may point into (by
+            default a reference that resolves outside ``path`` fails its trajectory).
+
+    A missing ``path`` raises :class:`TrajectoryError` at once, whatever ``on_error`` says.
+    """
+    return iter_trajectories(
+        Path(path),
+        fmt,
+        on_error=on_error,
+        agent=agent,
+        benchmark=benchmark,
+        errors=errors,
+        allow_outside=allow_outside,
+    )
+
+
+def load_trajectory(path: Path | str, fmt: str = "auto", **defaults: Any) -> Trajectory:
+    """Load exactly one trajectory (a trajectory folder, or a JSONL file with one line)."""
+    found = list(load_trajectories(path, fmt, on_error="raise", **defaults))
+    if len(found) != 1:
+        raise TrajectoryError(path, f"expected one trajectory, found {len(found)}")
+    return found[0]

@@ -6,7 +6,7 @@ reward) and ``experiment_analysis.md``, AgentLab's text rendering of the run: ``
 ``**Derived Goal**``, then one ``## InstanceStepNNN`` per step whose ``### Next Action`` holds the
 agent's thought and, in a triple-backtick span, its action (``No next action available`` on the last
 step). A run without the analysis (AgentLab writes it only when asked) is read from its own step records
-``step_N.pkl.gz`` and ``exp_args.pkl``, unpickled inertly (:mod:`infer.loaders.agentlab_records`).
+``step_N.pkl.gz`` and ``exp_args.pkl``, unpickled inertly (:mod:`keyshot.infer.loaders.agentlab_records`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,15 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from infer.loaders.agentlab_records import STEP_RECORD, AnalysisSteps, read_step_records
-from infer.loaders.common import InputScope, check_counts, read_json, require_regular_file, screenshot_file
-from infer.trajectory import Screenshot, Trajectory, TrajectoryError
+from keyshot.infer.loaders.agentlab_records import STEP_RECORD, AnalysisSteps, read_step_records
+from keyshot.infer.loaders.common import (
+    InputScope,
+    check_counts,
+    read_json,
+    require_regular_file,
+    screenshot_file,
+)
+from keyshot.infer.loaders.trajectory import Screenshot, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
 

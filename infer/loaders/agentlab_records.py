@@ -21,8 +21,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from infer.loaders.common import require_regular_file
-from infer.trajectory import TrajectoryError
+from keyshot.infer.loaders.common import require_regular_file
+from keyshot.infer.loaders.trajectory import TrajectoryError
 
 STEP_RECORD = re.compile(r"^step_(?P<n>\d+)\.pkl(?:\.gz)?$")
 EXP_ARGS_FILE = "exp_args.pkl"

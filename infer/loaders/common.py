@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infer.trajectory import Screenshot, TrajectoryError
+from keyshot.infer.loaders.trajectory import OnError, Screenshot, SkippedEntry, TrajectoryError
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +45,11 @@ class InputScope:
         roots = []
         for p in (*paths, *allow_outside):
             p = Path(p)
-            roots.append((p if p.is_dir() or not p.exists() else p.parent).resolve())
+            roots.append(_real(p if p.is_dir() or not p.exists() else p.parent))
         return cls(tuple(roots))
 
     def contains(self, path: Path) -> bool:
-        resolved = path.resolve()
+        resolved = _real(path)
         return any(resolved == root or resolved.is_relative_to(root) for root in self.roots)
 
     def check(self, path: Path, source: Path, what: str, line: int | None = None) -> None:
@@ -61,6 +62,31 @@ class InputScope:
             )
 
 
+def _real(path: Path) -> Path:
+    """``path`` with every symlink followed; a symlink loop is left as it is (opening it fails, by name)
+    where ``Path.resolve`` raises RuntimeError."""
+    return Path(os.path.realpath(path))
+
+
+def os_problem(exc: OSError) -> str:
+    """Why the operating system refused a path, in words (a symlink loop is named as one)."""
+    if exc.errno == errno.ELOOP:
+        return "a symlink loop (the link points, through other links, back to itself)"
+    return exc.strerror or str(exc)
+
+
+def account_for(exc: TrajectoryError, on_error: OnError, errors: list[TrajectoryError] | None) -> None:
+    """A trajectory or input entry that is not judged: raised (``on_error="raise"``, except for a
+    skipped entry, which is only warned of), or logged and appended to ``errors``."""
+    if on_error == "raise" and not isinstance(exc, SkippedEntry):
+        raise exc
+    logger.warning(
+        "skipping %s: %s", "an input entry" if isinstance(exc, SkippedEntry) else "a trajectory", exc
+    )
+    if errors is not None:
+        errors.append(exc)
+
+
 def require_regular_file(path: Path, what: str = "file") -> None:
     """Refuse, without opening it, anything that is not a regular file (a FIFO would hang the run)."""
     try:
@@ -70,7 +96,7 @@ def require_regular_file(path: Path, what: str = "file") -> None:
             path, f"{what} is missing" + (" (a dangling symlink)" if path.is_symlink() else "")
         ) from exc
     except OSError as exc:
-        raise TrajectoryError(path, f"cannot read {what}: {exc.strerror or exc}") from exc
+        raise TrajectoryError(path, f"cannot read {what}: {os_problem(exc)}") from exc
     if not stat.S_ISREG(mode):
         raise TrajectoryError(path, f"{what} is not a regular file (a folder, FIFO or device); not read")
 
@@ -85,12 +111,21 @@ def read_json(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise TrajectoryError(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     except OSError as exc:
-        raise TrajectoryError(path, f"cannot read file: {exc.strerror or exc}") from exc
+        raise TrajectoryError(path, f"cannot read file: {os_problem(exc)}") from exc
+    return parse_json(text, path)
+
+
+def parse_json(text: str, path: Path, line: int | None = None) -> Any:
+    """Parse JSON text read from ``path`` (``line``: of a JSONL file); malformed or absurdly deeply
+    nested JSON raises TrajectoryError naming the file (and line)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
+        where = f"column {exc.colno}" if line is not None else f"line {exc.lineno}, column {exc.colno}"
+        raise TrajectoryError(path, f"invalid JSON: {exc.msg} ({where})", line) from exc
+    except RecursionError as exc:
         raise TrajectoryError(
-            path, f"invalid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+            path, "JSON nested too deeply to read (thousands of levels of lists or objects); not read", line
         ) from exc
 
 
@@ -195,7 +230,7 @@ def screenshot_file(
     except FileNotFoundError as exc:
         raise error(f"screenshot file is missing (referenced by {source})") from exc
     except OSError as exc:
-        raise error(f"cannot read screenshot: {exc.strerror or exc}") from exc
+        raise error(f"cannot read screenshot: {os_problem(exc)}") from exc
     if not stat.S_ISREG(st.st_mode):
         raise error("screenshot is not a regular file (a folder, FIFO or device); not read")
     size = st.st_size

@@ -9,6 +9,7 @@ Unknown keys are errors (a typo must not silently drop data). Errors name the fi
 from __future__ import annotations
 
 import base64
+import codecs
 import json
 import logging
 import os
@@ -16,17 +17,20 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from infer.fileio import atomic_output
-from infer.images import sniff_image_type
-from infer.loaders.common import (
+from keyshot.infer.common.fileio import atomic_output
+from keyshot.infer.loaders.common import (
     InputScope,
+    account_for,
     check_counts,
+    os_problem,
+    parse_json,
     require_regular_file,
     require_str,
     screenshot_from_ref,
     string_list,
 )
-from infer.trajectory import HUMAN_LABELS, OnError, Trajectory, TrajectoryError
+from keyshot.infer.loaders.trajectory import HUMAN_LABELS, OnError, SkippedEntry, Trajectory, TrajectoryError
+from keyshot.infer.protocol.images import sniff_image_type
 
 logger = logging.getLogger(__name__)
 
@@ -128,51 +132,57 @@ def iter_jsonl(
     errors: list[TrajectoryError] | None = None,
     scope: InputScope | None = None,
 ) -> Iterator[Trajectory]:
-    """Yield the trajectories of a JSONL file, one per non-blank line."""
+    """Yield the trajectories of a JSONL file, one per non-blank line. A bad line (not UTF-8, not JSON,
+    not a trajectory) is raised or skipped per ``on_error``; a file without a record is a skipped entry."""
     require_regular_file(path, "JSONL file")
     scope = scope or InputScope.of(path.parent)
-    try:
-        handle = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise TrajectoryError(path, f"cannot open JSONL file: {exc.strerror or exc}") from exc
     seen: dict[str, int] = {}
+    records = 0
+    for line_no, raw in _lines(path):
+        records += 1
+        try:
+            record = parse_json(_decode(raw, path, line_no), path, line_no)
+            trajectory = parse_line(record, path, line_no, agent=agent, benchmark=benchmark, scope=scope)
+        except TrajectoryError as exc:
+            account_for(exc, on_error, errors)
+            continue
+        if trajectory.uid in seen:
+            logger.warning(
+                "%s:%d: duplicate trajectory %s (first on line %d)",
+                path,
+                line_no,
+                trajectory.uid,
+                seen[trajectory.uid],
+            )
+        seen.setdefault(trajectory.uid, line_no)
+        yield trajectory
+    if not records:
+        account_for(
+            SkippedEntry(path, "empty JSONL file: no trajectory in it (one JSON object per line expected)"),
+            on_error,
+            errors,
+        )
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of each non-blank line, a byte-order mark before the first dropped."""
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise TrajectoryError(path, f"cannot open JSONL file: {os_problem(exc)}") from exc
     with handle:
-        line_no = 0
-        while True:
-            try:
-                text = handle.readline()
-            except UnicodeDecodeError as exc:
-                raise TrajectoryError(path, f"not UTF-8 text ({exc.reason})", line_no + 1) from exc
-            if not text:
-                break
-            line_no += 1
-            if not text.strip():
-                continue
-            try:
-                try:
-                    record = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise TrajectoryError(
-                        path, f"invalid JSON: {exc.msg} (column {exc.colno})", line_no
-                    ) from exc
-                trajectory = parse_line(record, path, line_no, agent=agent, benchmark=benchmark, scope=scope)
-            except TrajectoryError as exc:
-                if on_error == "raise":
-                    raise
-                logger.warning("skipping a trajectory: %s", exc)
-                if errors is not None:
-                    errors.append(exc)
-                continue
-            if trajectory.uid in seen:
-                logger.warning(
-                    "%s:%d: duplicate trajectory %s (first on line %d)",
-                    path,
-                    line_no,
-                    trajectory.uid,
-                    seen[trajectory.uid],
-                )
-            seen.setdefault(trajectory.uid, line_no)
-            yield trajectory
+        for line_no, raw in enumerate(handle, start=1):
+            if line_no == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
+            if raw.strip():
+                yield line_no, raw
+
+
+def _decode(raw: bytes, path: Path, line: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TrajectoryError(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})", line) from exc
 
 
 def _screenshot_ref(shot, out_dir: Path) -> str:

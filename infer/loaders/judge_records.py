@@ -5,7 +5,7 @@ one reader of each, for metrics, released-record verdicts and synthesis's import
 ``index.csv`` has one row per (judge, benchmark, agent, task): ``path`` (the record, relative to the
 index's folder or a parent), ``judge``, ``benchmark``, ``agent``, ``task_id`` and ``human_success``
 (``Successful`` / ``Unsuccessful`` / ``Unsure``). A row's identity is (benchmark, agent, task id), the
-agent compared loosely (:func:`infer.loaders.human_labels.normalize_agent`).
+agent compared loosely (:func:`keyshot.infer.loaders.human_labels.normalize_agent`).
 
 A record's ``image_judge_record`` holds ``{"Response": text, "Score": n}`` per screenshot, in order
 (:func:`recorded_score`). Its outcome text is, by format: ``evaluation_details.response`` (Online-Mind2Web's
@@ -20,9 +20,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from infer.loaders.human_labels import normalize_agent, normalize_human_label
-from infer.parsing import parse_score
-from infer.trajectory import TrajectoryError
+from keyshot.infer.loaders.human_labels import normalize_agent, normalize_human_label
+from keyshot.infer.loaders.trajectory import TrajectoryError
+from keyshot.infer.protocol.parsing import parse_score
 
 INDEX_FILE = "index.csv"
 INDEX_COLUMNS = ("path", "judge", "benchmark", "agent", "task_id", "human_success")
@@ -35,7 +35,7 @@ class ArbIndexRow:
     benchmark: str
     agent: str
     task_id: str
-    human: str | None  # canonical (infer.loaders.human_labels), None when the row has none
+    human: str | None  # canonical (keyshot.infer.loaders.human_labels), None when the row has none
 
     @property
     def key(self) -> tuple[str, str, str]:

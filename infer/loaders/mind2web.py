@@ -18,7 +18,7 @@ import logging
 import os
 from pathlib import Path
 
-from infer.loaders.common import (
+from keyshot.infer.loaders.common import (
     InputScope,
     align_thoughts,
     check_counts,
@@ -31,7 +31,7 @@ from infer.loaders.common import (
     screenshot_from_ref,
     string_list,
 )
-from infer.trajectory import Screenshot, Trajectory, TrajectoryError
+from keyshot.infer.loaders.trajectory import Screenshot, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""``keyshot report``: a browsable, self-contained HTML report of a judged run (see :mod:`infer.report.build`)."""
+"""``keyshot report``: a browsable, self-contained HTML report of a judged run (see :mod:`keyshot.infer.report.build`)."""
 
-from infer.report.build import build_report
+from keyshot.infer.report.build import build_report
 
 __all__ = ["build_report"]

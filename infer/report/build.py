@@ -16,11 +16,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from infer.fileio import write_bytes_atomic, write_text_atomic
-from infer.metrics import human_outcome
-from infer.pipeline import split_key_points
-from infer.report import plots
-from infer.report.model import (
+import keyshot.infer.report.plots as plots
+from keyshot.infer.common.fileio import write_bytes_atomic, write_text_atomic
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.loaders.trajectory import TrajectoryError
+from keyshot.infer.metrics.compute import human_outcome
+from keyshot.infer.protocol.parsing import split_key_points
+from keyshot.infer.protocol.verdicts import Verdict
+from keyshot.infer.report.model import (
     Run,
     ground_truth,
     kind_of,
@@ -28,7 +31,7 @@ from infer.report.model import (
     metrics_of,
     verdict_word,
 )
-from infer.report.pages import (
+from keyshot.infer.report.pages import (
     TRAJECTORY_TABLE,
     cards,
     esc,
@@ -38,9 +41,7 @@ from infer.report.pages import (
     page,
     table,
 )
-from infer.report.thumbs import ThumbnailCache
-from infer.trajectory import TrajectoryError, load_trajectories
-from infer.verdicts import Verdict
+from keyshot.infer.report.thumbs import ThumbnailCache
 
 logger = logging.getLogger(__name__)
 

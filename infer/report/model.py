@@ -3,7 +3,7 @@
 A run is a keyshot run folder (``verdicts.jsonl`` beside ``summary.json`` and ``run.json``), a
 keyshot verdict file, or released judge records keyshot imports (the reference implementation's
 output file, AgentRewardBench WebJudge record folders): :func:`load_run` reads any of them into
-:class:`~infer.verdicts.Verdict` objects.
+:class:`~keyshot.infer.protocol.verdicts.Verdict` objects.
 
 Ground truth, where the data has it: the Online-Mind2Web human label (from ``--human-labels`` or the
 verdict), else the benchmark's own reward recorded with the trajectory (AgentLab/BrowserGym,
@@ -19,13 +19,19 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infer.errors import KeyshotError
-from infer.metrics import JudgedRecord, MetricsReport, agent_key, compute_metrics, recorded_ground_truth
-from infer.released_verdicts import load_verdicts
-from infer.run_protocol import read_protocol
-from infer.shards import read_summary
-from infer.trajectory import NOT_EXECUTABLE
-from infer.verdicts import Verdict
+from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.loaders.trajectory import NOT_EXECUTABLE
+from keyshot.infer.metrics.compute import (
+    JudgedRecord,
+    MetricsReport,
+    agent_key,
+    compute_metrics,
+    recorded_ground_truth,
+)
+from keyshot.infer.protocol.verdicts import Verdict
+from keyshot.infer.runs.run_record import read_protocol
+from keyshot.infer.runs.shards import read_summary
+from keyshot.infer.runs.verdict_sources import load_verdicts
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ import html
 import json
 from collections.abc import Iterable
 
-from infer.metrics import MetricsReport
-from infer.metrics_files import percent
+from keyshot.infer.metrics.compute import MetricsReport
+from keyshot.infer.metrics.files import percent
 
 
 def esc(value: object) -> str:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import io
 from collections import Counter
 
-from infer.metrics import MetricsReport
-from infer.trajectory import FAILURE, NOT_EXECUTABLE, SUCCESS, UNSURE
+from keyshot.infer.common.text import shorten_middle
+from keyshot.infer.loaders.trajectory import FAILURE, NOT_EXECUTABLE, SUCCESS, UNSURE
+from keyshot.infer.metrics.compute import MetricsReport
 
 
 def _figure(width: float = 5.2, height: float = 3.4):
@@ -62,7 +63,7 @@ def agent_success_rates(report: MetricsReport | None) -> bytes:
     ax.bar(x + 0.2, [100 * (r.human_sr or 0) for r in rows], 0.4, label="ground truth", color="#8fa3c7")
     ax.set_xticks(x)
     ax.set_xticklabels(
-        [r.group if len(r.group) < 22 else r.group[:21] + "…" for r in rows],
+        [shorten_middle(r.group, 22) for r in rows],
         rotation=20,
         ha="right",
         fontsize=8,

@@ -3,8 +3,9 @@ JPEG, named by the image's content hash so that one image is converted once howe
 appears (dedup within a trajectory, the same page across runs) and a rebuilt report converts
 nothing it already has.
 
-The cache index (``index.json``) maps (path, size, mtime) to the content hash, so a rebuild does not
-even read unchanged screenshots.
+The cache index (``index.json``) maps a hash of (path, size, mtime) to the content hash, so a rebuild
+does not even read unchanged screenshots, and the shared report holds no path of the machine it was
+built on.
 """
 
 from __future__ import annotations
@@ -14,18 +15,20 @@ import io
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
 
-from infer.fileio import write_bytes_atomic, write_text_atomic
+from keyshot.infer.common.fileio import write_bytes_atomic, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
 THUMB_WIDTH = 320
 VIEW_WIDTH = 1280
 INDEX_FILE = "index.json"
+_HEX_KEY = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -45,10 +48,7 @@ class ThumbnailCache:
         self.folder = out_dir / "images"
         self.folder.mkdir(parents=True, exist_ok=True)
         self._index_path = self.folder / INDEX_FILE
-        try:
-            self._index: dict[str, str] = json.loads(self._index_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            self._index = {}
+        self._index = _read_index(self._index_path)
         self.converted = 0
         self.reused = 0
 
@@ -58,7 +58,7 @@ class ThumbnailCache:
             if data is None:
                 assert path is not None
                 st = path.stat()
-                stamp = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+                stamp = _stamp(path, st)
                 digest = self._index.get(stamp)
                 if digest is None:
                     data = path.read_bytes()
@@ -97,6 +97,22 @@ class ThumbnailCache:
 
     def save_index(self) -> None:
         write_text_atomic(self._index_path, json.dumps(self._index))
+
+
+def _stamp(path: Path, st: os.stat_result) -> str:
+    """The index key of a screenshot file as it is now: a hash, so that no machine path is written."""
+    return hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+
+
+def _read_index(path: Path) -> dict[str, str]:
+    """The saved index; entries of an older report keyed by the machine path itself are dropped."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(saved, dict):
+        return {}
+    return {k: v for k, v in saved.items() if _HEX_KEY.fullmatch(k) and isinstance(v, str)}
 
 
 def _write_jpeg(img: Image.Image, target: Path, quality: int) -> None:

@@ -1,8 +1,8 @@
 """Test doubles and synthetic worlds used by the tests, the benchmarks and the demo.
 
-* :mod:`infer.testing.fake_openai`: a local OpenAI-compatible server with deterministic WebJudge
+* :mod:`keyshot.infer.testing.fake_openai`: a local OpenAI-compatible server with deterministic WebJudge
   answers and injected faults (it stands in for paid judge APIs; the scorer path uses real vLLM).
-* :mod:`infer.testing.cue_world`: a learnable world of screenshots whose relevance depends on the task.
+* :mod:`keyshot.infer.testing.cue_world`: a learnable world of screenshots whose relevance depends on the task.
 
 Nothing in the runtime package imports these.
 """

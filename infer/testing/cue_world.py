@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from infer.testing.fake_openai import (
+from keyshot.infer.testing.fake_openai import (
     decode_image,
     identify_step,
     key_points_answer,

@@ -9,14 +9,14 @@ In-process::
 
 As a subprocess (so a test can kill -9 a judging process while the server keeps counting)::
 
-    python -m infer.testing.fake_openai --port 0 --responder judge --fault-rate 0.2 --seed 0
+    python -m keyshot.infer.testing.fake_openai --port 0 --responder judge --fault-rate 0.2 --seed 0
 
 prints ``FAKE_OPENAI_READY http://127.0.0.1:PORT/v1`` once listening; ``GET /stats`` returns the
 counters as JSON. :func:`spawn_fake_openai` wraps that for tests.
 
 Endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``, ``GET /stats``.
 A responder is a callable ``(request_json) -> completion text``. The built-in ones identify the
-WebJudge step from the system prompt (``infer.prompts``) and answer deterministically; the scorer
+WebJudge step from the system prompt (``keyshot.infer.protocol.prompts``) and answer deterministically; the scorer
 answer is a real function of the screenshot's pixels.
 """
 
@@ -47,7 +47,7 @@ from typing import IO, Any
 import numpy as np
 from PIL import Image
 
-from infer.prompts import STEPS, VARIANTS, load_prompt_set
+from keyshot.infer.protocol.prompts import STEPS, VARIANTS, load_prompt_set
 
 logger = logging.getLogger(__name__)
 
@@ -688,7 +688,7 @@ def _parse_faults(spec: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m infer.testing.fake_openai", description=__doc__.splitlines()[0]
+        prog="python -m keyshot.infer.testing.fake_openai", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = a free port (printed on the READY line)")
@@ -747,7 +747,7 @@ def spawn_fake_openai(
     cmd = [
         sys.executable,
         "-m",
-        "infer.testing.fake_openai",
+        "keyshot.infer.testing.fake_openai",
         "--port",
         "0",
         "--responder",

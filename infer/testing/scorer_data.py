@@ -1,6 +1,6 @@
 """Small scorer datasets for the training tests, built directly (no teachers, no network).
 
-Rows are what ``keyshot synth`` writes: ``messages`` from ``infer.messages.scorer_example`` (answer
+Rows are what ``keyshot synth`` writes: ``messages`` from ``keyshot.infer.protocol.messages.scorer_example`` (answer
 included), the screenshot in its own ``image`` column, ``answer``, ``score`` and provenance.
 
 The screenshots are synthetic and *learnable*: a coloured banner over the top two thirds of the page
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from infer.messages import scorer_answer, scorer_example
-from infer.prompts import load_prompt_set
+from keyshot.infer.protocol.messages import scorer_answer, scorer_example
+from keyshot.infer.protocol.prompts import load_prompt_set
 
 BANNERS = {5: ("green", (40, 170, 70)), 3: ("amber", (230, 160, 20)), 1: ("red", (200, 40, 40))}
 SIZES = [(1280, 720), (640, 480), (800, 1600), (320, 240), (1024, 768), (480, 960)]

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from infer.loaders.jsonl import write_jsonl
-from infer.trajectory import Screenshot, Trajectory
+from keyshot.infer.loaders.jsonl import write_jsonl
+from keyshot.infer.loaders.trajectory import Screenshot, Trajectory
 
 
 def synthetic_trajectories(

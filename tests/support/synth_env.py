@@ -1,6 +1,6 @@
 """Helpers for the data_synth tests: fixture trajectory sources, teacher sets on fake servers, configs.
 
-Two teachers with different deterministic scoring rules (``infer.testing.fake_openai``): the first
+Two teachers with different deterministic scoring rules (``keyshot.infer.testing.fake_openai``): the first
 also answers the key-point step, so it doubles as the key-point judge.
 """
 
@@ -11,10 +11,11 @@ from pathlib import Path
 
 import yaml
 
-from data_synth.synth_config import SynthConfig, load_synth_config
-from infer.images import DEFAULT_POLICY
-from infer.testing.fake_openai import score_image
-from infer.trajectory import Trajectory, load_trajectories
+from keyshot.data_synth.synth_config import SynthConfig, load_synth_config
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.loaders.trajectory import Trajectory
+from keyshot.infer.protocol.images import DEFAULT_POLICY
+from keyshot.infer.testing.fake_openai import score_image
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TRAJECTORIES = FIXTURES / "trajectories"

@@ -1,0 +1,457 @@
+"""``keyshot judge``: WebJudge over trajectory folders, resumable, with a cost summary.
+
+    keyshot judge data/om2w/SeeAct --config configs/judge/webjudge7b.yaml out=runs/seeact
+    keyshot judge runs/agentlab --config configs/judge/reference_gpt4o.yaml judge.budget_usd=20
+    keyshot judge data/om2w/SeeAct --config configs/judge/webjudge7b.yaml --serve-scorer ckpt/
+    keyshot judge data/om2w/SeeAct --config configs/judge/reference_gpt4o.yaml \\
+        --resume-from SeeAct/WebJudge_Online_Mind2Web_eval_gpt-4o_score_threshold_3_auto_eval_results.json
+
+Writes ``OUT/verdicts.jsonl`` (one line per trajectory, appended atomically), ``OUT/summary.md`` and
+``OUT/summary.json``, and keeps every judge/scorer answer in ``OUT/calls.sqlite``. Re-running the same
+command after any stop (Ctrl-C, ``kill -9``, a budget stop) judges only what is missing and pays for
+no call twice. API keys are read from the environment variables the config names, never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from keyshot.infer.client.cache import CallCache
+from keyshot.infer.client.judge_client import JudgeClient
+from keyshot.infer.client.preflight import preflight
+from keyshot.infer.client.usage import BudgetExceededError, UsageLedger
+from keyshot.infer.common.config import config_to_dict, load_config, split_paths_and_overrides
+from keyshot.infer.common.errors import (
+    EXIT_USAGE,
+    KeyshotError,
+    RunStopError,
+    require_training_stack,
+)
+from keyshot.infer.common.fileio import write_text_atomic
+from keyshot.infer.common.helptext import plain
+from keyshot.infer.common.redaction import redact_config
+from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError, build_scorer
+from keyshot.infer.judge.fingerprint import protocol_fingerprint
+from keyshot.infer.judge.inputs import import_reference_verdicts, load_all, nothing_found_message
+from keyshot.infer.judge.pipeline import WebJudge
+from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
+from keyshot.infer.model.checkpoint import model_folder_problem
+from keyshot.infer.protocol.verdicts import (
+    VERDICTS_FILE,
+    ResumeIndex,
+    Verdict,
+    VerdictWriter,
+    latest_verdicts,
+    read_verdicts,
+)
+from keyshot.infer.runs.lock import RunLock
+from keyshot.infer.runs.run_record import check_fingerprint
+from keyshot.infer.runs.shards import SUMMARY_FILE, ShardSpec
+from keyshot.infer.runs.summary import (
+    cut_lines,
+    exit_code,
+    judged_without_scores_line,
+    summarize,
+    summary_markdown,
+)
+from keyshot.infer.serve.command import VLLMServer
+from keyshot.infer.serve.plan import ServeConfig
+
+logger = logging.getLogger(__name__)
+
+CACHE_FILE = "calls.sqlite"
+
+
+# ---------------------------------------------------------------------------- the run
+async def judge_all(
+    webjudge: WebJudge,
+    trajectories: list[Trajectory],
+    writer: VerdictWriter,
+    concurrency: int,
+    *,
+    progress: bool = True,
+) -> list[Verdict]:
+    """Judge ``trajectories`` (at most ``concurrency`` at once), appending each verdict as it is done.
+
+    Stops starting new trajectories once an endpoint's budget is spent, an endpoint is down or the first
+    answers under a token limit were all cut (they are judged on resume).
+    """
+    slots = asyncio.Semaphore(max(1, concurrency))
+    done: list[Verdict] = []
+    bar = tqdm(total=len(trajectories), desc="judging", unit="traj", disable=not progress)
+    stop = asyncio.Event()
+
+    async def one(t: Trajectory) -> None:
+        async with slots:
+            if stop.is_set():
+                return
+            try:
+                verdict = await webjudge.judge(t)
+            except RunStopError as exc:
+                if not stop.is_set():
+                    logger.error("%s; stopping%s", exc, f": {exc.advice}" if exc.advice else "")
+                stop.set()
+                return  # not judged: left for a resumed run
+            writer.append(verdict)
+            done.append(verdict)
+            bar.update(1)
+            bar.set_postfix(incomplete=sum(not v.finished for v in done))
+
+    try:
+        await asyncio.gather(*(one(t) for t in trajectories))
+    finally:
+        bar.close()
+        await webjudge.aclose()
+    return done
+
+
+def run_folder(cfg: JudgeRunConfig, shard: ShardSpec | None) -> Path:
+    """Where a run writes: ``OUT``, or ``OUT/shard-I-of-N`` for one shard."""
+    return Path(cfg.out) / shard.folder if shard else Path(cfg.out)
+
+
+def check_endpoints(cfg: JudgeRunConfig, serve_scorer: str | None) -> None:
+    """Preflight of the judge and the scorer endpoint(s) a run will call (not a scorer it serves itself)."""
+    served = cfg.scorer.backend == "openai" and not serve_scorer
+    preflight(
+        [cfg.judge, cfg.scorer.endpoint if served else None], pool=cfg.scorer.endpoints if served else None
+    )
+
+
+def dry_run(
+    paths: list[str],
+    cfg: JudgeRunConfig,
+    *,
+    serve_scorer: str | None,
+    allow_outside: tuple[str, ...],
+    shard: ShardSpec | None = None,
+) -> str:
+    """What a run would do, checked as far as it can be without a paid call."""
+    for folder in filter(None, [serve_scorer, cfg.scorer.checkpoint]):
+        if problem := model_folder_problem(folder):
+            raise JudgeRunError(
+                f"{folder}: not a model checkpoint ({problem}); pass the folder a training run wrote (RUN/final)"
+            )
+    if serve_scorer:
+        cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
+    fingerprint = protocol_fingerprint(cfg)
+    trajectories, load_errors, duplicates, found = load_all(paths, cfg, allow_outside, shard)
+    if not found:
+        raise JudgeRunError(nothing_found_message(paths, load_errors))
+    out = run_folder(cfg, shard)
+    check_fingerprint(out, fingerprint, record=False)
+    index = ResumeIndex(read_verdicts(out / VERDICTS_FILE))
+    todo = [t for t in trajectories if not index.done(t.task_id, t.agent, t.run)]
+    check_endpoints(cfg, serve_scorer)
+    shots = sum(t.num_screenshots for t in todo)
+    per_trajectory = 2 if cfg.pipeline.outcome_mode == "cot" else None
+    judge_calls = (
+        f"{len(todo) * per_trajectory:,}"
+        if per_trajectory
+        else f"≥ {2 * len(todo):,} (one outcome call per key point)"
+    )
+    if cfg.scorer.backend == "none":
+        judge_calls = f"{len(todo) * 2 + shots:,} (the judge scores every screenshot)"
+    agents = sorted({t.agent or "(no agent name)" for t in trajectories})
+    owned = f"shard {shard} owns {len(trajectories)} of {found}" if shard else f"{found}"
+    lines = [
+        f"dry run: {owned} trajectories found ({', '.join(agents)}), {len(trajectories) - len(todo)} already "
+        f"judged in {out}, {len(todo)} to judge with {shots:,} screenshots",
+        f"judge calls: {judge_calls} to {cfg.judge.model} at {cfg.judge.display_url}",
+        f"not loaded: {len(load_errors)}; duplicates: {len(duplicates)}",
+        *[f"  {e}" for e in load_errors[:20]],
+        "endpoints reachable, keys accepted, models served; nothing was called",
+    ]
+    return "\n".join(lines)
+
+
+def run_judge(
+    paths: list[str],
+    cfg: JudgeRunConfig,
+    *,
+    resume_from: str | None = None,
+    serve_scorer: str | None = None,
+    progress: bool = True,
+    wait: bool = False,
+    allow_outside: tuple[str, ...] = (),
+    shard: ShardSpec | None = None,
+) -> dict:
+    """The whole ``keyshot judge`` run; returns the summary (also written to OUT, or with ``shard`` to
+    ``OUT/shard-I-of-N``: join the shards with ``keyshot merge OUT``)."""
+    t0 = time.perf_counter()
+    out = run_folder(cfg, shard)
+    if cfg.scorer.backend == "transformers":
+        require_training_stack("scorer.backend=transformers (the in-process scorer)")
+    if serve_scorer:
+        cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
+    fingerprint = protocol_fingerprint(cfg)
+    trajectories, load_errors, duplicates, found = load_all(paths, cfg, allow_outside, shard)
+    if not found:
+        raise JudgeRunError(nothing_found_message(paths, load_errors))
+    with RunLock(out, wait=wait, what="keyshot judge"):
+        check_fingerprint(out, fingerprint)
+        if shard:  # a shard without a summary has not finished: keyshot merge waits for it
+            (out / SUMMARY_FILE).unlink(missing_ok=True)
+        return _judge_locked(
+            out,
+            trajectories,
+            load_errors,
+            duplicates,
+            cfg,
+            t0,
+            resume_from=resume_from,
+            serve_scorer=serve_scorer,
+            progress=progress,
+            found=found,
+            shard=shard,
+        )
+
+
+def _judge_locked(
+    out: Path,
+    trajectories: list[Trajectory],
+    load_errors: list[TrajectoryError],
+    duplicates: list[str],
+    cfg: JudgeRunConfig,
+    t0: float,
+    *,
+    resume_from: str | None,
+    serve_scorer: str | None,
+    progress: bool,
+    found: int,
+    shard: ShardSpec | None,
+) -> dict:
+    verdicts_path = out / VERDICTS_FILE
+    left_out = 0
+    if resume_from:
+        _, left_out = import_reference_verdicts(
+            resume_from, verdicts_path, cfg.pipeline.threshold, trajectories
+        )
+    if verdicts_path.exists():  # cut a half-written last line now, even when nothing is left to judge
+        VerdictWriter(verdicts_path).close()
+    existing = read_verdicts(verdicts_path)
+    index = ResumeIndex(existing)
+    todo = [t for t in trajectories if not index.done(t.task_id, t.agent, t.run)]
+    skipped = len(trajectories) - len(todo)
+    if skipped:
+        logger.info(
+            "%d of %d trajectories already judged in %s; judging %d",
+            skipped,
+            len(trajectories),
+            verdicts_path,
+            len(todo),
+        )
+
+    if todo:  # before any server starts or any call is paid
+        check_endpoints(cfg, serve_scorer)
+    cache = CallCache(cfg.cache or out / CACHE_FILE)
+    ledger = UsageLedger()
+    server: VLLMServer | None = None
+    done: list[Verdict] = []
+    stop_error: RunStopError | None = None
+    cut_answers: list[dict] = []
+    try:
+        scorer_endpoint = None
+        if serve_scorer and todo:
+            serve_cfg = dataclasses.replace(cfg.scorer.serve or ServeConfig(), model=serve_scorer)
+            serve_cfg.prompt_variant = cfg.pipeline.prompt_variant
+            # the server's log beside the run, not in /tmp
+            serve_cfg.log_file = serve_cfg.log_file or str(out / "vllm.log")
+            server = VLLMServer(serve_cfg).start()
+            base = cfg.scorer.endpoint
+            scorer_endpoint = server.endpoint(
+                **(
+                    {
+                        "max_concurrency": base.max_concurrency,
+                        "max_tokens": base.max_tokens,
+                        "timeout_s": base.timeout_s,
+                    }
+                    if base
+                    else {}
+                )
+            )
+        if todo:
+            judge = JudgeClient(cfg.judge, cache, ledger)
+            scorer = build_scorer(cfg, cache, ledger, scorer_endpoint)
+            webjudge = WebJudge(judge, scorer, cfg.pipeline)
+            with VerdictWriter(verdicts_path) as writer:
+                done = asyncio.run(judge_all(webjudge, todo, writer, cfg.concurrency, progress=progress))
+            stop_error = webjudge.stop_error
+            cut_answers = webjudge.cut_report()
+    finally:
+        if server is not None:
+            server.stop()
+        cache.close()
+
+    final = latest_verdicts(read_verdicts(verdicts_path))
+    summary = summarize(
+        final,
+        run={
+            "found": found,
+            "shard": str(shard) if shard else None,
+            "shard_by": cfg.shard_by if shard else None,
+            "owned": len(trajectories),
+            "judged": len(done),
+            "skipped": skipped,
+            "not_reached": len(todo) - len(done),
+            "load_errors": len(load_errors),
+            "load_error_messages": [str(e) for e in load_errors],
+            "duplicates": duplicates,
+            "resume_from_left_out": left_out,
+            "seconds": time.perf_counter() - t0,
+            "budget_stop": isinstance(stop_error, BudgetExceededError),
+            "stopped": str(stop_error) if stop_error else None,
+            "exit_code": stop_error.exit_code if stop_error else None,
+            "cut_answers": cut_answers,
+            "ledger": ledger.as_dict(),
+            "config": redact_config(config_to_dict(cfg)),
+        },
+    )
+    write_text_atomic(out / SUMMARY_FILE, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    markdown = summary_markdown(summary, ledger.table() if ledger.names() else "")
+    write_text_atomic(out / "summary.md", markdown)
+    summary["markdown"] = markdown
+    return summary
+
+
+# ---------------------------------------------------------------------------- CLI
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "judge",
+        help="run WebJudge over trajectories (resumable; verdicts.jsonl + summary)",
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "items",
+        nargs="*",
+        metavar="TRAJ_PATH|key=value",
+        help="trajectory folders/files, then config overrides",
+    )
+    p.add_argument("--config", help="YAML JudgeRunConfig (configs/judge/*.yaml)")
+    p.add_argument("--out", help="output folder (same as out=...)")
+    p.add_argument(
+        "--resume-from", help="reference implementation output (JSONL / ARB records) to import first"
+    )
+    p.add_argument("--serve-scorer", metavar="CHECKPOINT", help="start vLLM for this checkpoint for the run")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--agent",
+        help="the agent's name for trajectories that do not record one (one agent's Online-Mind2Web folder)",
+    )
+    p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="judge a trajectory even when some screenshot calls failed (counted as score 0, as the "
+        "reference does; recorded in each verdict) instead of marking it incomplete",
+    )
+    p.add_argument("--wait", action="store_true", help="wait for another process writing in --out")
+    p.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="judge only shard I of N (0-based; by a stable hash of the task id, or of the whole identity "
+        "with shard_by=trajectory) into OUT/shard-I-of-N; join them with keyshot merge OUT",
+    )
+    p.add_argument(
+        "--report", action="store_true", help="build the HTML report (keyshot report OUT) at the end"
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check paths, the checkpoint and every endpoint, say what would be judged; call no model",
+    )
+    p.add_argument(
+        "--allow-outside",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also read screenshots that trajectory files reference inside DIR (default: only inside the "
+        "input paths)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    paths, overrides = split_paths_and_overrides(args.items)
+    if args.out:
+        overrides.append(f"out={args.out}")
+    if args.allow_partial:
+        overrides.append("pipeline.allow_partial=true")
+    if args.agent:
+        overrides.append(f"agent={args.agent}")
+    try:
+        if not paths:
+            raise JudgeRunError("no trajectory path given")
+        shard = ShardSpec.parse(args.shard) if args.shard else None
+        cfg = load_config(JudgeRunConfig, args.config, overrides)
+        if args.dry_run:
+            print(
+                dry_run(
+                    paths,
+                    cfg,
+                    serve_scorer=args.serve_scorer,
+                    allow_outside=tuple(args.allow_outside),
+                    shard=shard,
+                )
+            )
+            return 0
+        summary = run_judge(
+            paths,
+            cfg,
+            resume_from=args.resume_from,
+            serve_scorer=args.serve_scorer,
+            progress=not args.no_progress,
+            wait=args.wait,
+            allow_outside=tuple(args.allow_outside),
+            shard=shard,
+        )
+    except KeyshotError as exc:
+        print(f"keyshot judge: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except ValueError as exc:  # a value checked where it is used (not every check has a KeyshotError yet)
+        print(f"keyshot judge: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(summary["markdown"])
+    print(f"verdicts: {run_folder(cfg, shard) / VERDICTS_FILE}")
+    if shard:
+        report = " && keyshot report " + cfg.out if args.report else ""
+        print(f"when every shard is done: keyshot merge {cfg.out}{report}")
+    elif args.report:
+        from keyshot.infer.report import build_report
+
+        with RunLock(Path(cfg.out) / "report", what="keyshot judge --report"):
+            index = build_report(Path(cfg.out), Path(cfg.out) / "report", progress=not args.no_progress)
+        print(f"report: {index}")
+    else:
+        print(f"browse it: keyshot report {cfg.out}")
+    for line in run_warnings(summary):
+        print(f"keyshot judge: {line}", file=sys.stderr)
+    return exit_code(summary)
+
+
+def run_warnings(summary: dict) -> list[str]:
+    """What the terminal says after the summary: a stop, cut answers, trajectories without a verdict."""
+    run = summary["run"]
+    lines = [f"stopped: {run['stopped']}"] if run.get("stopped") else []
+    lines += cut_lines(run.get("cut_answers") or [])
+    no_scores = summary.get("no_readable_scores", 0)
+    if no_scores:
+        lines.append(
+            f"{no_scores} trajectories have no readable scores: no verdict (not counted as failures; "
+            "summary.md says why); the next run judges them again"
+        )
+    failed = summary["incomplete"] - no_scores
+    if failed and not run.get("stopped"):
+        lines.append(f"{failed} trajectories incomplete; re-run the same command to retry them")
+    if summary.get("judged_without_scores"):
+        lines.append(judged_without_scores_line(summary["judged_without_scores"]))
+    return lines

@@ -1,0 +1,54 @@
+"""What decides a judge run's verdicts: the fingerprint recorded in ``OUT/run.json``."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from keyshot.infer.judge.config import JudgeRunConfig, scorer_policy
+from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY
+from keyshot.infer.protocol.prompts import load_prompt_set
+
+
+def protocol_fingerprint(cfg: JudgeRunConfig) -> dict:
+    """What decides a run's verdicts: a run folder keeps its verdicts only for this protocol."""
+    sc, pipe = cfg.scorer, cfg.pipeline
+    if sc.backend == "none":
+        policy, scorer_model = REFERENCE_POLICY, None
+    else:
+        policy = scorer_policy(sc) or DEFAULT_POLICY
+        served = sc.endpoint or (sc.endpoints[0] if sc.endpoints else None)
+        scorer_model = sc.checkpoint or (served.model if served else None)
+    return {
+        "prompt_version": load_prompt_set(pipe.prompt_variant).version,
+        "prompt_variant": pipe.prompt_variant,
+        "outcome_mode": pipe.outcome_mode,
+        "parse_mode": pipe.parse_mode,
+        "threshold": pipe.threshold,
+        "threshold_on": pipe.threshold_on,
+        "max_kept": pipe.max_kept,
+        "outcome_images": pipe.outcome_images,
+        "allow_partial": pipe.allow_partial,
+        "judge_model": cfg.judge.model,
+        "judge_max_tokens": cfg.judge.max_tokens,
+        "judge_temperature": cfg.judge.temperature,
+        "judge_seed": cfg.judge.seed,
+        "scorer_backend": sc.backend,
+        "scorer_model": scorer_model,
+        "scorer_checkpoint_hash": checkpoint_hash(sc.checkpoint) if sc.checkpoint else None,
+        "image_policy": policy.to_dict(),
+    }
+
+
+def checkpoint_hash(folder: str) -> str | None:
+    """A short hash of a checkpoint's identity: its config, keyshot metadata and weight files' sizes."""
+    root = Path(folder)
+    if not root.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for name in ("config.json", "keyshot.json", "adapter_config.json"):
+        if (root / name).is_file():
+            digest.update(name.encode() + (root / name).read_bytes())
+    for weights in sorted(root.glob("*.safetensors")):
+        digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
+    return digest.hexdigest()[:16]

@@ -1,0 +1,483 @@
+"""The WebJudge pipeline: key points → key screenshots → outcome, one :class:`Verdict` per trajectory.
+
+1. **Key points**: one judge call.
+2. **Key screenshots**: every screenshot goes through the image policy (the scorer checkpoint's) and
+   is scored concurrently by the scorer. With a scorer (WebJudge-7B style) this costs no judge call;
+   in the reference configuration (``scorer=None``) the judge scores each screenshot itself: N calls.
+   A screenshot is kept if its score is ≥ δ (``threshold``, default 3). At most 50 are kept: strict
+   mode keeps the 50 highest scores (ties: earlier first), shown in trajectory order; reference mode
+   keeps the first 50, as the reference does.
+3. **Outcome** (App. B.1 of the paper), ``outcome_mode``:
+
+   * ``cot`` (default, the only mode the reference releases): one call; the judge reasons and answers
+     ``Status: "success"`` or ``"failure"``.
+   * ``key_point``: one outcome call per key point, the outcome prompt's ``Key Points`` field holding
+     only that key point; the task succeeds iff every key point is judged met.
+   * ``combined``: ``key_point`` when the task has at most ``combined_max_key_points`` (3) key points,
+     ``cot`` otherwise. This is the split of the paper's Table B.1: key-point-wise is better on tasks
+     with ≤ 3 key points (87.9 vs 86.1 agreement), CoT on the others (81.4 vs 76.3); choosing per task
+     by that rule gives 0.489·87.9 + 0.511·81.4 = 84.6, the Combined agreement the paper reports
+     (0.489 being the share of ≤ 3-key-point tasks implied by the CoT rows: 86.1p + 81.4(1-p) = 83.7).
+
+So with a scorer a trajectory costs exactly 2 judge calls in ``cot`` mode whatever its length, and
+N + 2 in the reference configuration.
+
+Complete or not at all: a verdict is only computed when every call it needs answered. A call that
+fails for good (after the client's retries) makes the trajectory *incomplete*: ``success=None``,
+``error`` and ``incomplete`` name the failed calls, no outcome call is paid on partial scores, and a
+re-run judges it again with every answered call from the cache. ``allow_partial=True`` keeps the
+reference's behaviour instead (a failed screenshot call counts as score 0), recorded in
+``Verdict.partial``. A screenshot whose *image* cannot be read is not a failed call: it is recorded
+as an error on that screenshot and the rest is judged. A spent budget or an endpoint that is down
+(:class:`~keyshot.infer.common.errors.RunStopError`) stops the run; the trajectories in flight are judged on resume.
+
+A verdict needs evidence (docs/architecture.md, "A verdict needs evidence"). An answer cut by max_tokens is a failed call, not an
+answer: in strict mode (the default) a cut key-point or outcome answer makes the trajectory incomplete, a
+cut scorer answer gives no score, and a trajectory none of whose screenshot scores could be read gets no
+verdict, only the reason (``Verdict.no_evidence``; incomplete, so the next run judges it again). When the
+first answers under one token limit are all cut, the run stops (:class:`~keyshot.infer.client.breaker.CutWatch`, a
+configuration error). Reference mode reads every answer as the reference does and only counts and warns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from keyshot.infer.client.breaker import CUT_WATCH_FIRST, CutWatch
+from keyshot.infer.client.judge_client import JudgeCallError, JudgeClient
+from keyshot.infer.common.errors import RunStopError, raise_advice
+from keyshot.infer.judge.calls import Protocol, ask_key_points, ask_outcome
+from keyshot.infer.judge.scorers import KeyScreenshotScorer, OpenAIScorer, ScreenshotScore
+from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
+from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy, PreparedImage
+from keyshot.infer.protocol.messages import MAX_KEPT_IMAGES
+from keyshot.infer.protocol.parsing import split_key_points
+from keyshot.infer.protocol.prompts import PromptSet, load_prompt_set
+from keyshot.infer.protocol.verdicts import (
+    KEEP_THRESHOLD,
+    OutcomeCall,
+    RoleUsage,
+    ScreenshotRecord,
+    Verdict,
+    missing_evidence,
+    select_kept,
+)
+
+logger = logging.getLogger(__name__)
+
+OutcomeMode = Literal["cot", "key_point", "combined"]
+OUTCOME_MODES = ("cot", "key_point", "combined")
+
+
+@dataclass
+class PipelineConfig:
+    """How WebJudge judges a trajectory.
+
+    ``threshold`` is δ; ``threshold_on="expected_score"`` keeps a screenshot when its expected score
+    (from log-probabilities; the scorer must be asked for them) is ≥ δ instead of its greedy score.
+    ``outcome_images="scorer"`` shows the judge the kept screenshots exactly as the scorer saw them;
+    ``"original"`` re-encodes them at their own size (the reference's behaviour). ``"none"`` is a
+    DEVIATION from the paper: the judge reads the kept screenshots' descriptions (the scorer's reasons)
+    without the images, which costs ~1,000 fewer tokens per kept screenshot; whether its verdicts agree
+    with the protocol's as often has not been measured with real judges (README, bench/RESULTS.md).
+    """
+
+    prompt_variant: str = "online_mind2web"
+    outcome_mode: OutcomeMode = "cot"
+    parse_mode: Literal["strict", "reference"] = "strict"
+    threshold: float = KEEP_THRESHOLD
+    threshold_on: Literal["score", "expected_score"] = "score"
+    max_kept: int = MAX_KEPT_IMAGES
+    combined_max_key_points: int = 3
+    outcome_images: Literal["scorer", "original", "none"] = "scorer"
+    key_points_max_tokens: int | None = None
+    outcome_max_tokens: int | None = None
+    image_workers: int = 4
+    allow_partial: bool = False
+
+    def __post_init__(self) -> None:
+        if self.outcome_mode not in OUTCOME_MODES:
+            raise ValueError(f"outcome_mode must be one of {OUTCOME_MODES}, got {self.outcome_mode!r}")
+        if not 1 <= self.threshold <= 5:
+            raise ValueError(f"threshold must be within the score scale [1, 5], got {self.threshold}")
+        if not 1 <= self.max_kept <= MAX_KEPT_IMAGES:
+            raise ValueError(f"max_kept must be within [1, {MAX_KEPT_IMAGES}], got {self.max_kept}")
+        if self.image_workers < 1:
+            raise ValueError(f"image_workers must be >= 1, got {self.image_workers}")
+        if self.combined_max_key_points < 0:
+            raise ValueError(f"combined_max_key_points must be >= 0, got {self.combined_max_key_points}")
+        for name in ("key_points_max_tokens", "outcome_max_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or null for the endpoint's), got {value}")
+
+
+class WebJudge:
+    """Judges trajectories: key points (judge) → screenshot scores (scorer) → outcome (judge).
+
+    Args:
+        judge: the judge endpoint's client.
+        scorer: the key-screenshot scorer, or None for the reference configuration (the judge
+            scores every screenshot itself).
+        config: pipeline settings.
+        image_policy: overrides the scorer's image policy (normally the checkpoint's).
+    """
+
+    def __init__(
+        self,
+        judge: JudgeClient,
+        scorer: KeyScreenshotScorer | None,
+        config: PipelineConfig | None = None,
+        *,
+        image_policy: ImagePolicy | None = None,
+    ):
+        self.config = config or PipelineConfig()
+        self.judge_client = judge
+        self.prompts: PromptSet = load_prompt_set(self.config.prompt_variant)
+        if scorer is None:
+            scorer = OpenAIScorer(judge, self.prompts, parse_mode=self.config.parse_mode, role="judge")
+            default_policy = REFERENCE_POLICY
+        else:
+            default_policy = DEFAULT_POLICY
+        if scorer.prompts.version != self.prompts.version:
+            raise ValueError(
+                f"scorer uses prompt set {scorer.prompts.version} but the pipeline uses {self.prompts.version}"
+            )
+        if scorer.parse_mode != self.config.parse_mode:
+            raise ValueError(
+                f"scorer parse mode {scorer.parse_mode!r} != pipeline's {self.config.parse_mode!r}"
+            )
+        self.scorer = scorer
+        self.protocol = Protocol(self.prompts, self.config.parse_mode)
+        self.stop_error: RunStopError | None = None  # a spent budget, an endpoint that is down, cut answers
+        self.cut_watches: dict[str, CutWatch] = {}  # per token-limit setting, this run's answers
+        self.policy = image_policy or scorer.image_policy or default_policy
+        if image_policy is None and scorer.image_policy is None and scorer.role == "scorer":
+            logger.warning(
+                "the scorer does not say which image policy it was trained with; using %s", self.policy
+            )
+
+    def describe(self) -> dict:
+        """The configuration recorded in every verdict."""
+        cfg = self.config
+        return {
+            "prompt_variant": cfg.prompt_variant,
+            "prompt_version": self.prompts.version,
+            "outcome_mode": cfg.outcome_mode,
+            "parse_mode": cfg.parse_mode,
+            "threshold": cfg.threshold,
+            "threshold_on": cfg.threshold_on,
+            "max_kept": cfg.max_kept,
+            "judge_model": self.judge_client.endpoint.model,
+            "scorer_model": self.scorer.name if self.scorer.role == "scorer" else None,
+            "scorer_backend": type(self.scorer).__name__ if self.scorer.role == "scorer" else "judge",
+            "image_policy": self.policy.to_dict(),
+            "allow_partial": cfg.allow_partial,
+        }
+
+    # ------------------------------------------------------------------ cut answers
+    @property
+    def strict(self) -> bool:
+        return self.config.parse_mode == "strict"
+
+    def _judge_setting(self, step: str) -> str:
+        """The setting that limits a judge step's answers (``key_points`` or ``outcome``)."""
+        override = f"{step}_max_tokens"
+        return f"pipeline.{override}" if getattr(self.config, override) is not None else "judge.max_tokens"
+
+    def _answered(self, setting: str, verdict: Verdict, what: str, cut: bool, tokens: int) -> None:
+        """Count an answer under ``setting``; a cut one is named in the verdict."""
+        watch = self.cut_watches.get(setting)
+        if watch is None:
+            watch = self.cut_watches[setting] = CutWatch(setting, CUT_WATCH_FIRST if self.strict else None)
+        watch.answered(cut, tokens)
+        if cut:
+            verdict.cut.append(f"{what}: cut at {tokens} tokens ({setting})")
+
+    def _check_cuts(self) -> None:
+        """Stop (CutAnswersError) once the first answers under some token limit were all cut."""
+        for watch in self.cut_watches.values():
+            watch.check()
+
+    def cut_report(self) -> list[dict]:
+        """This run's answers per token-limit setting that cut some of them."""
+        return [w.report() for w in self.cut_watches.values() if w.cut]
+
+    # ------------------------------------------------------------------ judge calls
+    def _record_call(self, verdict: Verdict, role: str, completion) -> None:
+        verdict.usage.setdefault(role, RoleUsage()).add_call(
+            completion.prompt_tokens, completion.completion_tokens, completion.cost_usd, completion.cached
+        )
+
+    async def _key_points(self, trajectory: Trajectory, verdict: Verdict) -> str:
+        try:
+            completion, points, error = await ask_key_points(
+                self.judge_client,
+                self.protocol,
+                trajectory.task,
+                max_tokens=self.config.key_points_max_tokens,
+            )
+        except JudgeCallError as exc:
+            verdict.usage["judge"].errors += 1
+            verdict.incomplete.append(f"key points: {exc}")
+            raise
+        self._record_call(verdict, "judge", completion)
+        setting = self._judge_setting("key_points")
+        self._answered(setting, verdict, "key points", completion.cut, completion.completion_tokens)
+        self._check_cuts()
+        if points is None and completion.cut:
+            raise _StepError(f"{completion.error}; {raise_advice(setting)}")
+        if points is None:
+            raise _StepError(f"key points: {error} (answer: {completion.text[:200]!r})")
+        return points
+
+    async def _outcome_call(
+        self,
+        trajectory: Trajectory,
+        key_points: str,
+        images: list[str] | None,
+        thoughts: list[str],
+        verdict: Verdict,
+        key_point: str | None = None,
+    ) -> OutcomeCall:
+        try:
+            completion, status = await ask_outcome(
+                self.judge_client,
+                self.protocol,
+                trajectory.task,
+                key_point if key_point is not None else key_points,
+                trajectory.actions,
+                trajectory.thoughts,
+                images,
+                thoughts,
+                max_tokens=self.config.outcome_max_tokens,
+            )
+        except JudgeCallError as exc:
+            verdict.usage["judge"].errors += 1
+            what = "outcome" if key_point is None else f"outcome for key point {key_point!r}"
+            verdict.incomplete.append(f"{what}: {exc}")
+            raise
+        self._record_call(verdict, "judge", completion)
+        setting = self._judge_setting("outcome")
+        what = "outcome" if key_point is None else f"outcome for key point {key_point!r}"
+        self._answered(setting, verdict, what, completion.cut, completion.completion_tokens)
+        self._check_cuts()
+        if completion.cut and self.strict:
+            raise _StepError(f"{completion.error}; {raise_advice(setting)}")
+        return OutcomeCall(
+            text=completion.text,
+            success=status.success,
+            valid=status.valid,
+            error=status.error,
+            key_point=key_point,
+            cached=completion.cached,
+            cut=completion.cut,
+        )
+
+    # ------------------------------------------------------------------ screenshots
+    async def _prepare(self, trajectory: Trajectory, policy: ImagePolicy) -> list[PreparedImage | str]:
+        """Each screenshot under ``policy``, or the error message if it cannot be read."""
+        slots = asyncio.Semaphore(self.config.image_workers)
+
+        async def one(shot) -> PreparedImage | str:
+            async with slots:
+                try:
+                    return await asyncio.to_thread(shot.prepare, policy)
+                except TrajectoryError as exc:
+                    return str(exc)
+
+        return list(await asyncio.gather(*(one(s) for s in trajectory.screenshots)))
+
+    async def _score_screenshots(
+        self, trajectory: Trajectory, key_points: str, verdict: Verdict
+    ) -> dict[int, PreparedImage]:
+        prepared = await self._prepare(trajectory, self.policy)
+        readable = [
+            (shot, img)
+            for shot, img in zip(trajectory.screenshots, prepared, strict=True)
+            if not isinstance(img, str)
+        ]
+        scores: list[ScreenshotScore] = await self.scorer.score_many(
+            trajectory.task, key_points, [img for _, img in readable]
+        )
+        by_index = {shot.index: (img, s) for (shot, img), s in zip(readable, scores, strict=True)}
+        setting = self.scorer.max_tokens_setting
+        role = self.scorer.role
+        usage = verdict.usage.setdefault(role, RoleUsage())
+        for shot, img in zip(trajectory.screenshots, prepared, strict=True):
+            record = ScreenshotRecord(index=shot.index, path=shot.name)
+            if isinstance(img, str):
+                record.error = f"screenshot unreadable: {img}"
+            else:
+                _, s = by_index[shot.index]
+                record.visual_tokens = img.visual_tokens
+                record.score, record.thought, record.valid = s.score, s.thought, s.valid
+                record.error, record.expected_score, record.raw = s.error, s.expected_score, s.raw or None
+                record.cached, record.call_failed, record.cut = s.cached, s.call_failed, s.cut
+                if s.call_failed:  # no answer: the call failed after retries
+                    usage.errors += 1
+                    failed = f"screenshot {shot.index}: {s.error}"
+                    if self.config.allow_partial:
+                        record.score = 0  # the reference's reading of a failed call
+                        verdict.partial.append(failed)
+                    else:
+                        verdict.incomplete.append(failed)
+                else:
+                    usage.add_call(s.prompt_tokens, s.completion_tokens, s.cost_usd, s.cached)
+                    self._answered(setting, verdict, f"screenshot {shot.index}", s.cut, s.completion_tokens)
+            if record.error:
+                verdict.errors.append(f"screenshot {shot.index}: {record.error}")
+            verdict.screenshots.append(record)
+        self._check_cuts()
+        return {index: img for index, (img, _) in by_index.items()}
+
+    def _check_evidence(self, verdict: Verdict) -> None:
+        """No verdict without a readable screenshot score (strict); reference mode judges anyway, warned."""
+        reason = missing_evidence(verdict.screenshots)
+        if reason is None:
+            return
+        verdict.no_evidence = reason
+        if self.strict:
+            raise _StepError(f"{reason}; no verdict without evidence, the next run judges it again")
+        logger.warning(
+            "%s: %s; judged anyway (parse_mode=reference keeps the reference's behaviour)",
+            verdict.task_id,
+            reason,
+        )
+        verdict.errors.append(f"{reason} (judged anyway: parse_mode=reference)")
+
+    # ------------------------------------------------------------------ one trajectory
+    async def judge(self, trajectory: Trajectory) -> Verdict:
+        """Judge one trajectory. Call failures make the verdict incomplete; a spent budget or an
+        endpoint that is down raises (:class:`~keyshot.infer.common.errors.RunStopError`): the run stops and the
+        trajectory is judged on resume."""
+        started = time.time()
+        t0 = time.perf_counter()
+        verdict = Verdict(
+            task_id=trajectory.task_id,
+            task=trajectory.task,
+            agent=trajectory.agent,
+            benchmark=trajectory.benchmark,
+            run=trajectory.run,
+            source=str(trajectory.source) if trajectory.source is not None else None,
+            human_label=trajectory.human_label,
+            reward=trajectory.reward,
+            config=self.describe(),
+        )
+        timing = {"started": started}
+        step = "key points"
+        try:
+            self._check_cuts()
+            verdict.key_points = await self._key_points(trajectory, verdict)
+            timing["key_points_s"] = time.perf_counter() - t0
+
+            step = "key screenshots"
+            t1 = time.perf_counter()
+            images = await self._score_screenshots(trajectory, verdict.key_points, verdict)
+            timing["scoring_s"] = time.perf_counter() - t1
+            if verdict.incomplete:  # no outcome is paid for on partial scores
+                failed = [r.index for r in verdict.screenshots if r.call_failed]
+                raise _StepError(
+                    f"incomplete: the scorer call failed for screenshot(s) {failed} "
+                    f"({verdict.incomplete[-1].split(': ', 1)[-1]}); re-run to retry them"
+                )
+            self._check_evidence(verdict)
+            verdict.kept = select_kept(
+                verdict.screenshots,
+                self.config.threshold,
+                self.config.max_kept,
+                mode=self.config.parse_mode,
+                threshold_on=self.config.threshold_on,
+            )
+
+            step = "outcome"
+            t2 = time.perf_counter()
+            await self._outcome(trajectory, verdict, images)
+            timing["outcome_s"] = time.perf_counter() - t2
+        except RunStopError as exc:
+            self.stop_error = self.stop_error or exc
+            raise
+        except (JudgeCallError, _StepError) as exc:
+            verdict.success, verdict.status_valid = None, False
+            verdict.error = f"{step}: {exc}"
+            verdict.errors.append(verdict.error)
+            logger.warning("%s: %s", trajectory.task_id, verdict.error)
+        except Exception as exc:  # a bug or an unexpected input must not drop the trajectory
+            logger.exception("%s: unexpected failure during %s", trajectory.task_id, step)
+            verdict.success, verdict.status_valid = None, False
+            verdict.error = f"{step}: {type(exc).__name__}: {exc}"
+            verdict.errors.append(verdict.error)
+        timing["total_s"] = time.perf_counter() - t0
+        verdict.timing = timing
+        return verdict
+
+    async def aclose(self) -> None:
+        await self.scorer.aclose()
+        await self.judge_client.aclose()
+
+    async def _outcome_images(
+        self, trajectory: Trajectory, verdict: Verdict, images: dict[int, PreparedImage]
+    ) -> list[str] | None:
+        if self.config.outcome_images == "none":
+            return None  # descriptions only (a deviation, see PipelineConfig)
+        if self.config.outcome_images == "scorer":
+            return [images[i].data_url for i in verdict.kept]
+        shots = {s.index: s for s in trajectory.screenshots}
+        kept = [shots[i] for i in verdict.kept]
+        prepared = await asyncio.gather(*(asyncio.to_thread(s.prepare, REFERENCE_POLICY) for s in kept))
+        return [p.data_url for p in prepared]
+
+    async def _outcome(
+        self, trajectory: Trajectory, verdict: Verdict, images: dict[int, PreparedImage]
+    ) -> None:
+        records = {r.index: r for r in verdict.screenshots}
+        kept_images = await self._outcome_images(trajectory, verdict, images)
+        kept_thoughts = [records[i].thought for i in verdict.kept]
+        key_points = verdict.key_points or ""
+        mode = self.config.outcome_mode
+        items = split_key_points(key_points)
+        if mode == "combined":
+            mode = "key_point" if 0 < len(items) <= self.config.combined_max_key_points else "cot"
+        verdict.config["outcome_mode_used"] = mode
+        if mode == "key_point" and not items:
+            verdict.errors.append("key_point mode: no key points to judge one by one; used cot")
+            mode = "cot"
+        if mode == "cot":
+            call = await self._outcome_call(trajectory, key_points, kept_images, kept_thoughts, verdict)
+            verdict.outcome_calls = [call]
+            verdict.outcome_text = call.text
+            verdict.success, verdict.status_valid = call.success, call.valid
+            if call.error:
+                verdict.errors.append(f"outcome: {call.error}")
+            return
+        results = await asyncio.gather(
+            *(
+                self._outcome_call(
+                    trajectory, key_points, kept_images, kept_thoughts, verdict, key_point=item
+                )
+                for item in items
+            ),
+            return_exceptions=True,  # every call finishes (and is cached) before a failure propagates
+        )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        calls: list[OutcomeCall] = list(results)
+        verdict.outcome_calls = calls
+        for call in calls:
+            if call.error:
+                verdict.errors.append(f"outcome for key point {call.key_point!r}: {call.error}")
+        if any(c.valid and c.success is False for c in calls):
+            verdict.success, verdict.status_valid = False, True
+        elif all(c.valid and c.success for c in calls):
+            verdict.success, verdict.status_valid = True, True
+        else:
+            verdict.success, verdict.status_valid = None, False
+
+
+class _StepError(RuntimeError):
+    """A judge answer the pipeline cannot go on from (strict mode)."""

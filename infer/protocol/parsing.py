@@ -1,0 +1,185 @@
+"""Parsers for the three WebJudge answers.
+
+Two modes:
+
+* ``reference`` reproduces the reference implementation choice for choice (docs/protocol.md): the
+  score is the first ``[1-5]`` in the text between the first and the second ``Score``, a parse
+  failure is score 0; the verdict is success iff ``"success"`` occurs in the lower-cased text after
+  the first ``status:``.
+* ``strict`` (default) reads the labelled answer (the last ``Score:`` / ``Status:`` label), so a
+  "Credit Score 750" in the reasoning or an "unsuccessful" verdict is read correctly, and returns an
+  explicit invalid result (``valid=False`` with an ``error``) instead of a silent 0 or failure.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+Mode = Literal["strict", "reference"]
+MODES = ("strict", "reference")
+
+
+class ParseError(ValueError):
+    """An answer that cannot be read in strict mode."""
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    score: int | None  # 1..5; None when invalid in strict mode, 0 when invalid in reference mode
+    thought: str
+    valid: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StatusResult:
+    success: bool | None  # None when invalid in strict mode; False when invalid in reference mode
+    valid: bool
+    error: str | None = None
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown parse mode {mode!r}; choose 'strict' or 'reference'")
+
+
+# ---------------------------------------------------------------- key points
+_KP_LABEL = re.compile(r"\*{0,2}\s*key\s*points\s*\*{0,2}\s*:\s*\*{0,2}", re.IGNORECASE)
+
+
+def parse_key_points(text: str, mode: Mode = "strict") -> str:
+    """Extract the key-point list from the first step's answer.
+
+    Reference: replace blank lines, take the text after ``**Key Points**:`` (else after the last
+    ``Key Points:``, else everything) and strip each line's leading spaces. Strict does the same
+    but also accepts ``**Key Points:**`` and case variants, and raises ParseError on an empty answer.
+    """
+    _check_mode(mode)
+    text = text or ""
+    text = text.replace("\n\n", "\n")
+    if mode == "reference":
+        parts = text.split("**Key Points**:")
+        body = parts[1] if len(parts) > 1 else text.split("Key Points:")[-1]
+        return "\n".join(line.lstrip() for line in body.splitlines())
+    if "**Key Points**:" in text:
+        body = text.split("**Key Points**:")[1]
+    else:
+        labels = list(_KP_LABEL.finditer(text))
+        body = text[labels[-1].end() :] if labels else text
+    body = "\n".join(line.lstrip() for line in body.splitlines())
+    if not body.strip():
+        raise ParseError("key-point answer is empty")
+    return body
+
+
+# ---------------------------------------------------------------- key-screenshot score
+# The labels each prompt variant asks for ("1. **Reasoning**: ... 2. **Score**: N" for
+# online_mind2web, "### Reasoning**: ... ### Score**: N" for general) and that its reference parser
+# splits on. Checked against all 3,679 released scorer answers on AgentRewardBench (dev).
+_REFERENCE_LABELS = {
+    "online_mind2web": ("**Reasoning**:", "Score"),
+    "general": ("### Reasoning:", "### Score"),
+}
+# Strict: a score label is a heading ("### Score"), bold ("**Score**") or "Score:" with a colon,
+# followed by one digit 1-5 that is not part of a longer number.
+_SCORE_LABEL = re.compile(
+    r"(?:(?:^|\n)[ \t]*#+[ \t]*\**Score\b\**[\s:*]*"
+    r"|\*\*Score\*\*[\s:*]*"
+    r"|\bScore\b[ \t]*\**[ \t]*(?:\([^)\n]*\))?[ \t]*[:\uff1a][\s*]*)"
+    r"\[?[ \t]*([1-5])(?![\d.]*\d)",
+    re.IGNORECASE,
+)
+_REASONING_LABEL = re.compile(r"(?:#+[ \t]*)?\**reasoning\**[ \t]*\**[ \t]*:?\**", re.IGNORECASE)
+
+
+def _reference_score(text: str, variant: str) -> ScoreResult:
+    reasoning, score_label = _REFERENCE_LABELS[variant]
+    thought = text.split(reasoning)[-1].strip().lstrip("\n")
+    thought = thought.split("\n\n")[0] if variant == "online_mind2web" else thought.split(score_label)[0]
+    thought = thought.replace("\n", " ")
+    parts = text.split(score_label)
+    if len(parts) < 2:
+        return ScoreResult(0, thought, False, f"no {score_label!r} in answer")
+    digits = re.findall(r"[1-5]", parts[1])
+    if not digits:
+        return ScoreResult(0, thought, False, f"no digit 1-5 after {score_label!r}")
+    return ScoreResult(int(digits[0]), thought, True)
+
+
+def parse_score(text: str, mode: Mode = "strict", variant: str = "online_mind2web") -> ScoreResult:
+    """Read the 1-5 relevance score and the description ("thought") of one screenshot.
+
+    ``variant`` is the prompt set the answer was produced with: it fixes the labels the reference
+    parser splits on. Strict mode reads either style.
+    """
+    _check_mode(mode)
+    if variant not in _REFERENCE_LABELS:
+        raise ValueError(f"unknown prompt variant {variant!r}")
+    text = text or ""
+    if mode == "reference":
+        return _reference_score(text, variant)
+    labels = list(_SCORE_LABEL.finditer(text))
+    if not labels:
+        err = "answer has no score label ('Score: N')" if "score" in text.lower() else "answer has no score"
+        return ScoreResult(None, _strict_thought(text, len(text), variant), False, err)
+    last = labels[-1]
+    return ScoreResult(int(last.group(1)), _strict_thought(text, last.start(), variant), True)
+
+
+def _strict_thought(text: str, score_at: int, variant: str) -> str:
+    """The reasoning before the score label: first paragraph for online_mind2web (as the
+    reference, and as WebJudge-7B was trained), the whole reasoning for general."""
+    head = text[:score_at]
+    labels = list(_REASONING_LABEL.finditer(head))
+    if labels:
+        head = head[labels[-1].end() :]
+    head = head.strip()
+    if variant == "online_mind2web":
+        head = head.split("\n\n")[0]
+    head = re.sub(r"(?:\n|^)\s*(?:\d+\.|-)?\s*\**\s*$", "", head)  # a "2." that introduced the label
+    return " ".join(head.split())
+
+
+# ---------------------------------------------------------------- outcome status
+_STATUS_LABEL = re.compile(r"status\s*\**\s*:", re.IGNORECASE)
+_SUCCESS_WORDS = ("success", "successful", "succeeded", "complete", "completed")
+_FAILURE_WORDS = ("failure", "unsuccessful", "failed", "fail", "incomplete", "not successful", "not success")
+
+
+def parse_status(text: str, mode: Mode = "strict") -> StatusResult:
+    """Read the outcome verdict ``Status: "success"`` / ``"failure"``."""
+    _check_mode(mode)
+    text = text or ""
+    if mode == "reference":
+        parts = text.lower().split("status:")
+        if len(parts) < 2:
+            return StatusResult(False, False, "no 'status:' in answer")
+        return StatusResult("success" in parts[1], True)
+
+    labels = list(_STATUS_LABEL.finditer(text))
+    if not labels:
+        return StatusResult(None, False, "answer has no 'Status:' label")
+    value = text[labels[-1].end() :].strip().lower()
+    value = re.sub(r"^[\s\"'`*\[(<]+", "", value)
+    for word in (
+        _FAILURE_WORDS
+    ):  # checked first: "not successful" starts with "not", "unsuccessful" contains "success"
+        if re.match(rf"{re.escape(word)}\b", value):
+            return StatusResult(False, True)
+    for word in _SUCCESS_WORDS:
+        if re.match(rf"{re.escape(word)}\b", value):
+            return StatusResult(True, True)
+    shown = value.splitlines()[0][:40] if value else ""
+    return StatusResult(None, False, f"status value {shown!r} is neither success nor failure")
+
+
+_NUMBERED = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s*(.+?)\s*$")
+
+
+def split_key_points(key_points: str) -> list[str]:
+    """The individual key points of a key-point answer (its numbered or bulleted lines)."""
+    lines = [line for line in key_points.splitlines() if line.strip()]
+    items = [m.group(1) for m in map(_NUMBERED.match, lines) if m]
+    return items or [line.strip() for line in lines]

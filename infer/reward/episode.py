@@ -1,0 +1,151 @@
+"""The recorder an RL environment keeps: one :class:`Episode` per rollout, scored at its end.
+
+Screenshots are written to disk as they arrive (nothing decoded stays in memory): a temporary folder,
+removed once the episode is scored, or ``keep_dir`` (kept). The folder is a keyshot JSONL trajectory set
+that ``keyshot judge`` and ``keyshot report`` read as it is::
+
+    KEEP_DIR/<episode id>.jsonl          one line: task, actions, thoughts, final answer, screenshots
+    KEEP_DIR/<episode id>/step_000.png   the screenshots, in step order
+
+so ``keyshot judge KEEP_DIR --config ...`` judges every kept episode (each its own ``run``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from keyshot.infer.loaders.jsonl import write_jsonl
+from keyshot.infer.loaders.trajectory import Screenshot, Trajectory
+from keyshot.infer.protocol.images import sniff_image_type
+from keyshot.infer.reward.rollouts import RolloutError, encoded_image, is_path_like, task_key
+
+_counter = itertools.count()
+
+
+class Episode:
+    """One rollout as the environment saw it.
+
+    Args:
+        task: the task the agent was given.
+        start_url: where it started (recorded in the trajectory's ``extra``).
+        task_id: the task's id (episodes of one task share one key-point call either way: the call
+            depends on the task text); default: a hash of the task.
+        keep_dir: keep the episode there after scoring (a folder ``keyshot judge`` reads).
+    """
+
+    def __init__(
+        self,
+        task: str,
+        start_url: str | None = None,
+        task_id: str | None = None,
+        keep_dir: str | os.PathLike | None = None,
+    ):
+        self.task = task
+        self.start_url = start_url
+        self.task_id = task_id or task_key(task or "")
+        self.id = f"{self.task_id}-{os.getpid()}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
+        self.keep_dir = Path(keep_dir) if keep_dir is not None else None
+        if self.keep_dir is not None:
+            self.keep_dir.mkdir(parents=True, exist_ok=True)
+        self.root = self.keep_dir or Path(tempfile.mkdtemp(prefix="keyshot-episode-"))
+        self.folder = self.root / self.id
+        self.folder.mkdir()
+        self.screenshots: list[Path] = []
+        self.actions: list[str] = []
+        self.thoughts: list[str] = []
+        self.final_answer: str | None = None
+        self.finished = False
+        self.problems: list[str] = []  # steps that could not be recorded: the episode is not scored
+
+    def __repr__(self) -> str:
+        return f"Episode({self.id!r}, steps={len(self.screenshots)}, finished={self.finished})"
+
+    @property
+    def jsonl_path(self) -> Path:
+        return self.root / f"{self.id}.jsonl"
+
+    def add_step(self, screenshot: Any, action: str | None = None, thought: str | None = None) -> None:
+        """Record one step: the screenshot (PIL image, PNG/JPEG bytes, base64 or a path) is written to
+        disk now; ``action`` (and its ``thought``) is what the agent did on that page. A screenshot that is
+        not an image is recorded as a problem (the episode gets a None reward naming it), not raised."""
+        step = len(self.screenshots) + len(self.problems)
+        try:
+            path = self._spill(screenshot, step)
+        except (RolloutError, OSError) as exc:
+            self.problems.append(f"step {step}: {exc}")
+            return
+        self.screenshots.append(path)
+        if action is not None:
+            self.actions.append(str(action))
+            self.thoughts.append(str(thought or ""))
+
+    def _spill(self, screenshot: Any, step: int) -> Path:
+        what = f"episode {self.id}: step {step}"
+        if isinstance(screenshot, Image.Image):
+            path = self.folder / f"step_{step:03d}.png"
+            screenshot.save(path, format="PNG", compress_level=1)
+            return path
+        if is_path_like(screenshot) and Path(screenshot).is_file():
+            with open(screenshot, "rb") as f:
+                _, ext = sniff_image_type(encoded_image(f.read(16), what))
+            path = self.folder / f"step_{step:03d}{ext}"
+            shutil.copyfile(screenshot, path)
+            return path
+        data = encoded_image(screenshot, what)
+        path = self.folder / f"step_{step:03d}{sniff_image_type(data)[1]}"
+        path.write_bytes(data)
+        return path
+
+    def finish(self, answer: str | None = None) -> None:
+        """The episode is over; ``answer`` is the agent's final answer (recorded, never shown to the
+        judge). Writes the trajectory file."""
+        self.final_answer = answer
+        self.finished = True
+        write_jsonl([self._trajectory()], self.jsonl_path)
+
+    def problem(self) -> str | None:
+        """Why this episode cannot be scored, or None."""
+        if not self.task or not self.task.strip():
+            return f"episode {self.id}: no task"
+        if self.problems:
+            return "; ".join(self.problems)
+        if not self.screenshots:
+            return f"episode {self.id}: no screenshots (call add_step with each page the agent saw)"
+        return None
+
+    def _trajectory(self) -> Trajectory:
+        return Trajectory(
+            task_id=self.task_id,
+            task=self.task,
+            actions=list(self.actions),
+            thoughts=list(self.thoughts) if any(self.thoughts) else None,
+            screenshots=[Screenshot(path=p, index=i) for i, p in enumerate(self.screenshots)],
+            agent="episode",
+            final_answer=self.final_answer,
+            extra={"start_url": self.start_url} if self.start_url else {},
+            run=self.id,
+            source=self.jsonl_path,
+            format="jsonl",
+        )
+
+    def trajectory(self) -> Trajectory:
+        """The episode as a Trajectory (lazy: screenshots stay files); raises RolloutError if it cannot
+        be scored."""
+        if problem := self.problem():
+            raise RolloutError(problem)
+        return self._trajectory()
+
+    def discard(self) -> None:
+        """Remove the spilled files unless the episode is kept (called once it is scored)."""
+        if self.keep_dir is None:
+            shutil.rmtree(self.root, ignore_errors=True)
+        elif not self.jsonl_path.exists():
+            write_jsonl([self._trajectory()], self.jsonl_path)

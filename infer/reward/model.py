@@ -1,0 +1,335 @@
+"""keyshot as a reward model: :class:`RewardModel` scores rollouts with the WebJudge pipeline of a
+``keyshot judge`` config, one :class:`RewardResult` per rollout, in order.
+
+Group-aware: every rollout of a batch is judged at once (at most the config's ``concurrency``), so all
+their scorer calls are in flight together (bounded by the scorer endpoint's ``max_concurrency``), and
+rollouts of one task share one key-point call, within a batch (the judge client sends identical requests
+in flight once) and across batches (the call cache). A failed call is never a reward of 0: the reward
+is None with the reason, unless ``on_failure="zero"`` (recorded in the result as ``on_failure_applied``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from keyshot.infer.client.cache import CallCache
+from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
+from keyshot.infer.client.usage import UsageLedger
+from keyshot.infer.common.config import ConfigError, config_from_data
+from keyshot.infer.common.errors import RunStopError
+from keyshot.infer.judge.config import JudgeRunConfig, build_scorer
+from keyshot.infer.judge.pipeline import WebJudge
+from keyshot.infer.loaders import load_trajectory
+from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
+from keyshot.infer.protocol.parsing import split_key_points
+from keyshot.infer.protocol.verdicts import Verdict
+from keyshot.infer.reward.episode import Episode
+from keyshot.infer.reward.rollouts import RolloutError, from_dict
+
+logger = logging.getLogger(__name__)
+
+OnFailure = Literal["none", "zero"]
+ON_FAILURE = ("none", "zero")
+#: The config's own section for the reward model (``keyshot judge`` ignores it): ``reward: {on_failure: zero}``.
+REWARD_SECTION = "reward"
+#: How long a tripped endpoint breaker stays down before a later batch tries the endpoint again.
+BREAKER_COOLDOWN_S = 30.0
+
+
+@dataclass
+class RewardSettings:
+    """The ``reward:`` section of a judge config (or keyword overrides of :meth:`RewardModel.from_config`)."""
+
+    on_failure: OnFailure = "none"
+    allow_root: str | None = None  # where dict rollouts' screenshot paths may point (default: cwd)
+
+    def __post_init__(self) -> None:
+        if self.on_failure not in ON_FAILURE:
+            raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
+
+
+@dataclass
+class RewardResult:
+    """The reward of one rollout.
+
+    ``reward``: 1.0 (success), 0.0 (failure) or None (no verdict: ``error`` says why). ``p_success``: the
+    probability of the status token, when the outcome call returns log-probabilities; keyshot's outcome
+    call does not ask for them yet, so it is None (``p_success_source`` says so). ``progress``: the
+    fraction of key points judged met, when the outcome was judged key point by key point
+    (``outcome_mode: key_point`` or ``combined``), else None. ``step_scores``: the scorer's 1-5 score per
+    screenshot (None where it gave none); ``kept``: the indices of the key screenshots.
+    """
+
+    id: str
+    task_id: str | None = None
+    reward: float | None = None
+    success: bool | None = None
+    p_success: float | None = None
+    p_success_source: str | None = "not available: the outcome call does not request logprobs"
+    progress: float | None = None
+    key_points: list[str] = field(default_factory=list)
+    step_scores: list[int | None] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)
+    calls: dict[str, int] = field(default_factory=dict)
+    cached_calls: dict[str, int] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+    cost_usd: float = 0.0
+    error: str | None = None
+    on_failure_applied: bool = False
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def to_trajectory(rollout: Any, position: int, allow_root: Path | str | None = None) -> Trajectory:
+    """Any rollout as a Trajectory (``position`` names it in errors)."""
+    if isinstance(rollout, Trajectory):
+        return rollout
+    if isinstance(rollout, Episode):
+        return rollout.trajectory()
+    if isinstance(rollout, dict):
+        return from_dict(rollout, f"rollout {position}", allow_root)
+    if isinstance(rollout, (str, os.PathLike)):
+        try:
+            return load_trajectory(rollout)
+        except TrajectoryError as exc:
+            raise RolloutError(f"rollout {position}: {exc}") from None
+    raise RolloutError(
+        f"rollout {position}: a {type(rollout).__name__} is not a rollout "
+        "(a trajectory folder, a Trajectory, an Episode or a dict)"
+    )
+
+
+def rollout_id(rollout: Any, trajectory: Trajectory | None, position: int) -> str:
+    """The id a result reports: the dict's ``id``, the episode's or folder's name, else the position."""
+    if isinstance(rollout, dict) and rollout.get("id") is not None:
+        return str(rollout["id"])
+    if isinstance(rollout, Episode):
+        return rollout.id
+    if isinstance(rollout, (str, os.PathLike)):
+        return str(rollout)
+    if trajectory is not None:
+        return trajectory.uid
+    return str(position)
+
+
+def result_of(rid: str, verdict: Verdict, seconds: float) -> RewardResult:
+    """A verdict read as a reward."""
+    error = verdict.error
+    if error is None and verdict.success is None:
+        error = "outcome: the judge's verdict could not be read" + (
+            f" ({verdict.errors[-1]})" if verdict.errors else ""
+        )
+    progress = None
+    if verdict.config.get("outcome_mode_used") == "key_point" and verdict.outcome_calls:
+        met = sum(bool(c.valid and c.success) for c in verdict.outcome_calls)
+        progress = met / len(verdict.outcome_calls)
+    return RewardResult(
+        id=rid,
+        task_id=verdict.task_id,
+        reward=None if verdict.success is None else float(verdict.success),
+        success=verdict.success,
+        progress=progress,
+        key_points=split_key_points(verdict.key_points or ""),
+        step_scores=[r.score for r in verdict.screenshots],
+        kept=list(verdict.kept),
+        calls={role: u.calls for role, u in verdict.usage.items()},
+        cached_calls={role: u.cached for role, u in verdict.usage.items()},
+        tokens={
+            "prompt": sum(u.prompt_tokens for u in verdict.usage.values()),
+            "completion": sum(u.completion_tokens for u in verdict.usage.values()),
+        },
+        cost_usd=sum(u.cost_usd for u in verdict.usage.values()),
+        error=error,
+        seconds=seconds,
+    )
+
+
+def split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Keyword overrides → (reward settings, ``key.sub=value`` config overrides); ``judge__model`` is
+    ``judge.model``."""
+    names = {f.name for f in dataclasses.fields(RewardSettings)}
+    settings = {k: v for k, v in overrides.items() if k in names}
+    rest = [
+        f"{k.replace('__', '.')}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+        for k, v in overrides.items()
+        if k not in names
+    ]
+    return settings, rest
+
+
+class RewardModel:
+    """WebJudge as a reward: ``await rm.score(rollouts)`` or ``rm.score_sync(rollouts)``.
+
+    Build it with :meth:`from_config` (a ``keyshot judge`` config). One RewardModel holds one call cache
+    (``cache:`` of the config, else a file in a temporary folder of its own) and one client per endpoint,
+    shared by every batch, so key points are asked once per task for its whole life.
+    """
+
+    def __init__(self, cfg: JudgeRunConfig, settings: RewardSettings | None = None):
+        self.cfg = cfg
+        self.settings = settings or RewardSettings()
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        if cfg.cache:
+            cache_path = Path(cfg.cache)
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="keyshot-reward-")
+            cache_path = Path(self._tmp.name) / "calls.sqlite"
+        self.cache = CallCache(cache_path)
+        self.ledger = UsageLedger()
+        self.judge_client = JudgeClient(cfg.judge, self.cache, self.ledger)
+        self._pipelines: dict[str | None, WebJudge] = {}
+        self._down_since: dict[int, float] = {}
+        self.failures = 0  # rollouts given no verdict (any cause), for metrics and logs
+        self.applied_on_failure = 0
+
+    @classmethod
+    def from_config(cls, path: str | os.PathLike, *overrides: str, **settings: Any) -> RewardModel:
+        """A RewardModel from a ``keyshot judge`` config (YAML). ``overrides`` are ``key.sub=value``
+        strings; keyword ``on_failure``/``allow_root`` set the reward options (else the config's
+        ``reward:`` section does), any other keyword overrides the config (``concurrency=8``,
+        ``judge__model="gpt-4o"``)."""
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+        data = copy.deepcopy(data)
+        section = data.pop(REWARD_SECTION, None) or {}
+        reward_kw, config_overrides = split_overrides(settings)
+        cfg = config_from_data(JudgeRunConfig, data, [*overrides, *config_overrides], where=str(path))
+        reward = config_from_data(RewardSettings, {**section, **reward_kw}, where=f"{path}: {REWARD_SECTION}")
+        return cls(cfg, reward)
+
+    # ------------------------------------------------------------------ pipelines
+    def pipeline(self, scorer_url: str | None = None) -> WebJudge:
+        """The WebJudge of this config, or with its scorer requests sent to ``scorer_url`` (verl's
+        reward router); the judge client (and so key-point coalescing) is shared."""
+        if scorer_url not in self._pipelines:
+            endpoint = None
+            if scorer_url is not None:
+                base = self.cfg.scorer.endpoint or (self.cfg.scorer.endpoints or [None])[0]
+                endpoint = (
+                    dataclasses.replace(base, base_url=scorer_url)
+                    if base is not None
+                    else EndpointConfig(base_url=scorer_url, model="webjudge-7b", api_key_env=None)
+                )
+            scorer = build_scorer(self.cfg, self.cache, self.ledger, endpoint)
+            self._pipelines[scorer_url] = WebJudge(self.judge_client, scorer, self.cfg.pipeline)
+        return self._pipelines[scorer_url]
+
+    def _revive(self, webjudge: WebJudge) -> None:
+        """Give a tripped endpoint another chance once it has been down for BREAKER_COOLDOWN_S."""
+        clients = [webjudge.judge_client, getattr(webjudge.scorer, "client", None)]
+        for client in filter(None, clients):
+            breaker = getattr(client, "breaker", None)
+            if breaker is None or breaker.down is None:
+                self._down_since.pop(id(client), None)
+                continue
+            since = self._down_since.setdefault(id(client), time.monotonic())
+            if time.monotonic() - since >= BREAKER_COOLDOWN_S:
+                breaker.reset()
+                self._down_since.pop(id(client), None)
+        webjudge.stop_error = None
+
+    def health(self) -> dict[str, Any]:
+        """Breaker state of the judge and scorer endpoints (None: up)."""
+        scorer = getattr(self.pipeline().scorer, "client", None)
+        breaker = getattr(scorer, "breaker", None)
+        return {
+            "judge": {"url": self.cfg.judge.display_url, "down": str(self.judge_client.down or "") or None},
+            "scorer": {"down": str(breaker.down) if breaker is not None and breaker.down else None},
+        }
+
+    # ------------------------------------------------------------------ scoring
+    async def score(self, rollouts: Sequence[Any], *, scorer_url: str | None = None) -> list[RewardResult]:
+        """One result per rollout, in order. Never raises for a rollout: a rollout that cannot be read
+        or judged gets ``reward=None`` (or 0.0 with ``on_failure="zero"``) and ``error``. Episodes are
+        discarded (their temporary files removed) once scored."""
+        webjudge = self.pipeline(scorer_url)
+        self._revive(webjudge)
+        slots = asyncio.Semaphore(self.cfg.concurrency)
+
+        async def one(position: int, rollout: Any) -> RewardResult:
+            t0 = time.perf_counter()
+            trajectory = None
+            try:
+                trajectory = await asyncio.to_thread(
+                    to_trajectory, rollout, position, self.settings.allow_root
+                )
+                async with slots:
+                    verdict = await webjudge.judge(trajectory)
+                result = result_of(
+                    rollout_id(rollout, trajectory, position), verdict, time.perf_counter() - t0
+                )
+            except (RolloutError, RunStopError) as exc:
+                result = RewardResult(
+                    id=rollout_id(rollout, trajectory, position),
+                    task_id=trajectory.task_id if trajectory else None,
+                    error=f"{'input' if isinstance(exc, RolloutError) else 'stopped'}: {exc}",
+                    seconds=time.perf_counter() - t0,
+                )
+            finally:
+                if isinstance(rollout, Episode):
+                    rollout.discard()
+            return self.settle(result)
+
+        return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(rollouts))))
+
+    def settle(self, result: RewardResult) -> RewardResult:
+        if result.reward is None:
+            self.failures += 1
+            if self.settings.on_failure == "zero":
+                result.reward, result.on_failure_applied = 0.0, True
+                self.applied_on_failure += 1
+            logger.warning(
+                "reward %s: %s%s", result.id, result.error, " (on_failure: zero)" * result.on_failure_applied
+            )
+        return result
+
+    def score_sync(self, rollouts: Sequence[Any], **kwargs: Any) -> list[RewardResult]:
+        """:meth:`score` from synchronous code (not from inside a running event loop)."""
+        return asyncio.run(self._score_and_release(rollouts, **kwargs))
+
+    async def _score_and_release(self, rollouts: Sequence[Any], **kwargs: Any) -> list[RewardResult]:
+        try:
+            return await self.score(rollouts, **kwargs)
+        finally:  # the HTTP clients belong to this event loop, which asyncio.run closes
+            await self.aclose_clients()
+
+    async def aclose_clients(self) -> None:
+        for webjudge in self._pipelines.values():
+            await webjudge.scorer.aclose()
+        await self.judge_client.aclose()
+
+    async def aclose(self) -> None:
+        """Close the clients and the cache (the RewardModel cannot score after this)."""
+        await self.aclose_clients()
+        self.close()
+
+    def close(self) -> None:
+        self.cache.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None

@@ -1,0 +1,126 @@
+"""What a reward model scores: a rollout, read into a :class:`~keyshot.infer.loaders.trajectory.Trajectory`.
+
+A rollout is a trajectory folder or JSONL file (any format ``keyshot judge`` reads), a ``Trajectory``, an
+:class:`~keyshot.infer.reward.episode.Episode`, or a dict::
+
+    {"task": "...", "screenshots": [PNG/JPEG bytes | base64 | data URL | path | PIL image, ...],
+     "actions": ["click(...)", ...], "final_answer": "...", "task_id": "...", "id": "..."}
+
+Screenshot paths in a dict must lie inside ``allow_root`` (the service's ``--allow-root``; the Python
+API's default is the current folder). Bytes are checked by their signature only (nothing is decoded here).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.loaders.common import InputScope, screenshot_from_ref
+from keyshot.infer.loaders.trajectory import Screenshot, Trajectory, TrajectoryError
+from keyshot.infer.protocol.images import sniff_image_type
+
+#: The keys a dict rollout may have.
+ROLLOUT_KEYS = ("task", "screenshots", "actions", "thoughts", "final_answer", "task_id", "id", "agent")
+
+
+class RolloutError(KeyshotError):
+    """A rollout that cannot be scored; the message names the rollout and the field."""
+
+
+def encoded_image(value: Any, where: str) -> bytes:
+    """The encoded image (PNG, JPEG, ...) of bytes, base64 text, a data URL or a PIL image; no path."""
+    if isinstance(value, Image.Image):
+        buffer = io.BytesIO()
+        value.save(buffer, format="PNG", compress_level=1)
+        return buffer.getvalue()
+    if isinstance(value, str):
+        text = value.split(";base64,", 1)[1] if value.startswith("data:") else value
+        try:
+            value = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise RolloutError(f"{where}: neither a readable path nor base64 image data") from None
+    if not isinstance(value, (bytes, bytearray)):
+        raise RolloutError(
+            f"{where}: a {type(value).__name__} is not a screenshot (bytes, base64, path, PIL)"
+        )
+    if sniff_image_type(bytes(value))[0] == "application/octet-stream":
+        raise RolloutError(f"{where}: not an image (expected PNG, JPEG, WebP or GIF bytes)")
+    return bytes(value)
+
+
+def is_path_like(value: Any) -> bool:
+    """A str that names a file (not base64 data or a data URL), or a Path."""
+    if isinstance(value, os.PathLike):
+        return True
+    return (
+        isinstance(value, str) and not value.startswith("data:") and len(value) < 4096 and "\n" not in value
+    )
+
+
+def _screenshot(value: Any, index: int, where: str, scope: InputScope) -> Screenshot:
+    what = f"{where}: screenshot {index}"
+    if is_path_like(value) and (
+        Path(value).exists() or Path(value).is_symlink() or Path(value).is_absolute()
+    ):
+        if not scope.contains(Path(value)):
+            roots = ", ".join(map(str, scope.roots))
+            raise RolloutError(f"{what}: {value} is outside the allowed root ({roots})")
+        try:
+            shot = screenshot_from_ref(str(value), index, [Path.cwd()], Path(where), scope=scope)
+            with open(shot.path, "rb") as f:
+                encoded_image(f.read(16), what)  # the signature only: the file stays on disk
+        except (TrajectoryError, OSError) as exc:
+            raise RolloutError(f"{what}: {getattr(exc, 'problem', None) or exc}") from None
+        return Screenshot(path=shot.path, index=index)
+    return Screenshot(path=Path(where), index=index, data=encoded_image(value, what))
+
+
+def _strings(record: dict, key: str, where: str) -> list[str]:
+    value = record.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RolloutError(f"{where}: field {key!r} must be a list of strings")
+    return value
+
+
+def task_key(task: str) -> str:
+    """A short stable id for a task text (rollouts of one task share it, and their key points)."""
+    return "task-" + hashlib.sha256(task.encode()).hexdigest()[:12]
+
+
+def from_dict(record: dict, where: str, allow_root: Path | str | None = None) -> Trajectory:
+    """A dict rollout as a Trajectory; raises RolloutError naming the field."""
+    unknown = sorted(set(record) - set(ROLLOUT_KEYS))
+    if unknown:
+        raise RolloutError(f"{where}: unknown field(s) {unknown}; allowed: {list(ROLLOUT_KEYS)}")
+    task = record.get("task")
+    if not isinstance(task, str) or not task.strip():
+        raise RolloutError(f"{where}: field 'task' is missing or empty")
+    shots = record.get("screenshots")
+    if not isinstance(shots, list) or not shots:
+        raise RolloutError(f"{where}: field 'screenshots' must be a non-empty list")
+    scope = InputScope.of(allow_root or Path.cwd())
+    actions = _strings(record, "actions", where)
+    thoughts = _strings(record, "thoughts", where) or None
+    if thoughts is not None and len(thoughts) != len(actions):
+        raise RolloutError(f"{where}: {len(thoughts)} thoughts for {len(actions)} actions (must be equal)")
+    answer = record.get("final_answer")
+    if answer is not None and not isinstance(answer, str):
+        raise RolloutError(f"{where}: field 'final_answer' must be a string")
+    return Trajectory(
+        task_id=str(record.get("task_id") or task_key(task)),
+        task=task,
+        actions=actions,
+        thoughts=thoughts,
+        screenshots=[_screenshot(s, i, where, scope) for i, s in enumerate(shots)],
+        agent=record.get("agent"),
+        final_answer=answer,
+        run=str(record["id"]) if record.get("id") is not None else None,
+    )

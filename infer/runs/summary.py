@@ -1,0 +1,230 @@
+"""A run's summary: counts, usage and incomplete trajectories, from verdicts or from shards' summaries;
+its Markdown and its exit code.
+
+What could not be read has four named counts, never one overloaded "unreadable": a trajectory that could
+not be loaded (``run.load_errors``, "not loaded"), a score answer without a score (``unreadable_scores``),
+an answer cut by max_tokens (``cut_answers``) and a verdict without a status (``no_status``). A trajectory
+none of whose screenshot scores could be read has no verdict (``no_readable_scores``; strict mode) and is
+counted apart from failures; the success rate counts finished verdicts only (docs/architecture.md, "A verdict needs evidence").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from keyshot.infer.common.errors import EXIT_INCOMPLETE, EXIT_OK, raise_advice
+from keyshot.infer.protocol.verdicts import ROLES, RoleUsage, Verdict
+from keyshot.infer.common.errors import EXIT_INCOMPLETE, EXIT_OK
+from keyshot.infer.protocol.verdicts import ROLES, RoleUsage, Verdict
+
+_ADDITIVE = (
+    "trajectories",
+    "success",
+    "failure",
+    "partial",
+    "screenshots",
+    "unreadable_scores",
+    "failed_screenshots",
+    "kept_screenshots",
+    "cut_answers",
+    "no_status",
+    "no_readable_scores",
+    "judged_without_scores",
+)
+
+
+def summarize(verdicts: Iterable[Verdict], *, run: dict) -> dict:
+    """Counts over every verdict in the file (previous runs included) plus this run's figures.
+
+    One pass over ``verdicts``, which may be a generator.
+    """
+    counts = dict.fromkeys(_ADDITIVE, 0)
+    incomplete: list[dict] = []
+    usage = {role: RoleUsage() for role in ROLES}
+    for v in verdicts:
+        counts["trajectories"] += 1
+        counts["success"] += v.success is True
+        counts["failure"] += v.success is False
+        counts["partial"] += bool(v.partial)
+        counts["screenshots"] += len(v.screenshots)
+        # unreadable: the scorer answered in full without a readable score; cut: by max_tokens; failed: no
+        # answer (unreadable image, or the call failed after retries)
+        counts["unreadable_scores"] += sum(1 for s in v.screenshots if s.error and s.raw and not s.cut)
+        counts["failed_screenshots"] += sum(1 for s in v.screenshots if s.error and not s.raw and not s.cut)
+        counts["kept_screenshots"] += len(v.kept)
+        counts["cut_answers"] += len(v.cut)
+        counts["no_status"] += v.finished and not v.status_valid
+        counts["no_readable_scores"] += v.no_evidence is not None and not v.finished
+        counts["judged_without_scores"] += v.no_evidence is not None and v.finished
+        for role, u in v.usage.items():
+            usage.setdefault(role, RoleUsage()).merge(u)
+        if not v.finished:
+            incomplete.append(
+                {
+                    "task_id": v.task_id,
+                    "agent": v.agent,
+                    "source": v.source,
+                    "error": v.error,
+                    "no_readable_scores": v.no_evidence is not None,
+                }
+            )
+    return _summary(counts, usage, incomplete, run)
+
+
+def combine_summaries(summaries: list[dict], *, run: dict) -> dict:
+    """The summary of several verdict files (the shards of a run) from their own summaries: exactly what
+    :func:`summarize` says of all their verdicts together."""
+    counts = {key: sum(s.get(key, 0) for s in summaries) for key in _ADDITIVE}
+    usage = {role: RoleUsage() for role in ROLES}
+    for s in summaries:
+        for role, u in s["usage"].items():
+            usage.setdefault(role, RoleUsage()).merge(RoleUsage(**u))
+    incomplete = [t for s in summaries for t in s["incomplete_trajectories"]]
+    return _summary(counts, usage, incomplete, run)
+
+
+def _summary(counts: dict, usage: dict[str, RoleUsage], incomplete: list[dict], run: dict) -> dict:
+    n = counts["trajectories"]
+    finished = n - len(incomplete)  # verdicts whose calls all answered: no evidence, no verdict
+    return {
+        **counts,
+        "no_verdict": n - counts["success"] - counts["failure"],
+        "errors": len(incomplete),
+        "incomplete": len(incomplete),
+        "incomplete_trajectories": incomplete,
+        "success_rate": counts["success"] / finished if finished else None,
+        "usage": {role: dataclasses.asdict(u) for role, u in usage.items()},
+        "judge_calls_per_trajectory": usage["judge"].calls / n if n else None,
+        "run": run,
+    }
+
+
+def summary_markdown(summary: dict, ledger_table: str) -> str:
+    sr = summary["success_rate"]
+    run = summary["run"]
+    no_status = summary.get("no_status", 0)
+    no_scores = summary.get("no_readable_scores", 0)
+    lines = [
+        "# keyshot judge summary"
+        + (
+            f" (merged from {summary['run']['merged_shards']} shards)"
+            if summary["run"].get("merged_shards")
+            else ""
+        ),
+        "",
+        "| trajectories | success | failure | verdict without a status | no readable scores | failed calls "
+        "| success rate | screenshots | kept |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {summary['trajectories']} | {summary['success']} | {summary['failure']} | {no_status} | "
+        f"{no_scores} | {summary['incomplete'] - no_scores} | {'n/a' if sr is None else f'{100 * sr:.1f}%'} | "
+        f"{summary['screenshots']} | {summary['kept_screenshots']} |",
+        "",
+        "| not loaded (this run) | score answer without a score | cut by max_tokens | verdict without a status "
+        "| failed screenshots |",
+        "|---:|---:|---:|---:|---:|",
+        f"| {run.get('load_errors', 0)} | {summary['unreadable_scores']} | {summary.get('cut_answers', 0)} | "
+        f"{no_status} | {summary['failed_screenshots']} |",
+        "",
+        "Success rate: successes over the trajectories with a finished verdict (a verdict without a status "
+        "counts as not success). No readable scores: none of the trajectory's screenshot scores could be "
+        "read, so it has no verdict (not a failure; the next run judges it again). Failed calls: a call "
+        "failed after its retries (no verdict; re-run the same command to retry them, answered calls come "
+        "from the cache). Score answer without a score: the scorer answered in full without a 1-5 score; "
+        "cut by max_tokens: an answer (scorer or judge) stopped by its token limit, read as a failed call; "
+        "failed screenshots: unreadable image or failed call.",
+        "",
+        "## Calls per role (all verdicts in the file)",
+        "",
+        "| role | calls | cache hits | errors | prompt tokens | completion tokens | cost $ |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for role, u in summary["usage"].items():
+        lines.append(
+            f"| {role} | {u['calls']:,} | {u['cached']:,} | {u['errors']:,} | {u['prompt_tokens']:,} | "
+            f"{u['completion_tokens']:,} | {u['cost_usd']:.4f} |"
+        )
+    if run.get("merged_shards"):
+        slowest = max((t or 0.0 for t in (run.get("shard_seconds") or {}).values()), default=0.0)
+        heading = (
+            f"## The last runs of its {run['merged_shards']} shards: {run['judged']} judged, {run['skipped']} "
+            f"already done, {run['load_errors']} not loaded; the slowest shard took {slowest:.1f} s"
+        )
+    else:
+        heading = (
+            f"## This run: {run['judged']} judged, {run['skipped']} already done, {run['load_errors']} "
+            f"not loaded, {run['seconds']:.1f} s"
+        )
+    lines += [
+        "",
+        heading,
+        "",
+        ledger_table or "(no calls)",
+        "",
+    ]
+    if run.get("stopped"):
+        lines.append(f"**Stopped:** {run['stopped']}\n")
+    lines += [f"**{line}**\n" for line in cut_lines(run.get("cut_answers") or [])]
+    if summary.get("judged_without_scores"):
+        lines.append(f"**{judged_without_scores_line(summary['judged_without_scores'])}**\n")
+    if run.get("not_reached"):
+        lines.append(
+            f"{run['not_reached']} trajectories were not reached; re-run the same command to judge them.\n"
+        )
+    no_evidence = [t for t in summary["incomplete_trajectories"] if t.get("no_readable_scores")]
+    failed = [t for t in summary["incomplete_trajectories"] if not t.get("no_readable_scores")]
+    for title, listed in (
+        ("No readable scores (no verdict; the next run judges them again)", no_evidence),
+        ("Incomplete trajectories (re-run the same command to retry them)", failed),
+    ):
+        if listed:
+            lines.append(f"## {title}\n")
+            lines += [f"- {t['source'] or t['task_id']}: {t['error']}" for t in listed[:50]]
+            lines.append("")
+    if run.get("load_error_messages"):
+        lines.append("## Trajectories that could not be read (not judged)\n")
+        lines += [f"- {m}" for m in run["load_error_messages"]]
+        lines.append("")
+    if run.get("duplicates"):
+        lines.append("## Duplicates (judged once)\n")
+        lines += [f"- {m}" for m in run["duplicates"]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def cut_lines(reports: list[dict]) -> list[str]:
+    """One line per token-limit setting that cut answers in this run: what to change, and to what."""
+    return [
+        f"{r['cut']} of {r['answers']} answers under {r['setting']} were cut by max_tokens (at up to "
+        f"{r['cut_tokens']} completion tokens; the longest answer seen: {r['longest_tokens']} tokens): "
+        f"{raise_advice(r['setting'])}"
+        for r in reports
+    ]
+
+
+def combine_cut_reports(reports: list[list[dict]]) -> list[dict]:
+    """Several runs' (shards') cut answers per token-limit setting, as one run's."""
+    by_setting: dict[str, dict] = {}
+    for r in (r for run in reports for r in run):
+        into = by_setting.setdefault(
+            r["setting"], dict.fromkeys(("answers", "cut", "cut_tokens", "longest_tokens"), 0)
+        )
+        into["answers"] += r["answers"]
+        into["cut"] += r["cut"]
+        into["cut_tokens"] = max(into["cut_tokens"], r["cut_tokens"])
+        into["longest_tokens"] = max(into["longest_tokens"], r["longest_tokens"])
+    return [{"setting": setting, **counts} for setting, counts in by_setting.items()]
+
+
+def judged_without_scores_line(count: int) -> str:
+    return (
+        f"{count} trajectories were judged although none of their screenshot scores could be read "
+        "(parse_mode=reference keeps the reference's behaviour; their verdicts rest on no screenshot)"
+    )
+
+
+def exit_code(summary: dict) -> int:
+    """The run's exit code (:mod:`keyshot.infer.common.errors`): a stop's own code, 3 when incomplete, else 0."""
+    if summary["run"].get("exit_code"):
+        return summary["run"]["exit_code"]
+    return EXIT_INCOMPLETE if summary["incomplete"] else EXIT_OK

@@ -1,0 +1,57 @@
+"""keyshot: cheap, reliable WebJudge for web agents.
+
+The package's code lives in three floors, each importable on its own:
+
+- ``keyshot.infer``: the protocol and its runtime (trajectories, the judge and scorer calls, runs,
+  metrics, reports, the ``keyshot`` command);
+- ``keyshot.data_synth``: teacher labels distilled into a Hugging Face dataset;
+- ``keyshot.train``: the scorer's fine-tuning recipe.
+
+What most users call is re-exported here, loaded on first use (``import keyshot`` stays light)::
+
+    from keyshot import load_trajectories, WebJudge, JudgeRunConfig, load_config
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+#: public name -> module that defines it
+_EXPORTS = {
+    "Trajectory": "keyshot.infer.loaders.trajectory",
+    "Screenshot": "keyshot.infer.loaders.trajectory",
+    "load_trajectories": "keyshot.infer.loaders",
+    "load_trajectory": "keyshot.infer.loaders",
+    "Verdict": "keyshot.infer.protocol.verdicts",
+    "read_verdicts": "keyshot.infer.protocol.verdicts",
+    "load_prompt_set": "keyshot.infer.protocol.prompts",
+    "ImagePolicy": "keyshot.infer.protocol.images",
+    "prepare_image": "keyshot.infer.protocol.images",
+    "parse_score": "keyshot.infer.protocol.parsing",
+    "parse_status": "keyshot.infer.protocol.parsing",
+    "parse_key_points": "keyshot.infer.protocol.parsing",
+    "load_config": "keyshot.infer.common.config",
+    "KeyshotError": "keyshot.infer.common.errors",
+    "JudgeRunConfig": "keyshot.infer.judge.config",
+    "WebJudge": "keyshot.infer.judge.pipeline",
+    "PipelineConfig": "keyshot.infer.judge.pipeline",
+    "compute_metrics": "keyshot.infer.metrics.compute",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'keyshot' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

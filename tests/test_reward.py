@@ -1,0 +1,387 @@
+"""keyshot as a reward model: RewardModel, Episode and the TRL / OpenRLHF / verl adapters, against fake
+judge and scorer servers."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.reward import Episode, RewardModel
+from keyshot.infer.reward import shared as reward_shared
+from keyshot.infer.reward.openrlhf import reward_func
+from keyshot.infer.reward.trl import EpisodeRecorder, environment_reward, reward_function
+from keyshot.infer.reward.verl import compute_score
+from keyshot.infer.testing.configs import fake_judge_config
+from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from keyshot.infer.testing.worlds import synthetic_trajectories
+
+FIXTURES = Path(__file__).parent / "fixtures"
+OM2W_V1 = sorted((FIXTURES / "trajectories" / "online_mind2web_v1").iterdir())
+FAST_JUDGE = {"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": 5}
+
+
+def steps(server: FakeOpenAI) -> list[str]:
+    return [identify_step(r) for r in server.requests]
+
+
+def write_config(tmp_path: Path, judge: FakeOpenAI, scorer: FakeOpenAI, reward: dict | None = None) -> Path:
+    path = fake_judge_config(
+        tmp_path / "reward.yaml",
+        judge.base_url,
+        {"endpoint": {"base_url": scorer.base_url, "model": "webjudge-7b", "api_key_env": None}},
+        judge=FAST_JUDGE,
+    )
+    text = path.read_text()
+    if reward:
+        text += "reward:\n" + "".join(f"  {k}: {v}\n" for k, v in reward.items())
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def servers():
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
+        yield judge, scorer
+
+
+@pytest.fixture
+def group(tmp_path):
+    """8 rollouts of one task (distinct screenshots), as dicts with ids."""
+    jsonl = synthetic_trajectories(tmp_path / "world", 8, 3)
+    return [
+        {
+            "id": f"r{i}",
+            "task": "Find the page number 3 and open its settings",
+            "screenshots": [str(s.path) for s in t.screenshots],
+            "actions": t.actions,
+        }
+        for i, t in enumerate(load_trajectories(jsonl))
+    ]
+
+
+@pytest.fixture(autouse=True)
+def no_shared_model(monkeypatch):
+    monkeypatch.delenv(reward_shared.CONFIG_ENV, raising=False)
+    yield
+    reward_shared.reset_shared()
+
+
+def test_a_group_of_eight_sends_one_key_point_request_and_keeps_order(tmp_path, servers, group):
+    judge, scorer = servers
+    rm = RewardModel.from_config(write_config(tmp_path, judge, scorer), allow_root=str(tmp_path))
+    results = rm.score_sync(group)
+    assert [r.id for r in results] == [f"r{i}" for i in range(8)]
+    assert all(r.reward in (0.0, 1.0) and r.error is None for r in results)
+    assert steps(judge).count("key_points") == 1 and steps(judge).count("outcome") == 8
+    assert len(scorer.requests) == 24 and scorer.stats.max_in_flight > 1  # the batch's scorer calls together
+    assert results[0].key_points == ["Find the page number 3", "Open its settings"]
+    assert len(results[0].step_scores) == 3 and results[0].progress is None  # cot: no key-point progress
+    assert results[0].p_success is None and "logprobs" in results[0].p_success_source
+    # a later batch of the same task: key points from the cache, no new request
+    rm.score_sync(group[:2])
+    assert steps(judge).count("key_points") == 1
+    assert set(results[0].to_dict()) >= {
+        "reward",
+        "p_success",
+        "progress",
+        "step_scores",
+        "kept",
+        "calls",
+        "tokens",
+        "cost_usd",
+        "error",
+    }
+    rm.close()
+
+
+def test_rollout_kinds_and_progress_in_key_point_mode(tmp_path, servers):
+    judge, scorer = servers
+    rm = RewardModel.from_config(write_config(tmp_path, judge, scorer), pipeline__outcome_mode="key_point")
+    trajectory = next(load_trajectories(OM2W_V1[0]))
+    shot = trajectory.screenshots[0].read_bytes()
+    import base64
+
+    from PIL import Image
+
+    rollouts = [
+        str(OM2W_V1[0]),
+        trajectory,
+        {
+            "task": trajectory.task,
+            "screenshots": [shot, base64.b64encode(shot).decode(), Image.new("RGB", (64, 48), "white")],
+        },
+    ]
+    results = rm.score_sync(rollouts)
+    assert [r.error for r in results] == [None, None, None]
+    assert all(r.progress is not None and 0.0 <= r.progress <= 1.0 for r in results)
+    assert results[0].reward == results[1].reward and results[0].progress == results[1].progress
+    rm.close()
+
+
+def test_a_failing_judge_gives_none_never_zero_unless_on_failure_zero(tmp_path, group):
+    with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
+        rm = RewardModel.from_config(write_config(tmp_path, judge, scorer), allow_root=str(tmp_path))
+        results = rm.score_sync(group[:3])
+        assert [r.reward for r in results] == [None, None, None]
+        assert all("key points" in r.error and not r.on_failure_applied for r in results)
+        zero = RewardModel.from_config(
+            write_config(tmp_path, judge, scorer, {"on_failure": "zero"}), allow_root=str(tmp_path)
+        )
+        results = zero.score_sync(group[:2])
+        assert [r.reward for r in results] == [0.0, 0.0]
+        assert all(r.on_failure_applied and r.error for r in results)
+
+
+def test_bad_rollouts_get_none_with_the_reason_and_the_rest_is_scored(tmp_path, servers, group):
+    judge, scorer = servers
+    rm = RewardModel.from_config(write_config(tmp_path, judge, scorer), allow_root=str(tmp_path))
+    shot = next(load_trajectories(OM2W_V1[0])).screenshots[0].path  # outside the allowed root
+    bad = [
+        {"screenshots": [b"\x89PNG"]},
+        {"task": "t", "screenshots": [b"not an image at all"]},
+        {"task": "t", "screenshots": [str(shot)]},
+        Episode("t"),
+    ]
+    results = rm.score_sync([group[0], *bad])
+    assert results[0].reward is not None
+    assert "'task'" in results[1].error and "not an image" in results[2].error
+    assert "outside the allowed root" in results[3].error and "no screenshots" in results[4].error
+    assert all(r.reward is None for r in results[1:])
+
+
+def test_episode_spills_to_disk_is_removed_once_scored_and_kept_for_keyshot_judge(tmp_path, servers):
+    judge, scorer = servers
+    config = write_config(tmp_path, judge, scorer)
+    rm = RewardModel.from_config(config)
+    trajectory = next(load_trajectories(OM2W_V1[0]))
+    temporary = Episode(trajectory.task, start_url="https://example.com")
+    kept = [Episode(trajectory.task, keep_dir=tmp_path / "kept") for _ in range(2)]
+    for episode in (temporary, *kept):
+        for i, shot in enumerate(trajectory.screenshots):
+            episode.add_step(shot.path if i % 2 else shot.read_bytes(), action=f"click({i})")
+        episode.finish("done")
+    spilled = sorted(temporary.folder.iterdir())
+    assert len(spilled) == trajectory.num_screenshots and all(p.stat().st_size > 0 for p in spilled)
+    results = rm.score_sync([temporary, *kept])
+    assert all(r.reward is not None for r in results)
+    assert not temporary.root.exists()
+    assert all(e.jsonl_path.is_file() and e.folder.is_dir() for e in kept)
+    out = tmp_path / "judged"
+    assert (
+        keyshot(["judge", str(tmp_path / "kept"), "--config", str(config), "--no-progress", f"out={out}"])
+        == 0
+    )
+    verdicts = read_verdicts(out / "verdicts.jsonl")
+    assert len(verdicts) == 2 and all(v.finished for v in verdicts)
+    rm.close()
+
+
+# ---------------------------------------------------------------------------- TRL
+class ReplayEnv(EpisodeRecorder):
+    """A stand-in browser: replays a recorded trajectory, one screenshot per tool call."""
+
+    def __init__(self, folder: Path):
+        self.trajectory = next(load_trajectories(folder))
+
+    def reset(self) -> str:
+        self.start_episode(self.trajectory.task)
+        self.step = 0
+        return self.trajectory.task
+
+    def click(self, element: str) -> str:
+        shot = self.trajectory.screenshots[self.step].path
+        self.step += 1
+        return self.record(shot, action=f"click({element!r})", text=f"page {self.step}")
+
+
+def test_trl_environment_reward_scores_every_environment_concurrently(tmp_path, servers):
+    judge, scorer = servers
+    rm = RewardModel.from_config(write_config(tmp_path, judge, scorer))
+    envs = [ReplayEnv(OM2W_V1[i % 2]) for i in range(4)]
+    for env in envs:
+        env.reset()
+        for _ in env.trajectory.screenshots:
+            env.click("next")
+    metrics, extras = {}, {}
+    reward = environment_reward(rm)
+    rewards = asyncio.run(
+        reward(
+            environments=envs,
+            prompts=[[{"role": "user", "content": env.trajectory.task}] for env in envs],
+            completions=[[{"role": "assistant", "content": "done"}] for _ in envs],
+            completion_ids=[[1, 2] for _ in envs],
+            trainer_state=None,
+            log_metric=metrics.__setitem__,
+            log_extra=extras.__setitem__,
+            task=[env.trajectory.task for env in envs],
+        )
+    )
+    assert len(rewards) == 4 and all(r in (0.0, 1.0) for r in rewards)
+    assert rewards[0] == rewards[2] and rewards[1] == rewards[3]
+    assert steps(judge).count("key_points") == 2  # once per task across the group
+    assert metrics["keyshot/failed"] == 0.0 and len(extras["keyshot_progress"]) == 4
+    assert all(not env.episode.root.exists() for env in envs)
+
+
+def test_trl_reward_function_reads_the_dataset_columns(tmp_path, servers):
+    judge, scorer = servers
+    rm = RewardModel.from_config(write_config(tmp_path, judge, scorer))
+    reward = reward_function(rm)
+    rewards = asyncio.run(
+        reward(
+            prompts=["p0", "p1"],
+            completions=["answer 0", "answer 1"],
+            completion_ids=[[1], [2]],
+            trainer_state=None,
+            trajectory=[str(p) for p in OM2W_V1],
+        )
+    )
+    assert len(rewards) == 2 and all(r in (0.0, 1.0) for r in rewards)
+
+
+# ---------------------------------------------------------------------------- OpenRLHF
+def test_openrlhf_needs_its_config_variable(tmp_path):
+    with pytest.raises(reward_shared.RewardConfigError, match="KEYSHOT_REWARD_CONFIG"):
+        reward_func(["q"], ["p"], [str(OM2W_V1[0])])
+
+
+def test_openrlhf_reward_func(tmp_path, servers, monkeypatch):
+    judge, scorer = servers
+    monkeypatch.setenv(
+        "KEYSHOT_REWARD_CONFIG", str(write_config(tmp_path, judge, scorer, {"on_failure": "zero"}))
+    )
+    out = reward_func(["q0", "q1"], ["p0", "p1"], [str(p) for p in OM2W_V1])
+    assert set(out) == {"rewards", "scores", "extra_logs"} and len(out["rewards"]) == 2
+    assert [float(x) for x in out["extra_logs"]["keyshot_failed"]] == [0.0, 0.0]
+
+
+AGENT_FILE = """
+from pathlib import Path
+from keyshot.infer.loaders import load_trajectory
+from keyshot.infer.reward.openrlhf import KeyshotAgentInstance, Observation
+
+class AgentInstance(KeyshotAgentInstance):
+    async def start(self, label):
+        self.replay = load_trajectory(label)
+        self.step_no = 0
+        return self.replay.task, Observation(self.replay.task, self.replay.screenshots[0].path)
+
+    async def act(self, action_text):
+        self.step_no += 1
+        last = self.step_no >= len(self.replay.screenshots) - 1
+        shot = self.replay.screenshots[min(self.step_no, len(self.replay.screenshots) - 1)].path
+        return Observation(f"page {self.step_no}", shot, done=last, answer="done" if last else None)
+"""
+
+
+def load_agent_file(tmp_path: Path):
+    path = tmp_path / "agent_func.py"
+    path.write_text(AGENT_FILE)
+    spec = importlib.util.spec_from_file_location("agent_func", path)  # as OpenRLHF loads it
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.AgentInstance
+
+
+async def drive(agent_cls, labels: list[str]) -> list[dict]:
+    async def one(label: str) -> dict:
+        agent = agent_cls()
+        await agent.reset({"observation": "", "label": label})
+        while True:
+            out = await agent.step({"observation_text": "", "action_text": "click(next)", "label": label})
+            if out["done"]:
+                return out
+
+    return await asyncio.gather(*(one(label) for label in labels))
+
+
+def test_openrlhf_agent_file_driven_through_reset_and_step(tmp_path, servers, monkeypatch):
+    judge, scorer = servers
+    monkeypatch.setenv(
+        "KEYSHOT_REWARD_CONFIG", str(write_config(tmp_path, judge, scorer, {"on_failure": "zero"}))
+    )
+    finals = asyncio.run(drive(load_agent_file(tmp_path), [str(OM2W_V1[0])] * 3 + [str(OM2W_V1[1])]))
+    assert all(float(f["rewards"][0]) in (0.0, 1.0) for f in finals)
+    assert all(float(f["extra_logs"]["keyshot_failed"][0]) == 0.0 for f in finals)
+    assert steps(judge).count("key_points") == 2
+    assert reward_shared.shared_batcher().batches == 1  # finishing together: one round of calls
+
+
+def test_openrlhf_agent_with_a_failing_judge_returns_the_counted_on_failure_value(tmp_path, monkeypatch):
+    with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
+        monkeypatch.setenv(
+            "KEYSHOT_REWARD_CONFIG", str(write_config(tmp_path, judge, scorer, {"on_failure": "zero"}))
+        )
+        finals = asyncio.run(drive(load_agent_file(tmp_path), [str(OM2W_V1[0])] * 2))
+    assert [float(f["rewards"][0]) for f in finals] == [0.0, 0.0]
+    assert [float(f["extra_logs"]["keyshot_failed"][0]) for f in finals] == [1.0, 1.0]
+
+
+# ---------------------------------------------------------------------------- verl
+def test_verl_compute_score_with_and_without_the_reward_router(tmp_path, servers, monkeypatch):
+    judge, scorer = servers
+    monkeypatch.setenv("KEYSHOT_REWARD_CONFIG", str(write_config(tmp_path, judge, scorer)))
+
+    async def batch(address):
+        return await asyncio.gather(
+            *(
+                compute_score(
+                    data_source="om2w",
+                    solution_str="done",
+                    ground_truth=None,
+                    extra_info={"trajectory": str(OM2W_V1[i % 2])},
+                    reward_router_address=address,
+                    reward_model_tokenizer=None,
+                )
+                for i in range(4)
+            )
+        )
+
+    plain = asyncio.run(batch(None))
+    assert all(set(s) >= {"score", "progress", "p_success"} and s["score"] in (0.0, 1.0) for s in plain)
+    served = len(scorer.requests)
+    assert served > 0
+    reward_shared.reset_shared()  # a fresh call cache: the same requests would be answered from it
+    with FakeOpenAI(make_judge()) as router:
+        routed = asyncio.run(batch(f"127.0.0.1:{router.port}"))
+        assert [s["score"] for s in routed] == [s["score"] for s in plain]
+        assert len(router.requests) > 0 and set(steps(router)) == {"key_screenshot"}
+    assert len(scorer.requests) == served  # the configured scorer got none of the routed batch
+    assert "key_screenshot" not in steps(judge)
+    bad = asyncio.run(compute_score("om2w", "x", None, extra_info={}))
+    assert bad["score"] is None and "extra_info" in bad["error"]
+
+
+def test_reward_filter_writes_accepted_ids_and_links_folders(tmp_path, servers):
+    judge, scorer = servers
+    config = write_config(tmp_path, judge, scorer)
+    out = tmp_path / "filtered"
+    rollouts = str(FIXTURES / "trajectories" / "online_mind2web_v1")
+    argv = [
+        "reward",
+        "filter",
+        rollouts,
+        "--config",
+        str(config),
+        "--min-reward",
+        "1",
+        "--out",
+        str(out),
+        "--link",
+    ]
+    assert keyshot(argv) == 0
+    every = [json.loads(line) for line in (out / "rewards.jsonl").read_text().splitlines()]
+    accepted = [json.loads(line) for line in (out / "accepted.jsonl").read_text().splitlines()]
+    assert len(every) == 2 and all(set(r) >= {"id", "reward", "progress", "error"} for r in every)
+    assert accepted == [r for r in every if r["reward"] == 1.0]
+    assert len(list((out / "accepted").iterdir())) == len(accepted)
+    assert all(
+        link.is_symlink() and (link / "result.json").is_file() for link in (out / "accepted").iterdir()
+    )
