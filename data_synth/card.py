@@ -22,7 +22,7 @@ from keyshot.infer.common.fileio import write_bytes_atomic
 
 if TYPE_CHECKING:
     from keyshot.data_synth.aggregate import AggregationReport
-    from keyshot.data_synth.dataset import DatasetMeta
+    from keyshot.data_synth.dataset_meta import DatasetMeta
 
 logger = logging.getLogger(__name__)
 

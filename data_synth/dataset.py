@@ -40,9 +40,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from keyshot.data_synth.aggregate import AggregationConfig, AggregationReport, RowPlan, aggregate, collapse
+from keyshot.data_synth.card import write_card
+from keyshot.data_synth.dataset_meta import DatasetMeta, write_dataset_meta
 from keyshot.data_synth.errors import SynthError
 from keyshot.data_synth.labels import JUDGE_ORIGIN, LABELS_FILE, StoreContents, read_store
-from keyshot.data_synth.run_folder import DATASET_DIR, read_manifest, write_json_atomic
+from keyshot.data_synth.run_folder import DATASET_DIR, read_manifest
 from keyshot.data_synth.splits import UNKNOWN_AGENT, SplitConfig, SplitPlan, plan_splits, split_rank
 from keyshot.infer.protocol.images import (
     DEFAULT_POLICY,
@@ -55,8 +57,6 @@ from keyshot.infer.protocol.messages import scorer_example
 from keyshot.infer.protocol.prompts import PromptSet, load_prompt_set
 
 logger = logging.getLogger(__name__)
-
-META_FILE = "keyshot_dataset.json"
 
 
 # ---------------------------------------------------------------------------- features
@@ -96,7 +96,7 @@ def dataset_features():
     )
 
 
-# ---------------------------------------------------------------------------- config and meta
+# ---------------------------------------------------------------------------- config and result
 @dataclass
 class BuildConfig:
     """How a run's labels become a dataset. ``prompt_variant``/``image_policy`` default to the
@@ -110,36 +110,6 @@ class BuildConfig:
     writer_batch_size: int = 64
     shard_size_mb: int = 32  # small Arrow shards keep save_to_disk's per-batch copies small
     image_workers: int = 1  # threads preparing screenshots (more help only on machines with idle cores)
-
-
-@dataclass
-class DatasetMeta:
-    """What training writes into the checkpoint metadata (``keyshot_dataset.json``)."""
-
-    prompt_variant: str
-    prompt_version: str
-    image_policy: dict
-    data_hash: str
-    rows: dict[str, int]
-    teachers: list[str]
-    aggregation: dict
-    splits: dict
-    duplicates: dict = field(default_factory=dict)  # rows collapsed into an identical row
-
-
-def read_dataset_meta(dataset_dir: str | os.PathLike) -> DatasetMeta:
-    """The prompt version, image policy and data hash of a dataset built by keyshot."""
-    path = Path(dataset_dir) / META_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SynthError(f"{path}: missing; {dataset_dir} was not built by keyshot synth build") from None
-    except json.JSONDecodeError as exc:
-        raise SynthError(f"{path}: not valid JSON ({exc.msg})") from None
-    try:
-        return DatasetMeta(**data)
-    except TypeError as exc:
-        raise SynthError(f"{path}: not a keyshot dataset description ({exc})") from None
 
 
 @dataclass
@@ -357,8 +327,6 @@ def build_dataset(run_dir: str | os.PathLike, cfg: BuildConfig | None = None) ->
     """Aggregate a run's labels and write the DatasetDict, its card and ``keyshot_dataset.json``."""
     from datasets import Dataset, DatasetDict
 
-    from keyshot.data_synth.card import write_card
-
     cfg = cfg or BuildConfig()
     run = Path(run_dir)
     labels_path = run / LABELS_FILE
@@ -427,7 +395,7 @@ def build_dataset(run_dir: str | os.PathLike, cfg: BuildConfig | None = None) ->
         staged = Path(tmp) / "dataset"
         DatasetDict(splits).save_to_disk(str(staged), max_shard_size=f"{cfg.shard_size_mb}MB")
         del splits
-        write_json_atomic(staged / META_FILE, asdict(meta))
+        write_dataset_meta(staged, meta)
         write_card(staged, run, contents, meta, report, rows_written, unreadable)
         _replace_dir(staged, out)
     logger.info("dataset written to %s: %s", out, meta.rows)

@@ -9,12 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from keyshot.data_synth.dataset import (
-    META_FILE,
-    BuildConfig,
-    build_dataset,
-    read_dataset_meta,
-)
+from keyshot.data_synth.dataset import BuildConfig, build_dataset
+from keyshot.data_synth.dataset_meta import META_FILE, read_dataset_meta
 from keyshot.data_synth.errors import SynthError
 from keyshot.data_synth.labels import LABELS_FILE, read_store
 from keyshot.data_synth.splits import SplitConfig, allocate

@@ -20,7 +20,6 @@ import dataclasses
 import hashlib
 import logging
 import math
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from keyshot.infer.client.pool import EndpointPool
 from keyshot.infer.judge.calls import Protocol, ask_score
 from keyshot.infer.model.checkpoint import CheckpointError, read_meta, saved_pixel_bounds
 from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy, PreparedImage
-from keyshot.infer.protocol.parsing import ScoreResult
+from keyshot.infer.protocol.parsing import ScoreResult, score_digit_offset
 from keyshot.infer.protocol.prompts import PromptSet
 
 logger = logging.getLogger(__name__)
@@ -168,32 +167,6 @@ class KeyScreenshotScorer(ABC):
 
 
 # ---------------------------------------------------------------------------- expected score
-def score_digit_offset(
-    text: str, score: int | None, mode: str = "strict", variant: str = "online_mind2web"
-) -> int | None:
-    """Character offset in ``text`` of the digit the parser read as the score, or None.
-
-    Strict: the last digit equal to ``score`` that directly follows a ``Score`` label. Reference:
-    the first 1-5 after the first ``Score`` (``### Score`` for the general variant).
-    """
-    if score is None or not 1 <= score <= 5:
-        return None
-    if mode == "reference":
-        label = "### Score" if variant == "general" else "Score"
-        at = text.find(label)
-        if at < 0:
-            return None
-        end = text.find(label, at + len(label))
-        m = re.search(r"[1-5]", text[at + len(label) : end if end >= 0 else None])
-        return at + len(label) + m.start() if m else None
-    found = None
-    for label in re.finditer(r"score", text, flags=re.IGNORECASE):
-        m = re.match(r"[\s*:#\[\]()\uff1a]*([1-5])(?!\d)", text[label.end() : label.end() + 24])
-        if m and int(m.group(1)) == score:
-            found = label.end() + m.start(1)
-    return found
-
-
 def expected_score_from_logprobs(
     text: str,
     logprobs: list[dict] | None,
@@ -206,10 +179,10 @@ def expected_score_from_logprobs(
     ``logprobs`` is the OpenAI ``choices[0].logprobs.content`` list: per generated token its text,
     logprob and ``top_logprobs`` alternatives.
     """
-    if not logprobs:
+    if not logprobs or score is None:
         return None
-    offset = score_digit_offset(text, score, mode, variant)
-    if offset is None:
+    offset = score_digit_offset(text, mode, variant)
+    if offset is None or text[offset] != str(score):
         return None
     tokens = [str(item.get("token") or "") for item in logprobs]
     position = None

@@ -91,7 +91,28 @@ _SCORE_LABEL = re.compile(
     r"\[?[ \t]*([1-5])(?![\d.]*\d)",
     re.IGNORECASE,
 )
+_DIGIT = re.compile(r"[1-5]")
 _REASONING_LABEL = re.compile(r"(?:#+[ \t]*)?\**reasoning\**[ \t]*\**[ \t]*:?\**", re.IGNORECASE)
+
+
+def _reference_digit(text: str, variant: str) -> tuple[int | None, str | None]:
+    """The offset of the first 1-5 between the first and the second score label, or the error."""
+    score_label = _REFERENCE_LABELS[variant][1]
+    at = text.find(score_label)
+    if at < 0:
+        return None, f"no {score_label!r} in answer"
+    start = at + len(score_label)
+    end = text.find(score_label, start)
+    digit = _DIGIT.search(text, start, end if end >= 0 else len(text))
+    if digit is None:
+        return None, f"no digit 1-5 after {score_label!r}"
+    return digit.start(), None
+
+
+def _strict_label(text: str) -> re.Match[str] | None:
+    """The last score label with its digit (group 1), or None."""
+    labels = list(_SCORE_LABEL.finditer(text))
+    return labels[-1] if labels else None
 
 
 def _reference_score(text: str, variant: str) -> ScoreResult:
@@ -99,13 +120,15 @@ def _reference_score(text: str, variant: str) -> ScoreResult:
     thought = text.split(reasoning)[-1].strip().lstrip("\n")
     thought = thought.split("\n\n")[0] if variant == "online_mind2web" else thought.split(score_label)[0]
     thought = thought.replace("\n", " ")
-    parts = text.split(score_label)
-    if len(parts) < 2:
-        return ScoreResult(0, thought, False, f"no {score_label!r} in answer")
-    digits = re.findall(r"[1-5]", parts[1])
-    if not digits:
-        return ScoreResult(0, thought, False, f"no digit 1-5 after {score_label!r}")
-    return ScoreResult(int(digits[0]), thought, True)
+    offset, error = _reference_digit(text, variant)
+    if offset is None:
+        return ScoreResult(0, thought, False, error)
+    return ScoreResult(int(text[offset]), thought, True)
+
+
+def _check_variant(variant: str) -> None:
+    if variant not in _REFERENCE_LABELS:
+        raise ValueError(f"unknown prompt variant {variant!r}")
 
 
 def parse_score(text: str, mode: Mode = "strict", variant: str = "online_mind2web") -> ScoreResult:
@@ -115,17 +138,27 @@ def parse_score(text: str, mode: Mode = "strict", variant: str = "online_mind2we
     parser splits on. Strict mode reads either style.
     """
     _check_mode(mode)
-    if variant not in _REFERENCE_LABELS:
-        raise ValueError(f"unknown prompt variant {variant!r}")
+    _check_variant(variant)
     text = text or ""
     if mode == "reference":
         return _reference_score(text, variant)
-    labels = list(_SCORE_LABEL.finditer(text))
-    if not labels:
+    last = _strict_label(text)
+    if last is None:
         err = "answer has no score label ('Score: N')" if "score" in text.lower() else "answer has no score"
         return ScoreResult(None, _strict_thought(text, len(text), variant), False, err)
-    last = labels[-1]
     return ScoreResult(int(last.group(1)), _strict_thought(text, last.start(), variant), True)
+
+
+def score_digit_offset(text: str, mode: Mode = "strict", variant: str = "online_mind2web") -> int | None:
+    """Character offset in ``text`` of the digit :func:`parse_score` reads as the score, or None when it
+    reads none (where the score's log-probabilities are found)."""
+    _check_mode(mode)
+    _check_variant(variant)
+    text = text or ""
+    if mode == "reference":
+        return _reference_digit(text, variant)[0]
+    last = _strict_label(text)
+    return last.start(1) if last else None
 
 
 def _strict_thought(text: str, score_at: int, variant: str) -> str:
