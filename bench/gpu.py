@@ -68,8 +68,8 @@ from keyshot.infer.protocol.prompts import load_prompt_set  # noqa: E402
 from keyshot.infer.testing.scorer_data import scorer_rows  # noqa: E402
 from keyshot.train.batches import ScorerCollator, build_batch_sampler  # noqa: E402
 from keyshot.train.scorer_model import parameter_groups, prepare_for_training  # noqa: E402
-from keyshot.train.settings import LoraSettings, ModelSettings, OptimSettings  # noqa: E402
 from keyshot.train.throughput import FlopsModel, ThroughputMeter, log_totals  # noqa: E402
+from keyshot.train.train_config import LoraSettings, ModelSettings, OptimSettings  # noqa: E402
 
 logger = logging.getLogger("bench.gpu")
 

@@ -12,9 +12,9 @@ import pytest
 from keyshot.data_synth.dataset import BuildConfig, build_dataset
 from keyshot.data_synth.dataset_meta import META_FILE, read_dataset_meta
 from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.labelling_run import run_synth
 from keyshot.data_synth.labels import LABELS_FILE, read_store
 from keyshot.data_synth.splits import SplitConfig, allocate
-from keyshot.data_synth.synth import run_synth
 from keyshot.infer.protocol.images import DEFAULT_POLICY, prepare_image
 from keyshot.infer.protocol.messages import scorer_messages
 from keyshot.infer.protocol.prompts import load_prompt_set

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from keyshot.data_synth.synth import run_synth
+from keyshot.data_synth.labelling_run import run_synth
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_teacher
 from tests.support.synth_env import FIXTURES, RULES, synth_config, teacher_set

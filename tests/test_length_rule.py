@@ -263,9 +263,9 @@ def test_judge_scorer_max_tokens_follows_the_checkpoint(answered_checkpoint, cap
     """configs/judge/tiny_cpu.yaml's 64 tokens would cut a real-format answer: with a checkpoint that
     records its answers it is raised (a line says so); an explicit scorer.max_tokens below is refused."""
     from keyshot.infer.client.usage import UsageLedger
-    from keyshot.infer.judge.config import build_scorer
+    from keyshot.infer.judge.scorer_factory import build_scorer
 
-    with caplog.at_level(logging.INFO, logger="keyshot.infer.judge.config"):
+    with caplog.at_level(logging.INFO, logger="keyshot.infer.judge.scorer_factory"):
         scorer = build_scorer(
             _judge_config([f"scorer.checkpoint={answered_checkpoint}"]), None, UsageLedger()
         )

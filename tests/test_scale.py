@@ -326,8 +326,8 @@ def test_pool_sends_identical_concurrent_requests_once():
 def test_synth_shards_merge_into_the_dataset_of_one_run(tmp_path, capsys):
     from datasets import load_from_disk
 
+    from keyshot.data_synth.labelling_run import run_synth
     from keyshot.data_synth.labels import LABELS_FILE, read_store
-    from keyshot.data_synth.synth import run_synth
     from keyshot.infer.testing.fake_openai import make_teacher
     from tests.support.synth_env import RULES, synth_config, teacher_set
 
@@ -367,8 +367,8 @@ def test_synth_shards_merge_into_the_dataset_of_one_run(tmp_path, capsys):
 
 
 def test_synth_teacher_replicas_carry_on_without_a_dead_one(tmp_path, caplog):
+    from keyshot.data_synth.labelling_run import run_synth
     from keyshot.data_synth.labels import LABELS_FILE, read_store
-    from keyshot.data_synth.synth import run_synth
     from keyshot.infer.testing.fake_openai import make_teacher
     from tests.support.synth_env import RULES, synth_config, teacher_set
 

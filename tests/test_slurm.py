@@ -160,7 +160,7 @@ def test_train_script_on_one_cpu_node(cluster, tiny_model_dir, tmp_path):
 def test_synth_array_then_merge_builds_the_dataset_of_one_run(cluster, tmp_path):
     from datasets import load_from_disk
 
-    from keyshot.data_synth.synth import run_synth
+    from keyshot.data_synth.labelling_run import run_synth
     from keyshot.infer.testing.fake_openai import FakeOpenAI, make_teacher
     from tests.support.synth_env import RULES, synth_config, teacher_set
 

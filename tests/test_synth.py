@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.labelling_run import run_synth
 from keyshot.data_synth.labels import LABELS_FILE, read_store
 from keyshot.data_synth.run_folder import read_usage
 from keyshot.data_synth.sources import load_human_labels
-from keyshot.data_synth.synth import run_synth
 from keyshot.data_synth.teachers import image_token_count
 from keyshot.infer.client.preflight import PreflightError
 from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY, visual_tokens

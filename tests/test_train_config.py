@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from keyshot.infer.common.config import ConfigError, load_config
-from keyshot.train.settings import LLM_LORA_TARGET, TrainConfig
+from keyshot.train.train_config import LLM_LORA_TARGET, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_CONFIGS = sorted((REPO / "configs" / "train").glob("*.yaml"))

@@ -11,8 +11,8 @@ from keyshot.train.scorer_model import (
     load_scorer_model,
     parameter_groups,
 )
-from keyshot.train.settings import LoraSettings, ModelSettings, OptimSettings
 from keyshot.train.throughput import FlopsModel, ThroughputMeter
+from keyshot.train.train_config import LoraSettings, ModelSettings, OptimSettings
 
 
 def _settings(tiny_model_dir, **kw) -> ModelSettings:

@@ -1,4 +1,8 @@
-"""Resumable training state and the final self-describing checkpoint.
+"""Training-side checkpoints: the resumable training state, and the writer of the final servable folder.
+
+This module is about *training*: what a run saves to resume after a kill or a requeue, and how it
+writes its result. What a servable checkpoint folder is and how ``keyshot serve``/``keyshot judge``
+read it (``keyshot.json``) is :mod:`keyshot.infer.model.checkpoint`.
 
 ``RUN/checkpoints/step_00000400/`` holds ``accelerator.save_state`` (model, optimizer, LR scheduler,
 RNG states; DeepSpeed shards included) plus ``trainer_state.json`` (optimizer step, epoch, batches

@@ -51,8 +51,8 @@ from keyshot.train.checkpointing import (
 )
 from keyshot.train.preemption import Preempted, PreemptionWatch, clear_marker
 from keyshot.train.scorer_model import load_scorer_model, parameter_groups
-from keyshot.train.settings import TrainConfig
 from keyshot.train.throughput import FlopsModel, ThroughputMeter, log_totals
+from keyshot.train.train_config import TrainConfig
 from keyshot.train.validation import MetricsLog, evaluate
 
 logger = logging.getLogger(__name__)

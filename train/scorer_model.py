@@ -10,7 +10,7 @@ import torch
 
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.model.vision_attention import use_batched_window_attention
-from keyshot.train.settings import ModelSettings, OptimSettings
+from keyshot.train.train_config import ModelSettings, OptimSettings
 
 logger = logging.getLogger(__name__)
 

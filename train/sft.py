@@ -26,7 +26,7 @@ from keyshot.infer.cli import parse
 from keyshot.infer.common.config import dump_config, load_config
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.logs import setup_logging
-from keyshot.train.settings import TrainConfig
+from keyshot.train.train_config import TrainConfig
 
 logger = logging.getLogger("keyshot.train.sft")
 

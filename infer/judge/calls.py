@@ -1,5 +1,5 @@
 """The three WebJudge calls, one implementation shared by judging (``keyshot.infer.judge.pipeline``), the scorer
-back-ends (``keyshot.infer.judge.scorers``) and synthesis (``keyshot.data_synth.synth``).
+back-ends (``keyshot.infer.judge.scorers``) and synthesis (``keyshot.data_synth.labelling_run``).
 
 A :class:`Protocol` is a prompt set (variant and version) and a parse mode: it reads every answer with
 the parser of its own variant, so no caller can pair a request with the wrong reading. Each ``ask_*``

@@ -39,10 +39,11 @@ from keyshot.infer.common.errors import (
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.common.helptext import plain
 from keyshot.infer.common.redaction import redact_config
-from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError, build_scorer
+from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.judge.fingerprint import protocol_fingerprint
 from keyshot.infer.judge.inputs import import_reference_verdicts, load_all, nothing_found_message
 from keyshot.infer.judge.pipeline import WebJudge
+from keyshot.infer.judge.scorer_factory import build_scorer
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.model.checkpoint import model_folder_problem
 from keyshot.infer.protocol.verdicts import (

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from keyshot.infer.judge.config import JudgeRunConfig, scorer_policy
+from keyshot.infer.judge.config import JudgeRunConfig
+from keyshot.infer.judge.scorer_factory import scorer_policy
 from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY
 from keyshot.infer.protocol.prompts import load_prompt_set
 

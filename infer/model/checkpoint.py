@@ -5,6 +5,10 @@ chat template, greedy ``generation_config.json``) plus ``keyshot.json``: the pro
 the scorer was trained on, the image policy, the base model, a hash of the training data and the length
 of the answers it was trained on. ``keyshot serve`` reads it to pass matching flags to vLLM and refuses a
 prompt-version mismatch; ``keyshot serve`` and ``keyshot judge`` allow answers as long as the trained ones.
+
+This module is about the *servable folder* (its ``keyshot.json``, read and written). Resumable training
+state (optimizer, scheduler, RNG, ``trainer_state.json``) and the writing of the final folder at the end
+of a run are :mod:`keyshot.train.checkpointing`.
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
 from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.config import ConfigError, config_from_data
 from keyshot.infer.common.errors import RunStopError
-from keyshot.infer.judge.config import JudgeRunConfig, build_scorer
+from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.pipeline import WebJudge
+from keyshot.infer.judge.scorer_factory import build_scorer
 from keyshot.infer.loaders import load_trajectory
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.protocol.parsing import split_key_points
