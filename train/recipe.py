@@ -13,8 +13,10 @@ import logging
 import math
 import os
 import signal
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -240,29 +242,109 @@ def run_training(cfg: TrainConfig) -> Path:
 
 
 def _run_training(cfg: TrainConfig, watch: PreemptionWatch) -> Path:
-    from accelerate.utils import set_seed
-    from transformers import get_scheduler
-
     run_dir = Path(cfg.run_dir)
+    accelerator = _start(cfg, run_dir)
+    data = _load_data(cfg, accelerator)
+    total_steps, warmup = _plan_schedule(cfg, data, accelerator.gradient_accumulation_steps)
+    finished = _finished_checkpoint(cfg, run_dir, data.ds, total_steps)
+    if finished is not None:
+        return finished
+    parts = _prepare_model(cfg, accelerator, data.loader, total_steps, warmup)
+    _init_trackers(cfg, accelerator)
+    metrics_log = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
+    checkpoints = CheckpointManager(run_dir, cfg.checkpoint.keep_last)
+    state = _resume(cfg, accelerator, checkpoints, metrics_log, total_steps)
+    evaluation = _Evaluation(cfg, accelerator, parts, data, metrics_log)
+    if accelerator.is_main_process:
+        clear_marker(run_dir)
+    _TrainingLoop(cfg, accelerator, parts, data, state, evaluation, metrics_log, checkpoints, watch).run()
+    skipped = _rows_skipped_off_plan(accelerator, data.train_set)
+    evaluation.run(state)
+    final = export_final(
+        accelerator,
+        parts.model,
+        data.renderer.processor,
+        cfg,
+        run_dir,
+        data.prompt_variant,
+        data.prompt_version,
+        data.ds,
+        data.renderer.policy.to_dict(),
+        state,
+        answer_tokens=data.train_set.answer_tokens,
+        skipped_rows=skipped,
+    )
+    accelerator.end_training()
+    return final
+
+
+def _start(cfg: TrainConfig, run_dir: Path):
+    """The accelerator of this launch, its layout logged, every RNG seeded."""
+    from accelerate.utils import set_seed
+
     accelerator = build_accelerator(cfg, run_dir)
-    world = accelerator.num_processes
-    accumulation = accelerator.gradient_accumulation_steps
     logger.info(
         "world_size=%d distributed_type=%s backend=%s device=%s gradient_accumulation=%d global_batch=%d",
-        world,
+        accelerator.num_processes,
         accelerator.distributed_type.value,
         getattr(accelerator.state, "backend", None),
         accelerator.device,
-        accumulation,
+        accelerator.gradient_accumulation_steps,
         cfg.global_batch_size,
     )
     set_seed(cfg.seed)
+    return accelerator
 
-    # -- processor, image policy, data
+
+# ---------------------------------------------------------------------------- data
+@dataclass
+class _TrainingData:
+    """The dataset and its prompt set, the renderer, the planned train/eval sets and the train loader."""
+
+    ds: Any
+    prompt_variant: str
+    prompt_version: str
+    renderer: ScorerRenderer
+    train_set: ScorerDataset
+    eval_set: ScorerDataset | None
+    collator: ScorerCollator
+    sampler: Any
+    loader: torch.utils.data.DataLoader
+
+
+def _load_data(cfg: TrainConfig, accelerator) -> _TrainingData:
     renderer = training_renderer(cfg)
-    processor, policy = renderer.processor, renderer.policy
-    logger.info("image policy: %s", policy.to_dict())
+    logger.info("image policy: %s", renderer.policy.to_dict())
     ds, prompt_variant, prompt_version = load_training_data(cfg)
+    _warn_if_prepared_for_other_bounds(ds, renderer.policy)
+    with accelerator.main_process_first():
+        train_set = ScorerDataset(
+            ds[cfg.data.train_split], renderer, max_samples=cfg.data.max_train_samples, name="train"
+        )
+        eval_set = _eval_set(cfg, ds, renderer)
+    collator = ScorerCollator(renderer.processor.tokenizer.pad_token_id, cfg.data.pad_to_multiple_of)
+    sampler = build_batch_sampler(
+        cfg.data.batching,
+        train_set.lengths,
+        cfg.per_device_batch_size,
+        accelerator.num_processes,
+        cfg.seed,
+        accelerator.gradient_accumulation_steps,
+        cfg.data.group_window,
+    )
+    loader = torch.utils.data.DataLoader(
+        train_set,
+        batch_sampler=sampler,
+        collate_fn=collator,
+        num_workers=cfg.data.num_workers,
+        persistent_workers=cfg.data.num_workers > 0,
+    )
+    return _TrainingData(
+        ds, prompt_variant, prompt_version, renderer, train_set, eval_set, collator, sampler, loader
+    )
+
+
+def _warn_if_prepared_for_other_bounds(ds, policy) -> None:
     recorded = dataset_description(ds).get("image_policy") or {}
     if recorded and (recorded.get("min_pixels"), recorded.get("max_pixels")) != (
         policy.min_pixels,
@@ -276,48 +358,38 @@ def _run_training(cfg: TrainConfig, watch: PreemptionWatch) -> Path:
             policy.min_pixels,
             policy.max_pixels,
         )
-    with accelerator.main_process_first():
-        train_set = ScorerDataset(
-            ds[cfg.data.train_split], renderer, max_samples=cfg.data.max_train_samples, name="train"
-        )
-        eval_set = None
-        if cfg.data.eval_split and cfg.data.eval_split in ds and len(ds[cfg.data.eval_split]) == 0:
-            logger.warning("%s: split %r is empty: no evaluation", cfg.data.path, cfg.data.eval_split)
-        elif cfg.data.eval_split and cfg.data.eval_split in ds:
-            eval_set = ScorerDataset(
-                ds[cfg.data.eval_split], renderer, max_samples=cfg.eval.max_samples, name=cfg.data.eval_split
-            )
-        elif cfg.data.eval_split:
-            logger.warning("%s: no split %r: no evaluation", cfg.data.path, cfg.data.eval_split)
-    collator = ScorerCollator(processor.tokenizer.pad_token_id, cfg.data.pad_to_multiple_of)
-    sampler = build_batch_sampler(
-        cfg.data.batching,
-        train_set.lengths,
-        cfg.per_device_batch_size,
-        world,
-        cfg.seed,
-        accumulation,
-        cfg.data.group_window,
-    )
-    loader = torch.utils.data.DataLoader(
-        train_set,
-        batch_sampler=sampler,
-        collate_fn=collator,
-        num_workers=cfg.data.num_workers,
-        persistent_workers=cfg.data.num_workers > 0,
-    )
-    steps_per_epoch = sampler.num_steps // accumulation
+
+
+def _eval_set(cfg: TrainConfig, ds, renderer: ScorerRenderer) -> ScorerDataset | None:
+    """The evaluation split, planned; None (with a warning when one was asked for) when there is none."""
+    split = cfg.data.eval_split
+    if split and split in ds and len(ds[split]) == 0:
+        logger.warning("%s: split %r is empty: no evaluation", cfg.data.path, split)
+    elif split and split in ds:
+        return ScorerDataset(ds[split], renderer, max_samples=cfg.eval.max_samples, name=split)
+    elif split:
+        logger.warning("%s: no split %r: no evaluation", cfg.data.path, split)
+    return None
+
+
+def _plan_schedule(cfg: TrainConfig, data: _TrainingData, accumulation: int) -> tuple[int, int]:
+    """``(total optimizer steps, warmup steps)``, checked (:func:`check_schedule`) and logged."""
+    steps_per_epoch = data.sampler.num_steps // accumulation
     total_steps = cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch)
     warmup = math.ceil(cfg.optim.warmup_ratio * total_steps)
     check_schedule(total_steps, warmup, cfg.optim.lr)
     logger.info(
         "train: %d examples, %d optimizer steps per epoch, %d steps in all (%d warmup)",
-        len(train_set),
+        len(data.train_set),
         steps_per_epoch,
         total_steps,
         warmup,
     )
+    return total_steps, warmup
 
+
+def _finished_checkpoint(cfg: TrainConfig, run_dir: Path, ds, total_steps: int) -> Path | None:
+    """``RUN/final`` when it already holds this run's result (same steps, data and base model)."""
     finished = read_meta(run_dir / FINAL) if (run_dir / FINAL / "keyshot.json").exists() else None
     if cfg.checkpoint.resume and finished is not None and finished.extra.get("steps") == total_steps:
         splits = [s for s in (cfg.data.train_split, cfg.data.eval_split) if s and s in ds]
@@ -327,8 +399,25 @@ def _run_training(cfg: TrainConfig, watch: PreemptionWatch) -> Path:
                 "%s already holds this run's final checkpoint (%d steps): nothing to do", run_dir, total_steps
             )
             return run_dir / FINAL
+    return None
 
-    # -- model, optimizer, schedule
+
+# ---------------------------------------------------------------------------- model, optimizer, schedule
+@dataclass
+class _TrainingParts:
+    """What ``accelerator.prepare`` returned, with the schedule and what throughput and evaluation need."""
+
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    loader: Any  # the prepared train loader
+    flops_model: FlopsModel
+    synced_gpus: bool  # ZeRO-3 on several processes: generation must keep every rank in step
+
+
+def _prepare_model(cfg: TrainConfig, accelerator, loader, total_steps: int, warmup: int) -> _TrainingParts:
+    from transformers import get_scheduler
+
     model = load_scorer_model(cfg.model)
     flops_model = FlopsModel.from_model(
         model, lora=cfg.model.lora.enabled, train_vision=cfg.model.train_vision_tower
@@ -346,152 +435,206 @@ def _run_training(cfg: TrainConfig, watch: PreemptionWatch) -> Path:
     _fill_deepspeed_config(accelerator, cfg, model)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     accelerator.register_for_checkpointing(scheduler)  # stepped here, once per optimizer step
-    zero_stage = _deepspeed_stage(accelerator)
-    synced_gpus = zero_stage == 3 and world > 1
+    synced_gpus = _deepspeed_stage(accelerator) == 3 and accelerator.num_processes > 1
+    return _TrainingParts(model, optimizer, scheduler, loader, flops_model, synced_gpus)
 
+
+def _init_trackers(cfg: TrainConfig, accelerator) -> None:
     if _tracker(cfg.log.tracker):
         flat = {
             k: (v if isinstance(v, int | float | str | bool) else str(v))
             for k, v in _flatten(config_to_dict(cfg)).items()
         }
         accelerator.init_trackers("keyshot-scorer", config=flat)
-    metrics_log = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
-    checkpoints = CheckpointManager(run_dir, cfg.checkpoint.keep_last)
 
-    # -- resume
-    state = TrainerState(total_steps=total_steps)
+
+def _resume(
+    cfg: TrainConfig, accelerator, checkpoints: CheckpointManager, metrics_log: MetricsLog, total_steps: int
+) -> TrainerState:
+    """The state of the newest checkpoint (model, optimizer and scheduler restored), else a fresh one."""
     latest = checkpoints.latest() if cfg.checkpoint.resume else None
-    if latest is not None:
-        state = checkpoints.load(accelerator, latest)
-        if state.total_steps != total_steps:
-            raise ResumeError(
-                f"{latest}: was a run of {state.total_steps} steps, this config makes {total_steps}; "
-                "resume with the same config (or a new run_dir)"
-            )
-        metrics_log.truncate_after(state.step)
+    if latest is None:
+        return TrainerState(total_steps=total_steps)
+    state = checkpoints.load(accelerator, latest)
+    if state.total_steps != total_steps:
+        raise ResumeError(
+            f"{latest}: was a run of {state.total_steps} steps, this config makes {total_steps}; "
+            "resume with the same config (or a new run_dir)"
+        )
+    metrics_log.truncate_after(state.step)
+    return state
 
-    gen_indices: list[int] = []
-    if eval_set is not None and cfg.eval.generate_samples:
-        rng = np.random.default_rng(cfg.seed)
-        k = min(cfg.eval.generate_samples, len(eval_set))
-        gen_indices = sorted(int(i) for i in rng.choice(len(eval_set), size=k, replace=False))
 
-    def run_eval() -> None:
-        if eval_set is None:
+# ---------------------------------------------------------------------------- evaluation
+class _Evaluation:
+    """Evaluation on the eval split: loss, and scores from greedy generation on a fixed sample of it."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        accelerator,
+        parts: _TrainingParts,
+        data: _TrainingData,
+        metrics_log: MetricsLog,
+    ):
+        self.cfg = cfg
+        self.accelerator = accelerator
+        self.parts = parts
+        self.data = data
+        self.metrics_log = metrics_log
+        self.generate_indices: list[int] = []
+        eval_set = data.eval_set
+        if eval_set is not None and cfg.eval.generate_samples:
+            rng = np.random.default_rng(cfg.seed)
+            k = min(cfg.eval.generate_samples, len(eval_set))
+            self.generate_indices = sorted(int(i) for i in rng.choice(len(eval_set), size=k, replace=False))
+
+    def run(self, state: TrainerState) -> None:
+        if self.data.eval_set is None:
             return
         metrics = evaluate(
-            accelerator,
-            model,
-            eval_set,
-            collator,
-            batch_size=cfg.eval.batch_size,
-            generate_indices=gen_indices,
-            max_new_tokens=cfg.eval.max_new_tokens,
-            key_threshold=cfg.eval.key_threshold,
-            synced_gpus=synced_gpus,
+            self.accelerator,
+            self.parts.model,
+            self.data.eval_set,
+            self.data.collator,
+            batch_size=self.cfg.eval.batch_size,
+            generate_indices=self.generate_indices,
+            max_new_tokens=self.cfg.eval.max_new_tokens,
+            key_threshold=self.cfg.eval.key_threshold,
+            synced_gpus=self.parts.synced_gpus,
         )
         record = {"step": state.step, "epoch": state.epoch, "split": "eval", **metrics}
         logger.info(
             "eval step %d: %s", state.step, {k: v for k, v in metrics.items() if k != "example_answer"}
         )
-        _log_scalars(accelerator, metrics_log, record, "eval")
+        _log_scalars(self.accelerator, self.metrics_log, record, "eval")
 
-    # -- train
-    if accelerator.is_main_process:
-        clear_marker(run_dir)
-    meter = ThroughputMeter(flops_model, cfg.log.peak_tflops_per_device, world)
-    model.train()
-    losses: list[torch.Tensor] = []
-    grad_norm = None
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    while state.step < total_steps:
-        # accelerate's loader re-seeds a batch sampler it holds directly with its own pass counter, which
-        # restarts at 0 in a resumed process: set the epoch on both
-        loader.set_epoch(state.epoch)
-        sampler.set_epoch(state.epoch)
-        epoch_loader = (
-            accelerator.skip_first_batches(loader, state.batches_in_epoch)
-            if state.batches_in_epoch
-            else loader
-        )
-        for batch in epoch_loader:
-            with accelerator.accumulate(model):
-                loss = model(**batch).loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:
-                    grad_norm = accelerator.clip_grad_norm_(trainable, cfg.optim.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-            losses.append(loss.detach().float())
-            meter.add_batch(batch)
-            state.batches_in_epoch += 1
-            if not accelerator.sync_gradients:
-                continue
-            step_lr = scheduler.get_last_lr()[0]  # the rate this optimizer step used
-            if not accelerator.optimizer_step_was_skipped:
-                scheduler.step()
-            state.step += 1
-            state.samples_seen += cfg.global_batch_size
-            if state.step % cfg.log.every_steps == 0 or state.step == total_steps:
-                stats = accelerator.reduce(
-                    log_totals(losses, meter, accelerator.device), reduction="sum"
-                ).cpu()
-                rates = meter.report(stats[1:])
-                record = {
-                    "step": state.step,
-                    "epoch": state.epoch,
-                    "split": "train",
-                    "loss": stats[0].item() / world,
-                    "lr": step_lr,
-                    "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                    "samples_seen": state.samples_seen,
-                    **rates,
-                }
-                logger.info(
-                    "step %d/%d loss %.4f lr %.3g | %.2f samples/s %.0f tokens/s MFU %.2f%% padding %.1f%%",
-                    state.step,
-                    total_steps,
-                    record["loss"],
-                    record["lr"],
-                    rates["samples_per_s"],
-                    rates["tokens_per_s"],
-                    100 * rates["mfu"],
-                    100 * rates["padding_fraction"],
-                )
-                _log_scalars(accelerator, metrics_log, record, "train")
-            losses.clear()
-            if cfg.eval.every_steps and state.step % cfg.eval.every_steps == 0 and state.step < total_steps:
-                run_eval()
-            if state.step < total_steps and watch.requested(accelerator):
-                checkpoints.save(accelerator, _normalised(state, len(loader)))
-                accelerator.end_training()
-                raise Preempted(watch.signum or signal.SIGTERM, state.step)
-            if state.step % cfg.checkpoint.every_steps == 0 and state.step < total_steps:
-                checkpoints.save(accelerator, _normalised(state, len(loader)))
-            if state.step >= total_steps:
-                break
-        else:
-            state.epoch += 1
-            state.batches_in_epoch = 0
 
-    skipped = _rows_skipped_off_plan(accelerator, train_set)
-    run_eval()
-    final = export_final(
+# ---------------------------------------------------------------------------- the loop
+class _TrainingLoop:
+    """Optimizer steps until ``state.total_steps``, with gradient accumulation; logs, evaluates and saves
+    a resumable checkpoint at their intervals, and saves and raises :class:`Preempted` when asked to stop."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
         accelerator,
-        model,
-        processor,
-        cfg,
-        run_dir,
-        prompt_variant,
-        prompt_version,
-        ds,
-        policy.to_dict(),
-        state,
-        answer_tokens=train_set.answer_tokens,
-        skipped_rows=skipped,
-    )
-    accelerator.end_training()
-    return final
+        parts: _TrainingParts,
+        data: _TrainingData,
+        state: TrainerState,
+        evaluation: _Evaluation,
+        metrics_log: MetricsLog,
+        checkpoints: CheckpointManager,
+        watch: PreemptionWatch,
+    ):
+        self.cfg = cfg
+        self.accelerator = accelerator
+        self.parts = parts
+        self.sampler = data.sampler
+        self.state = state
+        self.evaluation = evaluation
+        self.metrics_log = metrics_log
+        self.checkpoints = checkpoints
+        self.watch = watch
+        self.meter = ThroughputMeter(
+            parts.flops_model, cfg.log.peak_tflops_per_device, accelerator.num_processes
+        )
+        self.losses: list[torch.Tensor] = []
+        self.grad_norm = None
+        self.trainable = [p for p in parts.model.parameters() if p.requires_grad]
+
+    def run(self) -> None:
+        state, loader = self.state, self.parts.loader
+        self.parts.model.train()
+        while state.step < state.total_steps:
+            # accelerate's loader re-seeds a batch sampler it holds directly with its own pass counter, which
+            # restarts at 0 in a resumed process: set the epoch on both
+            loader.set_epoch(state.epoch)
+            self.sampler.set_epoch(state.epoch)
+            epoch_loader = (
+                self.accelerator.skip_first_batches(loader, state.batches_in_epoch)
+                if state.batches_in_epoch
+                else loader
+            )
+            for batch in epoch_loader:
+                self._train_on(batch)
+                state.batches_in_epoch += 1
+                if not self.accelerator.sync_gradients:
+                    continue
+                self._finish_optimizer_step()
+                if state.step >= state.total_steps:
+                    break
+            else:
+                state.epoch += 1
+                state.batches_in_epoch = 0
+
+    def _train_on(self, batch) -> None:
+        """One micro-batch: forward, backward and (on the last of an accumulation) the optimizer step."""
+        accelerator, model, optimizer = self.accelerator, self.parts.model, self.parts.optimizer
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                self.grad_norm = accelerator.clip_grad_norm_(self.trainable, self.cfg.optim.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad()
+        self.losses.append(loss.detach().float())
+        self.meter.add_batch(batch)
+
+    def _finish_optimizer_step(self) -> None:
+        state, scheduler = self.state, self.parts.scheduler
+        step_lr = scheduler.get_last_lr()[0]  # the rate this optimizer step used
+        if not self.accelerator.optimizer_step_was_skipped:
+            scheduler.step()
+        state.step += 1
+        state.samples_seen += self.cfg.global_batch_size
+        if state.step % self.cfg.log.every_steps == 0 or state.step == state.total_steps:
+            self._log_progress(step_lr)
+        self.losses.clear()
+        self._at_intervals()
+
+    def _log_progress(self, step_lr: float) -> None:
+        state, accelerator = self.state, self.accelerator
+        stats = accelerator.reduce(
+            log_totals(self.losses, self.meter, accelerator.device), reduction="sum"
+        ).cpu()
+        rates = self.meter.report(stats[1:])
+        record = {
+            "step": state.step,
+            "epoch": state.epoch,
+            "split": "train",
+            "loss": stats[0].item() / accelerator.num_processes,
+            "lr": step_lr,
+            "grad_norm": float(self.grad_norm) if self.grad_norm is not None else None,
+            "samples_seen": state.samples_seen,
+            **rates,
+        }
+        logger.info(
+            "step %d/%d loss %.4f lr %.3g | %.2f samples/s %.0f tokens/s MFU %.2f%% padding %.1f%%",
+            state.step,
+            state.total_steps,
+            record["loss"],
+            record["lr"],
+            rates["samples_per_s"],
+            rates["tokens_per_s"],
+            100 * rates["mfu"],
+            100 * rates["padding_fraction"],
+        )
+        _log_scalars(accelerator, self.metrics_log, record, "train")
+
+    def _at_intervals(self) -> None:
+        """Evaluation, a stop on preemption and a resumable checkpoint, each before the last step only
+        (after it, the final evaluation and the final checkpoint follow)."""
+        state, accelerator = self.state, self.accelerator
+        before_last = state.step < state.total_steps
+        if self.cfg.eval.every_steps and state.step % self.cfg.eval.every_steps == 0 and before_last:
+            self.evaluation.run(state)
+        if before_last and self.watch.requested(accelerator):
+            self.checkpoints.save(accelerator, _normalised(state, len(self.parts.loader)))
+            accelerator.end_training()
+            raise Preempted(self.watch.signum or signal.SIGTERM, state.step)
+        if state.step % self.cfg.checkpoint.every_steps == 0 and before_last:
+            self.checkpoints.save(accelerator, _normalised(state, len(self.parts.loader)))
 
 
 def _rows_skipped_off_plan(accelerator, data: ScorerDataset) -> list[int]:

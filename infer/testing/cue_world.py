@@ -19,14 +19,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from keyshot.infer.testing.fake_openai import (
-    decode_image,
-    identify_step,
-    key_points_answer,
-    outcome_answer,
-    system_text,
-    user_parts,
-)
+from keyshot.infer.testing.fake_requests import decode_image, identify_step, system_text, user_parts
+from keyshot.infer.testing.fake_responders import key_points_answer, outcome_answer
 
 COLOURS = {"red": (220, 30, 30), "blue": (40, 70, 220), "yellow": (240, 200, 30)}
 SIZE = (1280, 720)
