@@ -10,7 +10,8 @@ Two back-ends behind one interface (:class:`KeyScreenshotScorer`):
 
 Both read the answer with :func:`keyshot.infer.protocol.parsing.parse_score`. When log-probabilities are asked for,
 ``expected_score`` is Σ p(d)·d over the digits 1-5 among the alternatives at the position of the
-score digit (probabilities renormalised over those digits): a graded score that can be thresholded.
+score digit (:func:`keyshot.infer.protocol.parsing.score_digit_offset`: where the parser read it;
+probabilities renormalised over those digits): a graded score that can be thresholded.
 """
 
 from __future__ import annotations
