@@ -24,8 +24,8 @@ import yaml
 from keyshot.data_synth.arb_import import import_arb
 from keyshot.data_synth.dataset import BuildConfig, build_dataset
 from keyshot.data_synth.errors import SynthError
+from keyshot.data_synth.label_merge import merge_synth_shards
 from keyshot.data_synth.labelling_run import run_synth
-from keyshot.data_synth.merge import merge_synth_shards
 from keyshot.data_synth.reference_import import import_reference
 from keyshot.data_synth.synth_config import load_synth_config
 from keyshot.infer.common.config import ConfigError, config_from_data, split_paths_and_overrides

@@ -74,7 +74,8 @@ from keyshot.infer.protocol.images import ImagePolicy
 from keyshot.infer.protocol.prompts import PromptSet, load_prompt_set
 from keyshot.infer.protocol.verdicts import KEEP_THRESHOLD, ScreenshotRecord, select_kept
 from keyshot.infer.runs.lock import RunLock
-from keyshot.infer.runs.shards import SUMMARY_FILE, ShardSpec
+from keyshot.infer.runs.shards import ShardSpec
+from keyshot.infer.runs.summary import SUMMARY_FILE
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
-"""A synthesis run folder: its manifest (``run.json``), its lock, and where things live in it.
+"""A synthesis run folder: its manifest (the payload of ``run.json``), its lock, and where things live in it.
 
 ::
 
     RUN/
-      run.json        prompt set and image policy the labels were made with
+      run.json        the manifest: prompt set and image policy the labels were made with (keyshot.infer.runs.run_record)
       labels.jsonl    the label store (keyshot.data_synth.labels)
       calls.sqlite    the client's call cache: no call is ever paid twice
       usage/          per-endpoint calls, tokens and dollars, one file per run session
@@ -29,10 +29,10 @@ from keyshot.data_synth.errors import SynthError
 from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.fileio import write_bytes_atomic
 from keyshot.infer.protocol.images import sniff_image_type
+from keyshot.infer.runs.run_record import MANIFEST, RUN_FILE, read_payload, write_payload
 
 logger = logging.getLogger(__name__)
 
-MANIFEST_FILE = "run.json"
 CACHE_FILE = "calls.sqlite"
 USAGE_DIR = "usage"
 IMAGES_DIR = "images"
@@ -68,14 +68,18 @@ def write_json_atomic(path: Path, data: object) -> None:
 
 
 def read_manifest(run_dir: Path) -> RunManifest | None:
-    path = run_dir / MANIFEST_FILE
-    if not path.exists():
+    """The run's manifest, None before its first session (folders of any keyshot version)."""
+    data = read_payload(run_dir, MANIFEST)
+    if data is None:
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
         return RunManifest(**data)
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise SynthError(f"{path}: not a keyshot run manifest ({exc})") from None
+    except TypeError as exc:
+        raise SynthError(f"{run_dir / RUN_FILE}: not a keyshot run manifest ({exc})") from None
+
+
+def write_manifest(run_dir: Path, manifest: RunManifest) -> None:
+    write_payload(run_dir, MANIFEST, asdict(manifest))
 
 
 def manifest_conflict(
@@ -112,13 +116,13 @@ def open_manifest(
     else:
         conflict = manifest_conflict(manifest, prompt_version, image_policy, parse_mode)
         if conflict:
-            raise SynthError(f"{run_dir / MANIFEST_FILE}: {conflict}; use another run folder")
+            raise SynthError(f"{run_dir / RUN_FILE}: {conflict}; use another run folder")
         if image_policy is not None and manifest.image_policy is None:
             manifest.image_policy = image_policy
     manifest.sessions.append(
         {"kind": kind, "source": source, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     )
-    write_json_atomic(run_dir / MANIFEST_FILE, asdict(manifest))
+    write_manifest(run_dir, manifest)
     return manifest
 
 

@@ -230,6 +230,80 @@ def test_merge_refuses_missing_unfinished_and_mixed_shards(tmp_path, capsys):
     assert "--out" not in err and "re-run them" in err
 
 
+def _verdict_merge(run: Path) -> None:
+    from keyshot.infer.judge.merge_command import merge_shards
+
+    merge_shards(run)
+
+
+def _label_merge(run: Path) -> None:
+    from keyshot.data_synth.label_merge import merge_synth_shards
+
+    merge_synth_shards(run)
+
+
+_MANIFEST = {"prompt_variant": "online_mind2web", "prompt_version": "v1", "parse_mode": "strict"}
+
+
+def _finished_shard(folder: Path, data_file: str, record: dict, summary: dict) -> None:
+    folder.mkdir(parents=True)
+    (folder / data_file).write_text("")
+    (folder / "run.json").write_text(json.dumps(record))
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+@pytest.mark.parametrize(
+    "merge, data_file, record, summary, command",
+    [
+        (
+            _verdict_merge,
+            "verdicts.jsonl",
+            {"protocol": {"threshold": 3}},
+            {"run": {"shard_by": "task"}},
+            "keyshot merge",
+        ),
+        (
+            _label_merge,
+            "labels.jsonl",
+            {"manifest": _MANIFEST},
+            {"exit_code": 0, "summary": "done"},
+            "keyshot synth merge",
+        ),
+    ],
+    ids=["verdicts", "labels"],
+)
+def test_both_merges_refuse_missing_unfinished_and_foreign_and_write_nothing(
+    tmp_path, merge, data_file, record, summary, command
+):
+    """The one merge skeleton, through each kind's merge: shard 3 never ran, shard 1 was killed
+    mid-write, shard 2 never wrote its summary; all three are named and nothing is written. A data file
+    in the run folder that no merge wrote is refused too."""
+    run = tmp_path / "run"
+    for index in range(3):
+        _finished_shard(run / f"shard-{index}-of-4", data_file, record, summary)
+    with open(run / "shard-1-of-4" / data_file, "a") as fh:
+        fh.write('{"task_id": "torn')
+    (run / "shard-2-of-4" / "summary.json").unlink()
+    before = sorted(p.name for p in run.iterdir())
+
+    with pytest.raises(ShardError) as refused:
+        merge(run)
+    said = str(refused.value)
+    assert "cannot merge 4 shards" in said and "shards that never ran: 3" in said
+    assert "shard 1: " in said and "half-written" in said
+    assert "shard 2: did not finish (no summary.json" in said
+    assert "--array=1,2,3" in said and "nothing was merged" in said
+    assert sorted(p.name for p in run.iterdir() if p.name != ".lock") == before  # nothing written
+
+    (run / "shard-1-of-4" / data_file).write_text("")
+    (run / "shard-2-of-4" / "summary.json").write_text(json.dumps(summary))
+    _finished_shard(run / "shard-3-of-4", data_file, record, summary)
+    (run / data_file).write_text("made by hand\n")
+    with pytest.raises(ShardError, match=f"was not written by {command} "):
+        merge(run)
+    assert (run / data_file).read_text() == "made by hand\n"
+
+
 def test_killed_shard_resumes_and_merges_without_loss(tmp_path, capsys):
     inputs = _input(tmp_path, n=16, shots=3)
     out = tmp_path / "run"

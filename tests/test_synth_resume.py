@@ -3,6 +3,7 @@ call whose answer reached the run is paid twice (counters of two teacher servers
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -83,3 +84,36 @@ def test_kill_minus_9_then_resume_repays_nothing(tmp_path):
         assert again.returncode == 0, out
         assert [fetch_stats(bright_url).requests, fetch_stats(dark_url).requests] == requests
         assert "labels: 0 new" in out
+
+
+def test_a_run_folder_with_the_old_run_json_resumes(tmp_path):
+    """Synthesis run folders written before run.json had one format hold the manifest itself at the top
+    of run.json: such a folder resumes (nothing done is asked again) and its record is kept, sessions
+    included, in today's format."""
+    from keyshot.data_synth.labelling_run import run_synth
+    from keyshot.infer.testing.fake_openai import FakeOpenAI, make_teacher
+    from tests.support.synth_env import RULES, synth_config
+
+    run = tmp_path / "run"
+    with FakeOpenAI(make_teacher(RULES["bright"])) as bright, FakeOpenAI(make_teacher(RULES["dark"])) as dark:
+        teachers = teacher_set({"bright": bright.base_url, "dark": dark.base_url})
+        part = synth_config(tmp_path / "part.yaml", run, teachers, max_trajectories=2)
+        first = run_synth(part, build=False)
+        assert first.exit_code == 0 and first.labels_new > 0
+        manifest = json.loads((run / "run.json").read_text(encoding="utf-8"))["manifest"]
+        (run / "run.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")  # the old format
+
+        whole = synth_config(tmp_path / "whole.yaml", run, teachers)
+        resumed = run_synth(whole, build=False)
+        assert resumed.exit_code == 0
+        assert resumed.labels_skipped == first.labels_new and resumed.labels_new > 0
+        requests = len(bright.requests) + len(dark.requests)
+        again = run_synth(whole, build=False)
+        assert again.labels_new == 0 and len(bright.requests) + len(dark.requests) == requests
+
+    record = json.loads((run / "run.json").read_text(encoding="utf-8"))
+    assert set(record) == {"manifest"}
+    assert {k: record["manifest"][k] for k in ("prompt_version", "image_policy", "parse_mode")} == {
+        k: manifest[k] for k in ("prompt_version", "image_policy", "parse_mode")
+    }
+    assert [s["kind"] for s in record["manifest"]["sessions"]] == ["run", "run", "run"]

@@ -42,7 +42,8 @@ class EndpointConfig:
     :func:`is_reasoning_model`.
 
     Fault bounds: a call is retried at most ``max_retries`` times; a run retries at most
-    ``max_run_retries`` times in all. The endpoint is declared down (:class:`~keyshot.infer.common.errors.EndpointDownError`,
+    ``max_run_retries`` times in all (what is retried and how long it waits:
+    :mod:`keyshot.infer.client.retry`). The endpoint is declared down (:class:`~keyshot.infer.common.errors.EndpointDownError`,
     the run stops) once ``breaker_failures`` requests in a row failed (any call) and none has
     succeeded for ``breaker_window_s`` seconds: a dead endpoint trips within seconds, a flaky one
     whose requests still get through now and then does not.

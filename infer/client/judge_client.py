@@ -3,9 +3,8 @@
 Payload building (:func:`build_payload`), the call with retries (:class:`JudgeClient`) and the
 answer's parsing (callers pass ``validate``) are separate. Requests go through the official ``openai``
 client (:mod:`keyshot.infer.client.transport`: pooling, timeouts, error classes; no retries or ambient headers of its
-own). The client bounds concurrency with a semaphore, gives every request a timeout, retries
-429/5xx/timeouts/broken connections/malformed bodies with exponential backoff and jitter (honouring
-``Retry-After``), caches well-formed answers (:mod:`keyshot.infer.client.cache`) and accounts tokens and cost
+own). The client bounds concurrency with a semaphore, gives every request a timeout, retries what
+the retry policy says to, as long as it says to (:mod:`keyshot.infer.client.retry`), caches well-formed answers (:mod:`keyshot.infer.client.cache`) and accounts tokens and cost
 (:mod:`keyshot.infer.client.usage`). An answer cut by its token limit comes back with ``cut=True`` and ``valid=False``
 (docs/architecture.md, "A verdict needs evidence"), from the endpoint or from the cache alike; it is never asked again. The API key
 is read from the environment at call time and never appears in logs, exceptions, reprs or the cache.
@@ -34,15 +33,13 @@ from keyshot.infer.client.endpoint import (
     build_payload,
     is_reasoning_model,
 )
-from keyshot.infer.client.replies import (
-    BODY_EXCERPT,
-    ENDPOINT_FAULT_STATUS,
-    RETRYABLE_STATUS,
-    Answer,
+from keyshot.infer.client.replies import BODY_EXCERPT, Answer, answer_cut, parse_body, retry_after_s
+from keyshot.infer.client.retry import (
+    RetryPolicy,
     Transient,
-    answer_cut,
-    parse_body,
-    retry_after_s,
+    counts_against_endpoint,
+    status_failure,
+    transient,
 )
 from keyshot.infer.client.transport import authorization, openai_client
 from keyshot.infer.client.usage import BudgetExceededError, UsageLedger, token_cost_usd
@@ -156,14 +153,13 @@ class JudgeClient:
         self.endpoint = endpoint
         self.cache = cache
         self.ledger = ledger if ledger is not None else UsageLedger()
-        self._rng = rng or random.Random()
+        self.retry = RetryPolicy(endpoint, rng)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._api: openai.AsyncOpenAI | None = None
         self._semaphore: asyncio.Semaphore | None = None
         self.breaker = Breaker(
             endpoint.name, endpoint.display_url, endpoint.breaker_failures, endpoint.breaker_window_s
         )
-        self._run_retries = 0
         self._in_flight = InFlight()  # identical requests in flight share one answer
         if endpoint.budget_usd is not None and not (
             endpoint.price_input_per_mtok or endpoint.price_output_per_mtok
@@ -286,7 +282,7 @@ class JudgeClient:
         """The cached answer, or None once this process holds the claim to pay for it. While another
         process sharing the cache file pays for the same call, wait for its answer (or its failure)."""
         ep, delay = self.endpoint, 0.05
-        stale_s = ep.timeout_s * (ep.max_retries + 1) + 60.0  # no live call holds a claim longer
+        stale_s = ep.timeout_s * self.retry.max_attempts + 60.0  # no live call holds a claim longer
         while True:
             if self.down is not None:
                 raise self.down
@@ -328,23 +324,10 @@ class JudgeClient:
             except Transient as exc:
                 transient_failures += 1
                 self.breaker.failed(exc.reason)
-                self._run_retries += 1
-                if self._run_retries > ep.max_run_retries:
+                final = self.retry.give_up(exc, transient_failures, attempts)
+                if final is not None:
                     self.ledger.record_failure(ep.name)
-                    raise JudgeCallError(
-                        ep.name,
-                        f"the run's retry budget ({ep.max_run_retries}) is spent; last error: {exc.reason}",
-                        status=exc.status,
-                        attempts=attempts,
-                    ) from None
-                if transient_failures > ep.max_retries:
-                    self.ledger.record_failure(ep.name)
-                    raise JudgeCallError(
-                        ep.name,
-                        f"gave up after {attempts} attempts; last error: {exc.reason}",
-                        status=exc.status,
-                        attempts=attempts,
-                    ) from None
+                    raise final from None
                 delay = self._delay(transient_failures, exc.delay_s)
                 logger.debug(
                     "endpoint %r: attempt %d failed (%s); retrying in %.2fs",
@@ -358,17 +341,16 @@ class JudgeClient:
             except JudgeCallError as exc:
                 exc.attempts = attempts
                 self.ledger.record_failure(ep.name)
-                if exc.status in ENDPOINT_FAULT_STATUS:
+                if counts_against_endpoint(exc.status):
                     self.breaker.failed(str(exc))
                 raise
 
             self.breaker.answered()
             spent += cost
-            # a cut answer is not asked again: the same limit would cut it the same way
             limit = token_limit(payload)
             cut = answer_cut(answer.finish_reason, answer.completion_tokens, limit)
             error = validate(answer.text) if validate is not None and not cut else None
-            if error is not None and invalid_answers < ep.max_invalid_retries:
+            if self.retry.ask_again(error, cut, invalid_answers):
                 invalid_answers += 1
                 logger.debug("endpoint %r: malformed answer (%s); asking again", ep.name, error)
                 continue
@@ -426,11 +408,7 @@ class JudgeClient:
         return asyncio.run(_once())
 
     def _delay(self, failure_no: int, retry_after: float | None) -> float:
-        ep = self.endpoint
-        if retry_after is not None:
-            return min(retry_after, ep.backoff_max_s)
-        ceiling = min(ep.backoff_max_s, ep.backoff_base_s * 2 ** (failure_no - 1))
-        return ceiling * self._rng.uniform(0.5, 1.0)
+        return self.retry.delay(failure_no, retry_after)
 
     async def _send(
         self, payload: dict[str, Any], api_key: str | None, *, is_retry: bool
@@ -451,18 +429,17 @@ class JudgeClient:
                 )
                 try:
                     response = await asyncio.wait_for(request, timeout=ep.timeout_s)
-                except (asyncio.TimeoutError, openai.APITimeoutError):
-                    raise Transient(f"no answer within {ep.timeout_s:g}s") from None
-                except openai.APIConnectionError as exc:
-                    cause = exc.__cause__ or exc
-                    raise Transient(
-                        f"connection error: {type(cause).__name__}: {redact(str(cause), [api_key])}"
-                    ) from None
+                    if response.status_code == 200:
+                        answer = parse_body(response.content, ep.model)
                 except openai.APIStatusError as exc:
                     response = exc.response
+                except Exception as exc:
+                    failure = transient(exc, timeout_s=ep.timeout_s, secrets=[api_key])
+                    if failure is None:
+                        raise
+                    raise failure from None
                 status = response.status_code
                 if status == 200:
-                    answer = parse_body(response.content, ep.model)
                     cost = token_cost_usd(
                         answer.prompt_tokens,
                         answer.completion_tokens,
@@ -472,11 +449,7 @@ class JudgeClient:
                     paid = True
                     return answer, cost
                 excerpt = redact(response.text[:BODY_EXCERPT], [api_key]).replace("\n", " ")
-                if status in RETRYABLE_STATUS or status >= 500:
-                    raise Transient(
-                        f"HTTP {status}: {excerpt}", delay_s=retry_after_s(response.headers), status=status
-                    )
-                raise JudgeCallError(ep.name, f"HTTP {status}: {excerpt}", status=status)
+                raise status_failure(ep.name, status, excerpt, retry_after_s(response.headers))
             finally:
                 if paid and answer is not None:
                     self.ledger.end_request(

@@ -4,8 +4,8 @@
 node) builds an :class:`EndpointPool`, which callers use exactly as one :class:`~keyshot.infer.client.judge_client.JudgeClient`.
 
 * **Routing**: the live endpoint with the fewest requests in flight (ties: the least used so far).
-* **Fail-over**: an endpoint that fails a request (connection refused, timeout, 5xx, 429, its circuit
-  breaker) is taken out for ``cooldown_s`` and the request goes to another one at once; after the
+* **Fail-over** (the retry policy's, :mod:`keyshot.infer.client.retry`): an endpoint that fails a
+  request (connection refused, timeout, 5xx, 429, its circuit breaker) is taken out for ``cooldown_s`` and the request goes to another one at once; after the
   cool-down it is tried again. Only when every endpoint is out and none has answered for the breaker
   window does the pool itself give up (:class:`~keyshot.infer.common.errors.EndpointDownError`, the run stops and
   resumes later), so no trajectory is lost, and none is judged twice.
@@ -29,7 +29,7 @@ from keyshot.infer.client.breaker import Breaker
 from keyshot.infer.client.cache import CallCache
 from keyshot.infer.client.endpoint import EndpointConfig, JudgeCallError
 from keyshot.infer.client.judge_client import Completion, InFlight, JudgeClient
-from keyshot.infer.client.replies import ENDPOINT_FAULT_STATUS, RETRYABLE_STATUS
+from keyshot.infer.client.retry import POOL_MEMBER_RETRIES, fails_over, pool_attempts
 from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.config import ConfigError
 from keyshot.infer.common.errors import EndpointDownError
@@ -58,7 +58,7 @@ def member_configs(endpoints: list[EndpointConfig]) -> list[EndpointConfig]:
     for ep in endpoints:
         url = urlparse(ep.base_url)
         name = f"{ep.name}@{url.hostname}:{url.port or ''}".rstrip(":")
-        out.append(dataclasses.replace(ep, name=name, max_retries=0))
+        out.append(dataclasses.replace(ep, name=name, max_retries=POOL_MEMBER_RETRIES))
     names = [ep.name for ep in out]
     if len(set(names)) != len(names):
         raise ValueError(f"scorer.endpoints: the same endpoint is listed twice ({names})")
@@ -140,13 +140,6 @@ class EndpointPool:
         member.out_until = time.monotonic() + self.cooldown_s
         self.breaker.failed(reason, may_trip=all(m.out_until > time.monotonic() for m in self.members))
 
-    @staticmethod
-    def _request_fault(exc: JudgeCallError) -> bool:
-        """True when the failure is the endpoint's (worth another endpoint), not the request's own."""
-        return (
-            exc.status is None or exc.status >= 500 or exc.status in RETRYABLE_STATUS | ENDPOINT_FAULT_STATUS
-        )
-
     async def complete(self, messages: list[dict], **kwargs: Any) -> Completion:
         """One chat completion from the cache or the least-loaded live endpoint (see the module doc)."""
         key = self.key_for(
@@ -157,7 +150,7 @@ class EndpointPool:
 
     async def _route(self, messages: list[dict], kwargs: dict[str, Any]) -> Completion:
         self.breaker.started()
-        attempts_left = (self.endpoint.max_retries + 1) * len(self.members)
+        attempts_left = pool_attempts(self.endpoint, len(self.members))
         while True:
             member = self._pick()
             if member is None:  # every endpoint is cooling down: wait for the first to come back
@@ -171,7 +164,7 @@ class EndpointPool:
             except EndpointDownError as exc:
                 self._take_out(member, exc.last_error)
             except JudgeCallError as exc:
-                if not self._request_fault(exc):
+                if not fails_over(exc):
                     raise
                 self._take_out(member, str(exc))
                 attempts_left -= 1

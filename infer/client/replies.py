@@ -1,7 +1,8 @@
-"""Reading an endpoint's reply: which failures are worth retrying, the wait it asks for, the answer.
+"""Reading an endpoint's reply: the answer, whether it was cut, the wait the server asks for.
 
 A reply that is not a usable chat completion (an empty or non-JSON body, no choices, no message) raises
-:class:`Transient`, which :class:`keyshot.infer.client.judge_client.JudgeClient` retries like a 5xx.
+:class:`MalformedReply`; whether that is retried is the retry policy's business
+(:mod:`keyshot.infer.client.retry`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,6 @@ from dataclasses import dataclass
 
 import httpx2
 
-RETRYABLE_STATUS = frozenset({408, 409, 429})
-#: Non-retryable answers that say the endpoint itself is wrong (key, permission, URL or model), not
-#: the request: they count towards the circuit breaker.
-ENDPOINT_FAULT_STATUS = frozenset({401, 403, 404})
 #: How much of an error body a message quotes.
 BODY_EXCERPT = 300
 #: Finish reasons that say the answer was cut by its token limit (OpenAI and vLLM say "length";
@@ -24,14 +21,8 @@ BODY_EXCERPT = 300
 CUT_FINISH_REASONS = frozenset({"length", "max_tokens"})
 
 
-class Transient(Exception):
-    """A failure worth retrying: ``delay_s`` is the server's Retry-After, if it sent one."""
-
-    def __init__(self, reason: str, delay_s: float | None = None, status: int | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.delay_s = delay_s
-        self.status = status
+class MalformedReply(ValueError):
+    """A 200 reply whose body is not a chat completion."""
 
 
 @dataclass
@@ -95,27 +86,29 @@ def parse_logprobs(choice: dict) -> list[dict] | None:
 
 
 def parse_body(raw: bytes, fallback_model: str) -> Answer:
-    """Read a 200 response; raises _Transient for bodies that are empty or not a chat completion."""
+    """Read a 200 response; raises MalformedReply for bodies that are empty or not a chat completion."""
     if not raw.strip():
-        raise Transient("empty response body")
+        raise MalformedReply("empty response body")
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise Transient(f"response body is not JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+        raise MalformedReply(
+            f"response body is not JSON ({exc.msg if hasattr(exc, 'msg') else exc})"
+        ) from None
     if not isinstance(data, dict):
-        raise Transient("response body is not a JSON object")
+        raise MalformedReply("response body is not a JSON object")
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise Transient("response has no choices")
+        raise MalformedReply("response has no choices")
     choice = choices[0]
     message = choice.get("message")
     if not isinstance(message, dict):
-        raise Transient("response choice has no message")
+        raise MalformedReply("response choice has no message")
     content = message.get("content")
     if content is None:
         content = ""
     if not isinstance(content, str):
-        raise Transient("response message content is not a string")
+        raise MalformedReply("response message content is not a string")
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     return Answer(
         text=content,

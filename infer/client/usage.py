@@ -201,6 +201,10 @@ class UsageLedger:
             lines.append("| **total** | " + " | ".join(_fmt(key, totals[key]) for key, _ in cols) + " |")
         return "\n".join(lines)
 
+    def table_if_used(self) -> str:
+        """:meth:`table`, or "" when no endpoint was called (a summary then says so)."""
+        return self.table() if self.names() else ""
+
 
 def _fmt(key: str, value: float) -> str:
     if key.endswith("_usd"):

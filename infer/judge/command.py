@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import logging
 import sys
 import time
@@ -36,7 +35,6 @@ from keyshot.infer.common.errors import (
     RunStopError,
     require_training_stack,
 )
-from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.common.helptext import plain
 from keyshot.infer.common.redaction import redact_config
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
@@ -56,13 +54,14 @@ from keyshot.infer.protocol.verdicts import (
 )
 from keyshot.infer.runs.lock import RunLock
 from keyshot.infer.runs.run_record import check_fingerprint
-from keyshot.infer.runs.shards import SUMMARY_FILE, ShardSpec
+from keyshot.infer.runs.shards import ShardSpec
 from keyshot.infer.runs.summary import (
+    SUMMARY_FILE,
     cut_lines,
     exit_code,
     judged_without_scores_line,
     summarize,
-    summary_markdown,
+    write_summary,
 )
 from keyshot.infer.serve.command import VLLMServer
 from keyshot.infer.serve.plan import ServeConfig
@@ -317,10 +316,7 @@ def _judge_locked(
             "config": redact_config(config_to_dict(cfg)),
         },
     )
-    write_text_atomic(out / SUMMARY_FILE, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-    markdown = summary_markdown(summary, ledger.table() if ledger.names() else "")
-    write_text_atomic(out / "summary.md", markdown)
-    summary["markdown"] = markdown
+    summary["markdown"] = write_summary(out, summary, ledger.table_if_used())
     return summary
 
 

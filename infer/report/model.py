@@ -30,7 +30,7 @@ from keyshot.infer.metrics.compute import (
 )
 from keyshot.infer.protocol.verdicts import Verdict
 from keyshot.infer.runs.run_record import read_protocol
-from keyshot.infer.runs.shards import read_summary
+from keyshot.infer.runs.summary import read_summary
 from keyshot.infer.runs.verdict_sources import load_verdicts
 
 logger = logging.getLogger(__name__)

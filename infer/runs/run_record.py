@@ -1,7 +1,12 @@
-"""A run folder's protocol: what decides its verdicts, recorded in ``OUT/run.json`` and checked on resume.
+"""A run folder's record, ``RUN/run.json``: what made its results, read, compared and written here only.
 
-What goes into the record is the judge's business (:mod:`keyshot.infer.judge.fingerprint`); this
-module reads, compares and writes it."""
+One file format for every kind of run: ``{"<payload>": {...}}``. A judge run records its ``protocol``
+(what decides its verdicts: :mod:`keyshot.infer.judge.fingerprint`), checked on resume; a synthesis run
+its ``manifest`` (prompt set, image policy, parse mode, sessions: :mod:`keyshot.data_synth.run_folder`).
+What goes into a payload is its kind's business. Folders written by older versions are read as they
+are (:func:`_current`): a synthesis run.json that was the manifest itself, a protocol that says
+``variant``.
+"""
 
 from __future__ import annotations
 
@@ -12,26 +17,52 @@ from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.fileio import write_text_atomic
 
 RUN_FILE = "run.json"
+#: A judge run's payload: the protocol fingerprint.
+PROTOCOL = "protocol"
+#: A synthesis run's payload: its manifest.
+MANIFEST = "manifest"
 
 
 class RunFolderError(KeyshotError):
     """A run folder that cannot be used: its run file is not one, or it was made with another protocol."""
 
 
-
-def read_protocol(folder: Path) -> dict | None:
-    """The protocol recorded in ``folder/run.json``, or None when the folder has none yet; a file that is
-    not a run file raises RunFolderError naming it (each command adds what its user can do)."""
+def read_payload(folder: Path, payload: str) -> dict | None:
+    """The ``payload`` recorded in ``folder/run.json``; None when the folder has no run file yet. A file
+    that is not a run file raises RunFolderError naming it (each command adds what its user can do)."""
     path = folder / RUN_FILE
     if not path.exists():
         return None
     try:
-        protocol = json.loads(path.read_text(encoding="utf-8")).get("protocol", {})
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(record, dict):
+            raise TypeError(f"a JSON {type(record).__name__}, not an object")
+        found = _current(record).get(payload, {})
+        if not isinstance(found, dict):
+            raise TypeError(f"{payload} is not an object")
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
         raise RunFolderError(f"{path}: not a keyshot run file ({exc})") from None
-    if "variant" in protocol and "prompt_variant" not in protocol:  # folders written before the rename
-        protocol["prompt_variant"] = protocol.pop("variant")
-    return protocol
+    return found
+
+
+def write_payload(folder: Path, payload: str, data: dict) -> None:
+    """Record ``data`` as the run's ``payload`` in ``folder/run.json`` (atomically)."""
+    write_text_atomic(folder / RUN_FILE, json.dumps({payload: data}, indent=2, ensure_ascii=False) + "\n")
+
+
+def _current(record: dict) -> dict:
+    """A run file of an older version in today's format."""
+    if PROTOCOL not in record and MANIFEST not in record and "prompt_version" in record:
+        return {MANIFEST: record}  # synthesis folders written before one format: the manifest itself
+    protocol = record.get(PROTOCOL)
+    if isinstance(protocol, dict) and "variant" in protocol and "prompt_variant" not in protocol:
+        protocol["prompt_variant"] = protocol.pop("variant")  # judge folders written before the rename
+    return record
+
+
+def read_protocol(folder: Path) -> dict | None:
+    """The judge protocol recorded in ``folder/run.json`` (see :func:`read_payload`)."""
+    return read_payload(folder, PROTOCOL)
 
 
 def protocol_differences(a: dict, b: dict, names: tuple[str, str] = ("in the folder", "now")) -> str:
@@ -56,4 +87,4 @@ def check_fingerprint(out: Path, fingerprint: dict, *, record: bool = True) -> N
             )
         return
     if record:
-        write_text_atomic(out / RUN_FILE, json.dumps({"protocol": fingerprint}, indent=2) + "\n")
+        write_payload(out, PROTOCOL, fingerprint)

@@ -1,4 +1,4 @@
-"""Deterministic shards of a run, and their merge.
+"""Deterministic shards of a run, and the checks a shard passes before it is merged.
 
 ``keyshot judge … --shard I/N`` judges the trajectories whose shard key hashes to ``I`` (of ``N``) and
 writes them to ``OUT/shard-I-of-N/`` (its own verdicts, summary, call cache and lock), so N processes,
@@ -10,11 +10,7 @@ The default key is the task id: every trajectory of one task lands in one shard,
 share (the task's key points, the same start page's score) are paid once, exactly as in one process.
 ``shard_by: trajectory`` spreads the runs of one task too (many rollouts of few tasks).
 
-:func:`merge_shards` joins the N folders into ``OUT/verdicts.jsonl`` + ``OUT/summary.{json,md}`` +
-``OUT/run.json``. It refuses, naming the shard, a missing shard, one that did not finish (killed,
-stopped, still running, a half-written file) and shards of different protocols; it reads each file
-twice, streaming, so memory stays flat in the number of verdicts.
-"""
+How the N folders are merged (verdicts and labels alike): :mod:`keyshot.infer.runs.shard_merge`."""
 
 from __future__ import annotations
 
@@ -31,10 +27,10 @@ from keyshot.infer.common.fileio import torn_tail
 from keyshot.infer.runs.lock import RunLock, RunLockedError
 from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.infer.protocol.verdicts import verdict_key
+from keyshot.infer.runs.summary import read_summary
 
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 _FOLDER = re.compile(r"^shard-(\d+)-of-(\d+)$")
-SUMMARY_FILE = "summary.json"
 
 
 class ShardError(KeyshotError):
@@ -130,17 +126,6 @@ def find_shards(out: Path) -> tuple[int, dict[int, Path]]:
         )
     count, shards = next(iter(found.items()))
     return count, shards
-
-
-def read_summary(folder: Path) -> dict | None:
-    path = folder / SUMMARY_FILE
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ShardError(f"{path}: unreadable ({exc}); re-run that shard") from None
-    return data if isinstance(data, dict) else None
 
 
 def unfinished(folder: Path, data_file: str, what: str) -> str | None:

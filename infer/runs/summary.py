@@ -1,5 +1,6 @@
 """A run's summary: counts, usage and incomplete trajectories, from verdicts or from shards' summaries;
-its Markdown and its exit code.
+its Markdown, its exit code, and its files (``summary.json``, ``summary.md``: :func:`write_summary`,
+:func:`read_summary`).
 
 What could not be read has four named counts, never one overloaded "unreadable": a trajectory that could
 not be loaded (``run.load_errors``, "not loaded"), a score answer without a score (``unreadable_scores``),
@@ -11,12 +12,17 @@ counted apart from failures; the success rate counts finished verdicts only (doc
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable
+from pathlib import Path
 
 from keyshot.infer.common.errors import EXIT_INCOMPLETE, EXIT_OK, raise_advice
+from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.protocol.verdicts import ROLES, RoleUsage, Verdict
-from keyshot.infer.common.errors import EXIT_INCOMPLETE, EXIT_OK
-from keyshot.infer.protocol.verdicts import ROLES, RoleUsage, Verdict
+from keyshot.infer.runs.run_record import RunFolderError
+
+SUMMARY_FILE = "summary.json"
+SUMMARY_MARKDOWN = "summary.md"
 
 _ADDITIVE = (
     "trajectories",
@@ -228,3 +234,24 @@ def exit_code(summary: dict) -> int:
     if summary["run"].get("exit_code"):
         return summary["run"]["exit_code"]
     return EXIT_INCOMPLETE if summary["incomplete"] else EXIT_OK
+
+
+def write_summary(folder: Path, summary: dict, ledger_table: str) -> str:
+    """Write ``summary.json`` and ``summary.md`` (with the usage table ``ledger_table``) into ``folder``,
+    each atomically; returns the Markdown."""
+    write_text_atomic(folder / SUMMARY_FILE, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    markdown = summary_markdown(summary, ledger_table)
+    write_text_atomic(folder / SUMMARY_MARKDOWN, markdown)
+    return markdown
+
+
+def read_summary(folder: Path) -> dict | None:
+    """``folder/summary.json``, or None when there is none (the run has not finished)."""
+    path = folder / SUMMARY_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RunFolderError(f"{path}: unreadable ({exc}); re-run that shard") from None
+    return data if isinstance(data, dict) else None

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -24,55 +23,55 @@ from typing import BinaryIO
 
 from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.errors import EXIT_INCOMPLETE, EXIT_OK, KeyshotError
-from keyshot.infer.common.fileio import atomic_output, write_text_atomic
 from keyshot.infer.common.helptext import plain
 from keyshot.infer.protocol.verdicts import VERDICTS_FILE, Verdict, VerdictFileError, verdict_key
-from keyshot.infer.runs.lock import RunLock
-from keyshot.infer.runs.run_record import RUN_FILE, protocol_differences, read_protocol
-from keyshot.infer.runs.shards import (
-    SUMMARY_FILE,
-    ShardError,
-    find_shards,
+from keyshot.infer.runs.run_record import PROTOCOL, protocol_differences, read_protocol, write_payload
+from keyshot.infer.runs.shard_merge import Shard, ShardKind, copy_shard, merging, stream_shards
+from keyshot.infer.runs.shards import ShardError
+from keyshot.infer.runs.summary import (
+    combine_cut_reports,
+    combine_summaries,
     read_summary,
-    refuse_unmergeable,
-    unfinished,
+    summarize,
+    write_summary,
 )
-from keyshot.infer.runs.summary import combine_cut_reports, combine_summaries, summarize, summary_markdown
 
 logger = logging.getLogger(__name__)
 
 
-def check_shards(out: Path) -> tuple[int, dict[int, Path], dict[int, dict], dict]:
-    """The shard count, folders, summaries and common protocol; raises naming every shard that is
-    missing, unfinished or of another protocol."""
-    count, folders = find_shards(out)
-    problems: dict[int, str] = {}
-    summaries: dict[int, dict] = {}
-    protocols: dict[int, dict] = {}
-    for index, folder in sorted(folders.items()):
-        summary = read_summary(folder) or {}
-        why = unfinished(folder, VERDICTS_FILE, "keyshot merge")
-        try:
-            protocol = read_protocol(folder)
-        except KeyshotError as exc:  # named among the shards to re-run
-            protocol, why = None, why or str(exc)
-        if why is None and protocol is None:
-            why = "never started judging (no run.json)"
-        run = summary.get("run", {})
-        if why is None and (run.get("stopped") or run.get("not_reached")):
-            why = f"stopped before the end: {run.get('stopped') or 'not every trajectory reached'}"
-        if why is None:
-            summaries[index], protocols[index] = summary, protocol
-        else:
-            problems[index] = why
-    refuse_unmergeable(out, count, folders, problems, "keyshot judge … | slurm/judge.sh")
-    first = min(protocols)
-    shard_by = {i: summaries[i].get("run", {}).get("shard_by") for i in summaries}
+def _problem(shard: Shard) -> str | None:
+    """Why a finished verdict shard cannot be merged: no readable protocol, or it stopped early."""
+    try:
+        protocol = read_protocol(shard.folder)
+    except KeyshotError as exc:  # named among the shards to re-run
+        return str(exc)
+    if protocol is None:
+        return "never started judging (no run.json)"
+    run = shard.summary.get("run", {})
+    if run.get("stopped") or run.get("not_reached"):
+        return f"stopped before the end: {run.get('stopped') or 'not every trajectory reached'}"
+    return None
+
+
+VERDICT_SHARDS = ShardKind(
+    command="keyshot merge",
+    data_file=VERDICTS_FILE,
+    rerun="keyshot judge … | slurm/judge.sh",
+    problem=_problem,
+    foreign="(a run without --shard?); move it away or merge shards of another --out",
+)
+
+
+def common_protocol(shards: list[Shard]) -> dict:
+    """The protocol every shard was judged under; raises naming a shard of another protocol or shard key."""
+    shard_by = {s.index: s.summary.get("run", {}).get("shard_by") for s in shards}
     if len(set(shard_by.values())) > 1:
         raise ShardError(
             f"the shards were assigned by different keys ({shard_by}): their trajectories overlap; re-run "
             "them all with one shard_by, nothing was merged"
         )
+    protocols = {s.index: read_protocol(s.folder) or {} for s in shards}
+    first = min(protocols)
     for index, protocol in sorted(protocols.items()):
         shown = protocol_differences(protocols[first], protocol, (f"in shard {first}", f"in shard {index}"))
         if shown:
@@ -80,7 +79,7 @@ def check_shards(out: Path) -> tuple[int, dict[int, Path], dict[int, dict], dict
                 f"shard {index} was judged under another protocol than shard {first} ({shown}); "
                 "re-run it with the same config, nothing was merged"
             )
-    return count, folders, summaries, protocols[first]
+    return protocols[first]
 
 
 def _last_lines(path: Path) -> dict[tuple[str, str, str], int]:
@@ -118,67 +117,56 @@ def _latest(path: Path, writer: BinaryIO) -> Iterator[Verdict]:
             yield Verdict.from_dict(obj)
 
 
-def _merge_files(folders: dict[int, Path], summaries: dict[int, dict], writer: BinaryIO) -> list[dict]:
-    """Write every shard's latest verdicts to ``writer``; returns each shard's summary of them.
+def _write_verdicts(shard: Shard, path: Path, writer: BinaryIO) -> dict:
+    """Write one shard's latest verdicts to ``writer``; returns the shard's summary of them.
 
     A shard whose file holds exactly one line per trajectory its summary counts (nothing was judged
     again, nothing appended since) is copied as bytes and its own summary is used; any other is read
     and summarised again, line by line, its superseded lines left out.
     """
-    parts = []
-    for index, folder in sorted(folders.items()):
-        path = folder / VERDICTS_FILE
-        if not path.is_file():
-            parts.append(summarize([], run={}))
-        elif _count_lines(path) == summaries[index].get("trajectories"):
-            with open(path, "rb") as fh:
-                shutil.copyfileobj(fh, writer)
-            parts.append(summaries[index])
-        else:
-            parts.append(summarize(_latest(path, writer), run={}))
-    return parts
+    if not path.is_file():
+        return summarize([], run={})
+    if _count_lines(path) == shard.summary.get("trajectories"):
+        copy_shard(path, writer)
+        return shard.summary
+    return summarize(_latest(path, writer), run={})
+
+
+def _merged_run(shards: list[Shard]) -> dict:
+    """The merged summary's ``run``: the shards' last runs together."""
+    runs = [s.summary["run"] for s in shards]
+    return {
+        "merged_shards": len(shards),
+        "found": max((r.get("found") or 0) for r in runs),
+        "judged": sum(r.get("judged", 0) for r in runs),
+        "skipped": sum(r.get("skipped", 0) for r in runs),
+        "not_reached": 0,
+        "load_errors": sum(r.get("load_errors", 0) for r in runs),
+        "load_error_messages": [m for r in runs for m in r.get("load_error_messages", [])],
+        "duplicates": [m for r in runs for m in r.get("duplicates", [])],
+        "seconds": 0.0,
+        "shard_seconds": {s.index: s.summary["run"].get("seconds") for s in shards},
+        "stopped": None,
+        "exit_code": None,
+        "cut_answers": combine_cut_reports([r.get("cut_answers") or [] for r in runs]),
+        "ledger": UsageLedger.summed([r.get("ledger") or {} for r in runs]).as_dict(),
+        "config": runs[0].get("config"),
+    }
 
 
 def merge_shards(out: Path) -> dict:
     """Merge ``out/shard-I-of-N/`` into ``out``; returns the merged summary (with ``markdown``)."""
     t0 = time.perf_counter()
     out = Path(out)
-    find_shards(out)  # before the lock, which would create a folder that is not there
-    with RunLock(out, what="keyshot merge"):
-        count, folders, summaries, protocol = check_shards(out)
-        merged_path = out / VERDICTS_FILE
-        previous = read_summary(out)
-        if merged_path.exists() and not (previous or {}).get("run", {}).get("merged_shards"):
-            raise ShardError(
-                f"{merged_path} exists and was not written by keyshot merge (a run without --shard?); "
-                "move it away or merge shards of another --out, nothing was merged"
-            )
-        runs = [summaries[i]["run"] for i in sorted(summaries)]
-        run = {
-            "merged_shards": count,
-            "found": max((r.get("found") or 0) for r in runs),
-            "judged": sum(r.get("judged", 0) for r in runs),
-            "skipped": sum(r.get("skipped", 0) for r in runs),
-            "not_reached": 0,
-            "load_errors": sum(r.get("load_errors", 0) for r in runs),
-            "load_error_messages": [m for r in runs for m in r.get("load_error_messages", [])],
-            "duplicates": [m for r in runs for m in r.get("duplicates", [])],
-            "seconds": 0.0,
-            "shard_seconds": {i: summaries[i]["run"].get("seconds") for i in sorted(summaries)},
-            "stopped": None,
-            "exit_code": None,
-            "cut_answers": combine_cut_reports([r.get("cut_answers") or [] for r in runs]),
-            "ledger": UsageLedger.summed([r.get("ledger") or {} for r in runs]).as_dict(),
-            "config": runs[0].get("config"),
-        }
-        with atomic_output(merged_path, sync=True) as writer:
-            summary = combine_summaries(_merge_files(folders, summaries, writer), run=run)
-        write_text_atomic(out / RUN_FILE, json.dumps({"protocol": protocol}, indent=2) + "\n")
+    with merging(out, VERDICT_SHARDS) as shards:
+        protocol = common_protocol(shards)
+        merged_before = bool((read_summary(out) or {}).get("run", {}).get("merged_shards"))
+        run = _merged_run(shards)
+        parts = stream_shards(out, shards, VERDICT_SHARDS, merged_before=merged_before, write=_write_verdicts)
+        summary = combine_summaries(parts, run=run)
+        write_payload(out, PROTOCOL, protocol)
         summary["run"]["seconds"] = time.perf_counter() - t0
-        ledger = UsageLedger.summed([run["ledger"]])
-        markdown = summary_markdown(summary, ledger.table() if ledger.names() else "")
-        write_text_atomic(out / SUMMARY_FILE, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-        write_text_atomic(out / "summary.md", markdown)
+        markdown = write_summary(out, summary, UsageLedger.summed([run["ledger"]]).table_if_used())
     summary["markdown"] = markdown
     return summary
 
