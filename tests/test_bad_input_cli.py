@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from keyshot.infer.cli import main as keyshot
+from keyshot.infer.protocol.prompts import load_prompt_set
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 
@@ -512,6 +513,10 @@ UNJUDGED = {
 }
 
 
+#: The cases above whose entry holds no trajectory at all: counted apart from trajectories that failed to load.
+NOT_TRAJECTORIES = {"zip file beside task folders", "loose result.json at the input root", "empty .jsonl"}
+
+
 @pytest.mark.parametrize("case", list(UNJUDGED))
 def test_every_entry_not_judged_is_listed_with_its_reason(tmp_path, case):
     root = tmp_path / "input"
@@ -522,7 +527,10 @@ def test_every_entry_not_judged_is_listed_with_its_reason(tmp_path, case):
     code, stdout, stderr = judge_cli([root], out)
     assert code == 0 and "Traceback" not in stderr, stderr[-3000:]
     good_verdicts_intact(out)
-    messages = json.loads((out / "summary.json").read_text())["run"]["load_error_messages"]
+    run = json.loads((out / "summary.json").read_text())["run"]
+    apart = case in NOT_TRAJECTORIES
+    messages = run["not_trajectory_messages" if apart else "load_error_messages"]
+    assert run["load_error_messages" if apart else "not_trajectory_messages"] == []
     listed = [m for m in messages if m.startswith(f"{root / where}:")]
     assert len(messages) == 1 and len(listed) == 1 and reason in listed[0], messages
     assert str(root / where) in stdout  # the printed summary lists it too
@@ -566,6 +574,165 @@ def test_a_folder_where_the_summary_goes_is_named_and_the_verdicts_kept(tmp_path
     )
     good_verdicts_intact(out)  # judged and kept: a re-run once the folder is moved resumes for free
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_folder_where_the_verdicts_go_is_named_in_one_line(tmp_path):
+    root = tmp_path / "input"
+    for name in GOOD:
+        v1(root, name)
+    out = tmp_path / "out"
+    (out / "verdicts.jsonl" / "kept.txt").parent.mkdir(parents=True)
+    (out / "verdicts.jsonl" / "kept.txt").write_text("mine")
+    code, _, stderr = judge_cli([root], out)
+    assert code == 2 and "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert (
+        f"{out / 'verdicts.jsonl'}: is a folder where keyshot writes a file" in last
+        and "move it away" in last
+    )
+    assert (out / "verdicts.jsonl" / "kept.txt").read_text() == "mine"  # nothing of the user's touched
+    (out / "verdicts.jsonl" / "kept.txt").unlink()
+    (out / "verdicts.jsonl").rmdir()
+    code, _, stderr = judge_cli([root], out)  # moved away: the same command judges everything
+    assert code == 0, stderr[-3000:]
+    good_verdicts_intact(out)
+
+
+def test_a_config_that_is_a_folder_or_not_utf8_is_one_line_naming_it(tmp_path):
+    root = tmp_path / "input"
+    v1(root, "good-a")
+    latin1 = tmp_path / "judge.yaml"
+    latin1.write_bytes(Path(REFERENCE).read_bytes() + "# réglages\n".encode("latin-1"))
+    for config, problem in ((tmp_path, "a folder, not a config file"), (latin1, "not UTF-8 text")):
+        argv = [sys.executable, "-m", "keyshot.infer.cli", "judge", str(root), "--config", str(config)]
+        done = subprocess.run(
+            [*argv, f"out={tmp_path / 'out'}"], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert done.stderr.count("\n") == 1 and f"{config}: {problem}" in done.stderr, done.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def scorer_folder(folder: Path, **fields) -> Path:
+    """A model folder whose keyshot.json holds ``fields`` over a well-formed scorer checkpoint's."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    meta = {
+        "prompt_variant": "online_mind2web",
+        "prompt_version": load_prompt_set().version,
+        "min_pixels": 3136,
+        "max_pixels": 12544,
+        **fields,
+    }
+    (folder / "keyshot.json").write_text(json.dumps(meta))
+    return folder
+
+
+def serve_dry_run(model: Path) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "keyshot.infer.cli", "serve", "--dry-run", f"model={model}", "device=cpu"]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_serve_refuses_checkpoint_metadata_of_the_wrong_type_or_encoding(tmp_path):
+    """keyshot.json's pixel bounds as strings would go to vLLM as they are: refused naming file and field."""
+    strings = scorer_folder(tmp_path / "strings", min_pixels="3136", max_pixels="12544")
+    done = serve_dry_run(strings)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert f"{strings / 'keyshot.json'}: field 'min_pixels' must be an integer, got '3136'" in done.stderr
+    latin1 = scorer_folder(tmp_path / "latin1")
+    meta = {**json.loads((latin1 / "keyshot.json").read_text()), "base_model": "café"}
+    (latin1 / "keyshot.json").write_bytes(json.dumps(meta, ensure_ascii=False).encode("latin-1"))
+    done = serve_dry_run(latin1)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.count("\n") == 1 and f"{latin1 / 'keyshot.json'}: not UTF-8 text" in done.stderr
+    good = serve_dry_run(scorer_folder(tmp_path / "good"))
+    assert good.returncode == 0, good.stderr[-3000:]
+    assert json.loads(good.stdout.split("--mm-processor-kwargs ")[1].split("' ")[0].strip("'")) == {
+        "min_pixels": 3136,
+        "max_pixels": 12544,
+    }
+
+
+def test_an_unreadable_screenshot_is_said_on_the_terminal_and_in_summary_md(tmp_path):
+    root = tmp_path / "input"
+    for name in GOOD:
+        v1(root, name)
+    corrupt = v1(root, "bad-one") / "trajectory" / "1.png"
+    corrupt.write_bytes(corrupt.read_bytes()[:200])  # a truncated PNG among good ones
+    out = tmp_path / "out"
+    code, stdout, stderr = judge_cli([root], out)
+    assert code == 0 and "Traceback" not in stderr, stderr[-3000:]
+    said = [line for line in stderr.splitlines() if "could not be read as images" in line]
+    assert len(said) == 1 and said[0].startswith("keyshot judge: 1 screenshot(s)") and str(corrupt) in said[0]
+    markdown = (out / "summary.md").read_text()
+    section = markdown.split("## Screenshots that could not be read (1;")[1]
+    assert f"- {corrupt}: " in section and markdown in stdout
+    good_verdicts_intact(out)
+    bad = next(v for v in read_verdicts(out / "verdicts.jsonl") if v.task_id == "bad-one")
+    assert bad.finished and bad.screenshots[0].error is None and bad.screenshots[1].image_problem
+
+
+def test_entries_that_hold_no_trajectory_are_counted_apart_from_trajectories_not_loaded(tmp_path):
+    root = tmp_path / "input"
+    for name in GOOD:
+        v1(root, name)
+    (root / "README.md").write_text("# my agent's runs")
+    (root / "part2.zip").write_bytes(b"PK\x03\x04" + os.urandom(64))
+    broken = v1(root, "bad-one")
+    _bad_json(broken)
+    out = tmp_path / "out"
+    code, stdout, stderr = judge_cli([root], out)
+    assert code == 0 and "Traceback" not in stderr, stderr[-3000:]
+    good_verdicts_intact(out)
+    run = json.loads((out / "summary.json").read_text())["run"]
+    assert run["not_trajectories"] == 2 and run["load_errors"] == 1
+    assert [m.split(":")[0] for m in run["not_trajectory_messages"]] == [
+        str(root / "README.md"),
+        str(root / "part2.zip"),
+    ]
+    assert run["load_error_messages"][0].startswith(f"{broken / 'result.json'}:")
+    markdown = (out / "summary.md").read_text()
+    assert "1 not loaded, 2 not a trajectory" in markdown and markdown in stdout
+    apart = markdown.split("## Not a trajectory (not judged)\n")[1].split("##")[0]
+    assert str(root / "README.md") in apart and str(root / "part2.zip") in apart and "bad-one" not in apart
+    failed = markdown.split("## Trajectories that could not be read (not judged)\n")[1].split("##")[0]
+    assert "bad-one" in failed and "README.md" not in failed and "part2.zip" not in failed
+
+
+def test_serve_scorer_refuses_a_scorer_max_tokens_below_the_trained_answers_before_vllm(tmp_path):
+    """An explicit scorer.max_tokens below the answers the checkpoint was trained on would cut every one:
+    refused, dry run or not, before a server is started or a call is paid."""
+    root = tmp_path / "input"
+    for name in GOOD:
+        v1(root, name)
+    checkpoint = scorer_folder(tmp_path / "ckpt", answer_tokens={"max": 150, "p99": 120, "rows": 700})
+    out = tmp_path / "out"
+    tiny = str(REPO / "configs/judge/tiny_cpu.yaml")
+    with FakeOpenAI(make_judge()) as server:
+        base = [sys.executable, "-m", "keyshot.infer.cli", "judge", str(root), "--config", tiny]
+        base += ["--serve-scorer", str(checkpoint), f"judge.base_url={server.base_url}", f"out={out}"]
+        for extra in ([], ["--dry-run"]):
+            done = subprocess.run(
+                [*base, "scorer.max_tokens=100", *extra],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+            assert done.stderr.count("\n") == 1, done.stderr
+            assert "scorer.max_tokens=100 is below the longest answer" in done.stderr
+            assert "(150 tokens" in done.stderr and str(checkpoint) in done.stderr
+            assert not (out / "vllm.log").exists() and not (out / "verdicts.jsonl").exists()
+        done = subprocess.run(
+            [*base, "scorer.max_tokens=160", "--dry-run"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 0 and "3 to judge" in done.stdout, done.stderr[-3000:]
 
 
 def test_metrics_out_naming_a_file_is_one_line(tmp_path):
@@ -617,3 +784,24 @@ def test_one_task_in_two_agents_folders_that_nothing_tells_apart_is_refused_nami
         ("task-1", "SeeAct"),
         ("task-1", "Browser_Use"),
     }
+
+
+def test_training_on_a_model_name_that_is_no_folder_and_not_reachable_says_how_to_point_at_a_copy(tmp_path):
+    """An offline cluster node and a hub id: one line naming what was tried and how to give a local copy,
+    with --check and in a run, before any weight is loaded."""
+    from keyshot.infer.testing.scorer_data import build_scorer_dataset
+
+    dataset = build_scorer_dataset(tmp_path / "ds", n_train=4, n_val=2)
+    argv = [sys.executable, "-m", "keyshot.train.sft", "--config", str(REPO / "configs/train/tiny_cpu.yaml")]
+    argv += ["model.name_or_path=nonexistent/model", f"data.path={dataset}", f"run_dir={tmp_path / 'run'}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    for extra in (["--check"], []):
+        done = subprocess.run(
+            [*argv, *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
+        assert len(errors) == 1, done.stderr[-3000:]
+        assert "nonexistent/model: model.name_or_path is no local folder" in errors[0]
+        assert "model.name_or_path=/path/to/folder" in errors[0] and "HF_HUB_OFFLINE=1" in errors[0]
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["config.yaml"]  # the resolved config only

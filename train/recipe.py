@@ -158,6 +158,20 @@ def check_inputs(cfg: TrainConfig) -> str:
     return f"dataset {cfg.data.path} ({rows} rows, prompt {prompt_version}), model {cfg.model.name_or_path}"
 
 
+def model_load_error(name_or_path: str, what: str, exc: Exception) -> DataError:
+    """The one line for a model whose ``what`` (processor, weights) could not be loaded: a local folder is
+    named as one; a name that is no local folder says the hub could not give it (an offline cluster node)
+    and how to point at a local copy."""
+    reason = " ".join(str(exc).split())
+    if looks_like_local_path(name_or_path):
+        return DataError(f"{name_or_path}: model.name_or_path has no loadable {what} ({reason})")
+    return DataError(
+        f"{name_or_path}: model.name_or_path is no local folder and its {what} could not be had from the "
+        f"Hugging Face hub ({reason}); point at a local copy with model.name_or_path=/path/to/folder, or "
+        "on a node without network set HF_HUB_OFFLINE=1 with the model in the Hugging Face cache (HF_HOME)"
+    )
+
+
 def training_renderer(cfg: TrainConfig) -> ScorerRenderer:
     """The run's renderer: the model's processor under the configured pixel bounds, its image policy."""
     from transformers import AutoProcessor
@@ -165,10 +179,7 @@ def training_renderer(cfg: TrainConfig) -> ScorerRenderer:
     try:
         processor = AutoProcessor.from_pretrained(cfg.model.name_or_path)
     except (OSError, ValueError) as exc:  # no processor files, an unrecognised one, a hub id not reachable
-        reason = " ".join(str(exc).split())
-        raise DataError(
-            f"{cfg.model.name_or_path}: model.name_or_path has no loadable processor ({reason})"
-        ) from None
+        raise model_load_error(str(cfg.model.name_or_path), "processor", exc) from None
     lo, hi = processor_pixel_bounds(processor)
     set_processor_pixel_bounds(processor, cfg.data.min_pixels or lo, cfg.data.max_pixels or hi)
     return ScorerRenderer(processor, image_policy_for(processor, cfg.data.max_aspect), cfg.data.max_length)
@@ -418,7 +429,10 @@ class _TrainingParts:
 def _prepare_model(cfg: TrainConfig, accelerator, loader, total_steps: int, warmup: int) -> _TrainingParts:
     from transformers import get_scheduler
 
-    model = load_scorer_model(cfg.model)
+    try:
+        model = load_scorer_model(cfg.model)
+    except (OSError, ValueError) as exc:  # no weights, an unrecognised config, a hub id not reachable
+        raise model_load_error(str(cfg.model.name_or_path), "weights", exc) from None
     flops_model = FlopsModel.from_model(
         model, lora=cfg.model.lora.enabled, train_vision=cfg.model.train_vision_tower
     )

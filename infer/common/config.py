@@ -308,6 +308,12 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: 
             loaded = yaml.safe_load(text)
         except FileNotFoundError:
             raise ConfigError(f"{p}: config file not found") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{p}: a folder, not a config file: give --config a YAML file") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
+        except OSError as exc:
+            raise ConfigError(f"{p}: cannot read the config file ({exc.strerror or exc})") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"{p}: not valid YAML: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):

@@ -41,7 +41,7 @@ from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.judge.fingerprint import protocol_fingerprint
 from keyshot.infer.judge.inputs import import_reference_verdicts, load_all, nothing_found_message
 from keyshot.infer.judge.pipeline import WebJudge
-from keyshot.infer.judge.scorer_factory import build_scorer
+from keyshot.infer.judge.scorer_factory import build_scorer, scorer_max_tokens
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.model.checkpoint import model_folder_problem
 from keyshot.infer.protocol.verdicts import (
@@ -59,8 +59,10 @@ from keyshot.infer.runs.summary import (
     SUMMARY_FILE,
     cut_lines,
     exit_code,
+    input_figures,
     judged_without_scores_line,
     summarize,
+    unreadable_images_line,
     write_summary,
 )
 from keyshot.infer.serve.command import VLLMServer
@@ -127,6 +129,13 @@ def check_endpoints(cfg: JudgeRunConfig, serve_scorer: str | None) -> None:
     )
 
 
+def check_scorer_limit(cfg: JudgeRunConfig) -> None:
+    """Refuse, before any server starts or call is paid, a ``scorer.max_tokens`` below the answer length
+    the scorer checkpoint was trained on (:func:`~keyshot.infer.judge.scorer_factory.scorer_max_tokens`)."""
+    if cfg.scorer.backend != "none" and cfg.scorer.max_tokens is not None:
+        scorer_max_tokens(cfg.scorer, cfg.scorer.max_tokens)
+
+
 def dry_run(
     paths: list[str],
     cfg: JudgeRunConfig,
@@ -143,6 +152,7 @@ def dry_run(
             )
     if serve_scorer:
         cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
+    check_scorer_limit(cfg)
     fingerprint = protocol_fingerprint(cfg)
     trajectories, load_errors, duplicates, found = load_all(paths, cfg, allow_outside, shard)
     if not found:
@@ -162,13 +172,15 @@ def dry_run(
     if cfg.scorer.backend == "none":
         judge_calls = f"{len(todo) * 2 + shots:,} (the judge scores every screenshot)"
     agents = sorted({t.agent or "(no agent name)" for t in trajectories})
+    figures = input_figures(load_errors)
     owned = f"shard {shard} owns {len(trajectories)} of {found}" if shard else f"{found}"
     lines = [
         f"dry run: {owned} trajectories found ({', '.join(agents)}), {len(trajectories) - len(todo)} already "
         f"judged in {out}, {len(todo)} to judge with {shots:,} screenshots",
         f"judge calls: {judge_calls} to {cfg.judge.model} at {cfg.judge.display_url}",
-        f"not loaded: {len(load_errors)}; duplicates: {len(duplicates)}",
-        *[f"  {e}" for e in load_errors[:20]],
+        f"not loaded: {figures['load_errors']}; not a trajectory (not judged): {figures['not_trajectories']}; "
+        f"duplicates: {len(duplicates)}",
+        *[f"  {m}" for m in [*figures["load_error_messages"], *figures["not_trajectory_messages"]][:20]],
         "endpoints reachable, keys accepted, models served; nothing was called",
     ]
     return "\n".join(lines)
@@ -193,6 +205,7 @@ def run_judge(
         require_training_stack("scorer.backend=transformers (the in-process scorer)")
     if serve_scorer:
         cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
+    check_scorer_limit(cfg)
     fingerprint = protocol_fingerprint(cfg)
     trajectories, load_errors, duplicates, found = load_all(paths, cfg, allow_outside, shard)
     if not found:
@@ -303,8 +316,7 @@ def _judge_locked(
             "judged": len(done),
             "skipped": skipped,
             "not_reached": len(todo) - len(done),
-            "load_errors": len(load_errors),
-            "load_error_messages": [str(e) for e in load_errors],
+            **input_figures(load_errors),
             "duplicates": duplicates,
             "resume_from_left_out": left_out,
             "seconds": time.perf_counter() - t0,
@@ -451,4 +463,6 @@ def run_warnings(summary: dict) -> list[str]:
         lines.append(f"{failed} trajectories incomplete; re-run the same command to retry them")
     if summary.get("judged_without_scores"):
         lines.append(judged_without_scores_line(summary["judged_without_scores"]))
+    if images := unreadable_images_line(summary):
+        lines.append(images)
     return lines

@@ -143,6 +143,8 @@ def _merged_run(shards: list[Shard]) -> dict:
         "not_reached": 0,
         "load_errors": sum(r.get("load_errors", 0) for r in runs),
         "load_error_messages": [m for r in runs for m in r.get("load_error_messages", [])],
+        "not_trajectories": sum(r.get("not_trajectories", 0) for r in runs),
+        "not_trajectory_messages": [m for r in runs for m in r.get("not_trajectory_messages", [])],
         "duplicates": [m for r in runs for m in r.get("duplicates", [])],
         "seconds": 0.0,
         "shard_seconds": {s.index: s.summary["run"].get("seconds") for s in shards},

@@ -59,6 +59,7 @@ from keyshot.infer.protocol.parsing import split_key_points
 from keyshot.infer.protocol.prompts import PromptSet, load_prompt_set
 from keyshot.infer.protocol.verdicts import (
     KEEP_THRESHOLD,
+    UNREADABLE_IMAGE,
     OutcomeCall,
     RoleUsage,
     ScreenshotRecord,
@@ -311,7 +312,7 @@ class WebJudge:
         for shot, img in zip(trajectory.screenshots, prepared, strict=True):
             record = ScreenshotRecord(index=shot.index, path=shot.name)
             if isinstance(img, str):
-                record.error = f"screenshot unreadable: {img}"
+                record.error = f"{UNREADABLE_IMAGE}{img}"
             else:
                 _, s = by_index[shot.index]
                 record.visual_tokens = img.visual_tokens

@@ -2,8 +2,10 @@
 recall, F1 (AgentRewardBench), per agent, per benchmark and overall.
 
 Everything works on plain :class:`JudgedRecord` rows ``(task_id, agent, benchmark, predicted,
-human)``. ``predicted`` is the judge's verdict (None = no parseable verdict, counted as failure);
-``human`` is a canonical label: ``success``, ``failure``, ``not_executable`` (Online-Mind2Web's
+human)``. ``predicted`` is the judge's verdict (None = no parseable verdict, counted as failure, as
+AgentRewardBench does); a verdict the judge did not reach (no screenshot score could be read, or a call
+failed: :func:`withheld_reason`) is no failure but dropped, its reason counted. ``human`` is a canonical
+label: ``success``, ``failure``, ``not_executable`` (Online-Mind2Web's
 "2") or ``unsure`` (always dropped). Records are built from keyshot's verdicts
 (:func:`records_from_verdicts`, read by :func:`keyshot.infer.runs.verdict_sources.load_verdicts`), a
 human-label file (:func:`load_human_labels`: Online-Mind2Web's ``human_label.json``, a ``{task_id:
@@ -58,6 +60,21 @@ class JudgedRecord:
     predicted: bool | None
     human: str | None
     truth: str | None = None  # one of TRUTH_SOURCES, None when there is no truth
+    withheld: str | None = None  # why the verdict is not counted (:func:`withheld_reason`), None when it is
+
+
+#: Why a verdict without a status is dropped rather than counted as a failure.
+NO_READABLE_SCORES = "no readable scores"
+INCOMPLETE = "incomplete: re-run keyshot judge"
+
+
+def withheld_reason(v: Verdict) -> str | None:
+    """Why ``v`` holds no verdict to count: none of its screenshot scores could be read, or a call it
+    needs failed (docs/architecture.md, "A verdict needs evidence"); None when it counts. A finished run's
+    verdict without a readable status counts as a failure."""
+    if v.finished or v.success is not None:
+        return None
+    return NO_READABLE_SCORES if v.no_evidence else INCOMPLETE
 
 
 # ---------------------------------------------------------------------------- label handling
@@ -149,6 +166,9 @@ def _usable(records: Iterable[JudgedRecord], label_2: str) -> tuple[list[tuple[J
     used: list[tuple[JudgedRecord, bool]] = []
     dropped: Counter = Counter()
     for r in records:
+        if r.withheld:
+            dropped[r.withheld] += 1
+            continue
         truth = human_outcome(r.human, label_2)
         if truth is None:
             reason = {None: "no_human_label", UNSURE: "unsure", NOT_EXECUTABLE: "not_executable"}.get(
@@ -388,7 +408,11 @@ def records_from_verdicts(
         elif (bench, agent_key(agent_name), task_id) in arb:
             human, truth = arb[(bench, agent_key(agent_name), task_id)], ARB_ANNOTATION
             matched += 1
-        records.append(JudgedRecord(task_id, agent_name, bench, predicted, human, truth if human else None))
+        records.append(
+            JudgedRecord(
+                task_id, agent_name, bench, predicted, human, truth if human else None, withheld_reason(v)
+            )
+        )
     if (human_labels is not None or arb_index is not None) and records and matched * 2 < len(records):
         label_keys = list(human_labels or {})[:3] or [(r.task_id, r.agent) for r in list(arb_index or [])[:3]]
         raise MetricsInputError(

@@ -16,9 +16,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import types
+import typing
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.fileio import write_text_atomic
@@ -102,7 +105,8 @@ def write_scorer_meta(
 
 
 def read_meta(checkpoint_dir: str | os.PathLike) -> CheckpointMeta | None:
-    """Return the checkpoint's keyshot metadata, or None for a plain (e.g. base) model folder."""
+    """Return the checkpoint's keyshot metadata, or None for a plain (e.g. base) model folder; a file that
+    cannot be read, or a field of the wrong type, raises CheckpointError naming the file and field."""
     path = Path(checkpoint_dir) / META_FILE
     if not path.exists():
         return None
@@ -110,11 +114,51 @@ def read_meta(checkpoint_dir: str | os.PathLike) -> CheckpointMeta | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
-    known = {f.name for f in dataclasses.fields(CheckpointMeta)}
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path}: not UTF-8 text (byte {exc.start}); write it again as UTF-8") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object of checkpoint fields")
     missing = {"prompt_variant", "prompt_version", "min_pixels", "max_pixels"} - set(data)
     if missing:
         raise CheckpointError(f"{path}: missing field(s) {sorted(missing)}")
-    return CheckpointMeta(**{k: v for k, v in data.items() if k in known})
+    fields = {k: v for k, v in data.items() if k in _META_TYPES}
+    for name, value in fields.items():
+        if not _fits(value, _META_TYPES[name]):
+            raise CheckpointError(
+                f"{path}: field {name!r} must be {_type_words(_META_TYPES[name])}, got {value!r}; "
+                "write the checkpoint again (or correct the field)"
+            )
+    if not 0 < fields["min_pixels"] <= fields["max_pixels"]:
+        raise CheckpointError(
+            f"{path}: fields 'min_pixels' ({fields['min_pixels']}) and 'max_pixels' ({fields['max_pixels']}) "
+            "must be positive with min_pixels <= max_pixels"
+        )
+    return CheckpointMeta(**fields)
+
+
+#: The type of each field of keyshot.json, from CheckpointMeta's annotations.
+_META_TYPES = typing.get_type_hints(CheckpointMeta)
+
+
+def _options(tp: Any) -> tuple:
+    return typing.get_args(tp) if isinstance(tp, types.UnionType) else (tp,)
+
+
+def _fits(value: Any, tp: Any) -> bool:
+    """``value`` (read from JSON) is of type ``tp`` (a bool is no int)."""
+    return any(
+        value is None
+        if option is type(None)
+        else isinstance(value, option) and (option is bool or not isinstance(value, bool))
+        for option in _options(tp)
+    )
+
+
+def _type_words(tp: Any) -> str:
+    words = {str: "a string", int: "an integer", dict: "a JSON object", type(None): "null"}
+    return " or ".join(words.get(option, option.__name__) for option in _options(tp))
 
 
 def trained_answer_tokens(model: str | os.PathLike | None) -> int | None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.common.fileio import cut_torn_tail
+from keyshot.infer.common.fileio import cut_torn_tail, make_folder, output_problem
 from keyshot.infer.protocol.messages import MAX_KEPT_IMAGES
 
 logger = logging.getLogger(__name__)
@@ -39,6 +39,10 @@ VERDICTS_FILE = "verdicts.jsonl"  # in a run folder
 
 class VerdictFileError(KeyshotError, ValueError):
     """A verdict or reference-output file that cannot be read; the message names the file and line."""
+
+
+#: How a screenshot whose image could not be read is recorded: ``ScreenshotRecord.error`` starts so.
+UNREADABLE_IMAGE = "screenshot unreadable: "
 
 
 @dataclass
@@ -57,6 +61,13 @@ class ScreenshotRecord:
     visual_tokens: int | None = None
     call_failed: bool = False
     cut: bool = False  # the answer was cut by max_tokens
+
+    @property
+    def image_problem(self) -> str | None:
+        """Why the screenshot's image could not be read (its file and the reason), or None."""
+        if self.error and self.error.startswith(UNREADABLE_IMAGE):
+            return self.error[len(UNREADABLE_IMAGE) :]
+        return None
 
 
 @dataclass
@@ -252,8 +263,11 @@ class VerdictWriter:
     def __init__(self, path: str | os.PathLike, *, fsync: bool = True):
         self.path = Path(path)
         self.fsync = fsync
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        make_folder(self.path.parent)
+        try:
+            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise output_problem(self.path, exc) from exc
         cut_torn_tail(self.path, "that trajectory is judged again, its calls come from the cache")
 
     def append(self, verdict: Verdict) -> None:

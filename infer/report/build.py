@@ -207,7 +207,7 @@ def index_page(run: Run, rows: list[dict], report) -> str:
         numeric={1},
     )
     summary = run.summary.get("run", {})
-    unread = summary.get("load_error_messages") or []
+    unread = [*(summary.get("load_error_messages") or []), *(summary.get("not_trajectory_messages") or [])]
     unread_html = (
         "<h2>Inputs that could not be read (not judged)</h2><ul>"
         + "".join(f"<li>{esc(_no_paths(m))}</li>" for m in unread)

@@ -27,6 +27,7 @@ from keyshot.infer.metrics.compute import (
     agent_key,
     compute_metrics,
     recorded_ground_truth,
+    withheld_reason,
 )
 from keyshot.infer.protocol.verdicts import Verdict
 from keyshot.infer.runs.run_record import read_protocol
@@ -121,7 +122,14 @@ def metrics_of(run: Run, truths: list[str | None]) -> MetricsReport | None:
     if not any(t is not None for t in truths):
         return None
     records = [
-        JudgedRecord(v.task_id, v.agent or "unknown", v.benchmark or "unknown", v.success, t)
+        JudgedRecord(
+            v.task_id,
+            v.agent or "unknown",
+            v.benchmark or "unknown",
+            v.success,
+            t,
+            withheld=withheld_reason(v),
+        )
         for v, t in zip(run.verdicts, truths, strict=True)
     ]
     return compute_metrics(records)

@@ -7,6 +7,9 @@ not be loaded (``run.load_errors``, "not loaded"), a score answer without a scor
 an answer cut by max_tokens (``cut_answers``) and a verdict without a status (``no_status``). A trajectory
 none of whose screenshot scores could be read has no verdict (``no_readable_scores``; strict mode) and is
 counted apart from failures; the success rate counts finished verdicts only (docs/architecture.md, "A verdict needs evidence").
+An entry of the input that holds no trajectory (an archive, a stray file) is counted apart from a trajectory
+that could not be loaded (``run.not_trajectories``), and a screenshot whose image could not be read (its
+trajectory judged without it) is counted and named (``unreadable_images``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 
 from keyshot.infer.common.errors import EXIT_INCOMPLETE, EXIT_OK, raise_advice
 from keyshot.infer.common.fileio import write_text_atomic
+from keyshot.infer.loaders.trajectory import SkippedEntry, TrajectoryError
 from keyshot.infer.protocol.verdicts import ROLES, RoleUsage, Verdict
 from keyshot.infer.runs.run_record import RunFolderError
 
@@ -37,7 +41,11 @@ _ADDITIVE = (
     "no_status",
     "no_readable_scores",
     "judged_without_scores",
+    "unreadable_images",
 )
+
+#: How many screenshots whose image could not be read a summary names (the count says how many in all).
+LISTED_IMAGES = 50
 
 
 def summarize(verdicts: Iterable[Verdict], *, run: dict) -> dict:
@@ -47,6 +55,7 @@ def summarize(verdicts: Iterable[Verdict], *, run: dict) -> dict:
     """
     counts = dict.fromkeys(_ADDITIVE, 0)
     incomplete: list[dict] = []
+    images: list[str] = []  # the first screenshots whose image could not be read: file and reason
     usage = {role: RoleUsage() for role in ROLES}
     for v in verdicts:
         counts["trajectories"] += 1
@@ -63,6 +72,9 @@ def summarize(verdicts: Iterable[Verdict], *, run: dict) -> dict:
         counts["no_status"] += v.finished and not v.status_valid
         counts["no_readable_scores"] += v.no_evidence is not None and not v.finished
         counts["judged_without_scores"] += v.no_evidence is not None and v.finished
+        unreadable = [problem for shot in v.screenshots if (problem := shot.image_problem)]
+        counts["unreadable_images"] += len(unreadable)
+        images += unreadable[: LISTED_IMAGES - len(images)]
         for role, u in v.usage.items():
             usage.setdefault(role, RoleUsage()).merge(u)
         if not v.finished:
@@ -75,7 +87,7 @@ def summarize(verdicts: Iterable[Verdict], *, run: dict) -> dict:
                     "no_readable_scores": v.no_evidence is not None,
                 }
             )
-    return _summary(counts, usage, incomplete, run)
+    return {**_summary(counts, usage, incomplete, run), "unreadable_image_messages": images}
 
 
 def combine_summaries(summaries: list[dict], *, run: dict) -> dict:
@@ -87,7 +99,35 @@ def combine_summaries(summaries: list[dict], *, run: dict) -> dict:
         for role, u in s["usage"].items():
             usage.setdefault(role, RoleUsage()).merge(RoleUsage(**u))
     incomplete = [t for s in summaries for t in s["incomplete_trajectories"]]
-    return _summary(counts, usage, incomplete, run)
+    images = [m for s in summaries for m in s.get("unreadable_image_messages", [])][:LISTED_IMAGES]
+    return {**_summary(counts, usage, incomplete, run), "unreadable_image_messages": images}
+
+
+def input_figures(load_errors: list[TrajectoryError]) -> dict:
+    """A run's figures of the input it did not judge: trajectories that could not be loaded, and
+    entries that hold no trajectory (an archive, a stray file: the loaders' SkippedEntry), apart."""
+    failed = [e for e in load_errors if not isinstance(e, SkippedEntry)]
+    skipped = [e for e in load_errors if isinstance(e, SkippedEntry)]
+    return {
+        "load_errors": len(failed),
+        "load_error_messages": [str(e) for e in failed],
+        "not_trajectories": len(skipped),
+        "not_trajectory_messages": [str(e) for e in skipped],
+    }
+
+
+def unreadable_images_line(summary: dict, shown: int = 3) -> str | None:
+    """The terminal's line on screenshots whose image could not be read (their trajectories are judged
+    without them), with the first few; None when there were none."""
+    count = summary.get("unreadable_images", 0)
+    if not count:
+        return None
+    first = [m.split(": ", 1)[0] for m in summary.get("unreadable_image_messages", [])[:shown]]
+    more = f" and {count - len(first)} more" if count > len(first) else ""
+    return (
+        f"{count} screenshot(s) could not be read as images (their trajectories were judged without them; "
+        f"summary.md says why): {', '.join(first)}{more}"
+    )
 
 
 def _summary(counts: dict, usage: dict[str, RoleUsage], incomplete: list[dict], run: dict) -> dict:
@@ -154,12 +194,13 @@ def summary_markdown(summary: dict, ledger_table: str) -> str:
         slowest = max((t or 0.0 for t in (run.get("shard_seconds") or {}).values()), default=0.0)
         heading = (
             f"## The last runs of its {run['merged_shards']} shards: {run['judged']} judged, {run['skipped']} "
-            f"already done, {run['load_errors']} not loaded; the slowest shard took {slowest:.1f} s"
+            f"already done, {run['load_errors']} not loaded, {run.get('not_trajectories', 0)} not a trajectory; "
+            f"the slowest shard took {slowest:.1f} s"
         )
     else:
         heading = (
             f"## This run: {run['judged']} judged, {run['skipped']} already done, {run['load_errors']} "
-            f"not loaded, {run['seconds']:.1f} s"
+            f"not loaded, {run.get('not_trajectories', 0)} not a trajectory, {run['seconds']:.1f} s"
         )
     lines += [
         "",
@@ -191,6 +232,19 @@ def summary_markdown(summary: dict, ledger_table: str) -> str:
         lines.append("## Trajectories that could not be read (not judged)\n")
         lines += [f"- {m}" for m in run["load_error_messages"]]
         lines.append("")
+    if run.get("not_trajectory_messages"):
+        lines.append("## Not a trajectory (not judged)\n")
+        lines += [f"- {m}" for m in run["not_trajectory_messages"]]
+        lines.append("")
+    if summary.get("unreadable_image_messages"):
+        shown = summary["unreadable_image_messages"]
+        lines.append(
+            f"## Screenshots that could not be read ({summary['unreadable_images']}; their trajectories were "
+            "judged without them)\n"
+        )
+        lines += [f"- {m}" for m in shown]
+        more = summary["unreadable_images"] - len(shown)
+        lines += [f"- (and {more} more: verdicts.jsonl names each)", ""] if more > 0 else [""]
     if run.get("duplicates"):
         lines.append("## Duplicates (judged once)\n")
         lines += [f"- {m}" for m in run["duplicates"]]
