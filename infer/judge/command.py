@@ -5,11 +5,14 @@
     keyshot judge data/om2w/SeeAct --config configs/judge/webjudge7b.yaml --serve-scorer ckpt/
     keyshot judge data/om2w/SeeAct --config configs/judge/reference_gpt4o.yaml \\
         --resume-from SeeAct/WebJudge_Online_Mind2Web_eval_gpt-4o_score_threshold_3_auto_eval_results.json
+    keyshot judge data/om2w/SeeAct --config configs/judge/webjudge7b.yaml --dry-run   # what and what cost; no call
 
 Writes ``OUT/verdicts.jsonl`` (one line per trajectory, appended atomically), ``OUT/summary.md`` and
 ``OUT/summary.json``, and keeps every judge/scorer answer in ``OUT/calls.sqlite``. Re-running the same
 command after any stop (Ctrl-C, ``kill -9``, a budget stop) judges only what is missing and pays for
 no call twice. API keys are read from the environment variables the config names, never printed.
+``OUT/run.json`` records the protocol with the first verdict (a run that stopped before judging leaves
+a folder any config may use); an OUT holding verdicts of other trajectories is refused unless ``--append``.
 """
 
 from __future__ import annotations
@@ -38,12 +41,20 @@ from keyshot.infer.common.errors import (
 from keyshot.infer.common.helptext import plain
 from keyshot.infer.common.redaction import redact_config
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
+from keyshot.infer.judge.estimate import ANSWER_TOKENS, estimate_run, estimate_table
 from keyshot.infer.judge.fingerprint import protocol_fingerprint
-from keyshot.infer.judge.inputs import import_reference_verdicts, load_all, nothing_found_message
+from keyshot.infer.judge.inputs import (
+    Inputs,
+    import_reference_verdicts,
+    load_all,
+    nothing_found_message,
+    other_inputs_message,
+)
 from keyshot.infer.judge.pipeline import WebJudge
 from keyshot.infer.judge.scorer_factory import build_scorer, scorer_max_tokens
-from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
+from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.infer.model.checkpoint import model_folder_problem
+from keyshot.infer.protocol.images import ImagePolicy
 from keyshot.infer.protocol.verdicts import (
     VERDICTS_FILE,
     ResumeIndex,
@@ -53,7 +64,7 @@ from keyshot.infer.protocol.verdicts import (
     read_verdicts,
 )
 from keyshot.infer.runs.lock import RunLock
-from keyshot.infer.runs.run_record import check_fingerprint
+from keyshot.infer.runs.run_record import RunFolderError, check_fingerprint
 from keyshot.infer.runs.shards import ShardSpec
 from keyshot.infer.runs.summary import (
     SUMMARY_FILE,
@@ -77,7 +88,7 @@ CACHE_FILE = "calls.sqlite"
 async def judge_all(
     webjudge: WebJudge,
     trajectories: list[Trajectory],
-    writer: VerdictWriter,
+    writer: VerdictWriter | FirstVerdictRecord,
     concurrency: int,
     *,
     progress: bool = True,
@@ -136,6 +147,53 @@ def check_scorer_limit(cfg: JudgeRunConfig) -> None:
         scorer_max_tokens(cfg.scorer, cfg.scorer.max_tokens)
 
 
+class FirstVerdictRecord:
+    """A verdict writer that records the run folder's protocol (``run.json``) with its first verdict, so
+    a run that stops before judging (an endpoint down at preflight) leaves a folder any config may use."""
+
+    def __init__(self, writer: VerdictWriter, out: Path, fingerprint: dict):
+        self.writer, self.out, self.fingerprint = writer, out, fingerprint
+        self.recorded = False
+
+    def append(self, verdict: Verdict) -> None:
+        if not self.recorded:
+            check_fingerprint(self.out, self.fingerprint)  # writes run.json, or finds it the same
+            self.recorded = True
+        self.writer.append(verdict)
+
+
+def todo_of(out: Path, trajectories: list[Trajectory], *, append: bool) -> list[Trajectory]:
+    """The trajectories ``out`` has no finished verdict of; refuses to add them beside the verdicts of
+    other inputs unless ``append``."""
+    existing = read_verdicts(out / VERDICTS_FILE)
+    index = ResumeIndex(existing)
+    todo = [t for t in trajectories if not index.done(t.task_id, t.agent, t.run)]
+    if not append and (mixed := other_inputs_message(out, existing, trajectories, todo)):
+        raise RunFolderError(mixed)
+    return todo
+
+
+def not_judged_lines(inputs: Inputs, todo: list[Trajectory], out: Path, cfg: JudgeRunConfig) -> list[str]:
+    """Why the input's other trajectories would not be judged, one line per reason (then the files)."""
+    figures = input_figures(inputs.errors)
+    reasons = [
+        (len(inputs.trajectories) - len(todo), f"already judged in {out}"),
+        (inputs.found - inputs.owned, "in other shards"),
+        (len(inputs.duplicates), "duplicates of another trajectory"),
+        (inputs.beyond_limit, f"beyond limit={cfg.limit}"),
+        (figures["load_errors"], "could not be loaded"),
+        (figures["not_trajectories"], "not a trajectory"),
+    ]
+    said = [f"{n} {why}" for n, why in reasons if n]
+    lines = [f"not judged: {'; '.join(said) if said else 'none'}"]
+    lines += [f"  not loaded: {m}" for m in figures["load_error_messages"][:20]]
+    lines += [f"  not a trajectory: {m}" for m in figures["not_trajectory_messages"][:20]]
+    lines += [f"  duplicate: {d}" for d in inputs.duplicates[:20]]
+    shown = (figures["load_error_messages"], figures["not_trajectory_messages"], inputs.duplicates)
+    hidden = sum(max(0, len(listed) - 20) for listed in shown)
+    return lines + ([f"  (and {hidden} more)"] if hidden else [])
+
+
 def dry_run(
     paths: list[str],
     cfg: JudgeRunConfig,
@@ -143,8 +201,10 @@ def dry_run(
     serve_scorer: str | None,
     allow_outside: tuple[str, ...],
     shard: ShardSpec | None = None,
+    append: bool = False,
 ) -> str:
-    """What a run would do, checked as far as it can be without a paid call."""
+    """What a run would judge and what it would cost, checked as far as it can be without an endpoint
+    (the caller checks the endpoints after printing it)."""
     for folder in filter(None, [serve_scorer, cfg.scorer.checkpoint]):
         if problem := model_folder_problem(folder):
             raise JudgeRunError(
@@ -154,14 +214,12 @@ def dry_run(
         cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
     check_scorer_limit(cfg)
     fingerprint = protocol_fingerprint(cfg)
-    trajectories, load_errors, duplicates, found = load_all(paths, cfg, allow_outside, shard)
-    if not found:
-        raise JudgeRunError(nothing_found_message(paths, load_errors))
+    inputs = load_all(paths, cfg, allow_outside, shard)
+    if not inputs.found:
+        raise JudgeRunError(nothing_found_message(paths, inputs.errors))
     out = run_folder(cfg, shard)
     check_fingerprint(out, fingerprint, record=False)
-    index = ResumeIndex(read_verdicts(out / VERDICTS_FILE))
-    todo = [t for t in trajectories if not index.done(t.task_id, t.agent, t.run)]
-    check_endpoints(cfg, serve_scorer)
+    todo = todo_of(out, inputs.trajectories, append=append)
     shots = sum(t.num_screenshots for t in todo)
     per_trajectory = 2 if cfg.pipeline.outcome_mode == "cot" else None
     judge_calls = (
@@ -171,19 +229,19 @@ def dry_run(
     )
     if cfg.scorer.backend == "none":
         judge_calls = f"{len(todo) * 2 + shots:,} (the judge scores every screenshot)"
-    agents = sorted({t.agent or "(no agent name)" for t in trajectories})
-    figures = input_figures(load_errors)
-    owned = f"shard {shard} owns {len(trajectories)} of {found}" if shard else f"{found}"
-    lines = [
-        f"dry run: {owned} trajectories found ({', '.join(agents)}), {len(trajectories) - len(todo)} already "
-        f"judged in {out}, {len(todo)} to judge with {shots:,} screenshots",
-        f"judge calls: {judge_calls} to {cfg.judge.model} at {cfg.judge.display_url}",
-        f"not loaded: {figures['load_errors']}; not a trajectory (not judged): {figures['not_trajectories']}; "
-        f"duplicates: {len(duplicates)}",
-        *[f"  {m}" for m in [*figures["load_error_messages"], *figures["not_trajectory_messages"]][:20]],
-        "endpoints reachable, keys accepted, models served; nothing was called",
-    ]
-    return "\n".join(lines)
+    agents = sorted({t.agent or "(no agent name)" for t in inputs.trajectories})
+    owned = f"shard {shard} owns {inputs.owned} of {inputs.found}" if shard else f"{inputs.found}"
+    return "\n".join(
+        [
+            f"dry run: {owned} trajectories found ({', '.join(agents)}), {len(todo)} to judge with "
+            f"{shots:,} screenshots",
+            *not_judged_lines(inputs, todo, out, cfg),
+            f"judge calls: {judge_calls} to {cfg.judge.model} at {cfg.judge.display_url}",
+            f"estimate (an upper bound: every screenshot kept, up to {cfg.pipeline.max_kept}, and "
+            f"{ANSWER_TOKENS}-token answers; prices from the config):",
+            estimate_table(estimate_run(todo, cfg, ImagePolicy.from_dict(fingerprint["image_policy"]))),
+        ]
+    )
 
 
 def run_judge(
@@ -196,9 +254,11 @@ def run_judge(
     wait: bool = False,
     allow_outside: tuple[str, ...] = (),
     shard: ShardSpec | None = None,
+    append: bool = False,
 ) -> dict:
     """The whole ``keyshot judge`` run; returns the summary (also written to OUT, or with ``shard`` to
-    ``OUT/shard-I-of-N``: join the shards with ``keyshot merge OUT``)."""
+    ``OUT/shard-I-of-N``: join the shards with ``keyshot merge OUT``). An OUT holding verdicts of other
+    trajectories is refused unless ``append``."""
     t0 = time.perf_counter()
     out = run_folder(cfg, shard)
     if cfg.scorer.backend == "transformers":
@@ -207,53 +267,53 @@ def run_judge(
         cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
     check_scorer_limit(cfg)
     fingerprint = protocol_fingerprint(cfg)
-    trajectories, load_errors, duplicates, found = load_all(paths, cfg, allow_outside, shard)
-    if not found:
-        raise JudgeRunError(nothing_found_message(paths, load_errors))
+    inputs = load_all(paths, cfg, allow_outside, shard)
+    if not inputs.found:
+        raise JudgeRunError(nothing_found_message(paths, inputs.errors))
     with RunLock(out, wait=wait, what="keyshot judge"):
-        check_fingerprint(out, fingerprint)
+        check_fingerprint(out, fingerprint, record=False)  # recorded with the first verdict
         if shard:  # a shard without a summary has not finished: keyshot merge waits for it
             (out / SUMMARY_FILE).unlink(missing_ok=True)
         return _judge_locked(
             out,
-            trajectories,
-            load_errors,
-            duplicates,
+            inputs,
             cfg,
             t0,
+            fingerprint,
             resume_from=resume_from,
             serve_scorer=serve_scorer,
             progress=progress,
-            found=found,
             shard=shard,
+            append=append,
         )
 
 
 def _judge_locked(
     out: Path,
-    trajectories: list[Trajectory],
-    load_errors: list[TrajectoryError],
-    duplicates: list[str],
+    inputs: Inputs,
     cfg: JudgeRunConfig,
     t0: float,
+    fingerprint: dict,
     *,
     resume_from: str | None,
     serve_scorer: str | None,
     progress: bool,
-    found: int,
     shard: ShardSpec | None,
+    append: bool,
 ) -> dict:
+    trajectories = inputs.trajectories
     verdicts_path = out / VERDICTS_FILE
-    left_out = 0
-    if resume_from:
-        _, left_out = import_reference_verdicts(
-            resume_from, verdicts_path, cfg.pipeline.threshold, trajectories
-        )
     if verdicts_path.exists():  # cut a half-written last line now, even when nothing is left to judge
         VerdictWriter(verdicts_path).close()
-    existing = read_verdicts(verdicts_path)
-    index = ResumeIndex(existing)
-    todo = [t for t in trajectories if not index.done(t.task_id, t.agent, t.run)]
+    todo_of(out, trajectories, append=append)  # refuses other inputs' folder before anything is written
+    left_out = 0
+    if resume_from:
+        imported, left_out = import_reference_verdicts(
+            resume_from, verdicts_path, cfg.pipeline.threshold, trajectories
+        )
+        if imported:
+            check_fingerprint(out, fingerprint)
+    todo = todo_of(out, trajectories, append=True)
     skipped = len(trajectories) - len(todo)
     if skipped:
         logger.info(
@@ -297,7 +357,8 @@ def _judge_locked(
             scorer = build_scorer(cfg, cache, ledger, scorer_endpoint)
             webjudge = WebJudge(judge, scorer, cfg.pipeline)
             with VerdictWriter(verdicts_path) as writer:
-                done = asyncio.run(judge_all(webjudge, todo, writer, cfg.concurrency, progress=progress))
+                recording = FirstVerdictRecord(writer, out, fingerprint)
+                done = asyncio.run(judge_all(webjudge, todo, recording, cfg.concurrency, progress=progress))
             stop_error = webjudge.stop_error
             cut_answers = webjudge.cut_report()
     finally:
@@ -306,18 +367,20 @@ def _judge_locked(
         cache.close()
 
     final = latest_verdicts(read_verdicts(verdicts_path))
+    if final or stop_error is None:  # a finished run (a shard that owns nothing too) is of this protocol
+        check_fingerprint(out, fingerprint)
     summary = summarize(
         final,
         run={
-            "found": found,
+            "found": inputs.found,
             "shard": str(shard) if shard else None,
             "shard_by": cfg.shard_by if shard else None,
             "owned": len(trajectories),
             "judged": len(done),
             "skipped": skipped,
             "not_reached": len(todo) - len(done),
-            **input_figures(load_errors),
-            "duplicates": duplicates,
+            **input_figures(inputs.errors),
+            "duplicates": inputs.duplicates,
             "resume_from_left_out": left_out,
             "seconds": time.perf_counter() - t0,
             "budget_stop": isinstance(stop_error, BudgetExceededError),
@@ -365,6 +428,12 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--wait", action="store_true", help="wait for another process writing in --out")
     p.add_argument(
+        "--append",
+        action="store_true",
+        help="add these trajectories' verdicts to an --out that holds verdicts of other trajectories "
+        "(refused without it, naming how many of each)",
+    )
+    p.add_argument(
         "--shard",
         metavar="I/N",
         help="judge only shard I of N (0-based; by a stable hash of the task id, or of the whole identity "
@@ -376,7 +445,8 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="check paths, the checkpoint and every endpoint, say what would be judged; call no model",
+        help="load every trajectory, say what would be judged and why not the rest, estimate calls, tokens "
+        "and cost, then check every endpoint (its exit code when one fails); call no model",
     )
     p.add_argument(
         "--allow-outside",
@@ -403,16 +473,16 @@ def run(args: argparse.Namespace) -> int:
         shard = ShardSpec.parse(args.shard) if args.shard else None
         cfg = load_config(JudgeRunConfig, args.config, overrides)
         if args.dry_run:
-            print(
-                dry_run(
-                    paths,
-                    cfg,
-                    serve_scorer=args.serve_scorer,
-                    allow_outside=tuple(args.allow_outside),
-                    shard=shard,
-                )
+            plan = dry_run(
+                paths,
+                cfg,
+                serve_scorer=args.serve_scorer,
+                allow_outside=tuple(args.allow_outside),
+                shard=shard,
+                append=args.append,
             )
-            return 0
+            print(plan, flush=True)
+            return check_endpoints_after_plan(cfg, args.serve_scorer)
         summary = run_judge(
             paths,
             cfg,
@@ -422,6 +492,7 @@ def run(args: argparse.Namespace) -> int:
             wait=args.wait,
             allow_outside=tuple(args.allow_outside),
             shard=shard,
+            append=args.append,
         )
     except KeyshotError as exc:
         print(f"keyshot judge: {exc}", file=sys.stderr)
@@ -445,6 +516,21 @@ def run(args: argparse.Namespace) -> int:
     for line in run_warnings(summary):
         print(f"keyshot judge: {line}", file=sys.stderr)
     return exit_code(summary)
+
+
+def check_endpoints_after_plan(cfg: JudgeRunConfig, serve_scorer: str | None) -> int:
+    """The dry run's last step: every endpoint's preflight, its exit code when one fails."""
+    try:
+        check_endpoints(cfg, serve_scorer)
+    except KeyshotError as exc:
+        print(
+            f"keyshot judge: dry run: the inputs above are checked; the endpoints are not ready: {exc} "
+            "(no key yet? README, 'No API key yet?')",
+            file=sys.stderr,
+        )
+        return exc.exit_code
+    print("endpoints reachable, keys accepted, models served; nothing was called")
+    return 0
 
 
 def run_warnings(summary: dict) -> list[str]:

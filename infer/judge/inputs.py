@@ -6,16 +6,32 @@ reference implementation's output (``--resume-from``).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
-from keyshot.infer.protocol.verdicts import ResumeIndex, VerdictWriter, read_verdicts, verdict_key
+from keyshot.infer.protocol.verdicts import ResumeIndex, Verdict, VerdictWriter, read_verdicts, verdict_key
 from keyshot.infer.runs.shards import ShardSpec
 from keyshot.infer.runs.verdict_sources import read_reference_records
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Inputs:
+    """What a run's input paths hold: the trajectories to judge (one per identity; with a shard, only
+    its own; at most ``limit``), the ones that could not be read (with a shard, reported by shard 0
+    alone), the duplicates, how many the whole input holds (``found``), how many the shard owns and how
+    many the limit left out."""
+
+    trajectories: list[Trajectory]
+    errors: list[TrajectoryError]
+    duplicates: list[str]
+    found: int
+    owned: int
+    beyond_limit: int = 0
 
 
 def load_all(
@@ -23,10 +39,8 @@ def load_all(
     cfg: JudgeRunConfig,
     allow_outside: tuple[str, ...] = (),
     shard: ShardSpec | None = None,
-) -> tuple[list[Trajectory], list[TrajectoryError], list[str], int]:
-    """The input's trajectories (one per identity; with ``shard``, only that shard's), the ones that
-    could not be read (with ``shard``, reported by shard 0 alone), the duplicates, and how many
-    trajectories the whole input holds."""
+) -> Inputs:
+    """The input's trajectories, each once (:class:`Inputs`)."""
     trajectories: list[Trajectory] = []
     errors: list[TrajectoryError] = []
     for p in paths:
@@ -45,6 +59,14 @@ def load_all(
     if shard is not None:
         trajectories = [t for t in trajectories if shard.holds(t, cfg.shard_by)]
         errors = errors if shard.index == 0 else []
+    owned = len(trajectories)
+    unique, duplicates = _unique(trajectories)
+    kept = unique if cfg.limit is None else unique[: cfg.limit]
+    return Inputs(kept, errors, duplicates, found, owned, len(unique) - len(kept))
+
+
+def _unique(trajectories: list[Trajectory]) -> tuple[list[Trajectory], list[str]]:
+    """One trajectory per identity, and a line for each duplicate left out."""
     seen: dict[tuple[str, str, str], Trajectory] = {}
     unique = []
     duplicates: list[str] = []
@@ -67,9 +89,29 @@ def load_all(
             continue
         seen[key] = t
         unique.append(t)
-    if cfg.limit is not None:
-        unique = unique[: cfg.limit]
-    return unique, errors, duplicates, found
+    return unique, duplicates
+
+
+def other_inputs_message(
+    out: Path, existing: list[Verdict], trajectories: list[Trajectory], todo: list[Trajectory]
+) -> str | None:
+    """Why judging ``todo`` (of the input's ``trajectories``) into ``out`` would mix them with the
+    verdicts of other inputs, or None.
+
+    A verdict is of this input when its identity is one of the input's (one without an agent, imported
+    from a reference output, when its task is). An input that covers the folder's verdicts (the same
+    folders again, more of them, a larger limit) resumes; one with nothing left to judge adds nothing.
+    """
+    mine = {verdict_key(t.task_id, t.agent, t.run) for t in trajectories}
+    tasks = {str(t.task_id) for t in trajectories}
+    others = {v.key for v in existing if v.key not in mine and (v.agent or v.task_id not in tasks)}
+    if not others or not todo:
+        return None
+    return (
+        f"{out} holds verdicts of {len(others)} trajectories that are not in this input; of this input's "
+        f"{len(trajectories)}, {len(trajectories) - len(todo)} are judged there and {len(todo)} would be "
+        "added beside them: pass --append to mix them in one folder, or use another --out"
+    )
 
 
 def import_reference_verdicts(

@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 STATIC = Path(__file__).with_name("static")
 PAGES_DIR = "trajectories"
+NO_NAME = "—"  # what the trajectory table shows for a verdict that names no agent
 
 
 def build_report(
@@ -79,7 +80,7 @@ def build_report(
             {
                 "index": i,
                 "href": href,
-                "agent": v.agent or "—",
+                "agent": v.agent or NO_NAME,
                 "benchmark": v.benchmark or "",
                 "task_id": v.task_id,
                 "task": v.task if len(v.task) <= 160 else v.task[:159] + "…",
@@ -143,10 +144,7 @@ def index_page(run: Run, rows: list[dict], report) -> str:
                 "scorer",
                 f"{p.get('scorer_model') or 'the judge (reference configuration)'} [{p.get('scorer_backend', '')}]",
             ),
-            (
-                "keep threshold δ",
-                f"{p.get('threshold')} on {p.get('threshold_on', 'score')}, at most {p.get('max_kept')}",
-            ),
+            ("key screenshots", keep_rule_text(p)),
             ("outcome mode", p.get("outcome_mode")),
             ("parse mode", p.get("parse_mode")),
             ("image policy", _policy_text(p.get("image_policy"))),
@@ -160,10 +158,12 @@ def index_page(run: Run, rows: list[dict], report) -> str:
     )
     by_group = []
     for attr in ("agent", "benchmark"):
-        groups = Counter((r[attr] or "—") for r in rows)
+        groups = Counter(r[attr] for r in rows if r[attr] not in ("", NO_NAME))
+        unnamed = len(rows) - sum(groups.values())
         if len(groups) > 1 or attr == "agent":
             by_group.append(
                 f"<div><h3>By {attr}</h3>"
+                + _unnamed_note(attr, unnamed)
                 + table(
                     [attr, "trajectories", "success", "failure", "no verdict", "keyshot SR %"],
                     [
@@ -233,6 +233,31 @@ def index_page(run: Run, rows: list[dict], report) -> str:
 """
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return page(f"keyshot report: {run.name}", body, subtitle=f"{len(rows)} trajectories · built {stamp}")
+
+
+def keep_rule_text(p: dict) -> str:
+    """The keep rule of the protocol line, each number said: δ on the 1–5 scale and the most kept."""
+    on = (
+        "expected score (from the scorer's log-probabilities)"
+        if p.get("threshold_on") == "expected_score"
+        else "score"
+    )
+    return (
+        f"δ = {p.get('threshold')}: a screenshot whose {on} on the 1–5 scale is at least {p.get('threshold')} "
+        f"is kept; at most {p.get('max_kept')} screenshots are kept per trajectory for the outcome call"
+    )
+
+
+def _unnamed_note(attr: str, unnamed: int) -> str:
+    """What the by-agent (by-benchmark) table leaves out: the trajectories that do not name one."""
+    if not unnamed:
+        return ""
+    how = (
+        " (keyshot judge --agent NAME, or keyshot metrics --agent NAME, names them)"
+        if attr == "agent"
+        else ""
+    )
+    return f"<p>{unnamed} trajectories name no {attr}: not in this table{how}.</p>"
 
 
 def _policy_text(policy: dict | None) -> str:
