@@ -213,6 +213,24 @@ def test_an_api_key_in_the_name_field_is_refused_without_echoing_it(world, tmp_p
     assert "'sk-p…'" in err and key[4:] not in err
 
 
+def test_a_config_error_names_its_overrides_without_their_secrets(world, tmp_path, capsys):
+    """A config error names the command line overrides it came from; a key's value and a URL's password
+    in them are not printed."""
+    argv = judge_argv(
+        world,
+        tmp_path / "run",
+        "https://someone:hunter2-pass@127.0.0.1:9/v1",
+        "http://127.0.0.1:9/v1",
+        "judge.headers.x-api-key=abcd1234secretvalue",
+        "judge.modle=oops",
+    )
+    assert keyshot(argv) == 2
+    err = capsys.readouterr().err
+    assert "command line override" in err and "'modle' (did you mean 'model'?)" in err
+    assert "'judge.headers.x-api-key=abcd…'" in err
+    assert "hunter2-pass" not in err and "1234secretvalue" not in err
+
+
 def test_no_secret_reaches_a_file_or_the_terminal(world, tmp_path, capsys, monkeypatch):
     key, password = "sk-live-KEYSHOT-SECRET-0123456789", "hunter2-url-password"
     monkeypatch.setenv("KEYSHOT_TEST_JUDGE_KEY", key)

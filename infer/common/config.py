@@ -26,6 +26,7 @@ import yaml
 
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.fileio import write_text_atomic
+from keyshot.infer.common.redaction import redact_override
 
 T = TypeVar("T")
 
@@ -170,6 +171,9 @@ class KeyOrigins:
             if path[:n] in self.overrides:
                 return f"{OVERRIDE_ORIGIN} {self.overrides[path[:n]]!r}"
         line = self.lines.get(path)
+        below = [item for key, item in self.overrides.items() if key[: len(path)] == path]
+        if below and not line:  # a key only overrides below it created
+            return f"{OVERRIDE_ORIGIN} {', '.join(map(repr, below))}"
         return f"{self.file}:{line}" if self.file and line else self.file
 
     def of_section(self, path: KeyPath) -> str:
@@ -340,7 +344,7 @@ def config_from_data(
             raise ConfigError(f"override {item!r} must look like key.sub=value")
         key, raw = item.split("=", 1)
         _set_path(data, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
-        set_by[tuple(key.strip().split("."))] = item
+        set_by[tuple(key.strip().split("."))] = redact_override(item)
     origins = KeyOrigins(file=where, lines=dict(lines or {}), overrides=set_by)
     found = unknown_keys(cls, data)
     if found:

@@ -52,6 +52,18 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
     return text
 
 
+_SECRET_FIELD = re.compile(r"key|token|secret|password|header", re.IGNORECASE)
+
+
+def redact_override(item: str) -> str:
+    """A ``key.sub=value`` override fit to print: the value of a secret-looking field (``*key*``,
+    ``*token*``, ``*secret*``, ``*password*``, ``*header*``) cut to its first 4 characters, URLs redacted."""
+    key, sep, value = item.partition("=")
+    if _SECRET_FIELD.search(key.rsplit(".", 1)[-1]):
+        value = value[:4] + "…" if len(value) > 4 else "…"
+    return key + sep + redact(value)
+
+
 def redact_config(data: Any) -> Any:
     """A config dict (``config_to_dict``) safe to write: URLs redacted, header values hidden."""
     if isinstance(data, dict):
