@@ -221,13 +221,13 @@ def test_a_config_error_names_its_overrides_without_their_secrets(world, tmp_pat
         tmp_path / "run",
         "https://someone:hunter2-pass@127.0.0.1:9/v1",
         "http://127.0.0.1:9/v1",
-        "judge.headers.x-api-key=abcd1234secretvalue",
+        "judge.access_token=abcd1234secretvalue",
         "judge.modle=oops",
     )
     assert keyshot(argv) == 2
     err = capsys.readouterr().err
     assert "command line override" in err and "'modle' (did you mean 'model'?)" in err
-    assert "'judge.headers.x-api-key=abcd…'" in err
+    assert "'judge.access_token=abcd…'" in err
     assert "hunter2-pass" not in err and "1234secretvalue" not in err
 
 
