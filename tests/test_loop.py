@@ -29,7 +29,7 @@ def test_trained_scorer_agrees_with_the_teacher_far_above_the_untrained_one(tmp_
 
     report = main(
         ["--work", str(tmp_path / "loop"), "--vllm-python", vllm_python]
-        + ["--train-trajectories", "60", "--heldout-trajectories", "10", "--steps", "300"]
+        + ["--train-trajectories", "60", "--heldout-trajectories", "10", "--steps", "400"]
     )
     untrained = report["results"]["untrained (base)"]
     trained = report["results"]["trained"]

@@ -154,7 +154,13 @@ class ScorerDataset(torch.utils.data.Dataset):
     """
 
     def __init__(
-        self, hf_split, renderer: ScorerRenderer, *, max_samples: int | None = None, name: str = "train"
+        self,
+        hf_split,
+        renderer: ScorerRenderer,
+        *,
+        max_samples: int | None = None,
+        name: str = "train",
+        repeat_by_count: bool = False,
     ):
         from datasets import Image as ImageFeature
 
@@ -179,9 +185,15 @@ class ScorerDataset(torch.utils.data.Dataset):
             self.stats.bounded += plan.bounded
             self.plans.append(plan)
         self.stats.kept = len(self.plans)
+        if repeat_by_count and "count" in self.rows.column_names:
+            # A row stands for every occurrence of its request in the source (the dataset keeps identical
+            # rows once, with their count): an epoch trains on each occurrence, as the labels were drawn.
+            counts = self.rows["count"]
+            self.plans = [plan for plan in self.plans for _ in range(max(1, int(counts[plan.row] or 1)))]
         logger.info(
             "%s: %d rows, %d kept, %d shrunk to fit max_length=%d (smaller max_pixels), %d dropped (text "
-            "alone too long), %d dropped (text leaves no room for the image at min_pixels)",
+            "alone too long), %d dropped (text leaves no room for the image at min_pixels); %d examples "
+            "an epoch",
             name,
             self.stats.rows,
             self.stats.kept,
@@ -189,6 +201,7 @@ class ScorerDataset(torch.utils.data.Dataset):
             renderer.max_length,
             self.stats.dropped_too_long,
             self.stats.dropped_no_image_room,
+            len(self.plans),
         )
         if not self.plans:
             raise DataError(f"{name}: no row fits max_length={renderer.max_length}")
@@ -210,7 +223,7 @@ class ScorerDataset(torch.utils.data.Dataset):
     @property
     def mismatched_rows(self) -> list[int]:
         """Dataset rows (``plan.row``) of the examples :meth:`mismatch_flags` marks."""
-        return [self.plans[i].row for i in self._mismatched.nonzero().flatten().tolist()]
+        return sorted({self.plans[i].row for i in self._mismatched.nonzero().flatten().tolist()})
 
     def __len__(self) -> int:
         return len(self.plans)

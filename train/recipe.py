@@ -330,7 +330,11 @@ def _load_data(cfg: TrainConfig, accelerator) -> _TrainingData:
     _warn_if_prepared_for_other_bounds(ds, renderer.policy)
     with accelerator.main_process_first():
         train_set = ScorerDataset(
-            ds[cfg.data.train_split], renderer, max_samples=cfg.data.max_train_samples, name="train"
+            ds[cfg.data.train_split],
+            renderer,
+            max_samples=cfg.data.max_train_samples,
+            name="train",
+            repeat_by_count=cfg.data.repeat_by_count,
         )
         eval_set = _eval_set(cfg, ds, renderer)
     collator = ScorerCollator(renderer.processor.tokenizer.pad_token_id, cfg.data.pad_to_multiple_of)

@@ -63,6 +63,9 @@ class DataSettings:
     pad_to_multiple_of: int | None = None
     num_workers: int = 0
     max_train_samples: int | None = None
+    #: The dataset keeps identical rows once with their ``count``; True trains each row ``count`` times an
+    #: epoch (the labels' own distribution), False each distinct row once.
+    repeat_by_count: bool = True
     #: Only for datasets without a ``prompt_version`` column: the prompt set the rows were built with.
     prompt_variant: str | None = None
 
