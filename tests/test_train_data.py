@@ -165,6 +165,19 @@ def test_dataset_counts_shrunk_and_dropped_rows(dataset_dir, processor):
         assert data[i]["input_ids"].numel() == data.lengths[i] <= renderer.max_length
 
 
+def test_a_row_kept_once_with_its_count_trains_count_times_an_epoch(dataset_dir, renderer):
+    train = load_scorer_dataset(dataset_dir)["train"]
+    counts = [1 + i % 3 for i in range(len(train))]
+    counted = train.remove_columns([c for c in ("count",) if c in train.column_names]).add_column(
+        "count", counts
+    )
+    repeated = ScorerDataset(counted, renderer, repeat_by_count=True)
+    once = ScorerDataset(counted, renderer, repeat_by_count=False)
+    assert len(once) == len(train) and len(repeated) == sum(counts)
+    assert sorted(p.row for p in repeated.plans) == sorted(i for i, c in enumerate(counts) for _ in range(c))
+    assert repeated.stats.kept == once.stats.kept == len(train)
+
+
 def test_prepared_jpeg_is_used_as_served(renderer):
     """A dataset of already-prepared screenshots trains on exactly the pixels the server decodes."""
     prepared = prepare_image(_page(), renderer.policy)
