@@ -26,9 +26,16 @@ from pathlib import Path
 from tqdm import tqdm
 
 from keyshot.data_synth.errors import RecordImportError, SynthError
-from keyshot.data_synth.importers import ImportReport, append_new, kept_steps, labels_for, require_field
+from keyshot.data_synth.importers import (
+    ImportReport,
+    append_new,
+    kept_steps,
+    labels_for,
+    open_import,
+    require_field,
+)
 from keyshot.data_synth.labels import KeyPointsRecord, LabelStore, OutcomeRecord, TrajectoryRecord
-from keyshot.data_synth.run_folder import open_manifest, store_image
+from keyshot.data_synth.run_folder import store_image
 from keyshot.infer.loaders import load_trajectory
 from keyshot.infer.loaders.human_labels import normalize_agent
 from keyshot.infer.loaders.judge_records import find_index, outcome_text, read_arb_index
@@ -114,15 +121,7 @@ def import_arb(
     prompts = load_prompt_set(prompt_variant)
 
     with RunLock(run):
-        open_manifest(
-            run,
-            prompt_variant=prompts.variant,
-            prompt_version=prompts.version,
-            image_policy=None,
-            parse_mode="strict",
-            kind="import-arb",
-            source=str(root),
-        )
+        open_import(run, prompts, kind="import-arb", source=str(root))
         with LabelStore(run) as store:
             for path in tqdm(files, desc="ARB records", unit="record", disable=None):
                 rel = path.relative_to(root).as_posix()

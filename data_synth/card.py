@@ -236,21 +236,13 @@ def render_card(
     return "\n".join(lines)
 
 
-def write_card(
-    dataset_dir: Path,
-    run_dir: Path,
-    contents: StoreContents,
-    meta: DatasetMeta,
-    report: AggregationReport,
-    rows_written: dict[str, dict[tuple[str, int], int]],
-    unreadable: list[str],
-) -> Path:
+def write_card(dataset_dir: Path, card: str, contents: StoreContents, rows_written: dict) -> Path:
+    """The dataset's README.md (``card``, :func:`render_card`) and its score plot."""
     overall: Counter[int] = Counter()
     for counts in rows_written.values():
         for (_, score), n in counts.items():
             overall[score] += n
     plot_scores(dataset_dir / PLOT_FILE, teacher_histograms(contents), {s: overall[s] for s in SCORES})
-    text = render_card(run_dir, contents, meta, report, rows_written, unreadable)
     path = dataset_dir / CARD_FILE
-    write_bytes_atomic(path, text.encode("utf-8"))
+    write_bytes_atomic(path, card.encode("utf-8"))
     return path

@@ -40,7 +40,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from keyshot.data_synth.aggregate import AggregationConfig, AggregationReport, RowPlan, aggregate, collapse
-from keyshot.data_synth.card import write_card
+from keyshot.data_synth.card import render_card, write_card
 from keyshot.data_synth.dataset_meta import DatasetMeta, write_dataset_meta
 from keyshot.data_synth.errors import SynthError
 from keyshot.data_synth.labels import JUDGE_ORIGIN, LABELS_FILE, StoreContents, read_store
@@ -396,7 +396,8 @@ def build_dataset(run_dir: str | os.PathLike, cfg: BuildConfig | None = None) ->
         DatasetDict(splits).save_to_disk(str(staged), max_shard_size=f"{cfg.shard_size_mb}MB")
         del splits
         write_dataset_meta(staged, meta)
-        write_card(staged, run, contents, meta, report, rows_written, unreadable)
+        card = render_card(run, contents, meta, report, rows_written, unreadable)
+        write_card(staged, card, contents, rows_written)
         _replace_dir(staged, out)
     logger.info("dataset written to %s: %s", out, meta.rows)
     return BuildResult(out, meta, report, rows_written, unreadable)

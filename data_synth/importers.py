@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from keyshot.data_synth.errors import RecordImportError
 from keyshot.data_synth.labels import (
@@ -22,8 +23,10 @@ from keyshot.data_synth.labels import (
     OutcomeRecord,
     TrajectoryRecord,
 )
+from keyshot.data_synth.run_folder import open_manifest
 from keyshot.infer.loaders.judge_records import recorded_score
 from keyshot.infer.protocol.parsing import parse_score
+from keyshot.infer.protocol.prompts import PromptSet
 from keyshot.infer.protocol.verdicts import KEEP_THRESHOLD, ScreenshotRecord, select_kept
 
 logger = logging.getLogger(__name__)
@@ -63,6 +66,20 @@ class ImportReport:
 
 
 # ---------------------------------------------------------------------------- shared pieces
+def open_import(run: Path, prompts: PromptSet, *, kind: str, source: str) -> None:
+    """The run folder's manifest for labels imported from released records (no image policy: the
+    records' own screenshots; strict parsing)."""
+    open_manifest(
+        run,
+        prompt_variant=prompts.variant,
+        prompt_version=prompts.version,
+        image_policy=None,
+        parse_mode="strict",
+        kind=kind,
+        source=source,
+    )
+
+
 def kept_steps(scores: list[int | None]) -> list[int]:
     """Steps the reference sends to the outcome call: score >= 3, in order, at most 50."""
     records = [ScreenshotRecord(index=i, score=s) for i, s in enumerate(scores)]

@@ -16,9 +16,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from keyshot.data_synth.errors import RecordImportError, SynthError
-from keyshot.data_synth.importers import ImportReport, append_new, labels_for, require_field
+from keyshot.data_synth.importers import ImportReport, append_new, labels_for, open_import, require_field
 from keyshot.data_synth.labels import KeyPointsRecord, LabelStore, OutcomeRecord
-from keyshot.data_synth.run_folder import open_manifest
 from keyshot.data_synth.sources import load_human_labels, trajectory_record
 from keyshot.infer.loaders import load_trajectory
 from keyshot.infer.loaders.trajectory import TrajectoryError
@@ -66,15 +65,7 @@ def import_reference(
     prompts = load_prompt_set(prompt_variant)
     report = ImportReport()
     with RunLock(run):
-        open_manifest(
-            run,
-            prompt_variant=prompts.variant,
-            prompt_version=prompts.version,
-            image_policy=None,
-            parse_mode="strict",
-            kind="import-reference",
-            source=str(results),
-        )
+        open_import(run, prompts, kind="import-reference", source=str(results))
         with LabelStore(run) as store, results.open(encoding="utf-8") as fh:
             for lineno, line in enumerate(tqdm(fh, desc="reference results", unit="task", disable=None), 1):
                 if not line.strip():

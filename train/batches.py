@@ -323,8 +323,10 @@ class _StepBatchSampler(abc.ABC):
         world_size: int = 1,
         seed: int = 0,
         accumulation: int = 1,
+        window: int = 64,
     ):
         self.lengths = np.asarray(lengths)
+        self.window = window  # the length-grouped order's sort window, in global micro-steps
         self.batch_size = batch_size
         self.world_size = world_size
         self.seed = seed
@@ -382,18 +384,6 @@ class LengthGroupedBatchSampler(_StepBatchSampler):
     longest step runs first, so a batch that does not fit in memory fails at once.
     """
 
-    def __init__(
-        self,
-        lengths: Sequence[int],
-        batch_size: int,
-        world_size: int = 1,
-        seed: int = 0,
-        accumulation: int = 1,
-        window: int = 64,
-    ):
-        super().__init__(lengths, batch_size, world_size, seed, accumulation)
-        self.window = window
-
     def global_steps(self) -> list[list[list[int]]]:
         rng = self._rng()
         perm = rng.permutation(len(self.lengths))[: self.num_steps * self.step_samples]
@@ -431,5 +421,5 @@ def build_batch_sampler(
     if kind == "length_grouped":
         return LengthGroupedBatchSampler(lengths, batch_size, world_size, seed, accumulation, window)
     if kind == "random":
-        return RandomBatchSampler(lengths, batch_size, world_size, seed, accumulation)
+        return RandomBatchSampler(lengths, batch_size, world_size, seed, accumulation, window)
     raise DataError(f"unknown batching {kind!r}; choose length_grouped or random")

@@ -484,27 +484,22 @@ def _resume(
 
 
 # ---------------------------------------------------------------------------- evaluation
+@dataclass
 class _Evaluation:
     """Evaluation on the eval split: loss, and scores from greedy generation on a fixed sample of it."""
 
-    def __init__(
-        self,
-        cfg: TrainConfig,
-        accelerator,
-        parts: _TrainingParts,
-        data: _TrainingData,
-        metrics_log: MetricsLog,
-    ):
-        self.cfg = cfg
-        self.accelerator = accelerator
-        self.parts = parts
-        self.data = data
-        self.metrics_log = metrics_log
+    cfg: TrainConfig
+    accelerator: Any
+    parts: _TrainingParts
+    data: _TrainingData
+    metrics_log: MetricsLog
+
+    def __post_init__(self) -> None:
         self.generate_indices: list[int] = []
-        eval_set = data.eval_set
-        if eval_set is not None and cfg.eval.generate_samples:
-            rng = np.random.default_rng(cfg.seed)
-            k = min(cfg.eval.generate_samples, len(eval_set))
+        eval_set = self.data.eval_set
+        if eval_set is not None and self.cfg.eval.generate_samples:
+            rng = np.random.default_rng(self.cfg.seed)
+            k = min(self.cfg.eval.generate_samples, len(eval_set))
             self.generate_indices = sorted(int(i) for i in rng.choice(len(eval_set), size=k, replace=False))
 
     def run(self, state: TrainerState) -> None:

@@ -194,6 +194,21 @@ def not_judged_lines(inputs: Inputs, todo: list[Trajectory], out: Path, cfg: Jud
     return lines + ([f"  (and {hidden} more)"] if hidden else [])
 
 
+def _inputs_and_protocol(
+    paths: list[str], cfg: JudgeRunConfig, serve_scorer: str | None, allow_outside, shard: ShardSpec | None
+) -> tuple[Inputs, dict]:
+    """The run's inputs and its protocol fingerprint, once the scorer's settings are checked; refuses an
+    input that holds no trajectory."""
+    if serve_scorer:
+        cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
+    check_scorer_limit(cfg)
+    fingerprint = protocol_fingerprint(cfg)
+    inputs = load_all(paths, cfg, allow_outside, shard)
+    if not inputs.found:
+        raise JudgeRunError(nothing_found_message(paths, inputs.errors))
+    return inputs, fingerprint
+
+
 def dry_run(
     paths: list[str],
     cfg: JudgeRunConfig,
@@ -210,13 +225,7 @@ def dry_run(
             raise JudgeRunError(
                 f"{folder}: not a model checkpoint ({problem}); pass the folder a training run wrote (RUN/final)"
             )
-    if serve_scorer:
-        cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
-    check_scorer_limit(cfg)
-    fingerprint = protocol_fingerprint(cfg)
-    inputs = load_all(paths, cfg, allow_outside, shard)
-    if not inputs.found:
-        raise JudgeRunError(nothing_found_message(paths, inputs.errors))
+    inputs, fingerprint = _inputs_and_protocol(paths, cfg, serve_scorer, allow_outside, shard)
     out = run_folder(cfg, shard)
     check_fingerprint(out, fingerprint, record=False)
     todo = todo_of(out, inputs.trajectories, append=append)
@@ -263,13 +272,7 @@ def run_judge(
     out = run_folder(cfg, shard)
     if cfg.scorer.backend == "transformers":
         require_training_stack("scorer.backend=transformers (the in-process scorer)")
-    if serve_scorer:
-        cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
-    check_scorer_limit(cfg)
-    fingerprint = protocol_fingerprint(cfg)
-    inputs = load_all(paths, cfg, allow_outside, shard)
-    if not inputs.found:
-        raise JudgeRunError(nothing_found_message(paths, inputs.errors))
+    inputs, fingerprint = _inputs_and_protocol(paths, cfg, serve_scorer, allow_outside, shard)
     with RunLock(out, wait=wait, what="keyshot judge"):
         check_fingerprint(out, fingerprint, record=False)  # recorded with the first verdict
         if shard:  # a shard without a summary has not finished: keyshot merge waits for it
