@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--heldout-trajectories", type=int, default=12)
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument(
+        "--seed", type=int, default=0, help="the training run's seed (batch order, initialisation)"
+    )
+    ap.add_argument(
         "--vllm-python", default=os.environ.get("KEYSHOT_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
     )
     args = ap.parse_args(argv)
@@ -156,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
             str(BIN / "accelerate"), "launch", "--config_file", "configs/accelerate/cpu1.yaml",
             "train/sft.py", "--config", "configs/train/loop_cpu.yaml",
             f"model.name_or_path={base}", f"data.path={work / 'synth' / 'dataset'}",
-            f"run_dir={train_dir}", f"max_steps={args.steps}",
+            f"run_dir={train_dir}", f"max_steps={args.steps}", f"seed={args.seed}",
         ],
         logs / "train.log",
     )  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -385,3 +386,73 @@ def test_reward_filter_writes_accepted_ids_and_links_folders(tmp_path, servers):
     assert all(
         link.is_symlink() and (link / "result.json").is_file() for link in (out / "accepted").iterdir()
     )
+
+
+def test_the_service_refuses_a_full_queue_and_ends_a_request_at_its_deadline(tmp_path, group):
+    """429 with Retry-After while the queue is full, 504 at the deadline, and the next request served."""
+    from keyshot.infer.reward.service import RewardService, ServiceLimits
+
+    with FakeOpenAI(make_judge(), latency_s=0.6) as judge, FakeOpenAI(make_judge()) as scorer:
+        rm = RewardModel.from_config(write_config(tmp_path, judge, scorer), allow_root=str(tmp_path))
+        service = RewardService(rm, ServiceLimits(allow_root=str(tmp_path), queue_size=1, deadline_s=0.3))
+        body = json.dumps({"rollouts": group[:2]}).encode()
+
+        async def two_at_once():
+            first = asyncio.create_task(service.admitted("/v1/reward", None, body, service.reward))
+            await asyncio.sleep(0.05)
+            second = await service.admitted("/v1/reward", None, body, service.reward)
+            return await first, second
+
+        (late, _, _), (full, refused, headers) = asyncio.run(two_at_once())
+        assert late == 504 and full == 429 and headers == {"Retry-After": "1"}
+        assert "queue is full" in refused["error"] and service.in_flight == 0
+        service.limits.deadline_s = 30.0
+        status, payload, _ = asyncio.run(service.admitted("/v1/reward", None, body, service.reward))
+        assert status == 200 and all(r["error"] is None for r in payload["results"])
+        metrics = service.metrics.text(service.in_flight)
+        assert 'code="504"} 1' in metrics and 'code="429"} 1' in metrics and 'code="200"} 1' in metrics
+
+
+def test_an_all_failing_judge_fails_requests_fast_and_health_says_so(tmp_path, group):
+    from keyshot.infer.reward.service import RewardService, ServiceLimits
+
+    with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
+        config = write_config(tmp_path, judge, scorer)
+        rm = RewardModel.from_config(
+            config, "judge.breaker_failures=2", "judge.breaker_window_s=0", allow_root=str(tmp_path)
+        )
+        service = RewardService(rm, ServiceLimits(allow_root=str(tmp_path)))
+        body = json.dumps({"rollouts": group[:4]}).encode()
+        for _ in range(6):  # each request's key-point call fails after its retries, until the breaker trips
+            asyncio.run(service.admitted("/v1/reward", None, body, service.reward))
+            status, health = service.health()
+            if status != 200:
+                break
+        assert status == 503 and health["status"] == "down" and health["judge"]["down"]
+        started = time.perf_counter()
+        status, payload, _ = asyncio.run(service.admitted("/v1/reward", None, body, service.reward))
+        assert time.perf_counter() - started < 1.0
+        assert status == 200 and all(r["reward"] is None and r["error"] for r in payload["results"])
+
+
+def test_half_the_judge_calls_failing_gives_no_wrong_reward(tmp_path, group):
+    """Under 50% injected judge faults each reward equals the clean run's or is None with its reason."""
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "faulty").mkdir()
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
+        clean = RewardModel.from_config(
+            write_config(tmp_path / "clean", judge, scorer), allow_root=str(tmp_path)
+        )
+        expected = {r.id: r.reward for r in clean.score_sync(group)}
+    faults = {"500": 0.2, "timeout": 0.1, "malformed": 0.1, "disconnect": 0.1}
+    with (
+        FakeOpenAI(make_judge(), faults=faults, timeout_sleep_s=0.5) as judge,
+        FakeOpenAI(make_judge()) as scorer,
+    ):
+        config = write_config(tmp_path / "faulty", judge, scorer)
+        rm = RewardModel.from_config(config, "judge.timeout_s=0.3", allow_root=str(tmp_path))
+        results = rm.score_sync(group)
+    assert all(v is not None for v in expected.values())
+    wrong = [r.id for r in results if r.reward is not None and r.reward != expected[r.id]]
+    assert wrong == [] and all(r.error for r in results if r.reward is None)
+    assert sum(r.reward is not None for r in results) >= 1  # the retries got some through
