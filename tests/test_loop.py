@@ -14,8 +14,10 @@ from tests.support.vllm import find_vllm_python
 
 pytestmark = pytest.mark.slow
 
-# Floors chosen from measured runs (README "Close the loop"): the trained scorer reached 0.9+ exact
-# agreement and key F1; untrained answers are unreadable (0 valid). Chance exact agreement is 1/3.
+# Floors chosen from measured runs (README "Close the loop"): at these sizes the trained scorer reached
+# 0.88-0.97 exact agreement and 0.92-0.96 key F1 over training seeds 0-2; untrained answers are unreadable
+# (0 valid). Chance exact agreement is 1/3. (With 60 trajectories and 300-400 steps the spread over seeds
+# was 0.68-0.88: too close to the floor.)
 TRAINED_EXACT_FLOOR = 0.7
 TRAINED_KEY_F1_FLOOR = 0.7
 UNTRAINED_EXACT_CEILING = 0.4
@@ -29,7 +31,7 @@ def test_trained_scorer_agrees_with_the_teacher_far_above_the_untrained_one(tmp_
 
     report = main(
         ["--work", str(tmp_path / "loop"), "--vllm-python", vllm_python]
-        + ["--train-trajectories", "60", "--heldout-trajectories", "10", "--steps", "400"]
+        + ["--train-trajectories", "80", "--heldout-trajectories", "12", "--steps", "500"]
     )
     untrained = report["results"]["untrained (base)"]
     trained = report["results"]["trained"]
