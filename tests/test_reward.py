@@ -192,14 +192,14 @@ class ReplayEnv(EpisodeRecorder):
         self.trajectory = next(load_trajectories(folder))
 
     def reset(self) -> str:
-        self.start_episode(self.trajectory.task)
+        self._start_episode(self.trajectory.task)
         self.step = 0
         return self.trajectory.task
 
     def click(self, element: str) -> str:
         shot = self.trajectory.screenshots[self.step].path
         self.step += 1
-        return self.record(shot, action=f"click({element!r})", text=f"page {self.step}")
+        return self._record(shot, action=f"click({element!r})", text=f"page {self.step}")
 
 
 def test_trl_environment_reward_scores_every_environment_concurrently(tmp_path, servers):

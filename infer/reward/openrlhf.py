@@ -121,7 +121,7 @@ class KeyshotAgentInstance:
         if obs.screenshot is not None:
             self.episode.add_step(obs.screenshot)
         return {
-            "prompt": obs.text,
+            "observation": states.get("observation") or obs.text,  # OpenRLHF reads reset(...)["observation"]
             **({"environment_images": [obs.screenshot]} if obs.screenshot is not None else {}),
         }
 

@@ -93,25 +93,28 @@ def environment_reward(rm: RewardModel, episode: Callable[[Any], Episode] = lamb
 
 
 class EpisodeRecorder:
-    """Mixin for a TRL environment: ``start_episode`` in ``reset``, ``record`` in each tool method::
+    """Mixin for a TRL environment: ``_start_episode`` in ``reset``, ``_record`` in each tool method::
 
     def click(self, bid: str) -> str:
         obs = self.browser.click(bid)
-        return self.record(obs.screenshot, action=f"click({bid!r})", text=obs.text)
+        return self._record(obs.screenshot, action=f"click({bid!r})", text=obs.text)
+
+    The names start with ``_`` because TRL exposes every other public method of the environment to the
+    policy as a tool.
     """
 
     episode: Episode | None = None
     episode_keep_dir: str | os.PathLike | None = None
 
-    def start_episode(self, task: str, start_url: str | None = None, task_id: str | None = None) -> Episode:
+    def _start_episode(self, task: str, start_url: str | None = None, task_id: str | None = None) -> Episode:
         self.episode = Episode(task, start_url=start_url, task_id=task_id, keep_dir=self.episode_keep_dir)
         return self.episode
 
-    def record(
+    def _record(
         self, screenshot: Any, action: str | None = None, thought: str | None = None, text: Any = None
     ):
         """Record the step and return ``text`` (the tool's answer to the policy), else the screenshot."""
         if self.episode is None:
-            raise RuntimeError("record() before start_episode(task): start the episode in reset()")
+            raise RuntimeError("_record() before _start_episode(task): start the episode in reset()")
         self.episode.add_step(screenshot, action=action, thought=thought)
         return screenshot if text is None else text

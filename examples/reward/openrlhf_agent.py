@@ -1,0 +1,103 @@
+"""An OpenRLHF multi-turn agent file (``--train.agent_func_path``) whose reward is keyshot's WebJudge.
+
+Modeled on OpenRLHF's ``examples/python/vlm_multiturn_agent.py``: OpenRLHF loads this file by path with no
+arguments and builds ``AgentExecutor``; each rollout gets its own ``AgentInstance``. keyshot's
+``KeyshotAgentInstance`` does the reward part (an Episode per rollout, every screenshot recorded and sent
+back in ``environment_images``, the final step's reward awaited through one process-wide batcher); this
+file writes only the environment part. The environment here is the replay stand-in: the dataset's label is
+a recorded trajectory folder, replayed one screenshot per step until its last. Put your browser in
+``start`` / ``act`` for real training.
+
+On a cluster (docs/reward.md)::
+
+    export KEYSHOT_REWARD_CONFIG=configs/reward/openrlhf.yaml
+    python3 -m openrlhf.cli.train_ppo_ray --train.agent_func_path examples/reward/openrlhf_agent.py \\
+        --actor.model_name_or_path Qwen/Qwen3.5-0.8B --data.image_key images --data.label_key label ...
+
+Here, without OpenRLHF: the file drives its own instances through reset/step, as OpenRLHF's executor does::
+
+    KEYSHOT_REWARD_CONFIG=configs/reward/local.yaml python examples/reward/openrlhf_agent.py FOLDER [FOLDER ...]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.reward.openrlhf import KeyshotAgentInstance, Observation
+from keyshot.infer.reward.replay import ReplayBrowser
+
+try:
+    from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
+except ImportError:  # tried here without OpenRLHF: __main__ below drives the instances itself
+    AgentInstanceBase, MultiTurnAgentExecutor = object, None
+
+# Qwen-style turn markers and image placeholder, as in OpenRLHF's VLM example (adjust for your model)
+USER_START = "\n<|im_start|>user\n"
+USER_END = "<|im_end|>\n<|im_start|>assistant\n"
+IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+class AgentInstance(KeyshotAgentInstance, AgentInstanceBase):
+    """The environment part: open the label's page, act, show the next page."""
+
+    async def start(self, label):
+        self.browser = ReplayBrowser(label)
+        page = self.browser.reset()
+        spec = {
+            "task": self.browser.task,
+            "start_url": self.browser.start_url,
+            "task_id": self.browser.task_id,
+        }
+        return spec, Observation(page.text, page.screenshot)
+
+    async def act(self, action_text):
+        page = self.browser.act(action_text)
+        if page.done:
+            return Observation("\n<|im_end|>\n", page.screenshot, done=True, answer=page.answer)
+        image = f"{IMAGE_PLACEHOLDER}\n" if page.screenshot is not None else ""
+        return Observation(
+            f"{USER_START}{image}{page.text}\nWhat should we do next?\n{USER_END}", page.screenshot
+        )
+
+
+if MultiTurnAgentExecutor is not None:
+
+    class AgentExecutor(MultiTurnAgentExecutor):  # the name OpenRLHF's vLLM engine loads
+        def __init__(self):
+            super().__init__(AgentInstance)
+
+
+async def drive(label: str, action: str = "click('next')") -> dict:
+    """One rollout through reset/step with OpenRLHF's states, until done; the final step's result."""
+    agent = AgentInstance()
+    await agent.reset({"observation": "", "label": label})
+    while True:
+        out = await agent.step({"observation_text": "", "action_text": action, "label": label})
+        if out["done"]:
+            return out
+
+
+async def main(labels: list[str]) -> list[dict]:
+    finals = await asyncio.gather(*(drive(label) for label in labels))
+    return [
+        {
+            "label": label,
+            "reward": float(out["rewards"][0]),
+            "failed": float(out["extra_logs"]["keyshot_failed"][0]),
+        }
+        for label, out in zip(labels, finals, strict=True)
+    ]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(
+            "usage: KEYSHOT_REWARD_CONFIG=CONFIG python examples/reward/openrlhf_agent.py FOLDER [FOLDER ...]"
+        )
+    try:
+        print(json.dumps(asyncio.run(main(sys.argv[1:]))))
+    except KeyshotError as exc:
+        sys.exit(f"error: {exc}")

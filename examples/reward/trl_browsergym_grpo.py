@@ -1,0 +1,331 @@
+"""GRPO on open-web tasks with keyshot's WebJudge as the reward, in TRL's ``environment_factory`` form.
+
+Modeled on TRL's ``examples/scripts/openenv/browsergym.py``: one environment per rollout whose tool
+methods (click, fill, send_keys, scroll, noop) return the page's screenshot with its text. Open-web tasks
+have no programmatic reward, so the reward is keyshot's: every environment records its episode
+(``EpisodeRecorder``) and ``keyshot.infer.reward.trl.environment_reward`` scores the whole batch at once
+(key points once per task, all scorer calls in flight together) instead of one ``get_reward`` after another.
+
+On a cluster (BrowserGym through OpenEnv, a judge API and a served keyshot scorer; docs/reward.md)::
+
+    pip install 'keyshot[reward]' trl "openenv-browsergym-env @ git+https://huggingface.co/spaces/openenv/browsergym_env"
+    python examples/reward/trl_browsergym_grpo.py --keyshot-config configs/reward/trl.yaml \\
+        --space-url https://YOUR-BROWSERGYM-SERVER --task-name TASK --use-vllm
+
+Here, with no browser and no GPU (a recorded trajectory replayed, the tiny random policy; docs/reward.md)::
+
+    python examples/reward/trl_browsergym_grpo.py --keyshot-config configs/reward/local.yaml \\
+        --replay tests/fixtures/trajectories/online_mind2web_v1 --tiny-model --train-steps 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from datasets import Dataset
+from PIL import Image
+
+from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.reward import RewardModel
+from keyshot.infer.reward.replay import ReplayBrowser
+from keyshot.infer.reward.trl import EpisodeRecorder, environment_reward
+
+SYSTEM_PROMPT = """You control a web browser to complete tasks.
+
+The page structure shows elements as: [bid] element_type 'element_text'
+For example: [13] button 'Click Me!' means the element has bid='13'.
+
+You will see a screenshot of the page after each action. Use the visual information
+along with the page structure to decide your next action.
+
+Use the available tools to interact with the page:
+- click: Click an element by its bid
+- fill: Fill an input field with text
+- send_keys: Send keyboard input
+- scroll: Scroll the page
+- noop: Do nothing
+
+Complete the given task as efficiently as possible, then reply with your final answer."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="GRPO on web tasks with keyshot's WebJudge as the reward.")
+    parser.add_argument(
+        "--keyshot-config", required=True, help="a keyshot judge config (configs/reward/trl.yaml)"
+    )
+    parser.add_argument(
+        "--model-id", default="Qwen/Qwen3.5-2B", help="the policy (a VLM with a tool-calling template)"
+    )
+    parser.add_argument(
+        "--tiny-model", action="store_true", help="the tiny random Qwen2.5-VL as the policy (CPU)"
+    )
+    parser.add_argument(
+        "--replay", default=None, help="replay recorded trajectories (a folder of them) instead of BrowserGym"
+    )
+    parser.add_argument(
+        "--space-url", default="https://openenv-browsergym-env.hf.space", help="OpenEnv BrowserGym server"
+    )
+    parser.add_argument("--task-name", default="click-test", help="BrowserGym task name passed to reset()")
+    parser.add_argument("--dataset-prompt", default="Complete the web task successfully.")
+    parser.add_argument("--dataset-size", type=int, default=1000)
+    parser.add_argument(
+        "--keep-episodes", default=None, help="keep every episode there (keyshot judge reads it)"
+    )
+    parser.add_argument("--max-steps", type=int, default=10, help="actions per episode")
+    parser.add_argument("--max-completion-length", type=int, default=1024)
+    parser.add_argument("--max-tool-calling-iterations", type=int, default=None)
+    parser.add_argument(
+        "--image-size", type=int, default=512, help="resize screenshots for the policy; 0: keep"
+    )
+    parser.add_argument("--num-generations", type=int, default=4)
+    parser.add_argument("--per-device-train-batch-size", type=int, default=None)
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=32)
+    parser.add_argument("--learning-rate", type=float, default=5e-6)
+    parser.add_argument("--num-epochs", type=int, default=1)
+    parser.add_argument("--train-steps", type=int, default=-1, help="stop after this many optimizer steps")
+    parser.add_argument("--logging-steps", type=int, default=1)
+    parser.add_argument("--output-dir", default=None)
+    parser.add_argument("--report-to", default="none")
+    parser.add_argument("--use-vllm", action="store_true", help="generate with vLLM")
+    parser.add_argument("--vllm-mode", choices=("colocate", "server"), default="colocate")
+    parser.add_argument("--vllm-server-url", default="http://localhost:8000")
+    return parser.parse_args(argv)
+
+
+class WebEnv(EpisodeRecorder):
+    """The tools the policy calls; a subclass connects them to a browser (``_open`` and ``_do``).
+    Each page the policy is shown is recorded into the episode keyshot scores."""
+
+    max_steps = 10
+    image_size = 512
+
+    def reset(self, **row) -> str:
+        task, start_url, task_id, text, screenshot = self._open(row)
+        self._start_episode(task, start_url=start_url, task_id=task_id)
+        self._record(screenshot)
+        self.done = False
+        self.step_count = 0
+        return text
+
+    def click(self, bid: str) -> list:
+        """Click an element on the page.
+
+        Args:
+            bid: The BrowserGym ID of the element to click.
+
+        Returns:
+            The updated page observation with screenshot.
+        """
+        return self._act(f"click('{bid}')")
+
+    def fill(self, bid: str, text: str) -> list:
+        """Fill an input field with text.
+
+        Args:
+            bid: The BrowserGym ID of the input field.
+            text: The text to type into the field.
+
+        Returns:
+            The updated page observation with screenshot.
+        """
+        return self._act(f"fill('{bid}', '{text}')")
+
+    def send_keys(self, text: str) -> list:
+        """Send keyboard input to the page.
+
+        Args:
+            text: The keyboard input to send.
+
+        Returns:
+            The updated page observation with screenshot.
+        """
+        return self._act(f"send_keys('{text}')")
+
+    def scroll(self, direction: str) -> list:
+        """Scroll the page.
+
+        Args:
+            direction: Direction to scroll, either 'up' or 'down'.
+
+        Returns:
+            The updated page observation with screenshot.
+        """
+        return self._act(f"scroll('{direction}')")
+
+    def noop(self) -> list:
+        """Do nothing and observe the current page state.
+
+        Returns:
+            The current page observation with screenshot.
+        """
+        return self._act("noop()")
+
+    def _act(self, action: str) -> list:
+        if self.done:
+            raise ValueError("The episode is over: reply with your final answer.")
+        self.step_count += 1
+        text, screenshot, done = self._do(action)
+        self.done = done or self.step_count >= self.max_steps
+        content = [{"type": "text", "text": text}]
+        if screenshot is not None:
+            self._record(screenshot, action=action)
+            content.insert(0, {"type": "image", "image": self._for_policy(screenshot)})
+        return content
+
+    def _for_policy(self, screenshot) -> Image.Image:
+        image = screenshot if isinstance(screenshot, Image.Image) else Image.open(screenshot).convert("RGB")
+        if self.image_size > 0:
+            image.thumbnail((self.image_size, self.image_size), Image.LANCZOS)
+        return image
+
+    def _open(self, row: dict) -> tuple[str, str | None, str | None, str, object]:
+        raise NotImplementedError
+
+    def _do(self, action: str) -> tuple[str, object, bool]:
+        raise NotImplementedError
+
+
+class ReplayEnv(WebEnv):
+    """A recorded trajectory replayed, one screenshot per action (the dataset's ``trajectory`` column)."""
+
+    def _open(self, row: dict):
+        self.browser = ReplayBrowser(row["trajectory"])
+        page = self.browser.reset()
+        b = self.browser
+        return b.task, b.start_url, b.task_id, f"Goal: {b.task}\n\n{page.text}", page.screenshot
+
+    def _do(self, action: str):
+        page = self.browser.act(action)
+        return page.text, page.screenshot, page.done
+
+
+class BrowserGymWebEnv(WebEnv):
+    """OpenEnv's BrowserGym (as in TRL's example): the server picks the task, its goal is the task keyshot
+    judges; a server of open-web tasks has no programmatic reward, which is what keyshot is for."""
+
+    space_url = "https://openenv-browsergym-env.hf.space"
+    task_name = "click-test"
+
+    def __init__(self):
+        from browsergym_env import BrowserGymEnv
+
+        self.client = BrowserGymEnv(base_url=self.space_url)
+
+    def _open(self, row: dict):
+        obs = self.client.reset(task_name=self.task_name).observation
+        task = obs.goal or row["prompt"][-1]["content"]
+        return task, obs.url or None, None, self._text(obs), self._image(obs)
+
+    def _do(self, action: str):
+        from browsergym_env import BrowserGymAction
+
+        result = self.client.step(BrowserGymAction(action_str=action))
+        return self._text(result.observation), self._image(result.observation), result.done
+
+    @staticmethod
+    def _image(obs) -> Image.Image | None:
+        import numpy as np
+
+        return None if obs.screenshot is None else Image.fromarray(np.array(obs.screenshot, dtype=np.uint8))
+
+    @staticmethod
+    def _text(obs) -> str:
+        parts = [f"Goal: {obs.goal}"] if obs.goal else []
+        if obs.last_action_error and obs.error:
+            parts.append(f"Error: {obs.error}")
+        if obs.axtree_txt:
+            parts.append(f"Page structure:\n{obs.axtree_txt[:2000]}")
+        return "\n\n".join(parts) or "No observation available."
+
+
+def prompt(task: str) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task}]
+
+
+def replay_dataset(root: Path) -> Dataset:
+    """One row per recorded trajectory under ``root`` (itself one, or a folder of them)."""
+    folders = (
+        [root]
+        if (root / "result.json").exists() or root.suffix == ".jsonl"
+        else sorted(p for p in root.iterdir() if not p.name.startswith("."))
+    )
+    rows = [{"trajectory": str(f), "prompt": prompt(ReplayBrowser(f).task)} for f in folders]
+    return Dataset.from_list(rows)
+
+
+def tiny_policy(out: Path):
+    """The tiny random Qwen2.5-VL, with TRL's Qwen3-VL chat template (the same special tokens; Qwen2.5-VL's
+    own template renders no tool calls, which environment_factory needs)."""
+    from transformers import AutoProcessor
+    from trl.chat_template_utils import qwen3_vl_chat_template
+
+    from keyshot.infer.model.tiny_model import build_tiny_qwen25vl
+
+    folder = build_tiny_qwen25vl(out)
+    processor = AutoProcessor.from_pretrained(folder)
+    processor.chat_template = qwen3_vl_chat_template
+    return str(folder), processor
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from trl import GRPOConfig, GRPOTrainer
+
+    output_dir = Path(args.output_dir or f"outputs/keyshot-grpo-{datetime.now():%Y-%m-%d_%H-%M-%S}")
+    rm = RewardModel.from_config(args.keyshot_config)
+    WebEnv.max_steps, WebEnv.image_size = args.max_steps, args.image_size
+    EpisodeRecorder.episode_keep_dir = args.keep_episodes
+    if args.replay:
+        dataset, env = replay_dataset(Path(args.replay)), ReplayEnv
+    else:
+        BrowserGymWebEnv.space_url, BrowserGymWebEnv.task_name = args.space_url, args.task_name
+        dataset = Dataset.from_dict({"prompt": [prompt(args.dataset_prompt)] * args.dataset_size})
+        env = BrowserGymWebEnv
+    model, processor = tiny_policy(output_dir / "tiny-policy") if args.tiny_model else (args.model_id, None)
+    config = GRPOConfig(
+        output_dir=str(output_dir),
+        use_vllm=args.use_vllm,
+        vllm_mode=args.vllm_mode,
+        vllm_server_base_url=args.vllm_server_url if args.use_vllm and args.vllm_mode == "server" else None,
+        num_train_epochs=args.num_epochs,
+        max_steps=args.train_steps,
+        learning_rate=args.learning_rate,
+        per_device_train_batch_size=args.per_device_train_batch_size or args.num_generations,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        num_generations=args.num_generations,
+        max_completion_length=args.max_completion_length,
+        max_tool_calling_iterations=args.max_tool_calling_iterations,
+        logging_steps=args.logging_steps,
+        log_completions=True,
+        report_to=args.report_to,
+        use_cpu=args.tiny_model,
+        save_strategy="no",
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        processing_class=processor,
+        reward_funcs=[environment_reward(rm)],
+        train_dataset=dataset,
+        args=config,
+        environment_factory=env,
+    )
+    trainer.train()
+    print(json.dumps({"steps": trainer.state.global_step, "log": trainer.state.log_history}))
+    rm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyshotError as exc:
+        if os.environ.get("KEYSHOT_DEBUG"):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
