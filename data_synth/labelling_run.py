@@ -57,7 +57,7 @@ from keyshot.data_synth.sources import iter_trajectories, trajectory_record
 from keyshot.data_synth.synth_config import SynthConfig
 from keyshot.data_synth.teachers import TeacherConfig, TeacherSet, remaining_budgets, shard_budgets
 from keyshot.infer.client.cache import CallCache
-from keyshot.infer.client.judge_client import Completion, JudgeCallError
+from keyshot.infer.client.judge_client import InFlight, JudgeCallError, shared_answer
 from keyshot.infer.client.preflight import preflight
 from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.errors import (
@@ -173,7 +173,7 @@ class _Run:
         self.stopped: set[str] = set()
         self.report = SynthReport(estimate=CostEstimate())
         self.images = asyncio.Semaphore(cfg.images_in_flight)
-        self._asked: dict[tuple, asyncio.Future] = {}  # see _ask_once
+        self._asked = InFlight()  # see _ask_once
 
     async def _ask_once(self, endpoint: str, key: tuple, ask: Callable[[], Awaitable[tuple]]) -> tuple:
         """``ask()``, unless the same request was asked in this session: one trajectory's screenshot
@@ -181,31 +181,13 @@ class _Run:
         way, and after it came back malformed (the call cache keeps well-formed answers only), the
         same request gets that answer, as a cache hit at no cost; a well-formed answer is the call
         cache's to give from then on. ``ask()`` returns a tuple whose first item is the Completion."""
-        pending = self._asked.get(key)
-        if pending is not None:
-            first, *reading = await asyncio.shield(pending)
+
+        def shared(answer: tuple) -> tuple:
+            first, *reading = answer
             self.ledger.record_cache_hit(endpoint, first.cost_usd)
-            shared = dataclasses.replace(
-                first, cached=True, cost_usd=0.0, attempts=0, saved_cost_usd=first.cost_usd
-            )
-            return (shared, *reading)
-        future = asyncio.get_running_loop().create_future()
-        self._asked[key] = future
-        try:
-            answer = await ask()
-        except BaseException as exc:
-            self._asked.pop(key, None)
-            if isinstance(exc, asyncio.CancelledError):
-                future.cancel()
-            else:
-                future.set_exception(exc)
-                future.exception()  # retrieved: waiters get it, nobody else needs to
-            raise
-        future.set_result(answer)
-        completion: Completion = answer[0]
-        if completion.valid:
-            self._asked.pop(key, None)
-        return answer
+            return (shared_answer(first), *reading)
+
+        return await self._asked.run(key, ask, shared, keep=lambda answer: not answer[0].valid)
 
     async def run(self, trajectories: Iterator[Trajectory]) -> None:
         slots = asyncio.Semaphore(self.cfg.trajectories_in_flight)

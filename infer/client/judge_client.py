@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,47 +90,52 @@ def token_limit(payload: dict[str, Any]) -> int | None:
     return payload.get("max_completion_tokens") or payload.get("max_tokens")
 
 
+def shared_answer(first: Completion) -> Completion:
+    """The answer as a request that waited for an identical one gets it: cached, at no cost."""
+    return dataclasses.replace(first, cached=True, cost_usd=0.0, attempts=0, saved_cost_usd=first.cost_usd)
+
+
 class InFlight:
     """Identical requests in flight at the same time are sent once: the others wait for that answer,
-    which they get as ``cached`` at no cost."""
+    which they get through ``waiter`` (by default :func:`shared_answer`). ``keep(result)`` keeps a
+    result for later identical requests too (synthesis keeps a malformed answer, which the call
+    cache does not hold)."""
 
     def __init__(self) -> None:
-        self._pending: dict[str, asyncio.Future] = {}
+        self._pending: dict[Hashable, asyncio.Future] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(
         self,
-        key: str,
-        send: Callable[[], Awaitable[Completion]],
-        shared: Callable[[Completion], object] = lambda first: None,
-    ) -> Completion:
-        """``send()`` unless the same ``key`` is on its way; ``shared(first)`` is called for each waiter."""
+        key: Hashable,
+        send: Callable[[], Awaitable[Any]],
+        waiter: Callable[[Any], Any] = shared_answer,
+        *,
+        keep: Callable[[Any], bool] = lambda result: False,
+    ) -> Any:
+        """``send()`` unless the same ``key`` is on its way (or kept): then ``waiter(first)``."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._pending, self._loop = {}, loop
         pending = self._pending.get(key)
         if pending is not None:  # the same request is already on its way: wait for its answer, pay once
-            first: Completion = await asyncio.shield(pending)
-            shared(first)
-            return dataclasses.replace(
-                first, cached=True, cost_usd=0.0, attempts=0, saved_cost_usd=first.cost_usd
-            )
+            return waiter(await asyncio.shield(pending))
         future: asyncio.Future = loop.create_future()
         self._pending[key] = future
         try:
             result = await send()
         except BaseException as exc:
+            self._pending.pop(key, None)
             if isinstance(exc, asyncio.CancelledError):
                 future.cancel()
             else:
                 future.set_exception(exc)
                 future.exception()  # retrieved: waiters get it, nobody else needs to
             raise
-        else:
-            future.set_result(result)
-            return result
-        finally:
+        future.set_result(result)
+        if not keep(result):
             self._pending.pop(key, None)
+        return result
 
 
 class JudgeClient:
@@ -235,7 +240,7 @@ class JudgeClient:
 
         def shared(first: Completion) -> Completion:
             self.ledger.record_cache_hit(self.endpoint.name, first.cost_usd)
-            return first
+            return shared_answer(first)
 
         return await self._in_flight.run(
             key, lambda: self._complete(payload, key, prompt_version, validate), shared
