@@ -90,6 +90,11 @@ def token_limit(payload: dict[str, Any]) -> int | None:
     return payload.get("max_completion_tokens") or payload.get("max_tokens")
 
 
+Payload = dict[str, Any]
+#: Checks an answer's text: an error string for a malformed answer, None for a good one.
+Validate = Callable[[str], str | None] | None
+
+
 def shared_answer(first: Completion) -> Completion:
     """The answer as a request that waited for an identical one gets it: cached, at no cost."""
     return dataclasses.replace(first, cached=True, cost_usd=0.0, attempts=0, saved_cost_usd=first.cost_usd)
@@ -247,11 +252,7 @@ class JudgeClient:
         )
 
     async def _complete(
-        self,
-        payload: dict[str, Any],
-        key: str,
-        prompt_version: str,
-        validate: Callable[[str], str | None] | None,
+        self, payload: Payload, key: str, prompt_version: str, validate: Validate
     ) -> Completion:
         """One call without coalescing: the cache, else the endpoint (see :meth:`complete`)."""
         ep = self.endpoint
@@ -303,13 +304,7 @@ class JudgeClient:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    async def _call(
-        self,
-        payload: dict[str, Any],
-        key: str,
-        prompt_version: str,
-        validate: Callable[[str], str | None] | None,
-    ) -> Completion:
+    async def _call(self, payload: Payload, key: str, prompt_version: str, validate: Validate) -> Completion:
         """The call itself: retries, breaker, budget, the answer checked and cached."""
         ep = self.endpoint
         self.breaker.started()
