@@ -238,7 +238,7 @@ def dry_run(
     )
     if cfg.scorer.backend == "none":
         judge_calls = f"{len(todo) * 2 + shots:,} (the judge scores every screenshot)"
-    agents = sorted({t.agent or "(no agent name)" for t in inputs.trajectories})
+    agents = sorted({t.agent or "no agent name" for t in inputs.trajectories})
     owned = f"shard {shard} owns {inputs.owned} of {inputs.found}" if shard else f"{inputs.found}"
     return "\n".join(
         [
