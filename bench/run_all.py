@@ -236,6 +236,38 @@ def _transport(d: dict) -> list[Row]:
     ]
 
 
+def _reward(d: dict) -> list[Row]:
+    r, e, f = d["rollouts"], d["episodes"], d["faults"]
+    name = "reward (bench_reward.py)"
+    fake = f"fake judge {d['settings']['judge_latency']} s, scorer {d['settings']['scorer_latency']} s × {d['settings']['scorer_slots']} in flight"
+    return [
+        (
+            name,
+            f"`keyshot reward serve` vs one rollout at a time, {r['rollouts']} rollouts of {r['screenshots']} screenshots",
+            f"{r['throughput_ratio']:.1f}×",
+            f"{r['service_s']:.0f} s vs {r['naive_s_scaled']:.0f} s (one at a time: {r['naive_measured']} measured, scaled); "
+            f"{r['judge_calls_per_rollout']:.2f} judge calls per rollout; p50/p99 {r['latency_p50_s']:.1f}/"
+            f"{r['latency_p99_s']:.1f} s per group request; overhead vs the API {r['overhead_ms']:.1f} ms; {fake}",
+        ),
+        (
+            name,
+            f"TRL environment reward vs each environment in turn, {e['episodes']} episodes",
+            f"{e['trl_ratio']:.1f}×",
+            f"{e['trl_judge_calls_per_episode']:.2f} judge calls per episode; OpenRLHF agents "
+            f"{e['openrlhf_ratio']:.1f}× ({e['openrlhf_judge_calls_per_episode']:.2f} calls per episode)",
+        ),
+        (
+            name,
+            f"rewards under {f['judge_fault_rate']:.0%} judge faults that differ from the clean run's",
+            str(f["wrong_rewards"]),
+            f"{f['scored_under_faults']} of {f['rollouts']} scored, the rest None with a reason; an all-failing "
+            f"judge: health {f['down']['health_status']}, a request fails in {f['down']['failed_request_s']:.2f} s; "
+            f"{d['memory']['episodes']} open episodes × {d['memory']['steps']} 1280×720 shots: "
+            f"+{d['memory']['peak_above_baseline_mib']:.0f} MiB",
+        ),
+    ]
+
+
 BENCHES: dict[str, tuple[list[str], Callable[[dict], list[Row]]]] = {
     "images": (["bench/bench_images.py"], _images),
     "calls": (["bench/bench_calls.py"], _calls),
@@ -248,6 +280,7 @@ BENCHES: dict[str, tuple[list[str], Callable[[dict], list[Row]]]] = {
     "scale": (["bench/bench_scale.py"], _scale),
     "presized": (["bench/bench_presized.py"], _presized),
     "transport": (["bench/bench_transport.py"], _transport),
+    "reward": (["bench/bench_reward.py"], _reward),
 }
 
 

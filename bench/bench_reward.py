@@ -1,0 +1,508 @@
+"""keyshot as an RL reward (issues 24 and 29): judge calls per rollout, throughput against one-at-a-time
+judging, the service's own overhead, faults, and the memory of open episodes.
+
+Against a fake judge answering in ``--judge-latency`` s and a fake scorer (its own process) answering in
+``--scorer-latency`` s with at most ``--scorer-slots`` requests in flight (the scorer endpoint's
+``max_concurrency``, as a GPU server's batch would be):
+
+* rollouts (issue 24): TASKS x GROUP rollouts of SCREENSHOTS each, as GRPO makes them. ``keyshot reward
+  serve`` (a real process) is sent one request per group, all at once; the baseline judges one rollout at
+  a time with a fresh reward model (what a naive reward function does), measured on ``--naive`` rollouts
+  and scaled to the whole batch. Judge calls per rollout (key points once per task), p50/p99 latency per
+  request, and the service's overhead per request against the Python API in process (same batch, every
+  call cached, so only the service's own work is left).
+* faults: the same rollouts with half the judge's calls failing (500, timeouts, malformed bodies): each
+  reward must equal the clean run's or be None with its reason; an all-failing judge must make /health
+  say so and requests fail within a second.
+* episodes (issue 29): E_TASKS x E_GROUP Episodes through the TRL environment reward and through the
+  OpenRLHF agent (reset/step, the final step awaiting the process-wide batcher), against awaiting each
+  environment's reward in turn (what TRL does with ``get_reward``), measured on ``--naive`` episodes.
+* memory: ``--memory-episodes`` open episodes of ``--memory-steps`` 1280x720 screenshots, peak RSS above
+  the process's baseline (a subprocess of its own).
+
+    .venv/bin/python bench/bench_reward.py [--quick] [--json runs/bench_reward.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.reward import Episode, RewardModel
+from keyshot.infer.reward import shared as reward_shared
+from keyshot.infer.reward.openrlhf import KeyshotAgentInstance, Observation
+from keyshot.infer.reward.service import RewardService, ServiceLimits
+from keyshot.infer.reward.trl import environment_reward
+from keyshot.infer.testing.configs import fake_judge_config
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge, spawn_fake_openai
+from keyshot.infer.testing.worlds import synthetic_trajectories
+
+ROOT = Path(__file__).resolve().parents[1]
+HALF_FAULTS = {"500": 0.25, "timeout": 0.1, "malformed": 0.15}
+
+
+def write_config(path: Path, judge_url: str, scorer_url: str, slots: int, **judge: object) -> Path:
+    return fake_judge_config(
+        path,
+        judge_url,
+        {
+            "endpoint": {
+                "base_url": scorer_url,
+                "model": "webjudge-7b",
+                "api_key_env": None,
+                "max_concurrency": slots,
+            }
+        },
+        concurrency=1024,
+        judge={"max_concurrency": 256, "backoff_base_s": 0.01, "max_retries": 3, "timeout_s": 30, **judge},
+    )
+
+
+def rollouts(root: Path, tasks: int, group: int, screenshots: int) -> list[dict]:
+    """TASKS x GROUP rollouts (distinct screenshots), grouped by task as GRPO makes them."""
+    jsonl = synthetic_trajectories(root, tasks * group, screenshots, size=(320, 200))
+    return [
+        {
+            "id": f"t{i // group}-r{i % group}",
+            "task": f"Find the page number {i // group} and open its settings",
+            "screenshots": [str(s.path) for s in t.screenshots],
+        }
+        for i, t in enumerate(load_trajectories(jsonl))
+    ]
+
+
+def paid(results, role: str = "judge") -> int:
+    return sum(r.calls.get(role, 0) - r.cached_calls.get(role, 0) for r in results)
+
+
+def post(url: str, body: dict) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as response:
+        payload = json.loads(response.read())
+    return time.perf_counter() - t0, payload
+
+
+def start_service(config: Path, root: Path) -> tuple[subprocess.Popen, str]:
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "keyshot.infer.cli", "reward", "serve", "--config", str(config)]
+    argv += ["--port", str(port), "--allow-root", str(root)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2):
+                return proc, base
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit(f"keyshot reward serve exited: {proc.stderr.read()[-2000:]}") from None
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("keyshot reward serve did not start within 60 s")
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ---------------------------------------------------------------------------- issue 24
+def bench_rollouts(args, work: Path, judge: FakeOpenAI, scorer_url: str) -> dict:
+    batch = rollouts(work / "world", args.tasks, args.group, args.screenshots)
+    groups = [batch[g * args.group : (g + 1) * args.group] for g in range(args.tasks)]
+    config = write_config(work / "reward.yaml", judge.base_url, scorer_url, args.scorer_slots)
+
+    proc, base = start_service(config, work)
+    try:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(len(groups)) as pool:
+            answers = list(pool.map(lambda g: post(f"{base}/v1/reward", {"rollouts": g}), groups))
+        service_s = time.perf_counter() - t0
+        served = [r for _, payload in answers for r in payload["results"]]
+        latencies = [s for s, _ in answers]
+        cached_service = [post(f"{base}/v1/reward", {"rollouts": groups[0]})[0] for _ in range(args.repeats)]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+    rm = RewardModel.from_config(config, allow_root=str(work))
+    api_results = rm.score_sync(batch)  # fills this model's cache with every call
+    cached_api = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        rm.score_sync(groups[0])
+        cached_api.append(time.perf_counter() - t0)
+    rm.close()
+
+    naive_times = []
+    for rollout in batch[:: max(1, len(batch) // args.naive)][: args.naive]:  # a fresh model each: no sharing
+        one = RewardModel.from_config(config, allow_root=str(work))
+        t0 = time.perf_counter()
+        one.score_sync([rollout])
+        naive_times.append(time.perf_counter() - t0)
+        one.close()
+    naive_s = statistics.mean(naive_times) * len(batch)
+    judge_paid = sum(r["calls"].get("judge", 0) - r["cached_calls"].get("judge", 0) for r in served)
+    return {
+        "rollouts": len(batch),
+        "screenshots": args.screenshots,
+        "failed": sum(r["error"] is not None for r in served),
+        "judge_calls_per_rollout": judge_paid / len(batch),
+        "judge_calls_per_rollout_api": paid(api_results) / len(batch),
+        "service_s": service_s,
+        "naive_s_scaled": naive_s,
+        "naive_measured": len(naive_times),
+        "throughput_ratio": naive_s / service_s,
+        "latency_p50_s": quantile(latencies, 0.5),
+        "latency_p99_s": quantile(latencies, 0.99),
+        "overhead_ms": 1000 * (statistics.median(cached_service) - statistics.median(cached_api)),
+        "cached_request_ms": {
+            "service": 1000 * statistics.median(cached_service),
+            "api": 1000 * statistics.median(cached_api),
+        },
+    }
+
+
+def bench_faults(args, work: Path, scorer_url: str) -> dict:
+    batch = rollouts(
+        work / "faults-world", max(2, args.tasks // 4), args.group, max(3, args.screenshots // 4)
+    )
+    with FakeOpenAI(make_judge()) as judge:
+        clean_rm = RewardModel.from_config(
+            write_config(work / "clean.yaml", judge.base_url, scorer_url, args.scorer_slots),
+            allow_root=str(work),
+        )
+        clean = {r.id: r.reward for r in clean_rm.score_sync(batch)}
+        clean_rm.close()
+    with FakeOpenAI(make_judge(), faults=HALF_FAULTS, timeout_sleep_s=1.0) as judge:
+        config = write_config(
+            work / "faulty.yaml", judge.base_url, scorer_url, args.scorer_slots, timeout_s=0.5
+        )
+        rm = RewardModel.from_config(config, allow_root=str(work))
+        t0 = time.perf_counter()
+        results = rm.score_sync(batch)
+        faulty_s = time.perf_counter() - t0
+        rm.close()
+    wrong = [r.id for r in results if r.reward is not None and r.reward != clean[r.id]]
+    unexplained = [r.id for r in results if r.reward is None and not r.error]
+
+    with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge:
+        config = write_config(
+            work / "down.yaml",
+            judge.base_url,
+            scorer_url,
+            args.scorer_slots,
+            breaker_failures=2,
+            breaker_window_s=0,
+        )
+        service = RewardService(
+            RewardModel.from_config(config, allow_root=str(work)), ServiceLimits(allow_root=str(work))
+        )
+        body = json.dumps({"rollouts": batch[: args.group]}).encode()
+        requests_to_trip = 0
+        status, health = 200, {}
+        while status == 200 and requests_to_trip < 20:
+            asyncio.run(service.admitted("/v1/reward", None, body, service.reward))
+            requests_to_trip += 1
+            status, health = service.health()
+        t0 = time.perf_counter()
+        _, payload, _ = asyncio.run(service.admitted("/v1/reward", None, body, service.reward))
+        failed_request_s = time.perf_counter() - t0
+        service.rm.close()
+    return {
+        "rollouts": len(batch),
+        "judge_fault_rate": sum(HALF_FAULTS.values()),
+        "wrong_rewards": len(wrong),
+        "none_without_reason": len(unexplained),
+        "scored_under_faults": sum(r.reward is not None for r in results),
+        "seconds_under_faults": faulty_s,
+        "down": {
+            "requests_until_health_says_down": requests_to_trip,
+            "health_status": health.get("status"),
+            "failed_request_s": failed_request_s,
+            "all_none_with_reason": all(r["reward"] is None and r["error"] for r in payload["results"]),
+        },
+    }
+
+
+# ---------------------------------------------------------------------------- issue 29
+class _Env:
+    """What a TRL environment holds for the reward: its Episode."""
+
+    def __init__(self, episode: Episode):
+        self.episode = episode
+
+
+class _ReplayAgent(KeyshotAgentInstance):
+    """An OpenRLHF agent whose environment replays a rollout's screenshots, one per step."""
+
+    async def start(self, label):
+        self.shots, self.at = label["screenshots"], 0
+        return label["task"], Observation("page 0", screenshot=self.shots[0])
+
+    async def act(self, action_text):
+        self.at += 1
+        await asyncio.sleep(0)
+        done = self.at == len(self.shots) - 1
+        return Observation(
+            f"page {self.at}", screenshot=self.shots[self.at], done=done, answer="done" if done else None
+        )
+
+
+def _episodes(batch: list[dict]) -> list[_Env]:
+    envs = []
+    for rollout in batch:
+        episode = Episode(rollout["task"], task_id=rollout["id"].split("-")[0])
+        for shot in rollout["screenshots"]:
+            episode.add_step(shot, action="click")
+        episode.finish("done")
+        envs.append(_Env(episode))
+    return envs
+
+
+def _trl_call(reward, envs: list[_Env]) -> list:
+    return asyncio.run(
+        reward(
+            environments=envs,
+            prompts=[[{"role": "user", "content": e.episode.task}] for e in envs],
+            completions=[[{"role": "assistant", "content": "done"}] for _ in envs],
+            completion_ids=[[1] for _ in envs],
+            trainer_state=None,
+        )
+    )
+
+
+async def _openrlhf_episode(rollout: dict) -> float:
+    agent = _ReplayAgent()
+    await agent.reset({"label": rollout, "observation": rollout["task"]})
+    while True:
+        out = await agent.step({"action_text": "click", "sampling_params": None})
+        if out["done"]:
+            return float(out["rewards"][0])
+
+
+def bench_episodes(args, work: Path, judge: FakeOpenAI, scorer_url: str) -> dict:
+    batch = rollouts(work / "episode-world", args.episode_tasks, args.episode_group, args.screenshots)
+    config = write_config(
+        work / "episodes.yaml", judge.base_url, scorer_url, args.scorer_slots, breaker_window_s=0
+    )
+    out: dict = {"episodes": len(batch), "screenshots": args.screenshots}
+
+    before = judge.stats.completions_served
+    rm = RewardModel.from_config(config, allow_root=str(work))
+    t0 = time.perf_counter()
+    trl_rewards = _trl_call(environment_reward(rm), _episodes(batch))
+    out["trl_s"] = time.perf_counter() - t0
+    out["trl_judge_calls_per_episode"] = (judge.stats.completions_served - before) / len(batch)
+    out["trl_failed"] = sum(r is None for r in trl_rewards)
+    rm.close()
+
+    serial = []
+    for rollout in batch[:: max(1, len(batch) // args.naive)][: args.naive]:
+        one = RewardModel.from_config(
+            config, allow_root=str(work)
+        )  # get_reward: one environment, then the next
+        t0 = time.perf_counter()
+        _trl_call(environment_reward(one), _episodes([rollout]))
+        serial.append(time.perf_counter() - t0)
+        one.close()
+    out["serial_s_scaled"] = statistics.mean(serial) * len(batch)
+    out["serial_measured"] = len(serial)
+    out["trl_ratio"] = out["serial_s_scaled"] / out["trl_s"]
+
+    agent_config = work / "agents.yaml"  # OpenRLHF needs a number: a failed call is a counted 0
+    agent_config.write_text(config.read_text() + "reward:\n  on_failure: zero\n")
+    os.environ[reward_shared.CONFIG_ENV] = str(agent_config)
+    reward_shared.reset_shared()
+    before = judge.stats.completions_served
+
+    async def all_agents():
+        return await asyncio.gather(*(_openrlhf_episode(r) for r in batch))
+
+    t0 = time.perf_counter()
+    asyncio.run(all_agents())
+    out["openrlhf_s"] = time.perf_counter() - t0
+    out["openrlhf_judge_calls_per_episode"] = (judge.stats.completions_served - before) / len(batch)
+    out["openrlhf_batches"] = reward_shared.shared_batcher().batches
+    out["openrlhf_ratio"] = out["serial_s_scaled"] / out["openrlhf_s"]
+    reward_shared.reset_shared()
+    return out
+
+
+def memory_child(episodes: int, steps: int) -> None:
+    """Open ``episodes`` Episodes of ``steps`` 1280x720 screenshots; print the RSS figures as JSON."""
+    from PIL import Image, ImageDraw
+
+    def rss_mib() -> float:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    peak = [0.0]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss_mib())
+            time.sleep(0.02)
+
+    baseline = rss_mib()
+    threading.Thread(target=sample, daemon=True).start()
+    open_episodes = []
+    for e in range(episodes):
+        episode = Episode(f"task {e % 8}")
+        for s in range(steps):
+            image = Image.new("RGB", (1280, 720), (240, 240, 240))
+            ImageDraw.Draw(image).rectangle((40 + s, 40 + e, 600, 400), fill=(e * 3 % 256, s * 5 % 256, 90))
+            episode.add_step(image, action=f"click {s}")
+        open_episodes.append(episode)
+    stop.set()
+    peak[0] = max(peak[0], rss_mib())
+    print(
+        json.dumps(
+            {
+                "episodes": episodes,
+                "steps": steps,
+                "baseline_mib": baseline,
+                "peak_above_baseline_mib": peak[0] - baseline,
+                "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
+    for episode in open_episodes:
+        episode.discard()
+
+
+def bench_memory(args) -> dict:
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--memory-child",
+        str(args.memory_episodes),
+        str(args.memory_steps),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(report: dict) -> str:
+    r, f, e, m = report["rollouts"], report["faults"], report["episodes"], report["memory"]
+    rows = [
+        (
+            "judge calls per rollout (service; 2.0 when every rollout asks)",
+            f"{r['judge_calls_per_rollout']:.3f}",
+            "≤ 1.1",
+        ),
+        (
+            f"throughput: service vs one rollout at a time ({r['rollouts']} rollouts)",
+            f"{r['throughput_ratio']:.1f}×",
+            "≥ 8×",
+        ),
+        (
+            "request latency p50 / p99 (one group per request)",
+            f"{r['latency_p50_s']:.2f} / {r['latency_p99_s']:.2f} s",
+            "",
+        ),
+        ("service overhead per request vs the API in process", f"{r['overhead_ms']:.1f} ms", "≤ 5 ms"),
+        (
+            f"wrong rewards under {f['judge_fault_rate']:.0%} judge faults ({f['rollouts']} rollouts)",
+            str(f["wrong_rewards"]),
+            "0",
+        ),
+        (
+            "an all-failing judge: a request fails in",
+            f"{f['down']['failed_request_s']:.3f} s (health: {f['down']['health_status']})",
+            "< 1 s",
+        ),
+        (
+            f"TRL environment reward: judge calls per episode ({e['episodes']} episodes)",
+            f"{e['trl_judge_calls_per_episode']:.3f}",
+            "≤ 1.1",
+        ),
+        ("TRL environment reward vs awaiting each environment in turn", f"{e['trl_ratio']:.1f}×", "≥ 8×"),
+        ("OpenRLHF agents: judge calls per episode", f"{e['openrlhf_judge_calls_per_episode']:.3f}", "≤ 1.1"),
+        ("OpenRLHF agents vs awaiting each in turn", f"{e['openrlhf_ratio']:.1f}×", "≥ 8×"),
+        (
+            f"{m['episodes']} open episodes of {m['steps']} 1280x720 screenshots: peak RSS above baseline",
+            f"{m['peak_above_baseline_mib']:.0f} MiB",
+            "≤ 1024 MiB",
+        ),
+    ]
+    lines = ["| measure | figure | target |", "|---|---:|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", type=int, default=16)
+    ap.add_argument("--group", type=int, default=16)
+    ap.add_argument("--screenshots", type=int, default=20)
+    ap.add_argument("--episode-tasks", type=int, default=8)
+    ap.add_argument("--episode-group", type=int, default=8)
+    ap.add_argument("--judge-latency", type=float, default=1.5)
+    ap.add_argument("--scorer-latency", type=float, default=0.1)
+    ap.add_argument("--scorer-slots", type=int, default=8)
+    ap.add_argument(
+        "--naive", type=int, default=6, help="rollouts judged one at a time (scaled to the batch)"
+    )
+    ap.add_argument("--repeats", type=int, default=10, help="cached requests for the overhead figure")
+    ap.add_argument("--memory-episodes", type=int, default=64)
+    ap.add_argument("--memory-steps", type=int, default=50)
+    ap.add_argument("--quick", action="store_true", help="small sizes for a smoke run (tests)")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--memory-child", nargs=2, type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    logging.getLogger("keyshot").setLevel(logging.ERROR)  # the fake scorer's missing checkpoint, said per model
+    if args.memory_child:
+        memory_child(*args.memory_child)
+        return {}
+    if args.quick:
+        args.tasks, args.group, args.screenshots = 3, 4, 4
+        args.episode_tasks, args.episode_group, args.naive, args.repeats = 2, 4, 2, 3
+        args.memory_episodes, args.memory_steps, args.judge_latency = 8, 10, 0.5
+    report: dict = {
+        "machine": f"{os.cpu_count()} CPU cores",
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "memory_child")},
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-reward-") as tmp:
+        work = Path(tmp)
+        with (
+            spawn_fake_openai("judge", latency_s=args.scorer_latency) as (scorer_url, _),
+            FakeOpenAI(make_judge(), latency_s=args.judge_latency) as judge,
+        ):
+            print(
+                f"[reward] {args.tasks}x{args.group} rollouts of {args.screenshots} screenshots", flush=True
+            )
+            report["rollouts"] = bench_rollouts(args, work, judge, scorer_url)
+            print(f"[reward] {args.episode_tasks}x{args.episode_group} episodes", flush=True)
+            report["episodes"] = bench_episodes(args, work, judge, scorer_url)
+            print("[reward] faults", flush=True)
+            report["faults"] = bench_faults(args, work, scorer_url)
+    print(f"[reward] memory: {args.memory_episodes} episodes x {args.memory_steps} screenshots", flush=True)
+    report["memory"] = bench_memory(args)
+    report["table"] = table(report)
+    print(report["table"])
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
