@@ -1,6 +1,6 @@
 """Trajectory loaders: Online-Mind2Web v1/v2 folders, AgentLab/BrowserGym runs, keyshot JSONL.
 
-``iter_trajectories`` (behind :func:`keyshot.infer.loaders.load_trajectories`) accepts one trajectory
+:func:`load_trajectories` accepts one trajectory
 folder, a folder of trajectory folders (and/or JSONL files), or a JSONL file, and detects each
 trajectory's format unless one is forced.
 """
@@ -49,7 +49,6 @@ __all__ = [
     "attach_human_labels",
     "detect_format",
     "iter_jsonl",
-    "iter_trajectories",
     "load_trajectories",
     "load_trajectory",
     "load_agentlab",
@@ -196,8 +195,8 @@ def _load_folder(
     )
 
 
-def iter_trajectories(
-    path: Path,
+def load_trajectories(
+    path: Path | str,
     fmt: str = "auto",
     *,
     on_error: OnError = "raise",
@@ -206,9 +205,20 @@ def iter_trajectories(
     errors: list[TrajectoryError] | None = None,
     allow_outside: tuple[Path | str, ...] = (),
 ) -> Iterator[Trajectory]:
-    """See :func:`keyshot.infer.loaders.load_trajectories`. Path problems raise at once; others per ``on_error``.
+    """Yield the trajectories in a trajectory folder, a folder of trajectory folders, or a JSONL file.
 
-    Screenshot files must lie inside ``path`` (its folder, for a file) or one of ``allow_outside``."""
+    Args:
+        path: the folder or JSONL file.
+        fmt: ``"auto"`` (detect per trajectory) or one of :data:`keyshot.infer.loaders.FORMATS` to force one.
+        on_error: ``"raise"`` stops at the first bad trajectory; ``"skip"`` logs a warning naming the
+            file, appends the error to ``errors`` (when given) and goes on.
+        agent, benchmark: defaults for trajectories whose format does not name them.
+        allow_outside: folders outside ``path`` that screenshot references may point into (by
+            default a reference that resolves outside ``path`` fails its trajectory).
+
+    A missing ``path`` raises :class:`TrajectoryError` at once, whatever ``on_error`` says.
+    """
+    path = Path(path)
     if fmt not in _FMT_CHOICES:
         raise ConfigError(f"unknown trajectory format {fmt!r}; choose one of {list(_FMT_CHOICES)}")
     if on_error not in ("raise", "skip"):
@@ -317,40 +327,6 @@ def _run(jobs: list[Job], on_error: OnError, errors: list[TrajectoryError] | Non
             yield from job()
         except TrajectoryError as exc:
             account_for(exc, on_error, errors)
-
-
-def load_trajectories(
-    path: Path | str,
-    fmt: str = "auto",
-    *,
-    on_error: OnError = "raise",
-    agent: str | None = None,
-    benchmark: str | None = None,
-    errors: list[TrajectoryError] | None = None,
-    allow_outside: tuple[Path | str, ...] = (),
-) -> Iterator[Trajectory]:
-    """Yield the trajectories in a trajectory folder, a folder of trajectory folders, or a JSONL file.
-
-    Args:
-        path: the folder or JSONL file.
-        fmt: ``"auto"`` (detect per trajectory) or one of :data:`keyshot.infer.loaders.FORMATS` to force one.
-        on_error: ``"raise"`` stops at the first bad trajectory; ``"skip"`` logs a warning naming the
-            file, appends the error to ``errors`` (when given) and goes on.
-        agent, benchmark: defaults for trajectories whose format does not name them.
-        allow_outside: folders outside ``path`` that screenshot references may point into (by
-            default a reference that resolves outside ``path`` fails its trajectory).
-
-    A missing ``path`` raises :class:`TrajectoryError` at once, whatever ``on_error`` says.
-    """
-    return iter_trajectories(
-        Path(path),
-        fmt,
-        on_error=on_error,
-        agent=agent,
-        benchmark=benchmark,
-        errors=errors,
-        allow_outside=allow_outside,
-    )
 
 
 def load_trajectory(path: Path | str, fmt: str = "auto", **defaults: Any) -> Trajectory:
