@@ -176,3 +176,33 @@ def test_key_points_reference_and_strict():
         parse_key_points("  \n", "strict")
     with pytest.raises(ValueError, match="parse mode"):
         parse_key_points("x", "lenient")
+
+
+def test_p_success_is_read_where_the_status_was_read():
+    import math
+
+    from keyshot.infer.protocol.logprobs import p_success_from_logprobs
+    from keyshot.infer.protocol.parsing import status_word_offset
+
+    def lp(token, alts):
+        return {
+            "token": token,
+            "logprob": math.log(alts[token]),
+            "top_logprobs": [{"token": t, "logprob": math.log(p)} for t, p in alts.items()],
+        }
+
+    head = 'Thoughts: the page shows Status: in passing.\n**Status:** "'
+    text = head + 'success"'
+    assert text[status_word_offset(text) :].startswith("success")
+    tokens = [
+        lp(head, {head: 1.0}),
+        lp("success", {"success": 0.6, " fail": 0.3, "Succ": 0.05, "maybe": 0.05}),
+        lp('"', {'"': 1.0}),
+    ]
+    assert p_success_from_logprobs(text, tokens, True) == pytest.approx(0.65 / 0.95)
+    assert p_success_from_logprobs(text, tokens, False) is None  # the token there is not the reading
+    assert p_success_from_logprobs(text, tokens[:2], True) is None  # tokens that are not the text
+    assert p_success_from_logprobs("no status here", tokens, True) is None
+    unsure = text.replace("success", "unsuccessful")
+    tokens[1] = lp("unsuccessful", {"unsuccessful": 0.7, "success": 0.3})
+    assert p_success_from_logprobs(unsure, tokens, False) == pytest.approx(0.3)

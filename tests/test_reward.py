@@ -456,3 +456,26 @@ def test_half_the_judge_calls_failing_gives_no_wrong_reward(tmp_path, group):
     wrong = [r.id for r in results if r.reward is not None and r.reward != expected[r.id]]
     assert wrong == [] and all(r.error for r in results if r.reward is None)
     assert sum(r.reward is not None for r in results) >= 1  # the retries got some through
+
+
+def test_p_success_is_read_at_the_status_token_when_the_outcome_asks_for_logprobs(tmp_path, servers, group):
+    """The fake judge offers 0.8 on the status word it wrote and 0.2 on the other one."""
+    judge, scorer = servers
+    config = write_config(tmp_path, judge, scorer)
+    rm = RewardModel.from_config(config, pipeline__outcome_logprobs=5, allow_root=str(tmp_path))
+    results = rm.score_sync(group[:4])
+    assert all(r.error is None for r in results)
+    for r in results:
+        assert r.p_success == pytest.approx(0.8 if r.reward == 1.0 else 0.2)
+        assert "status word" in r.p_success_source
+    outcome = [q for q in judge.requests if identify_step(q) == "outcome"]
+    assert outcome and all(q.get("logprobs") and q.get("top_logprobs") == 5 for q in outcome)
+    by_point = RewardModel.from_config(
+        config, pipeline__outcome_logprobs=5, pipeline__outcome_mode="key_point", allow_root=str(tmp_path)
+    )
+    (r,) = by_point.score_sync(group[:1])
+    met = round(r.progress * len(r.key_points))
+    assert r.p_success == pytest.approx(0.8**met * 0.2 ** (len(r.key_points) - met))
+    assert "multiplied over the 2 key points" in r.p_success_source
+    plain = RewardModel.from_config(config, allow_root=str(tmp_path)).score_sync(group[:1])[0]
+    assert plain.p_success is None and "pipeline.outcome_logprobs" in plain.p_success_source

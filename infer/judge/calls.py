@@ -133,6 +133,7 @@ async def ask_outcome(
     image_thoughts: Sequence[str],
     *,
     max_tokens: int | None = None,
+    logprobs: int | None = None,
 ) -> tuple[Completion, StatusResult]:
     """Step 3: the outcome call over the key screenshots (data URLs) and their descriptions
     (``images=None``: the descriptions alone, a deviation; see :func:`keyshot.infer.protocol.messages.outcome_messages`)."""
@@ -149,6 +150,7 @@ async def ask_outcome(
         ),
         prompt_version=protocol.prompts.version,
         max_tokens=max_tokens,
+        logprobs=logprobs,
         validate=protocol._validator(protocol.status_error),
     )
     return completion, protocol.read_status(completion.text, cut=completion.cut)

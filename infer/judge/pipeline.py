@@ -54,6 +54,7 @@ from keyshot.infer.judge.calls import Protocol, ask_key_points, ask_outcome
 from keyshot.infer.judge.scorers import KeyScreenshotScorer, OpenAIScorer, ScreenshotScore
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy, PreparedImage
+from keyshot.infer.protocol.logprobs import p_success_from_logprobs
 from keyshot.infer.protocol.messages import MAX_KEPT_IMAGES
 from keyshot.infer.protocol.parsing import split_key_points
 from keyshot.infer.protocol.prompts import PromptSet, load_prompt_set
@@ -97,6 +98,9 @@ class PipelineConfig:
     outcome_images: Literal["scorer", "original", "none"] = "scorer"
     key_points_max_tokens: int | None = None
     outcome_max_tokens: int | None = None
+    #: Ask the outcome call for this many top log-probabilities per token (the endpoint must return
+    #: them): each outcome call then has ``p_success``, read at the status word. None: not asked.
+    outcome_logprobs: int | None = None
     image_workers: int = 4
     allow_partial: bool = False
 
@@ -111,6 +115,10 @@ class PipelineConfig:
             raise ValueError(f"image_workers must be >= 1, got {self.image_workers}")
         if self.combined_max_key_points < 0:
             raise ValueError(f"combined_max_key_points must be >= 0, got {self.combined_max_key_points}")
+        if self.outcome_logprobs is not None and not 1 <= self.outcome_logprobs <= 20:
+            raise ValueError(
+                f"outcome_logprobs must be within [1, 20] (or null), got {self.outcome_logprobs}"
+            )
         for name in ("key_points_max_tokens", "outcome_max_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -256,6 +264,7 @@ class WebJudge:
                 images,
                 thoughts,
                 max_tokens=self.config.outcome_max_tokens,
+                logprobs=self.config.outcome_logprobs,
             )
         except JudgeCallError as exc:
             verdict.usage["judge"].errors += 1
@@ -277,6 +286,9 @@ class WebJudge:
             key_point=key_point,
             cached=completion.cached,
             cut=completion.cut,
+            p_success=p_success_from_logprobs(
+                completion.text, completion.logprobs, status.success, self.protocol.mode
+            ),
         )
 
     # ------------------------------------------------------------------ screenshots

@@ -20,7 +20,6 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from keyshot.infer.client.pool import EndpointPool
 from keyshot.infer.judge.calls import Protocol, ask_score
 from keyshot.infer.model.checkpoint import CheckpointError, read_meta, saved_pixel_bounds
 from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy, PreparedImage
+from keyshot.infer.protocol.logprobs import alternatives, token_index
 from keyshot.infer.protocol.parsing import ScoreResult, score_digit_offset
 from keyshot.infer.protocol.prompts import PromptSet
 
@@ -186,27 +186,18 @@ def expected_score_from_logprobs(
     if offset is None or text[offset] != str(score):
         return None
     tokens = [str(item.get("token") or "") for item in logprobs]
-    position = None
-    if "".join(tokens) == text:
-        start = 0
-        for i, tok in enumerate(tokens):
-            if start <= offset < start + len(tok):
-                position = i
-                break
-            start += len(tok)
-    else:  # the server's token strings do not concatenate to the text (partial UTF-8 bytes)
+    position = token_index(text, logprobs, offset)
+    if position is None:  # the server's token strings do not concatenate to the text (partial UTF-8 bytes)
         digit_positions = [i for i, tok in enumerate(tokens) if tok.strip() == str(score)]
         if digit_positions:
             position = digit_positions[0] if mode == "reference" else digit_positions[-1]
     if position is None or tokens[position].strip() != str(score):
         return None  # the digit shares its token with other characters: no clean distribution
-    item = logprobs[position]
     probs: dict[int, float] = {}
-    for alt in [*(item.get("top_logprobs") or []), item]:
-        tok = str(alt.get("token") or "").strip()
-        lp = alt.get("logprob")
-        if len(tok) == 1 and tok in SCORE_DIGITS and isinstance(lp, int | float) and math.isfinite(lp):
-            probs[int(tok)] = max(probs.get(int(tok), 0.0), math.exp(lp))
+    for tok, p in alternatives(logprobs[position]).items():
+        tok = tok.strip()
+        if len(tok) == 1 and tok in SCORE_DIGITS:
+            probs[int(tok)] = max(probs.get(int(tok), 0.0), p)
     total = sum(probs.values())
     if total <= 0:
         return None

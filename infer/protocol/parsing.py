@@ -208,6 +208,23 @@ def parse_status(text: str, mode: Mode = "strict") -> StatusResult:
     return StatusResult(None, False, f"status value {shown!r} is neither success nor failure")
 
 
+_STATUS_PREFIX = re.compile(r"[\s\"'`*\[(<]*")
+
+
+def status_word_offset(text: str, mode: Mode = "strict") -> int | None:
+    """Character offset in ``text`` of the status word :func:`parse_status` reads (after the label and
+    any quotes or markup), or None when it reads none (where the status's log-probabilities are found)."""
+    _check_mode(mode)
+    text = text or ""
+    if not parse_status(text, mode).valid:
+        return None
+    if mode == "reference":
+        start = text.lower().index("status:") + len("status:")
+    else:
+        start = list(_STATUS_LABEL.finditer(text))[-1].end()
+    return start + _STATUS_PREFIX.match(text, start).end() - start
+
+
 _NUMBERED = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s*(.+?)\s*$")
 
 

@@ -81,6 +81,8 @@ class OutcomeCall:
     key_point: str | None = None
     cached: bool = False
     cut: bool = False  # the answer was cut by max_tokens
+    #: P(success) read from the status token's log-probabilities (``pipeline.outcome_logprobs``), else None
+    p_success: float | None = None
 
 
 @dataclass

@@ -14,6 +14,7 @@ import asyncio
 import copy
 import dataclasses
 import logging
+import math
 import os
 import tempfile
 import time
@@ -61,13 +62,32 @@ class RewardSettings:
             raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
 
 
+NO_LOGPROBS = "not available: the outcome call asks for no logprobs (set pipeline.outcome_logprobs, e.g. 5)"
+STATUS_TOKEN = "the status word's token at 'Status:', P(success) over success/failure alternatives"
+
+
+def p_success_of(verdict: Verdict, asked: bool) -> tuple[float | None, str]:
+    """P(success) from the outcome calls' status tokens, and where it came from (or why there is none)."""
+    calls = verdict.outcome_calls
+    if not asked:
+        return None, NO_LOGPROBS
+    if not calls or any(c.p_success is None for c in calls):
+        return None, "not available: the judge's answer gave no log-probabilities at its status word"
+    if len(calls) == 1:
+        return calls[0].p_success, STATUS_TOKEN
+    return math.prod(c.p_success for c in calls), (
+        f"{STATUS_TOKEN}, multiplied over the {len(calls)} key points (taken as independent)"
+    )
+
+
 @dataclass
 class RewardResult:
     """The reward of one rollout.
 
     ``reward``: 1.0 (success), 0.0 (failure) or None (no verdict: ``error`` says why). ``p_success``: the
-    probability of the status token, when the outcome call returns log-probabilities; keyshot's outcome
-    call does not ask for them yet, so it is None (``p_success_source`` says so). ``progress``: the
+    probability of success read at the status token, when the outcome call asks for log-probabilities
+    (``pipeline.outcome_logprobs``) and the judge returns them; ``p_success_source`` says how it was read,
+    or why there is none. ``progress``: the
     fraction of key points judged met, when the outcome was judged key point by key point
     (``outcome_mode: key_point`` or ``combined``), else None. ``step_scores``: the scorer's 1-5 score per
     screenshot (None where it gave none); ``kept``: the indices of the key screenshots.
@@ -78,7 +98,7 @@ class RewardResult:
     reward: float | None = None
     success: bool | None = None
     p_success: float | None = None
-    p_success_source: str | None = "not available: the outcome call does not request logprobs"
+    p_success_source: str | None = NO_LOGPROBS
     progress: float | None = None
     key_points: list[str] = field(default_factory=list)
     step_scores: list[int | None] = field(default_factory=list)
@@ -131,7 +151,7 @@ def rollout_id(rollout: Any, trajectory: Trajectory | None, position: int) -> st
     return str(position)
 
 
-def result_of(rid: str, verdict: Verdict, seconds: float) -> RewardResult:
+def result_of(rid: str, verdict: Verdict, seconds: float, logprobs_asked: bool = False) -> RewardResult:
     """A verdict read as a reward."""
     error = verdict.error
     if error is None and verdict.success is None:
@@ -142,11 +162,18 @@ def result_of(rid: str, verdict: Verdict, seconds: float) -> RewardResult:
     if verdict.config.get("outcome_mode_used") == "key_point" and verdict.outcome_calls:
         met = sum(bool(c.valid and c.success) for c in verdict.outcome_calls)
         progress = met / len(verdict.outcome_calls)
+    p_success, source = (
+        p_success_of(verdict, logprobs_asked)
+        if verdict.success is not None
+        else (None, "no verdict: see error")
+    )
     return RewardResult(
         id=rid,
         task_id=verdict.task_id,
         reward=None if verdict.success is None else float(verdict.success),
         success=verdict.success,
+        p_success=p_success,
+        p_success_source=source,
         progress=progress,
         key_points=split_key_points(verdict.key_points or ""),
         step_scores=[r.score for r in verdict.screenshots],
@@ -282,7 +309,10 @@ class RewardModel:
                 async with slots:
                     verdict = await webjudge.judge(trajectory)
                 result = result_of(
-                    rollout_id(rollout, trajectory, position), verdict, time.perf_counter() - t0
+                    rollout_id(rollout, trajectory, position),
+                    verdict,
+                    time.perf_counter() - t0,
+                    self.cfg.pipeline.outcome_logprobs is not None,
                 )
             except (RolloutError, RunStopError) as exc:
                 result = RewardResult(

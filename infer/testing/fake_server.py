@@ -58,11 +58,14 @@ _TOKEN = re.compile(r"\d|[^\W\d_]+|\s+|[^\w\s]")
 
 
 def _logprobs_for(tokens: list[str], k: int) -> list[dict]:
-    """Fake log-probabilities: a score digit gets 0.8 on itself and 0.05 on each other digit 1-5."""
+    """Fake log-probabilities: a score digit gets 0.8 on itself and 0.05 on each other digit 1-5; a status
+    word 0.8 on itself and 0.2 on the other status word."""
     out = []
     for tok in tokens:
         if tok in "12345" and len(tok) == 1:
             alts = [(tok, 0.8)] + [(d, 0.05) for d in "12345" if d != tok]
+        elif tok in ("success", "failure"):  # the status word: 0.8 on itself, 0.2 on the other one
+            alts = [(tok, 0.8), ("failure" if tok == "success" else "success", 0.2)]
         else:
             alts = [(tok, 0.9)] + [(f"{tok}~{i}", 0.1 / max(k, 1)) for i in range(1, max(k, 1))]
         top = [{"token": t, "logprob": float(np.log(p)), "bytes": list(t.encode())} for t, p in alts[:k]]
