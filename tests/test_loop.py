@@ -15,7 +15,7 @@ from tests.support.vllm import find_vllm_python
 pytestmark = pytest.mark.slow
 
 # Floors chosen from measured runs (README "Close the loop"): at these sizes the trained scorer reached
-# 0.88-0.97 exact agreement and 0.92-0.96 key F1 over training seeds 0-2; untrained answers are unreadable
+# 0.88-0.97 exact agreement and 0.92-0.96 key F1 (training seeds 0 and 2); untrained answers are unreadable
 # (0 valid). Chance exact agreement is 1/3. (With 60 trajectories and 300-400 steps the spread over seeds
 # was 0.68-0.88: too close to the floor.)
 TRAINED_EXACT_FLOOR = 0.7
