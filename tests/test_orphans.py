@@ -142,3 +142,71 @@ def test_kill_9_of_the_judge_takes_the_server_with_it(judging):
     again, _ = start()
     again.send_signal(signal.SIGTERM)
     assert again.wait(timeout=120) == 128 + signal.SIGTERM, again.stderr.read().decode()[-3000:]
+
+
+def test_reward_serve_with_serve_scorer_scores_through_vllm_and_takes_it_down_on_sigterm(
+    tiny_model_dir, tmp_path
+):
+    """``keyshot reward serve --serve-scorer CKPT``: the rollout's screenshots are scored by the vLLM server
+    it started; SIGTERM ends the service and the server with it."""
+    import json
+    import socket
+    import urllib.request
+
+    python = find_vllm_python()
+    if python is None:
+        pytest.skip("no vLLM interpreter (make setup-vllm)")
+    pytest.importorskip("fastapi")
+    checkpoint = make_scorer_checkpoint(tiny_model_dir, tmp_path / "ckpt")
+    world = synthetic_trajectories(tmp_path / "world", 1, 2, seed=3)
+    rollout = json.loads(world.read_text().splitlines()[0])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with spawn_fake_openai("judge") as (judge_url, _):
+        argv = [sys.executable, "-m", "keyshot.infer.cli", "reward", "serve", "--port", str(port)]
+        argv += ["--config", str(REPO / "configs/judge/tiny_cpu.yaml"), "--serve-scorer", str(checkpoint)]
+        argv += ["--allow-root", str(tmp_path), "--vllm-log", str(tmp_path / "vllm.log")]
+        for override in (
+            f"judge.base_url={judge_url}",
+            "scorer.endpoint.max_tokens=8",
+            "pipeline.parse_mode=reference",  # the untrained model's answers are cut
+            f"scorer.serve.tmpdir={tmp_path / 'tmp'}",
+        ):
+            argv += ["--set", override]
+        env = {**os.environ, "KEYSHOT_VLLM_PYTHON": python}
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+
+            def up() -> bool:
+                assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                        return True
+                except OSError:
+                    return False
+
+            wait_until(up, 600, "the reward service with its vLLM scorer")
+            group = server_group(proc.pid)
+            assert group is not None and len(group_members(group)) >= 3  # guard, API server, engine core
+            shots = [
+                str(Path(world.parent, s["path"] if isinstance(s, dict) else s))
+                for s in rollout["screenshots"]
+            ]
+            body = json.dumps(
+                {"rollouts": [{"id": "r0", "task": rollout["task"], "screenshots": shots}]}
+            ).encode()
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/reward", body, {"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=300) as response:
+                (result,) = json.loads(response.read())["results"]
+            assert result["calls"]["scorer"] == 2 and result["error"] is None, result
+            assert result["reward"] in (0.0, 1.0)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+            wait_until(lambda: not group_members(group), 60, "the vLLM processes to exit")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

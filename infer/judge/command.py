@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import sys
 import time
@@ -51,7 +50,7 @@ from keyshot.infer.judge.inputs import (
     other_inputs_message,
 )
 from keyshot.infer.judge.pipeline import WebJudge
-from keyshot.infer.judge.scorer_factory import build_scorer, scorer_max_tokens
+from keyshot.infer.judge.scorer_factory import build_scorer, scorer_max_tokens, start_served_scorer
 from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.infer.model.checkpoint import model_folder_problem
 from keyshot.infer.protocol.images import ImagePolicy
@@ -77,7 +76,6 @@ from keyshot.infer.runs.summary import (
     write_summary,
 )
 from keyshot.infer.serve.command import VLLMServer
-from keyshot.infer.serve.plan import ServeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -337,24 +335,8 @@ def _judge_locked(
     cut_answers: list[dict] = []
     try:
         scorer_endpoint = None
-        if serve_scorer and todo:
-            serve_cfg = dataclasses.replace(cfg.scorer.serve or ServeConfig(), model=serve_scorer)
-            serve_cfg.prompt_variant = cfg.pipeline.prompt_variant
-            # the server's log beside the run, not in /tmp
-            serve_cfg.log_file = serve_cfg.log_file or str(out / "vllm.log")
-            server = VLLMServer(serve_cfg).start()
-            base = cfg.scorer.endpoint
-            scorer_endpoint = server.endpoint(
-                **(
-                    {
-                        "max_concurrency": base.max_concurrency,
-                        "max_tokens": base.max_tokens,
-                        "timeout_s": base.timeout_s,
-                    }
-                    if base
-                    else {}
-                )
-            )
+        if serve_scorer and todo:  # the server's log beside the run, not in /tmp
+            server, scorer_endpoint = start_served_scorer(cfg, serve_scorer, str(out / "vllm.log"))
         if todo:
             judge = JudgeClient(cfg.judge, cache, ledger)
             scorer = build_scorer(cfg, cache, ledger, scorer_endpoint)

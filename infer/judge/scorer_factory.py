@@ -3,6 +3,7 @@ policy it was trained with and its answer limit."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from keyshot.infer.client.cache import CallCache
@@ -16,6 +17,8 @@ from keyshot.infer.judge.scorers import KeyScreenshotScorer, OpenAIScorer, check
 from keyshot.infer.model.checkpoint import trained_answer_tokens
 from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy
 from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.serve.command import VLLMServer
+from keyshot.infer.serve.plan import ServeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -104,3 +107,22 @@ def build_scorer(
         policy=scorer_policy(sc),
         retry_invalid=sc.retry_invalid,
     )
+
+
+def start_served_scorer(
+    cfg: JudgeRunConfig, checkpoint: str, log_file: str
+) -> tuple[VLLMServer, EndpointConfig]:
+    """``--serve-scorer CHECKPOINT``: vLLM serving the checkpoint under the process guard (``scorer.serve``
+    settings, its log in ``log_file`` unless they name one), and the endpoint the scorer calls, keeping
+    the configured endpoint's concurrency, answer limit and timeout."""
+    serve_cfg = dataclasses.replace(cfg.scorer.serve or ServeConfig(), model=checkpoint)
+    serve_cfg.prompt_variant = cfg.pipeline.prompt_variant
+    serve_cfg.log_file = serve_cfg.log_file or log_file
+    server = VLLMServer(serve_cfg).start()
+    base = cfg.scorer.endpoint
+    kept = {
+        "max_concurrency": base.max_concurrency,
+        "max_tokens": base.max_tokens,
+        "timeout_s": base.timeout_s,
+    }
+    return server, server.endpoint(**(kept if base else {}))

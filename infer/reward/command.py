@@ -20,8 +20,10 @@ from pathlib import Path
 from keyshot.infer.common.errors import EXIT_USAGE, KeyshotError
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.common.helptext import plain
+from keyshot.infer.judge.scorer_factory import start_served_scorer
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
+from keyshot.infer.model.checkpoint import model_folder_problem
 from keyshot.infer.reward.model import RewardModel, RewardResult
 
 
@@ -115,6 +117,17 @@ def run_serve(args: argparse.Namespace) -> int:
     if not allow_root.is_dir():
         raise RewardCommandError(f"--allow-root {allow_root}: not a folder")
     rm = RewardModel.from_config(args.config, *args.overrides, allow_root=str(allow_root.resolve()))
+    server = None
+    if args.serve_scorer:  # vLLM under the process guard: it ends with the service, even when killed
+        if problem := model_folder_problem(args.serve_scorer):
+            raise RewardCommandError(
+                f"--serve-scorer {args.serve_scorer}: not a model checkpoint ({problem})"
+            )
+        rm.cfg.scorer.checkpoint = rm.cfg.scorer.checkpoint or args.serve_scorer
+        print(
+            f"keyshot reward serve: starting vLLM for {args.serve_scorer} (log: {args.vllm_log})", flush=True
+        )
+        server, rm.cfg.scorer.endpoint = start_served_scorer(rm.cfg, args.serve_scorer, args.vllm_log)
     limits = ServiceLimits(
         allow_root=str(allow_root.resolve()),
         max_body_bytes=args.max_body_mb * 1024 * 1024,
@@ -123,7 +136,11 @@ def run_serve(args: argparse.Namespace) -> int:
         deadline_s=args.deadline_s,
         token_env=args.token_env,
     )
-    run_service(rm, limits, args.host, args.port)
+    try:
+        run_service(rm, limits, args.host, args.port)
+    finally:
+        if server is not None:
+            server.stop()
     return 0
 
 
@@ -157,6 +174,12 @@ def add_parser(subparsers) -> None:
     s.add_argument("--max-screenshots", type=int, default=200, help="per rollout")
     s.add_argument("--queue-size", type=int, default=64, help="requests admitted at once (others: 429)")
     s.add_argument("--deadline-s", type=float, default=600.0, help="per request (504 past it)")
+    s.add_argument(
+        "--serve-scorer",
+        metavar="CHECKPOINT",
+        help="serve this scorer checkpoint with vLLM (scorer.serve settings) and score with it",
+    )
+    s.add_argument("--vllm-log", default="vllm.log", help="the vLLM server's log with --serve-scorer")
     s.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="config override"
     )
