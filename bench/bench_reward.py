@@ -479,9 +479,6 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--memory-child", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    logging.getLogger("keyshot").setLevel(
-        logging.ERROR
-    )  # the fake scorer's missing checkpoint, said per model
     if args.memory_child:
         memory_child(*args.memory_child)
         return {}
@@ -518,4 +515,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    # quiet the fake scorer's "no checkpoint" warning, said per model (not in main(): tests call it)
+    logging.getLogger("keyshot").setLevel(logging.ERROR)
     main()
