@@ -155,7 +155,8 @@ def test_verdicts_only_where_a_score_was_read(tmp_path, capsys):
         assert summary["no_readable_scores"] == summary["incomplete"] == len(blind)
         assert summary["success"] + summary["failure"] == N_TRAJECTORIES - len(blind)
         assert summary["success_rate"] == summary["success"] / (N_TRAJECTORIES - len(blind))
-        assert f"{len(blind)} trajectories have no readable scores" in err
+        noun = "trajectory has" if len(blind) == 1 else "trajectories have"
+        assert f"{len(blind)} {noun} no readable scores" in err
         markdown = (out / "summary.md").read_text()
         assert "## No readable scores (no verdict; the next run judges them again)" in markdown
         assert "Incomplete trajectories" not in markdown

@@ -75,6 +75,15 @@ def test_unknown_and_bad_keys_are_rejected():
     assert (cfg.optim.lr, cfg.max_steps, cfg.model.lora.enabled) == (2e-4, 7, True)
 
 
+def test_checkpoint_every_zero_means_only_the_final_one_and_a_negative_is_refused():
+    """checkpoint.every_steps=0 once divided by zero at the first optimizer step (tests/test_real_data.py
+    trains with it to the last step)."""
+    path = REPO / "configs/train/tiny_cpu.yaml"
+    assert load_config(TrainConfig, path, ["checkpoint.every_steps=0"]).checkpoint.every_steps == 0
+    with pytest.raises(ConfigError, match=r"checkpoint.every_steps must be >= 0 \(0: only the final one\)"):
+        load_config(TrainConfig, path, ["checkpoint.every_steps=-5"])
+
+
 @pytest.mark.parametrize("path", ACCELERATE_CONFIGS, ids=lambda p: p.name)
 def test_accelerate_configs(path):
     cfg = yaml.safe_load(path.read_text(encoding="utf-8"))

@@ -601,7 +601,8 @@ class _TrainingLoop:
             scheduler.step()
         state.step += 1
         state.samples_seen += self.cfg.global_batch_size
-        if state.step % self.cfg.log.every_steps == 0 or state.step == state.total_steps:
+        every = self.cfg.log.every_steps
+        if (every and state.step % every == 0) or state.step == state.total_steps:
             self._log_progress(step_lr)
         self.losses.clear()
         self._at_intervals()
@@ -646,7 +647,8 @@ class _TrainingLoop:
             self.checkpoints.save(accelerator, _normalised(state, len(self.parts.loader)))
             accelerator.end_training()
             raise Preempted(self.watch.signum or signal.SIGTERM, state.step)
-        if state.step % self.cfg.checkpoint.every_steps == 0 and before_last:
+        every = self.cfg.checkpoint.every_steps
+        if every and state.step % every == 0 and before_last:
             self.checkpoints.save(accelerator, _normalised(state, len(self.parts.loader)))
 
 

@@ -110,17 +110,24 @@ class EvalSettings:
 
 @dataclass
 class CheckpointSettings:
+    #: A resumable checkpoint every N optimizer steps (0: none before the final one; a preemption
+    #: signal still saves one).
     every_steps: int = 200
     keep_last: int = 2
     resume: bool = True
 
     def __post_init__(self) -> None:
+        if self.every_steps < 0:
+            raise ConfigError(
+                f"checkpoint.every_steps must be >= 0 (0: only the final one), got {self.every_steps}"
+            )
         if self.keep_last < 1:
             raise ConfigError(f"checkpoint.keep_last must be >= 1, got {self.keep_last}")
 
 
 @dataclass
 class LogSettings:
+    #: Log every N optimizer steps and at the last (0: the last only).
     every_steps: int = 10
     #: accelerate tracker: tensorboard, wandb (when installed) or none; metrics.jsonl is always written.
     tracker: Literal["tensorboard", "wandb", "none"] = "tensorboard"

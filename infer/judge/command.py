@@ -526,12 +526,15 @@ def run_warnings(summary: dict) -> list[str]:
     no_scores = summary.get("no_readable_scores", 0)
     if no_scores:
         lines.append(
-            f"{no_scores} trajectories have no readable scores: no verdict (not counted as failures; "
+            f"{no_scores} {'trajectory has' if no_scores == 1 else 'trajectories have'} no readable scores: "
+            "no verdict (not counted as failures; "
             "summary.md says why); the next run judges them again"
         )
     failed = summary["incomplete"] - no_scores
     if failed and not run.get("stopped"):
-        lines.append(f"{failed} trajectories incomplete; re-run the same command to retry them")
+        lines.append(
+            f"{failed} {'trajectory' if failed == 1 else 'trajectories'} incomplete; re-run the same command to retry them"
+        )
     if summary.get("judged_without_scores"):
         lines.append(judged_without_scores_line(summary["judged_without_scores"]))
     if images := unreadable_images_line(summary):
