@@ -7,8 +7,10 @@ Judges are the fake OpenAI server (deterministic answers, injected faults); the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -400,3 +402,54 @@ def test_two_judge_calls_per_trajectory_with_vllm_scorer(vllm_server, scorer_che
             assert record.raw  # the tiny model's (random) answer, recorded
             assert record.visual_tokens <= 64  # the checkpoint's max_pixels: 64 visual tokens
         assert v.config["scorer_model"] == vllm_server.model_name
+
+
+# ---------------------------------------------------------------------------- screenshots first come, first served
+def test_trajectories_in_flight_share_the_image_threads_first_come_first_served():
+    """Many trajectories judged at once (a rollout batch, a judge run's concurrency): the screenshots of the
+    trajectory that asked first are prepared first, so its scorer calls start while the others' are still
+    being prepared (with a thread pool per trajectory every trajectory finished preparing at the end)."""
+    events: list[tuple[str, str]] = []
+
+    @dataclass(frozen=True)
+    class LoggedShot(Screenshot):
+        task_id: str = ""
+
+        def prepare(self, policy=REFERENCE_POLICY):
+            events.append(("prepare", self.task_id))
+            return super().prepare(policy)
+
+    class LoggedScorer(OpenAIScorer):
+        async def score_many(self, task, key_points, images):
+            events.append(("score", task))
+            return await super().score_many(task, key_points, images)
+
+    source = agentlab_trajectories()[0]
+    trajectories = [
+        dataclasses.replace(
+            source,
+            task_id=name,
+            task=name,
+            screenshots=[LoggedShot(s.path, s.index, task_id=name) for s in source.screenshots],
+        )
+        for name in ("a", "b", "c", "d")
+    ]
+    with FakeOpenAI(make_judge("any_image", "brightness")) as server:
+        scorer = LoggedScorer(judge_client(server, model="fake-scorer"), load_prompt_set())
+        webjudge = WebJudge(judge_client(server), scorer, PipelineConfig(image_workers=2))
+
+        async def all_at_once():
+            try:
+                return await asyncio.gather(*(webjudge.judge(t) for t in trajectories))
+            finally:
+                await webjudge.aclose()
+
+        verdicts = asyncio.run(all_at_once())
+    assert all(v.success is not None for v in verdicts)
+    prepared = [name for kind, name in events if kind == "prepare"]
+    order = list(dict.fromkeys(prepared))  # in the order their key points came back
+    assert prepared == [name for name in order for _ in source.screenshots]
+    first, last = order[0], order[-1]
+    assert ("prepare", last) in events[events.index(("score", first)) :], (
+        f"trajectory {first} waited for every other's screenshots"
+    )

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Literal
 
@@ -101,6 +102,7 @@ class PipelineConfig:
     #: Ask the outcome call for this many top log-probabilities per token (the endpoint must return
     #: them): each outcome call then has ``p_success``, read at the status word. None: not asked.
     outcome_logprobs: int | None = None
+    #: Threads preparing screenshots, shared by all the trajectories in flight (first come, first served).
     image_workers: int = 4
     allow_partial: bool = False
 
@@ -162,6 +164,7 @@ class WebJudge:
             )
         self.scorer = scorer
         self.protocol = Protocol(self.prompts, self.config.parse_mode)
+        self._slots_by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.stop_error: RunStopError | None = None  # a spent budget, an endpoint that is down, cut answers
         self.cut_watches: dict[str, CutWatch] = {}  # per token-limit setting, this run's answers
         self.policy = image_policy or scorer.image_policy or default_policy
@@ -292,9 +295,19 @@ class WebJudge:
         )
 
     # ------------------------------------------------------------------ screenshots
+    def _image_slots(self) -> asyncio.Semaphore:
+        """The threads preparing screenshots, shared by every trajectory in flight on this event loop.
+        Waiters are served first come, first served, so the screenshots of the trajectory that asked
+        first are ready first and its scorer calls start while the next one's are prepared."""
+        loop = asyncio.get_running_loop()
+        slots = self._slots_by_loop.get(loop)
+        if slots is None:
+            slots = self._slots_by_loop[loop] = asyncio.Semaphore(self.config.image_workers)
+        return slots
+
     async def _prepare(self, trajectory: Trajectory, policy: ImagePolicy) -> list[PreparedImage | str]:
         """Each screenshot under ``policy``, or the error message if it cannot be read."""
-        slots = asyncio.Semaphore(self.config.image_workers)
+        slots = self._image_slots()
 
         async def one(shot) -> PreparedImage | str:
             async with slots:
