@@ -282,3 +282,24 @@ def test_judge_scorer_max_tokens_follows_the_checkpoint(answered_checkpoint, cap
         build_scorer(explicit, None, UsageLedger())
     enough = _judge_config([f"scorer.checkpoint={answered_checkpoint}", "scorer.max_tokens=160"])
     assert build_scorer(enough, None, UsageLedger()).max_tokens == 160
+
+
+def test_a_scorer_cut_at_its_trained_answer_length_is_called_a_checkpoint_problem(
+    answered_checkpoint, tmp_path, capsys
+):
+    """The limit already allows the longest trained answer (150 tokens) and every answer runs past it:
+    raising the limit again would only pay for longer answers, so the message points at the checkpoint."""
+    from keyshot.infer.cli import main as keyshot
+    from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+    from tests.test_evidence import VERBOSE, judge_argv
+
+    with FakeOpenAI(make_judge(reasoning_words=VERBOSE)) as server:
+        argv = judge_argv(
+            server, tmp_path / "run", concurrency="1", **{"scorer.checkpoint": str(answered_checkpoint)}
+        )
+        assert keyshot(argv) == 2
+    err = capsys.readouterr().err
+    stop = next(line for line in err.splitlines() if "stopped:" in line)
+    assert "at up to 150 completion tokens" in stop
+    assert "already allows the longest answer the scorer's checkpoint was trained on (150 tokens)" in stop
+    assert "check the checkpoint" in stop and "raise scorer" not in stop

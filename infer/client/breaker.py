@@ -69,8 +69,9 @@ class CutWatch:
     reference does). Its counts tell the user what to change (:meth:`report`).
     """
 
-    def __init__(self, setting: str, first: int | None = CUT_WATCH_FIRST):
+    def __init__(self, setting: str, first: int | None = CUT_WATCH_FIRST, trained_tokens: int | None = None):
         self.setting, self.first = setting, first
+        self.trained_tokens = trained_tokens  # the longest answer the scorer was trained on, when known
         self.answers = 0
         self.cut = 0
         self.cut_tokens = 0  # the most completion tokens of a cut answer
@@ -85,7 +86,9 @@ class CutWatch:
             self.cut += 1
             self.cut_tokens = max(self.cut_tokens, completion_tokens)
         if self.down is None and self.answers == self.first and self.cut == self.first:
-            self.down = CutAnswersError(self.setting, self.answers, self.cut_tokens, self.longest_tokens)
+            self.down = CutAnswersError(
+                self.setting, self.answers, self.cut_tokens, self.longest_tokens, self.trained_tokens
+            )
 
     def check(self) -> None:
         """Raise the watch's CutAnswersError once it is down."""
@@ -99,4 +102,5 @@ class CutWatch:
             "cut": self.cut,
             "cut_tokens": self.cut_tokens,
             "longest_tokens": self.longest_tokens,
+            "trained_tokens": self.trained_tokens,
         }

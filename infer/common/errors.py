@@ -61,9 +61,18 @@ class EndpointDownError(RunStopError):
         )
 
 
-def raise_advice(setting: str) -> str:
+def raise_advice(setting: str, cut_tokens: int = 0, trained_tokens: int | None = None) -> str:
     """What to do about answers cut under ``setting``: raise it; a judge's limit is part of the run's
-    protocol (``run.json``), so its verdicts go to a new folder."""
+    protocol (``run.json``), so its verdicts go to a new folder. A scorer cut at or past the longest
+    answer its checkpoint was trained on (``trained_tokens``) does not end its answers: raising the
+    limit would only pay for longer answers."""
+    if trained_tokens and cut_tokens >= trained_tokens:
+        return (
+            f"{setting} already allows the longest answer the scorer's checkpoint was trained on "
+            f"({trained_tokens} tokens), so the model does not end its answers as it was taught: check the "
+            "checkpoint (too few training steps, or another chat template than its training's) before "
+            "raising the limit"
+        )
     if setting == "judge.max_tokens":
         return "raise judge.max_tokens and judge into a new --out (the run folder's protocol records it)"
     return f"raise {setting} and re-run the same command"
@@ -77,12 +86,19 @@ class CutAnswersError(RunStopError):
     exit_code = EXIT_USAGE
     advice = ""
 
-    def __init__(self, setting: str, answers: int, cut_tokens: int, longest_tokens: int):
+    def __init__(
+        self,
+        setting: str,
+        answers: int,
+        cut_tokens: int,
+        longest_tokens: int,
+        trained_tokens: int | None = None,
+    ):
         self.setting = setting
         super().__init__(
             f"the first {answers} answers under {setting} were all cut by max_tokens (at up to {cut_tokens} "
             f"completion tokens; the longest answer seen: {longest_tokens} tokens): the model answers at more "
-            f"length than {setting} allows; {raise_advice(setting)}"
+            f"length than {setting} allows; {raise_advice(setting, cut_tokens, trained_tokens)}"
         )
 
 

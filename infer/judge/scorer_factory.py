@@ -78,7 +78,7 @@ def build_scorer(
     if sc.backend == "transformers":
         if not sc.checkpoint:
             raise JudgeRunError("scorer.backend=transformers needs scorer.checkpoint (a model folder)")
-        return TransformersScorer(
+        scorer: KeyScreenshotScorer = TransformersScorer(
             sc.checkpoint,
             prompts,
             device=sc.device,
@@ -88,6 +88,8 @@ def build_scorer(
             parse_mode=cfg.pipeline.parse_mode,
             logprobs=sc.logprobs,
         )
+        scorer.trained_answer_tokens = trained_answer_tokens(sc.checkpoint)
+        return scorer
     endpoint = endpoint or sc.endpoint
     if endpoint is None and not sc.endpoints:
         raise JudgeRunError("scorer.backend=openai needs scorer.endpoint (or --serve-scorer CHECKPOINT)")
@@ -98,7 +100,7 @@ def build_scorer(
     )
     served_limit = endpoint.max_tokens if endpoint is not None else min(e.max_tokens for e in sc.endpoints)
     limit = scorer_max_tokens(sc, served_limit)
-    return OpenAIScorer(
+    scorer = OpenAIScorer(
         client,
         prompts,
         parse_mode=cfg.pipeline.parse_mode,
@@ -107,6 +109,8 @@ def build_scorer(
         policy=scorer_policy(sc),
         retry_invalid=sc.retry_invalid,
     )
+    scorer.trained_answer_tokens = trained_answer_tokens(sc.checkpoint)
+    return scorer
 
 
 def start_served_scorer(

@@ -80,6 +80,8 @@ class KeyScreenshotScorer(ABC):
     role: str = "scorer"
     #: the config setting that limits this scorer's answers (named when its answers are cut)
     max_tokens_setting: str = "scorer.max_tokens"
+    #: the longest answer (tokens) the scorer's checkpoint was trained on, when known (keyshot.json)
+    trained_answer_tokens: int | None = None
 
     def __init__(self, prompts: PromptSet, *, parse_mode: str = "strict"):
         self.prompts = prompts

@@ -257,7 +257,7 @@ def cut_lines(reports: list[dict]) -> list[str]:
     return [
         f"{r['cut']} of {r['answers']} answers under {r['setting']} were cut by max_tokens (at up to "
         f"{r['cut_tokens']} completion tokens; the longest answer seen: {r['longest_tokens']} tokens): "
-        f"{raise_advice(r['setting'])}"
+        f"{raise_advice(r['setting'], r['cut_tokens'], r.get('trained_tokens'))}"
         for r in reports
     ]
 
