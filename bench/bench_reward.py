@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import logging
 import os
@@ -338,6 +339,11 @@ def bench_episodes(args, work: Path, judge: FakeOpenAI, scorer_url: str) -> dict
     agent_config.write_text(config.read_text() + "reward:\n  on_failure: zero\n")
     os.environ[reward_shared.CONFIG_ENV] = str(agent_config)
     reward_shared.reset_shared()
+    # As in a trainer's process, where both exist before the first episode ends (and as the TRL run's
+    # model is built before its clock starts): the process-wide model, and torch for the reward tensors.
+    reward_shared.shared_model()
+    if importlib.util.find_spec("torch") is not None:
+        import torch  # noqa: F401
     before = judge.stats.completions_served
 
     async def all_agents():
