@@ -98,6 +98,19 @@ def test_dry_run_says_why_the_rest_is_not_judged(tmp_path, capsys):
     assert printed.rstrip().endswith("endpoints reachable, keys accepted, models served; nothing was called")
 
 
+def test_judging_released_judge_records_points_at_the_commands_that_read_them(tmp_path, capsys):
+    """AgentRewardBench's released WebJudge records are verdicts: keyshot judge names the two commands
+    that read them (metrics, synth import-arb), with the judges found there."""
+    records = REPO / "tests" / "fixtures" / "arb"
+    argv = ["judge", str(records), "--config", REFERENCE, "--out", str(tmp_path / "o"), "--dry-run"]
+    assert keyshot(argv + fake_judge_args(dead_url())) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"{records / 'index.csv'} looks like AgentRewardBench's released judge records" in err
+    assert f"keyshot metrics --arb-index {records / 'index.csv'} --arb-judge webjudge_7B" in err
+    assert "judges there: webjudge_7B, webjudge_gpt4o, webjudge_o4_mini" in err
+    assert f"keyshot synth import-arb {records} --run RUN" in err
+
+
 def test_a_run_that_failed_at_preflight_leaves_a_folder_another_config_may_use(tmp_path, capsys):
     out = tmp_path / "o"
     argv = ["judge", str(OM2W), "--config", WEBJUDGE7B, "--out", str(out), "--no-progress"]

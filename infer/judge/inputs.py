@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
-from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.loaders import load_trajectories, released_records_hint
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.protocol.verdicts import ResumeIndex, Verdict, VerdictWriter, read_verdicts, verdict_key
 from keyshot.infer.runs.shards import ShardSpec
@@ -144,10 +144,12 @@ def nothing_found_message(paths: list[str], load_errors: list[TrajectoryError]) 
         "looked for Online-Mind2Web task folders (result.json + trajectory/), per-agent folders of them, "
         "AgentLab runs (summary_info.json, screenshot_step_N.png) and .jsonl files"
     )
-    if not load_errors:
-        return f"no trajectories in {', '.join(paths)}: {looked}"
     shown = "; ".join(str(e) for e in load_errors[:3])
+    hints = "".join(h for h in map(released_records_hint, map(Path, paths)) if h not in shown)
+    if not load_errors:
+        return f"no trajectories in {', '.join(paths)}: {looked}{hints}"
     more = f" (and {len(load_errors) - 3} more)" if len(load_errors) > 3 else ""
     return (
         f"no readable trajectory in {', '.join(paths)} ({looked}): {len(load_errors)} failed: {shown}{more}"
+        f"{hints}"
     )

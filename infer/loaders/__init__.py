@@ -177,7 +177,25 @@ def detect_format(path: Path | str) -> str:
     raise TrajectoryError(
         path,
         f"not a trajectory folder: expected {RESULT_FILE} (Online-Mind2Web) or experiment_analysis.md / "
-        "summary_info.json / screenshot_step_N.png (AgentLab)",
+        "summary_info.json / screenshot_step_N.png (AgentLab)" + released_records_hint(path),
+    )
+
+
+def released_records_hint(path: Path) -> str:
+    """For a folder of AgentRewardBench's released judge records (its index.csv beside them, or one folder
+    down): what reads them instead ("; ..."), else ""."""
+    try:
+        index = next((i for i in (path / "index.csv", *path.glob("*/index.csv")) if i.is_file()), None)
+    except OSError:
+        return ""
+    if index is None:
+        return ""
+    judges = sorted(d.name for d in index.parent.iterdir() if d.is_dir())
+    return (
+        f"; {index} looks like AgentRewardBench's released judge records, which are verdicts, not "
+        f"trajectories: score them with `keyshot metrics --arb-index {index} --arb-judge "
+        f"{judges[0] if judges else 'NAME'} --out DIR` (judges there: {', '.join(judges) or 'none'}), "
+        f"or import them as teacher labels with `keyshot synth import-arb {index.parent} --run RUN`"
     )
 
 
