@@ -139,3 +139,13 @@ def test_the_wheel_installs_one_import_name_and_the_command(tmp_path):
         cwd=tmp_path,
     )
     assert where.stdout.strip().startswith(str(site)), where.stdout + where.stderr
+
+
+def test_every_name_of_the_facade_resolves_to_its_room():
+    import keyshot
+    from keyshot.infer.reward.episode import Episode
+    from keyshot.infer.reward.model import RewardModel
+
+    for name in keyshot.__all__:
+        assert getattr(keyshot, name).__name__ == name
+    assert (keyshot.RewardModel, keyshot.Episode) == (RewardModel, Episode)
