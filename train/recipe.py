@@ -54,7 +54,7 @@ from keyshot.train.checkpointing import (
 from keyshot.train.preemption import Preempted, PreemptionWatch, clear_marker
 from keyshot.train.scorer_model import load_scorer_model, parameter_groups
 from keyshot.train.throughput import FlopsModel, ThroughputMeter, log_totals
-from keyshot.train.train_config import TrainConfig
+from keyshot.train.train_config import TrainConfig, is_due
 from keyshot.train.validation import MetricsLog, evaluate
 
 logger = logging.getLogger(__name__)
@@ -601,8 +601,7 @@ class _TrainingLoop:
             scheduler.step()
         state.step += 1
         state.samples_seen += self.cfg.global_batch_size
-        every = self.cfg.log.every_steps
-        if (every and state.step % every == 0) or state.step == state.total_steps:
+        if is_due(state.step, self.cfg.log.every_steps) or state.step == state.total_steps:
             self._log_progress(step_lr)
         self.losses.clear()
         self._at_intervals()
@@ -641,14 +640,13 @@ class _TrainingLoop:
         (after it, the final evaluation and the final checkpoint follow)."""
         state, accelerator = self.state, self.accelerator
         before_last = state.step < state.total_steps
-        if self.cfg.eval.every_steps and state.step % self.cfg.eval.every_steps == 0 and before_last:
+        if is_due(state.step, self.cfg.eval.every_steps) and before_last:
             self.evaluation.run(state)
         if before_last and self.watch.requested(accelerator):
             self.checkpoints.save(accelerator, _normalised(state, len(self.parts.loader)))
             accelerator.end_training()
             raise Preempted(self.watch.signum or signal.SIGTERM, state.step)
-        every = self.cfg.checkpoint.every_steps
-        if every and state.step % every == 0 and before_last:
+        if is_due(state.step, self.cfg.checkpoint.every_steps) and before_last:
             self.checkpoints.save(accelerator, _normalised(state, len(self.parts.loader)))
 
 

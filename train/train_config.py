@@ -95,6 +95,17 @@ class OptimSettings:
             raise ConfigError(f"optim.warmup_ratio must be within [0, 1), got {self.warmup_ratio}")
 
 
+def check_every(name: str, every: int, zero: str) -> None:
+    """An ``every_steps`` setting: N > 0, or 0 (``zero`` says what 0 means); see :func:`is_due`."""
+    if every < 0:
+        raise ConfigError(f"{name} must be >= 0 (0: {zero}), got {every}")
+
+
+def is_due(step: int, every: int) -> bool:
+    """Whether an ``every_steps`` interval falls on ``step`` (never when ``every`` is 0)."""
+    return every > 0 and step % every == 0
+
+
 @dataclass
 class EvalSettings:
     #: Evaluate every N optimizer steps (0: only at the end).
@@ -107,6 +118,9 @@ class EvalSettings:
     #: A screenshot is "key" when its score is >= this (WebJudge's delta).
     key_threshold: int = 3
 
+    def __post_init__(self) -> None:
+        check_every("eval.every_steps", self.every_steps, "only at the end")
+
 
 @dataclass
 class CheckpointSettings:
@@ -117,10 +131,7 @@ class CheckpointSettings:
     resume: bool = True
 
     def __post_init__(self) -> None:
-        if self.every_steps < 0:
-            raise ConfigError(
-                f"checkpoint.every_steps must be >= 0 (0: only the final one), got {self.every_steps}"
-            )
+        check_every("checkpoint.every_steps", self.every_steps, "only the final one")
         if self.keep_last < 1:
             raise ConfigError(f"checkpoint.keep_last must be >= 1, got {self.keep_last}")
 
@@ -133,6 +144,9 @@ class LogSettings:
     tracker: Literal["tensorboard", "wandb", "none"] = "tensorboard"
     #: Dense peak of one device for the MFU estimate (H100 SXM bf16: 989 TFLOP/s).
     peak_tflops_per_device: float = 989.0
+
+    def __post_init__(self) -> None:
+        check_every("log.every_steps", self.every_steps, "the last step only")
 
 
 @dataclass

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import sys
+from abc import ABC, abstractmethod
 from datetime import datetime
 from pathlib import Path
 
@@ -97,7 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-class WebEnv(EpisodeRecorder):
+class WebEnv(EpisodeRecorder, ABC):
     """The tools the policy calls; a subclass connects them to a browser (``_open`` and ``_do``).
     Each page the policy is shown is recorded into the episode keyshot scores."""
 
@@ -183,11 +184,13 @@ class WebEnv(EpisodeRecorder):
             image.thumbnail((self.image_size, self.image_size), Image.LANCZOS)
         return image
 
+    @abstractmethod
     def _open(self, row: dict) -> tuple[str, str | None, str | None, str, object]:
-        raise NotImplementedError
+        """Open the page of a dataset row: task, start URL, task id, first text, first screenshot."""
 
+    @abstractmethod
     def _do(self, action: str) -> tuple[str, object, bool]:
-        raise NotImplementedError
+        """Carry out an action: the page's text, its screenshot, whether the episode is over."""
 
 
 class ReplayEnv(WebEnv):

@@ -5,6 +5,11 @@ from __future__ import annotations
 ELLIPSIS = "…"
 
 
+def count_of(n: int, singular: str, plural: str) -> str:
+    """``"1 trajectory has"``, ``"2 trajectories have"``."""
+    return f"{n} {singular if n == 1 else plural}"
+
+
 def shorten_middle(text: str, width: int) -> str:
     """``text`` cut to ``width`` characters by an ellipsis in the middle, so that ids that share a
     prefix keep what tells them apart (``2024-12-18_12-49-54_De…ll-menu_4``)."""

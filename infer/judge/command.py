@@ -39,6 +39,7 @@ from keyshot.infer.common.errors import (
 )
 from keyshot.infer.common.helptext import plain
 from keyshot.infer.common.redaction import redact_config
+from keyshot.infer.common.text import count_of
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.judge.estimate import ANSWER_TOKENS, estimate_run, estimate_table
 from keyshot.infer.judge.fingerprint import protocol_fingerprint
@@ -526,14 +527,14 @@ def run_warnings(summary: dict) -> list[str]:
     no_scores = summary.get("no_readable_scores", 0)
     if no_scores:
         lines.append(
-            f"{no_scores} {'trajectory has' if no_scores == 1 else 'trajectories have'} no readable scores: "
+            f"{count_of(no_scores, 'trajectory has', 'trajectories have')} no readable scores: "
             "no verdict (not counted as failures; "
             "summary.md says why); the next run judges them again"
         )
     failed = summary["incomplete"] - no_scores
     if failed and not run.get("stopped"):
         lines.append(
-            f"{failed} {'trajectory' if failed == 1 else 'trajectories'} incomplete; re-run the same command to retry them"
+            f"{count_of(failed, 'trajectory', 'trajectories')} incomplete; re-run the same command to retry them"
         )
     if summary.get("judged_without_scores"):
         lines.append(judged_without_scores_line(summary["judged_without_scores"]))

@@ -201,14 +201,12 @@ class WebJudge:
         override = f"{step}_max_tokens"
         return f"pipeline.{override}" if getattr(self.config, override) is not None else "judge.max_tokens"
 
-    def _answered(
-        self, setting: str, verdict: Verdict, what: str, cut: bool, tokens: int, trained: int | None = None
-    ) -> None:
-        """Count an answer under ``setting`` (``trained``: the longest answer a scorer was trained on);
-        a cut one is named in the verdict."""
+    def _answered(self, setting: str, verdict: Verdict, what: str, cut: bool, tokens: int) -> None:
+        """Count an answer under ``setting``; a cut one is named in the verdict."""
         watch = self.cut_watches.get(setting)
         if watch is None:
             first = CUT_WATCH_FIRST if self.strict else None
+            trained = self.scorer.trained_answer_tokens if setting == self.scorer.max_tokens_setting else None
             watch = self.cut_watches[setting] = CutWatch(setting, first, trained)
         watch.answered(cut, tokens)
         if cut:
@@ -358,14 +356,7 @@ class WebJudge:
                         verdict.incomplete.append(failed)
                 else:
                     usage.add_call(s.prompt_tokens, s.completion_tokens, s.cost_usd, s.cached)
-                    self._answered(
-                        setting,
-                        verdict,
-                        f"screenshot {shot.index}",
-                        s.cut,
-                        s.completion_tokens,
-                        self.scorer.trained_answer_tokens,
-                    )
+                    self._answered(setting, verdict, f"screenshot {shot.index}", s.cut, s.completion_tokens)
             if record.error:
                 verdict.errors.append(f"screenshot {shot.index}: {record.error}")
             verdict.screenshots.append(record)

@@ -70,7 +70,17 @@ def scorer_max_tokens(sc: ScorerConfig, default: int) -> int:
 def build_scorer(
     cfg: JudgeRunConfig, cache: CallCache | None, ledger: UsageLedger, endpoint: EndpointConfig | None = None
 ) -> KeyScreenshotScorer | None:
-    """The configured scorer (None for the reference configuration)."""
+    """The configured scorer (None for the reference configuration), knowing the longest answer its
+    checkpoint was trained on (named when its answers are cut)."""
+    scorer = _configured_scorer(cfg, cache, ledger, endpoint)
+    if scorer is not None:
+        scorer.trained_answer_tokens = trained_answer_tokens(cfg.scorer.checkpoint)
+    return scorer
+
+
+def _configured_scorer(
+    cfg: JudgeRunConfig, cache: CallCache | None, ledger: UsageLedger, endpoint: EndpointConfig | None
+) -> KeyScreenshotScorer | None:
     sc = cfg.scorer
     prompts = load_prompt_set(cfg.pipeline.prompt_variant)
     if sc.backend == "none":
@@ -78,7 +88,7 @@ def build_scorer(
     if sc.backend == "transformers":
         if not sc.checkpoint:
             raise JudgeRunError("scorer.backend=transformers needs scorer.checkpoint (a model folder)")
-        scorer: KeyScreenshotScorer = TransformersScorer(
+        return TransformersScorer(
             sc.checkpoint,
             prompts,
             device=sc.device,
@@ -88,8 +98,6 @@ def build_scorer(
             parse_mode=cfg.pipeline.parse_mode,
             logprobs=sc.logprobs,
         )
-        scorer.trained_answer_tokens = trained_answer_tokens(sc.checkpoint)
-        return scorer
     endpoint = endpoint or sc.endpoint
     if endpoint is None and not sc.endpoints:
         raise JudgeRunError("scorer.backend=openai needs scorer.endpoint (or --serve-scorer CHECKPOINT)")
@@ -100,7 +108,7 @@ def build_scorer(
     )
     served_limit = endpoint.max_tokens if endpoint is not None else min(e.max_tokens for e in sc.endpoints)
     limit = scorer_max_tokens(sc, served_limit)
-    scorer = OpenAIScorer(
+    return OpenAIScorer(
         client,
         prompts,
         parse_mode=cfg.pipeline.parse_mode,
@@ -109,8 +117,6 @@ def build_scorer(
         policy=scorer_policy(sc),
         retry_invalid=sc.retry_invalid,
     )
-    scorer.trained_answer_tokens = trained_answer_tokens(sc.checkpoint)
-    return scorer
 
 
 def start_served_scorer(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,7 +87,7 @@ class Observation:
     answer: str | None = None
 
 
-class KeyshotAgentInstance:
+class KeyshotAgentInstance(ABC):
     """A base for OpenRLHF's AgentInstance: subclass it and write the environment part only::
 
         class BrowserAgent(KeyshotAgentInstance):
@@ -105,11 +106,14 @@ class KeyshotAgentInstance:
     def __init__(self, *args: Any, **kwargs: Any):
         self.episode: Episode | None = None
 
+    @abstractmethod
     async def start(self, label: Any) -> tuple[str | dict, Observation]:
-        raise NotImplementedError("subclass KeyshotAgentInstance and implement start(label)")
+        """Open the environment for ``label``: the task (text, or ``{"task", "start_url", "task_id"}``)
+        and the first Observation."""
 
+    @abstractmethod
     async def act(self, action_text: str) -> Observation:
-        raise NotImplementedError("subclass KeyshotAgentInstance and implement act(action_text)")
+        """Carry out the policy's action; the Observation after it."""
 
     async def reset(self, states: dict, **kwargs: Any) -> dict:
         require_number_on_failure(shared_model())
