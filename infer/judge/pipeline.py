@@ -42,6 +42,7 @@ configuration error). Reference mode reads every answer as the reference does an
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import weakref
@@ -336,6 +337,7 @@ class WebJudge:
         setting = self.scorer.max_tokens_setting
         role = self.scorer.role
         usage = verdict.usage.setdefault(role, RoleUsage())
+        first_of: dict[bytes, int] = {}  # an image's first screenshot: identical ones are scored once
         for shot, img in zip(trajectory.screenshots, prepared, strict=True):
             record = ScreenshotRecord(index=shot.index, path=shot.name)
             if isinstance(img, str):
@@ -346,6 +348,8 @@ class WebJudge:
                 record.score, record.thought, record.valid = s.score, s.thought, s.valid
                 record.error, record.expected_score, record.raw = s.error, s.expected_score, s.raw or None
                 record.cached, record.call_failed, record.cut = s.cached, s.call_failed, s.cut
+                first = first_of.setdefault(hashlib.sha256(img.jpeg).digest(), shot.index)
+                record.same_as = first if first != shot.index else None
                 if s.call_failed:  # no answer: the call failed after retries
                     usage.errors += 1
                     failed = f"screenshot {shot.index}: {s.error}"

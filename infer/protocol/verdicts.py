@@ -61,6 +61,8 @@ class ScreenshotRecord:
     visual_tokens: int | None = None
     call_failed: bool = False
     cut: bool = False  # the answer was cut by max_tokens
+    #: the index of an identical earlier screenshot of the trajectory whose answer this one copies (scored once)
+    same_as: int | None = None
 
     @property
     def image_problem(self) -> str | None:
