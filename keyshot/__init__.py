@@ -10,7 +10,7 @@ The package's code lives in three floors, each importable on its own:
 What most users call is re-exported here, loaded on first use (``import keyshot`` stays light)::
 
     from keyshot import load_trajectories, WebJudge, JudgeRunConfig, load_config
-    from keyshot import RewardModel, Episode  # keyshot as an RL reward (docs/reward.md)
+    from keyshot.reward import RewardModel, Episode  # keyshot as an RL reward (docs/reward.md)
 """
 
 from __future__ import annotations

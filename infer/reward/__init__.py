@@ -1,8 +1,10 @@
-"""keyshot as a reward model for web-agent RL (docs/reward.md).
+"""keyshot as a reward model for web-agent RL (docs/reward.md); users import it as ``keyshot.reward``.
 
 - :class:`RewardModel` (``model``): WebJudge over rollouts, one :class:`RewardResult` each, in order;
 - :class:`Episode` (``episode``): the recorder an environment keeps, spilled to disk as it goes;
-- ``rollouts``: what a rollout may be (folder, Trajectory, Episode, dict) and how it is read;
+- ``rollouts``: what a rollout may be (folder, Trajectory, Episode, dict) and its one reader;
+- ``shared`` (one model per config and process, batched from any thread) on ``loop_thread`` (the model's
+  own event loop); ``logs`` (the log fields every adapter reports);
 - adapters: ``trl`` (reward functions for GRPOTrainer), ``openrlhf`` (``reward_func`` and a multi-turn
   agent base), ``verl`` (``compute_score``);
 - ``command`` (``keyshot reward filter|serve``) and ``service`` (the HTTP service, FastAPI).

@@ -11,6 +11,7 @@ is None with the reason, unless ``on_failure="zero"`` (recorded in the result as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -33,17 +34,19 @@ from keyshot.infer.common.errors import RunStopError
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.pipeline import WebJudge
 from keyshot.infer.judge.scorer_factory import build_scorer
-from keyshot.infer.loaders import load_trajectory
-from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
+from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.infer.protocol.parsing import split_key_points
 from keyshot.infer.protocol.verdicts import Verdict
 from keyshot.infer.reward.episode import Episode
-from keyshot.infer.reward.rollouts import RolloutError, from_dict
+from keyshot.infer.reward.loop_thread import LoopThread
+from keyshot.infer.reward.rollouts import RolloutError, read_rollout
 
 logger = logging.getLogger(__name__)
 
 OnFailure = Literal["none", "zero"]
 ON_FAILURE = ("none", "zero")
+RewardValue = Literal["binary", "p_success", "progress"]
+REWARD_VALUES = ("binary", "p_success", "progress")
 #: The config's own section for the reward model (``keyshot judge`` ignores it): ``reward: {on_failure: zero}``.
 REWARD_SECTION = "reward"
 #: How long a tripped endpoint breaker stays down before a later batch tries the endpoint again.
@@ -56,10 +59,28 @@ class RewardSettings:
 
     on_failure: OnFailure = "none"
     allow_root: str | None = None  # where dict rollouts' screenshot paths may point (default: cwd)
+    #: what the reward is: the verdict (1.0/0.0), P(success) at the status word, or the fraction of key
+    #: points met. A binary reward makes a GRPO group whose rollouts all fail (or all succeed) equal.
+    value: RewardValue = "binary"
 
     def __post_init__(self) -> None:
         if self.on_failure not in ON_FAILURE:
             raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
+        if self.value not in REWARD_VALUES:
+            raise ValueError(f"reward.value must be one of {REWARD_VALUES}, got {self.value!r}")
+
+    def check(self, cfg: JudgeRunConfig, where: str) -> None:
+        """Refuse a value the judge config cannot produce, naming the keys to set."""
+        if self.value == "p_success" and cfg.pipeline.outcome_logprobs is None:
+            raise ConfigError(
+                f"{where}: reward.value p_success needs the outcome call's log-probabilities: "
+                "set pipeline.outcome_logprobs (e.g. 5)"
+            )
+        if self.value == "progress" and cfg.pipeline.outcome_mode != "key_point":
+            raise ConfigError(
+                f"{where}: reward.value progress needs the outcome judged key point by key point: "
+                f"set pipeline.outcome_mode: key_point (it is {cfg.pipeline.outcome_mode!r})"
+            )
 
 
 NO_LOGPROBS = "not available: the outcome call asks for no logprobs (set pipeline.outcome_logprobs, e.g. 5)"
@@ -84,7 +105,8 @@ def p_success_of(verdict: Verdict, asked: bool) -> tuple[float | None, str]:
 class RewardResult:
     """The reward of one rollout.
 
-    ``reward``: 1.0 (success), 0.0 (failure) or None (no verdict: ``error`` says why). ``p_success``: the
+    ``reward``: the configured value (``reward.value``: the verdict 1.0/0.0 by default, or ``p_success``
+    or ``progress``), or None (no verdict: ``error`` says why). ``success`` is always the verdict. ``p_success``: the
     probability of success read at the status token, when the outcome call asks for log-probabilities
     (``pipeline.outcome_logprobs``) and the judge returns them; ``p_success_source`` says how it was read,
     or why there is none. ``progress``: the
@@ -117,25 +139,6 @@ class RewardResult:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def to_trajectory(rollout: Any, position: int, allow_root: Path | str | None = None) -> Trajectory:
-    """Any rollout as a Trajectory (``position`` names it in errors)."""
-    if isinstance(rollout, Trajectory):
-        return rollout
-    if isinstance(rollout, Episode):
-        return rollout.trajectory()
-    if isinstance(rollout, dict):
-        return from_dict(rollout, f"rollout {position}", allow_root)
-    if isinstance(rollout, (str, os.PathLike)):
-        try:
-            return load_trajectory(rollout)
-        except TrajectoryError as exc:
-            raise RolloutError(f"rollout {position}: {exc}") from None
-    raise RolloutError(
-        f"rollout {position}: a {type(rollout).__name__} is not a rollout "
-        "(a trajectory folder, a Trajectory, an Episode or a dict)"
-    )
 
 
 def rollout_id(rollout: Any, trajectory: Trajectory | None, position: int) -> str:
@@ -214,6 +217,7 @@ class RewardModel:
     def __init__(self, cfg: JudgeRunConfig, settings: RewardSettings | None = None):
         self.cfg = cfg
         self.settings = settings or RewardSettings()
+        self.settings.check(cfg, cfg.out)
         self._tmp: tempfile.TemporaryDirectory | None = None
         if cfg.cache:
             cache_path = Path(cfg.cache)
@@ -223,7 +227,8 @@ class RewardModel:
         self.cache = CallCache(cache_path)
         self.ledger = UsageLedger()
         self.judge_client = JudgeClient(cfg.judge, self.cache, self.ledger)
-        self._pipelines: dict[str | None, WebJudge] = {}
+        self._pipelines: dict[tuple[str | None, str | None], WebJudge] = {}
+        self._loop = LoopThread()  # every round of calls runs here, whoever asks (see loop_thread)
         self._down_since: dict[int, float] = {}
         self.failures = 0  # rollouts given no verdict (any cause), for metrics and logs
         self.applied_on_failure = 0
@@ -248,24 +253,27 @@ class RewardModel:
         reward_kw, config_overrides = split_overrides(settings)
         cfg = config_from_data(JudgeRunConfig, data, [*overrides, *config_overrides], where=str(path))
         reward = config_from_data(RewardSettings, {**section, **reward_kw}, where=f"{path}: {REWARD_SECTION}")
+        reward.check(cfg, str(path))
         return cls(cfg, reward)
 
     # ------------------------------------------------------------------ pipelines
-    def pipeline(self, scorer_url: str | None = None) -> WebJudge:
-        """The WebJudge of this config, or with its scorer requests sent to ``scorer_url`` (verl's
-        reward router); the judge client (and so key-point coalescing) is shared."""
-        if scorer_url not in self._pipelines:
+    def pipeline(self, scorer_url: str | None = None, scorer_model: str | None = None) -> WebJudge:
+        """The WebJudge of this config, or with its scorer requests sent to ``scorer_url`` under the model
+        name ``scorer_model`` (verl's reward router serves the scorer under its own name); the judge
+        client (and so key-point coalescing) is shared."""
+        key = (scorer_url, scorer_model)
+        if key not in self._pipelines:
             endpoint = None
-            if scorer_url is not None:
+            if scorer_url is not None or scorer_model is not None:
                 base = self.cfg.scorer.endpoint or (self.cfg.scorer.endpoints or [None])[0]
-                endpoint = (
-                    dataclasses.replace(base, base_url=scorer_url)
-                    if base is not None
-                    else EndpointConfig(base_url=scorer_url, model="webjudge-7b", api_key_env=None)
+                if base is None:
+                    base = EndpointConfig(base_url=scorer_url or "", model="webjudge-7b", api_key_env=None)
+                endpoint = dataclasses.replace(
+                    base, base_url=scorer_url or base.base_url, model=scorer_model or base.model
                 )
             scorer = build_scorer(self.cfg, self.cache, self.ledger, endpoint)
-            self._pipelines[scorer_url] = WebJudge(self.judge_client, scorer, self.cfg.pipeline)
-        return self._pipelines[scorer_url]
+            self._pipelines[key] = WebJudge(self.judge_client, scorer, self.cfg.pipeline)
+        return self._pipelines[key]
 
     def _revive(self, webjudge: WebJudge) -> None:
         """Give a tripped endpoint another chance once it has been down for BREAKER_COOLDOWN_S."""
@@ -291,11 +299,25 @@ class RewardModel:
         }
 
     # ------------------------------------------------------------------ scoring
-    async def score(self, rollouts: Sequence[Any], *, scorer_url: str | None = None) -> list[RewardResult]:
+    async def score(
+        self, rollouts: Sequence[Any], *, scorer_url: str | None = None, scorer_model: str | None = None
+    ) -> list[RewardResult]:
         """One result per rollout, in order. Never raises for a rollout: a rollout that cannot be read
         or judged gets ``reward=None`` (or 0.0 with ``on_failure="zero"``) and ``error``. Episodes are
-        discarded (their temporary files removed) once scored."""
-        webjudge = self.pipeline(scorer_url)
+        discarded (their temporary files removed) once scored. Awaitable from any event loop: the calls
+        run on the model's own loop (:mod:`keyshot.infer.reward.loop_thread`)."""
+        return await self._loop.run(self._score(list(rollouts), scorer_url, scorer_model))
+
+    def score_sync(self, rollouts: Sequence[Any], **kwargs: Any) -> list[RewardResult]:
+        """:meth:`score` from synchronous code, in any thread (not from inside the model's own loop)."""
+        return self._loop.run_sync(
+            self._score(list(rollouts), kwargs.get("scorer_url"), kwargs.get("scorer_model"))
+        )
+
+    async def _score(
+        self, rollouts: list[Any], scorer_url: str | None, scorer_model: str | None
+    ) -> list[RewardResult]:
+        webjudge = self.pipeline(scorer_url, scorer_model)
         self._revive(webjudge)
         slots = asyncio.Semaphore(self.cfg.concurrency)
 
@@ -304,15 +326,17 @@ class RewardModel:
             trajectory = None
             try:
                 trajectory = await asyncio.to_thread(
-                    to_trajectory, rollout, position, self.settings.allow_root
+                    read_rollout, rollout, position, allow_root=self.settings.allow_root
                 )
                 async with slots:
                     verdict = await webjudge.judge(trajectory)
-                result = result_of(
-                    rollout_id(rollout, trajectory, position),
-                    verdict,
-                    time.perf_counter() - t0,
-                    self.cfg.pipeline.outcome_logprobs is not None,
+                result = self.valued(
+                    result_of(
+                        rollout_id(rollout, trajectory, position),
+                        verdict,
+                        time.perf_counter() - t0,
+                        self.cfg.pipeline.outcome_logprobs is not None,
+                    )
                 )
             except (RolloutError, RunStopError) as exc:
                 result = RewardResult(
@@ -328,6 +352,20 @@ class RewardModel:
 
         return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(rollouts))))
 
+    def valued(self, result: RewardResult) -> RewardResult:
+        """The result's reward as ``reward.value`` says (a verdict without that value is a failure)."""
+        if result.reward is None or self.settings.value == "binary":
+            return result
+        if self.settings.value == "p_success":
+            value, why = result.p_success, f"reward.value p_success: {result.p_success_source}"
+        else:
+            value, why = result.progress, "reward.value progress: the outcome gave no per-key-point verdicts"
+        if value is None:
+            result.reward, result.error = None, why
+        else:
+            result.reward = float(value)
+        return result
+
     def settle(self, result: RewardResult) -> RewardResult:
         if result.reward is None:
             self.failures += 1
@@ -339,17 +377,10 @@ class RewardModel:
             )
         return result
 
-    def score_sync(self, rollouts: Sequence[Any], **kwargs: Any) -> list[RewardResult]:
-        """:meth:`score` from synchronous code (not from inside a running event loop)."""
-        return asyncio.run(self._score_and_release(rollouts, **kwargs))
-
-    async def _score_and_release(self, rollouts: Sequence[Any], **kwargs: Any) -> list[RewardResult]:
-        try:
-            return await self.score(rollouts, **kwargs)
-        finally:  # the HTTP clients belong to this event loop, which asyncio.run closes
-            await self.aclose_clients()
-
     async def aclose_clients(self) -> None:
+        await self._loop.run(self._close_clients())
+
+    async def _close_clients(self) -> None:
         for webjudge in self._pipelines.values():
             await webjudge.scorer.aclose()
         await self.judge_client.aclose()
@@ -360,6 +391,13 @@ class RewardModel:
         self.close()
 
     def close(self) -> None:
+        """Close the clients, stop the model's loop and close the cache."""
+        if self._loop.owns_current():
+            raise RuntimeError("close() called on the reward loop itself; await aclose() instead")
+        if self._loop.started:
+            with contextlib.suppress(RuntimeError):  # the loop is gone (interpreter shutdown)
+                self._loop.run_sync(self._close_clients())
+        self._loop.stop()
         self.cache.close()
         if self._tmp is not None:
             self._tmp.cleanup()

@@ -23,6 +23,7 @@ from typing import Any
 from PIL import Image
 
 from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.loaders import load_trajectory
 from keyshot.infer.loaders.common import InputScope, screenshot_from_ref
 from keyshot.infer.loaders.trajectory import Screenshot, Trajectory, TrajectoryError
 from keyshot.infer.protocol.images import sniff_image_type
@@ -32,7 +33,12 @@ ROLLOUT_KEYS = ("task", "screenshots", "actions", "thoughts", "final_answer", "t
 
 
 class RolloutError(KeyshotError):
-    """A rollout that cannot be scored; the message names the rollout and the field."""
+    """A rollout that cannot be scored; the message names the rollout and the field. ``status`` is the
+    HTTP status the reward service answers with (403: a path outside the allowed root)."""
+
+    def __init__(self, message: str, status: int = 422):
+        super().__init__(message)
+        self.status = status
 
 
 def encoded_image(value: Any, where: str) -> bytes:
@@ -57,7 +63,7 @@ def encoded_image(value: Any, where: str) -> bytes:
 
 
 def is_path_like(value: Any) -> bool:
-    """A str that names a file (not base64 data or a data URL), or a Path."""
+    """A str that could name a file (not a data URL, not multi-line), or a Path."""
     if isinstance(value, os.PathLike):
         return True
     return (
@@ -65,14 +71,18 @@ def is_path_like(value: Any) -> bool:
     )
 
 
+def _shown(value: Any) -> str:
+    """A value as an error may quote it: at most 60 characters (base64 data is never echoed whole)."""
+    text = str(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text):,} characters)"
+
+
 def _screenshot(value: Any, index: int, where: str, scope: InputScope) -> Screenshot:
     what = f"{where}: screenshot {index}"
-    if is_path_like(value) and (
-        Path(value).exists() or Path(value).is_symlink() or Path(value).is_absolute()
-    ):
+    if is_path_like(value) and (Path(value).exists() or Path(value).is_symlink()):
         if not scope.contains(Path(value)):
             roots = ", ".join(map(str, scope.roots))
-            raise RolloutError(f"{what}: {value} is outside the allowed root ({roots})")
+            raise RolloutError(f"{what}: {value} is outside the allowed root ({roots})", status=403)
         try:
             shot = screenshot_from_ref(str(value), index, [Path.cwd()], Path(where), scope=scope)
             with open(shot.path, "rb") as f:
@@ -80,7 +90,14 @@ def _screenshot(value: Any, index: int, where: str, scope: InputScope) -> Screen
         except (TrajectoryError, OSError) as exc:
             raise RolloutError(f"{what}: {getattr(exc, 'problem', None) or exc}") from None
         return Screenshot(path=shot.path, index=index)
-    return Screenshot(path=Path(where), index=index, data=encoded_image(value, what))
+    try:
+        return Screenshot(path=Path(where), index=index, data=encoded_image(value, what))
+    except RolloutError:
+        if isinstance(value, os.PathLike) or (is_path_like(value) and ("/" in value or "." in value[-6:])):
+            raise RolloutError(
+                f"{what}: {_shown(value)} is neither an existing file nor base64 image data"
+            ) from None
+        raise
 
 
 def _strings(record: dict, key: str, where: str) -> list[str]:
@@ -124,3 +141,55 @@ def from_dict(record: dict, where: str, allow_root: Path | str | None = None) ->
         final_answer=answer,
         run=str(record["id"]) if record.get("id") is not None else None,
     )
+
+
+def read_rollout(
+    value: Any,
+    position: int,
+    *,
+    allow_root: Path | str | None = None,
+    scope: InputScope | None = None,
+    max_screenshots: int | None = None,
+) -> Trajectory:
+    """Any rollout as a Trajectory: the one reader of the API, the service and the adapters.
+
+    ``value``: a trajectory folder or JSONL file, a ``Trajectory``, an ``Episode`` or a dict. ``scope``
+    (the service's ``--allow-root``) confines paths, folders included; without it a folder is read where
+    the caller says and a dict's screenshot paths must lie inside ``allow_root`` (default: the current
+    folder). Raises RolloutError naming the rollout (``rollout N``) and the field, with its HTTP status.
+    """
+    from keyshot.infer.reward.episode import Episode  # the episode module imports this one
+
+    where = f"rollout {position}"
+    if isinstance(value, Trajectory):
+        trajectory = value
+    elif isinstance(value, Episode):
+        trajectory = value.trajectory()
+    elif isinstance(value, dict):
+        shots = value.get("screenshots")
+        if max_screenshots is not None and isinstance(shots, list) and len(shots) > max_screenshots:
+            raise RolloutError(
+                f"{where}: {len(shots):,} screenshots, over the limit of {max_screenshots}", status=413
+            )
+        trajectory = from_dict(value, where, scope.roots[0] if scope is not None else allow_root)
+    elif isinstance(value, (str, os.PathLike)):
+        path = Path(value)
+        if scope is not None and not scope.contains(path):
+            raise RolloutError(
+                f"{where}: {_shown(value)} is outside the allowed root ({scope.roots[0]})", 403
+            )
+        try:
+            trajectory = load_trajectory(path)
+        except TrajectoryError as exc:
+            raise RolloutError(f"{where}: {exc}") from None
+    else:
+        raise RolloutError(
+            f"{where}: a {type(value).__name__} is not a rollout "
+            "(a trajectory folder, a Trajectory, an Episode or a dict)"
+        )
+    if max_screenshots is not None and trajectory.num_screenshots > max_screenshots:
+        raise RolloutError(
+            f"{where}: {trajectory.num_screenshots:,} screenshots, over the limit of {max_screenshots}",
+            status=413,
+        )
+    return trajectory
