@@ -178,6 +178,10 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ResponderError("streaming is not supported by the fake server")
             if fake.record_requests:
                 fake._record(request)
+            if fake.strict_model and request.get("model") != fake.model:
+                fake._count_responder_error()
+                self._error(404, f"The model `{request.get('model')}` does not exist.")
+                return
             if fake.latency_s:
                 time.sleep(fake.latency_s)
             text = GARBAGE_TEXT if fault == "garbage" else fake.responder(request)
@@ -216,6 +220,7 @@ class FakeOpenAI:
         responder: ``(request_json) -> completion text``.
         faults: a :class:`FaultPlan`, a ``{kind: rate}`` dict, or None.
         model: the model id ``/v1/models`` lists (None: lists none and answers for any name).
+        strict_model: a request naming another model than ``model`` gets HTTP 404, as vLLM answers.
         api_key: when set, requests without ``Authorization: Bearer <api_key>`` get HTTP 401.
         timeout_sleep_s: how long a ``timeout`` fault stalls before dropping the connection.
         latency_s: time each normal answer takes (to make concurrency observable).
@@ -236,10 +241,12 @@ class FakeOpenAI:
         record_requests: bool = True,
         leak_auth_in_errors: bool = False,
         api_key: str | None = None,
+        strict_model: bool = False,
     ):
         self.responder = responder
         self.faults = FaultPlan(dict(faults)) if isinstance(faults, dict) else faults
         self.model = model
+        self.strict_model = strict_model
         self.api_key = api_key
         self.timeout_sleep_s = timeout_sleep_s
         self.latency_s = latency_s
