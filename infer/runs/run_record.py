@@ -21,6 +21,8 @@ RUN_FILE = "run.json"
 PROTOCOL = "protocol"
 #: A synthesis run's payload: its manifest.
 MANIFEST = "manifest"
+#: What a run of stand-in models (the demo's untrained model) records: the sentence every artefact shows.
+STAND_IN = "stand_in"
 
 
 class RunFolderError(KeyshotError):
@@ -30,6 +32,16 @@ class RunFolderError(KeyshotError):
 def read_payload(folder: Path, payload: str) -> dict | None:
     """The ``payload`` recorded in ``folder/run.json``; None when the folder has no run file yet. A file
     that is not a run file raises RunFolderError naming it (each command adds what its user can do)."""
+    record = _read_record(folder)
+    if record is None or set(record) <= {STAND_IN}:  # no run file, or only the stand-in mark so far
+        return None
+    found = record.get(payload, {})
+    if not isinstance(found, dict):
+        raise RunFolderError(f"{folder / RUN_FILE}: not a keyshot run file ({payload} is not an object)")
+    return found
+
+
+def _read_record(folder: Path) -> dict | None:
     path = folder / RUN_FILE
     if not path.exists():
         return None
@@ -37,17 +49,38 @@ def read_payload(folder: Path, payload: str) -> dict | None:
         record = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(record, dict):
             raise TypeError(f"a JSON {type(record).__name__}, not an object")
-        found = _current(record).get(payload, {})
-        if not isinstance(found, dict):
-            raise TypeError(f"{payload} is not an object")
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
         raise RunFolderError(f"{path}: not a keyshot run file ({exc})") from None
-    return found
+    return _current(record)
 
 
-def write_payload(folder: Path, payload: str, data: dict) -> None:
-    """Record ``data`` as the run's ``payload`` in ``folder/run.json`` (atomically)."""
-    write_text_atomic(folder / RUN_FILE, json.dumps({payload: data}, indent=2, ensure_ascii=False) + "\n")
+def write_payload(folder: Path, payload: str, data: object) -> None:
+    """Record ``data`` as the run's ``payload`` in ``folder/run.json`` (atomically), beside the stand-in
+    mark when the folder has one."""
+    record = {payload: data}
+    if payload != STAND_IN and (mark := stand_in_of(folder)):
+        record[STAND_IN] = mark
+    elif payload == STAND_IN:
+        record = {**(_read_record(folder) or {}), STAND_IN: data}
+    write_text_atomic(folder / RUN_FILE, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+
+
+def mark_stand_in(folder: Path, sentence: str) -> None:
+    """Record that ``folder``'s verdicts come from stand-in models: ``sentence`` says so in its summary,
+    report and metrics."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_payload(folder, STAND_IN, sentence)
+
+
+def stand_in_of(folder: Path) -> str | None:
+    """The stand-in sentence of the run in ``folder`` (a run folder, or the folder of a verdict file), or
+    None: a run of real models, or a folder without a readable run file."""
+    try:
+        record = _read_record(folder)
+    except RunFolderError:
+        return None
+    mark = (record or {}).get(STAND_IN)
+    return mark if isinstance(mark, str) else None
 
 
 def _current(record: dict) -> dict:

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.fileio import torn_tail
-from keyshot.infer.runs.lock import RunLock, RunLockedError
 from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.infer.protocol.verdicts import verdict_key
+from keyshot.infer.runs.lock import RunLock, RunLockedError
 from keyshot.infer.runs.summary import read_summary
 
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,7 +24,19 @@ from keyshot.infer.common.errors import EXIT_INCOMPLETE, EXIT_OK, raise_advice
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.loaders.trajectory import SkippedEntry, TrajectoryError
 from keyshot.infer.protocol.verdicts import ROLES, RoleUsage, Verdict
-from keyshot.infer.runs.run_record import RunFolderError
+from keyshot.infer.runs.counts import (
+    FAILURE,
+    INCOMPLETE,
+    NO_SCORES,
+    NO_STATUS,
+    SUCCESS,
+    CallSplit,
+    call_split,
+    judged_without_scores,
+    outcome_of,
+    success_rate,
+)
+from keyshot.infer.runs.run_record import RunFolderError, stand_in_of
 
 SUMMARY_FILE = "summary.json"
 SUMMARY_MARKDOWN = "summary.md"
@@ -32,6 +45,7 @@ _ADDITIVE = (
     "trajectories",
     "success",
     "failure",
+    "failed_calls",
     "partial",
     "screenshots",
     "unreadable_scores",
@@ -54,13 +68,19 @@ def summarize(verdicts: Iterable[Verdict], *, run: dict) -> dict:
     One pass over ``verdicts``, which may be a generator.
     """
     counts = dict.fromkeys(_ADDITIVE, 0)
+    calls = {role: CallSplit() for role in ROLES}
     incomplete: list[dict] = []
     images: list[str] = []  # the first screenshots whose image could not be read: file and reason
     usage = {role: RoleUsage() for role in ROLES}
     for v in verdicts:
         counts["trajectories"] += 1
-        counts["success"] += v.success is True
-        counts["failure"] += v.success is False
+        outcome = outcome_of(v)  # one outcome each: they add up to the trajectories
+        counts["success"] += outcome == SUCCESS
+        counts["failure"] += outcome == FAILURE
+        counts["no_status"] += outcome == NO_STATUS
+        counts["no_readable_scores"] += outcome == NO_SCORES and not v.finished
+        counts["judged_without_scores"] += judged_without_scores(v)
+        counts["failed_calls"] += outcome == INCOMPLETE
         counts["partial"] += bool(v.partial)
         counts["screenshots"] += len(v.screenshots)
         # unreadable: the scorer answered in full without a readable score; cut: by max_tokens; failed: no
@@ -69,14 +89,12 @@ def summarize(verdicts: Iterable[Verdict], *, run: dict) -> dict:
         counts["failed_screenshots"] += sum(1 for s in v.screenshots if s.error and not s.raw and not s.cut)
         counts["kept_screenshots"] += len(v.kept)
         counts["cut_answers"] += len(v.cut)
-        counts["no_status"] += v.finished and not v.status_valid
-        counts["no_readable_scores"] += v.no_evidence is not None and not v.finished
-        counts["judged_without_scores"] += v.no_evidence is not None and v.finished
         unreadable = [problem for shot in v.screenshots if (problem := shot.image_problem)]
         counts["unreadable_images"] += len(unreadable)
         images += unreadable[: LISTED_IMAGES - len(images)]
         for role, u in v.usage.items():
             usage.setdefault(role, RoleUsage()).merge(u)
+            calls.setdefault(role, CallSplit()).add(call_split(v, role))
         if not v.finished:
             incomplete.append(
                 {
@@ -87,7 +105,7 @@ def summarize(verdicts: Iterable[Verdict], *, run: dict) -> dict:
                     "no_readable_scores": v.no_evidence is not None,
                 }
             )
-    return {**_summary(counts, usage, incomplete, run), "unreadable_image_messages": images}
+    return {**_summary(counts, usage, calls, incomplete, run), "unreadable_image_messages": images}
 
 
 def combine_summaries(summaries: list[dict], *, run: dict) -> dict:
@@ -98,9 +116,13 @@ def combine_summaries(summaries: list[dict], *, run: dict) -> dict:
     for s in summaries:
         for role, u in s["usage"].items():
             usage.setdefault(role, RoleUsage()).merge(RoleUsage(**u))
+    calls = {role: CallSplit() for role in ROLES}
+    for s in summaries:
+        for role, split in (s.get("calls") or {}).items():
+            calls.setdefault(role, CallSplit()).add(CallSplit(**split))
     incomplete = [t for s in summaries for t in s["incomplete_trajectories"]]
     images = [m for s in summaries for m in s.get("unreadable_image_messages", [])][:LISTED_IMAGES]
-    return {**_summary(counts, usage, incomplete, run), "unreadable_image_messages": images}
+    return {**_summary(counts, usage, calls, incomplete, run), "unreadable_image_messages": images}
 
 
 def input_figures(load_errors: list[TrajectoryError]) -> dict:
@@ -130,17 +152,22 @@ def unreadable_images_line(summary: dict, shown: int = 3) -> str | None:
     )
 
 
-def _summary(counts: dict, usage: dict[str, RoleUsage], incomplete: list[dict], run: dict) -> dict:
+def _summary(
+    counts: dict, usage: dict[str, RoleUsage], calls: dict[str, CallSplit], incomplete: list[dict], run: dict
+) -> dict:
     n = counts["trajectories"]
-    finished = n - len(incomplete)  # verdicts whose calls all answered: no evidence, no verdict
+    outcomes = Counter(
+        {SUCCESS: counts["success"], FAILURE: counts["failure"], NO_STATUS: counts["no_status"]}
+    )
     return {
         **counts,
         "no_verdict": n - counts["success"] - counts["failure"],
         "errors": len(incomplete),
         "incomplete": len(incomplete),
         "incomplete_trajectories": incomplete,
-        "success_rate": counts["success"] / finished if finished else None,
+        "success_rate": success_rate(outcomes),
         "usage": {role: dataclasses.asdict(u) for role, u in usage.items()},
+        "calls": {role: dataclasses.asdict(split) for role, split in calls.items()},
         "judge_calls_per_trajectory": usage["judge"].calls / n if n else None,
         "run": run,
     }
@@ -149,8 +176,9 @@ def _summary(counts: dict, usage: dict[str, RoleUsage], incomplete: list[dict], 
 def summary_markdown(summary: dict, ledger_table: str) -> str:
     sr = summary["success_rate"]
     run = summary["run"]
-    no_status = summary.get("no_status", 0)
-    no_scores = summary.get("no_readable_scores", 0)
+    no_scores = summary.get("no_readable_scores", 0) + summary.get("judged_without_scores", 0)
+    judged_anyway = summary.get("judged_without_scores", 0)
+    failed_calls = summary.get("failed_calls", summary["incomplete"] - summary.get("no_readable_scores", 0))
     lines = [
         "# keyshot judge summary"
         + (
@@ -159,36 +187,51 @@ def summary_markdown(summary: dict, ledger_table: str) -> str:
             else ""
         ),
         "",
+        *([f"**{run['stand_in']}**", ""] if run.get("stand_in") else []),
         "| trajectories | success | failure | verdict without a status | no readable scores | failed calls "
         "| success rate | screenshots | kept |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {summary['trajectories']} | {summary['success']} | {summary['failure']} | {no_status} | "
-        f"{no_scores} | {summary['incomplete'] - no_scores} | {'n/a' if sr is None else f'{100 * sr:.1f}%'} | "
+        f"| {summary['trajectories']} | {summary['success']} | {summary['failure']} | "
+        f"{summary.get('no_status', 0)} | {no_scores}{f' ({judged_anyway} judged anyway)' if judged_anyway else ''} | "
+        f"{failed_calls} | {'n/a' if sr is None else f'{100 * sr:.1f}%'} | "
         f"{summary['screenshots']} | {summary['kept_screenshots']} |",
         "",
-        "| not loaded (this run) | score answer without a score | cut by max_tokens | verdict without a status "
-        "| failed screenshots |",
-        "|---:|---:|---:|---:|---:|",
+        "| not loaded (this run) | score answer without a score | cut by max_tokens | failed screenshots |",
+        "|---:|---:|---:|---:|",
         f"| {run.get('load_errors', 0)} | {summary['unreadable_scores']} | {summary.get('cut_answers', 0)} | "
-        f"{no_status} | {summary['failed_screenshots']} |",
+        f"{summary['failed_screenshots']} |",
         "",
-        "Success rate: successes over the trajectories with a finished verdict (a verdict without a status "
-        "counts as not success). No readable scores: none of the trajectory's screenshot scores could be "
-        "read, so it has no verdict (not a failure; the next run judges it again). Failed calls: a call "
-        "failed after its retries (no verdict; re-run the same command to retry them, answered calls come "
-        "from the cache). Score answer without a score: the scorer answered in full without a 1-5 score; "
-        "cut by max_tokens: an answer (scorer or judge) stopped by its token limit, read as a failed call; "
-        "failed screenshots: unreadable image or failed call.",
+        "Each trajectory has one outcome: success, failure, verdict without a status, no readable scores or "
+        "failed calls. Success rate: successes over the verdicts that rest on readable scores and whose calls "
+        "all answered (a verdict without a status counts as not success). No readable scores: none of the "
+        "trajectory's screenshot scores could be read: no verdict (not a failure; the next run judges it "
+        "again), or, with parse_mode=reference, a verdict judged anyway that rests on no screenshot and is "
+        "counted in no success rate. Failed calls: a call failed after its retries (no verdict; re-run the "
+        "same command to retry them, answered calls come from the cache). Score answer without a score: the "
+        "scorer answered in full without a 1-5 score; cut by max_tokens: an answer (scorer or judge) stopped "
+        "by its token limit, read as a failed call; failed screenshots: unreadable image or failed call.",
         "",
         "## Calls per role (all verdicts in the file)",
         "",
-        "| role | calls | cache hits | errors | prompt tokens | completion tokens | cost $ |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "Answers: one per key-point and outcome call (judge) and one per screenshot (scorer); each was sent "
+        "to the endpoint, came from the call cache (or an identical request in flight), or copies the answer "
+        "of an identical screenshot of the same trajectory (scored once). The endpoint table below counts "
+        "this run's HTTP requests (the answers sent, plus their retries).",
+        "",
+        "| role | answers | sent | from the cache | identical screenshots scored once | errors | prompt tokens "
+        "| completion tokens | cost $ |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    calls = summary.get("calls") or {}
     for role, u in summary["usage"].items():
+        split = calls.get(role) or {
+            "sent": u["calls"] - u["cached"],
+            "cache_hits": u["cached"],
+            "same_image": 0,
+        }
         lines.append(
-            f"| {role} | {u['calls']:,} | {u['cached']:,} | {u['errors']:,} | {u['prompt_tokens']:,} | "
-            f"{u['completion_tokens']:,} | {u['cost_usd']:.4f} |"
+            f"| {role} | {u['calls']:,} | {split['sent']:,} | {split['cache_hits']:,} | {split['same_image']:,} | "
+            f"{u['errors']:,} | {u['prompt_tokens']:,} | {u['completion_tokens']:,} | {u['cost_usd']:.4f} |"
         )
     if run.get("merged_shards"):
         slowest = max((t or 0.0 for t in (run.get("shard_seconds") or {}).values()), default=0.0)
@@ -292,7 +335,9 @@ def exit_code(summary: dict) -> int:
 
 def write_summary(folder: Path, summary: dict, ledger_table: str) -> str:
     """Write ``summary.json`` and ``summary.md`` (with the usage table ``ledger_table``) into ``folder``,
-    each atomically; returns the Markdown."""
+    each atomically; returns the Markdown. A run of stand-in models (:func:`mark_stand_in`) says so in both."""
+    if mark := stand_in_of(folder):
+        summary["run"]["stand_in"] = mark
     write_text_atomic(folder / SUMMARY_FILE, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     markdown = summary_markdown(summary, ledger_table)
     write_text_atomic(folder / SUMMARY_MARKDOWN, markdown)

@@ -26,10 +26,13 @@ reader of metrics and the report.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.judge_records import outcome_text, recorded_score
 from keyshot.infer.protocol.messages import MAX_KEPT_IMAGES
 from keyshot.infer.protocol.parsing import parse_score, parse_status
@@ -70,6 +73,8 @@ def load_verdicts(path: str | os.PathLike) -> tuple[list[Verdict], str]:
     try:
         verdicts = latest_verdicts(read_reference_records(p))
     except VerdictFileError:
+        if trajectories := trajectories_message(p):
+            raise VerdictFileError(trajectories) from None
         if not_keyshot is not None:  # neither: say what is wrong with it as keyshot's own file
             raise not_keyshot from None
         raise
@@ -78,6 +83,27 @@ def load_verdicts(path: str | os.PathLike) -> tuple[list[Verdict], str]:
             f"{p}: no verdicts (expected a keyshot run folder, a verdicts.jsonl or judge records)"
         )
     return verdicts, "released records"
+
+
+def trajectories_message(path: Path) -> str | None:
+    """What to do when ``path`` holds agent trajectories (runs to judge) rather than verdicts; None when
+    it holds none."""
+    quiet = logging.getLogger("keyshot.infer.loaders")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # the loaders' warnings about other entries are not the point here
+    try:
+        first = next(iter(load_trajectories(path, on_error="skip", errors=[])), None)
+    except (KeyshotError, ValueError, OSError):
+        first = None
+    finally:
+        quiet.setLevel(level)
+    if first is None:
+        return None
+    return (
+        f"{path} is a trajectory folder (agent runs in the {first.format} format, such as "
+        f"{first.source or first.task_id}), not judged verdicts: run keyshot judge {path} --config CONFIG "
+        "first, then give its output folder (OUT, or OUT/verdicts.jsonl)"
+    )
 
 
 def read_reference_records(
