@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Live episodes (keyshot.infer.reward.miniwob): Debian's Chromium, and the `browser` extra (playwright,
+# BrowserGym's MiniWoB, the miniwob package's pages, pinned in pyproject.toml) in an existing keyshot venv.
+# No browser is downloaded: playwright is pointed at the system Chromium. Safe to run again.
+# usage: [SETUP_LOG=runs/setup.log] tools/setup_browser.sh [VENV=.venv]
+# One line per stage with its time (tools/stage.sh); the installers' output goes to SETUP_LOG.
+set -euo pipefail
+V=${1:-.venv}
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(dirname "$HERE")
+stage() { "$HERE/stage.sh" "${SETUP_LOG:-runs/setup.log}" "$@"; }
+if [ ! -x "$V/bin/python" ]; then
+    echo "setup-browser: no venv at $V: run make setup first" >&2
+    exit 2
+fi
+
+install_chromium() {
+    DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+}
+if command -v chromium >/dev/null 2>&1 || [ -n "${KEYSHOT_CHROMIUM:-}" ]; then
+    printf '%-58s %s\n' "chromium (Debian package)" "found: ${KEYSHOT_CHROMIUM:-$(command -v chromium)}"
+elif [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    stage "chromium (Debian package): apt-get install chromium" install_chromium
+else
+    echo "setup-browser: Chromium is missing: install Debian's package (sudo apt-get install chromium), or set KEYSHOT_CHROMIUM to a Chromium executable" >&2
+    exit 1
+fi
+# the extra's pins, read from pyproject.toml (keyshot's own install is left as it is)
+mapfile -t PINS < <("$V/bin/python" -c "import sys, tomllib; print(*tomllib.load(open(sys.argv[1], 'rb'))['project']['optional-dependencies']['browser'], sep='\n')" "$ROOT/pyproject.toml")
+stage "browser extra (pins of pyproject.toml)" "$V/bin/pip" install -q -c "$ROOT/.ci/constraints-cpu.txt" "${PINS[@]}"
+stage "check: a scripted MiniWoB episode in Chromium" "$V/bin/python" -m keyshot.infer.reward.miniwob click-button
