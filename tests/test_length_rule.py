@@ -16,7 +16,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from keyshot.infer.common.config import ConfigError, load_config
-from keyshot.infer.model.checkpoint import read_meta, trained_answer_tokens, write_meta
+from keyshot.infer.model.checkpoint import describe_checkpoint, read_meta, write_meta
 from keyshot.infer.protocol.chat_template import (
     NO_IMAGE_ROOM,
     TEXT_TOO_LONG,
@@ -241,7 +241,7 @@ def test_serve_allows_the_trained_answer_length(answered_checkpoint, scorer_chec
 
     base = {"model": str(answered_checkpoint), "device": "cpu", "tmpdir": str(tmp_path)}
     plan = plan_server(ServeConfig(**base))
-    assert plan.max_tokens == 150 == trained_answer_tokens(answered_checkpoint)
+    assert plan.max_tokens == 150 == describe_checkpoint(answered_checkpoint).answer_tokens
     flag = plan.command[plan.command.index("--override-generation-config") + 1]
     assert json.loads(flag) == {"temperature": 0.0, "max_new_tokens": 150}
     assert VLLMServer(ServeConfig(**base)).endpoint().max_tokens == 150
@@ -250,7 +250,7 @@ def test_serve_allows_the_trained_answer_length(answered_checkpoint, scorer_chec
         plan_server(ServeConfig(**base, max_tokens=100))
     # a checkpoint that does not record its answers is served as before
     old = plan_server(ServeConfig(model=str(scorer_checkpoint), device="cpu", tmpdir=str(tmp_path)))
-    assert old.max_tokens is None and trained_answer_tokens(scorer_checkpoint) is None
+    assert old.max_tokens is None and describe_checkpoint(scorer_checkpoint).answer_tokens is None
 
 
 def _judge_config(overrides):

@@ -111,7 +111,8 @@ def test_refuses_a_prompt_version_mismatch(scorer_checkpoint, tmp_path, capsys):
 
 
 def test_missing_meta_can_be_required(tiny_model_dir):
-    assert check_prompt_version(tiny_model_dir, "online_mind2web") is None
+    described = check_prompt_version(tiny_model_dir, "online_mind2web")
+    assert described.meta is None and described.prompt_version is None
     with pytest.raises(ServeError, match="no keyshot.json"):
         check_prompt_version(tiny_model_dir, "online_mind2web", allow_missing=False)
 

@@ -51,9 +51,16 @@ from keyshot.infer.judge.inputs import (
     other_inputs_message,
 )
 from keyshot.infer.judge.pipeline import WebJudge
-from keyshot.infer.judge.scorer_factory import build_scorer, scorer_max_tokens, start_served_scorer
+from keyshot.infer.judge.scorer_factory import (
+    build_scorer,
+    describe_scorer,
+    scorer_max_tokens,
+    scorer_policy,
+    start_served_scorer,
+    warn_default_policy,
+)
 from keyshot.infer.loaders.trajectory import Trajectory
-from keyshot.infer.model.checkpoint import model_folder_problem
+from keyshot.infer.model.checkpoint import CheckpointDescription, looks_like_local_path, model_folder_problem
 from keyshot.infer.protocol.images import ImagePolicy
 from keyshot.infer.protocol.verdicts import (
     VERDICTS_FILE,
@@ -139,11 +146,11 @@ def check_endpoints(cfg: JudgeRunConfig, serve_scorer: str | None) -> None:
     )
 
 
-def check_scorer_limit(cfg: JudgeRunConfig) -> None:
+def check_scorer_limit(cfg: JudgeRunConfig, checkpoint: CheckpointDescription | None) -> None:
     """Refuse, before any server starts or call is paid, a ``scorer.max_tokens`` below the answer length
     the scorer checkpoint was trained on (:func:`~keyshot.infer.judge.scorer_factory.scorer_max_tokens`)."""
     if cfg.scorer.backend != "none" and cfg.scorer.max_tokens is not None:
-        scorer_max_tokens(cfg.scorer, cfg.scorer.max_tokens)
+        scorer_max_tokens(cfg.scorer, cfg.scorer.max_tokens, checkpoint)
 
 
 class FirstVerdictRecord:
@@ -195,17 +202,18 @@ def not_judged_lines(inputs: Inputs, todo: list[Trajectory], out: Path, cfg: Jud
 
 def _inputs_and_protocol(
     paths: list[str], cfg: JudgeRunConfig, serve_scorer: str | None, allow_outside, shard: ShardSpec | None
-) -> tuple[Inputs, dict]:
-    """The run's inputs and its protocol fingerprint, once the scorer's settings are checked; refuses an
-    input that holds no trajectory."""
+) -> tuple[Inputs, dict, CheckpointDescription | None]:
+    """The run's inputs, its protocol fingerprint and the scorer checkpoint's description (read here, once
+    per run), once the scorer's settings are checked; refuses an input that holds no trajectory."""
     if serve_scorer:
         cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
-    check_scorer_limit(cfg)
-    fingerprint = protocol_fingerprint(cfg)
+    checkpoint = describe_scorer(cfg.scorer) if cfg.scorer.backend != "none" else None
+    check_scorer_limit(cfg, checkpoint)
+    fingerprint = protocol_fingerprint(cfg, checkpoint)
     inputs = load_all(paths, cfg, allow_outside, shard)
     if not inputs.found:
         raise JudgeRunError(nothing_found_message(paths, inputs.errors))
-    return inputs, fingerprint
+    return inputs, fingerprint, checkpoint
 
 
 def dry_run(
@@ -220,11 +228,13 @@ def dry_run(
     """What a run would judge and what it would cost, checked as far as it can be without an endpoint
     (the caller checks the endpoints after printing it)."""
     for folder in filter(None, [serve_scorer, cfg.scorer.checkpoint]):
-        if problem := model_folder_problem(folder):
+        if looks_like_local_path(folder) and (problem := model_folder_problem(folder)):
             raise JudgeRunError(
                 f"{folder}: not a model checkpoint ({problem}); pass the folder a training run wrote (RUN/final)"
             )
-    inputs, fingerprint = _inputs_and_protocol(paths, cfg, serve_scorer, allow_outside, shard)
+    inputs, fingerprint, checkpoint = _inputs_and_protocol(paths, cfg, serve_scorer, allow_outside, shard)
+    if cfg.scorer.backend != "none":
+        warn_default_policy(cfg.scorer, scorer_policy(cfg.scorer, checkpoint))
     out = run_folder(cfg, shard)
     check_fingerprint(out, fingerprint, record=False)
     todo = todo_of(out, inputs.trajectories, append=append)
@@ -271,7 +281,7 @@ def run_judge(
     out = run_folder(cfg, shard)
     if cfg.scorer.backend == "transformers":
         require_training_stack("scorer.backend=transformers (the in-process scorer)")
-    inputs, fingerprint = _inputs_and_protocol(paths, cfg, serve_scorer, allow_outside, shard)
+    inputs, fingerprint, checkpoint = _inputs_and_protocol(paths, cfg, serve_scorer, allow_outside, shard)
     with RunLock(out, wait=wait, what="keyshot judge"):
         check_fingerprint(out, fingerprint, record=False)  # recorded with the first verdict
         if shard:  # a shard without a summary has not finished: keyshot merge waits for it
@@ -282,6 +292,7 @@ def run_judge(
             cfg,
             t0,
             fingerprint,
+            checkpoint,
             resume_from=resume_from,
             serve_scorer=serve_scorer,
             progress=progress,
@@ -296,6 +307,7 @@ def _judge_locked(
     cfg: JudgeRunConfig,
     t0: float,
     fingerprint: dict,
+    checkpoint: CheckpointDescription | None,
     *,
     resume_from: str | None,
     serve_scorer: str | None,
@@ -337,10 +349,12 @@ def _judge_locked(
     try:
         scorer_endpoint = None
         if serve_scorer and todo:  # the server's log beside the run, not in /tmp
-            server, scorer_endpoint = start_served_scorer(cfg, serve_scorer, str(out / "vllm.log"))
+            server, scorer_endpoint = start_served_scorer(
+                cfg, serve_scorer, str(out / "vllm.log"), checkpoint
+            )
         if todo:
             judge = JudgeClient(cfg.judge, cache, ledger)
-            scorer = build_scorer(cfg, cache, ledger, scorer_endpoint)
+            scorer = build_scorer(cfg, cache, ledger, scorer_endpoint, checkpoint)
             webjudge = WebJudge(judge, scorer, cfg.pipeline)
             with VerdictWriter(verdicts_path) as writer:
                 recording = FirstVerdictRecord(writer, out, fingerprint)
@@ -458,6 +472,11 @@ def run(args: argparse.Namespace) -> int:
             raise JudgeRunError("no trajectory path given")
         shard = ShardSpec.parse(args.shard) if args.shard else None
         cfg = load_config(JudgeRunConfig, args.config, overrides)
+        if cfg.reward is not None:
+            logger.info(
+                "the config's reward: section holds the reward model's options (docs/reward.md); "
+                "keyshot judge does not use them"
+            )
         if args.dry_run:
             plan = dry_run(
                 paths,

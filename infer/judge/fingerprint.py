@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 from keyshot.infer.judge.config import JudgeRunConfig
-from keyshot.infer.judge.scorer_factory import scorer_policy
+from keyshot.infer.judge.scorer_factory import describe_scorer, scorer_policy
+from keyshot.infer.model.checkpoint import CheckpointDescription
 from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY
 from keyshot.infer.protocol.prompts import load_prompt_set
 
 
-def protocol_fingerprint(cfg: JudgeRunConfig) -> dict:
-    """What decides a run's verdicts: a run folder keeps its verdicts only for this protocol."""
+def protocol_fingerprint(cfg: JudgeRunConfig, checkpoint: CheckpointDescription | None = None) -> dict:
+    """What decides a run's verdicts: a run folder keeps its verdicts only for this protocol.
+    ``checkpoint``: the description of ``scorer.checkpoint`` its caller read (read here when not given)."""
     sc, pipe = cfg.scorer, cfg.pipeline
+    if checkpoint is None and sc.backend != "none":
+        checkpoint = describe_scorer(sc)
     if sc.backend == "none":
         policy, scorer_model = REFERENCE_POLICY, None
     else:
-        policy = scorer_policy(sc) or DEFAULT_POLICY
+        policy = scorer_policy(sc, checkpoint) or DEFAULT_POLICY
         served = sc.endpoint or (sc.endpoints[0] if sc.endpoints else None)
         scorer_model = sc.checkpoint or (served.model if served else None)
     return {
@@ -36,20 +37,6 @@ def protocol_fingerprint(cfg: JudgeRunConfig) -> dict:
         "judge_seed": cfg.judge.seed,
         "scorer_backend": sc.backend,
         "scorer_model": scorer_model,
-        "scorer_checkpoint_hash": checkpoint_hash(sc.checkpoint) if sc.checkpoint else None,
+        "scorer_checkpoint_hash": checkpoint.hash if checkpoint is not None else None,
         "image_policy": policy.to_dict(),
     }
-
-
-def checkpoint_hash(folder: str) -> str | None:
-    """A short hash of a checkpoint's identity: its config, keyshot metadata and weight files' sizes."""
-    root = Path(folder)
-    if not root.is_dir():
-        return None
-    digest = hashlib.sha256()
-    for name in ("config.json", "keyshot.json", "adapter_config.json"):
-        if (root / name).is_file():
-            digest.update(name.encode() + (root / name).read_bytes())
-    for weights in sorted(root.glob("*.safetensors")):
-        digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
-    return digest.hexdigest()[:16]

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from keyshot.infer.client.replies import answer_cut
-from keyshot.infer.judge.scorers import KeyScreenshotScorer, ScreenshotScore, checkpoint_image_policy
-from keyshot.infer.model.checkpoint import CheckpointError
+from keyshot.infer.judge.scorers import KeyScreenshotScorer, ScreenshotScore
+from keyshot.infer.model.checkpoint import CheckpointDescription, CheckpointError, describe_checkpoint
 from keyshot.infer.protocol.images import ImagePolicy, PreparedImage
 from keyshot.infer.protocol.messages import scorer_messages
 from keyshot.infer.protocol.prompts import PromptSet
@@ -59,6 +59,7 @@ class TransformersScorer(KeyScreenshotScorer):
         batch_size: screenshots per forward pass.
         max_new_tokens: answer length limit.
         logprobs: keep this many top alternatives per generated token and fill ``expected_score``.
+        checkpoint: the folder's description when the caller has read it (else it is read here).
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class TransformersScorer(KeyScreenshotScorer):
         max_new_tokens: int = 512,
         parse_mode: str = "strict",
         logprobs: int | None = None,
+        checkpoint: CheckpointDescription | None = None,
     ):
         super().__init__(prompts, parse_mode=parse_mode)
         import torch
@@ -80,7 +82,7 @@ class TransformersScorer(KeyScreenshotScorer):
         model_dir = Path(model_dir)
         if not (model_dir / "config.json").is_file():
             raise CheckpointError(f"{model_dir}: not a model folder (no config.json)")
-        policy = checkpoint_image_policy(model_dir)
+        policy = (checkpoint or describe_checkpoint(model_dir)).require_image_policy()
         processor = AutoProcessor.from_pretrained(model_dir)
         torch_dtype = getattr(torch, scorer_dtype(device, dtype))
         model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch_dtype).to(device)

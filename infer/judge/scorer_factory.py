@@ -13,8 +13,8 @@ from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.config import ConfigError
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError, ScorerConfig
 from keyshot.infer.judge.local_scorer import TransformersScorer
-from keyshot.infer.judge.scorers import KeyScreenshotScorer, OpenAIScorer, checkpoint_image_policy
-from keyshot.infer.model.checkpoint import trained_answer_tokens
+from keyshot.infer.judge.scorers import KeyScreenshotScorer, OpenAIScorer
+from keyshot.infer.model.checkpoint import CheckpointDescription, describe_checkpoint
 from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy
 from keyshot.infer.protocol.prompts import load_prompt_set
 from keyshot.infer.serve.command import VLLMServer
@@ -23,31 +23,52 @@ from keyshot.infer.serve.plan import ServeConfig
 logger = logging.getLogger(__name__)
 
 
-def scorer_policy(cfg: ScorerConfig) -> ImagePolicy | None:
-    if cfg.checkpoint:
-        return checkpoint_image_policy(cfg.checkpoint)
-    if cfg.min_pixels is not None and cfg.max_pixels is not None:
-        return ImagePolicy(min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
-    if cfg.backend == "openai":
+def describe_scorer(sc: ScorerConfig) -> CheckpointDescription | None:
+    """The scorer checkpoint's description (None when the config names no checkpoint): read once per run
+    and handed to everything below."""
+    return describe_checkpoint(sc.checkpoint) if sc.checkpoint else None
+
+
+def scorer_policy(sc: ScorerConfig, checkpoint: CheckpointDescription | None) -> ImagePolicy | None:
+    """The image policy the scorer sees images with: its checkpoint's (``scorer.min_pixels``/``max_pixels``
+    set beside it must equal its bounds), else the configured bounds, else None (keyshot's default)."""
+    if checkpoint is not None:
+        policy = checkpoint.require_image_policy()
+        for key, given, trained in (
+            ("min_pixels", sc.min_pixels, policy.min_pixels),
+            ("max_pixels", sc.max_pixels, policy.max_pixels),
+        ):
+            if given is not None and given != trained:
+                raise ConfigError(
+                    f"scorer.{key}={given} differs from the {key} {checkpoint.model} was trained with "
+                    f"({trained}); the scorer must see images as it was trained: remove scorer.{key}"
+                )
+        return policy
+    bounds = sc.pixel_bounds()
+    return ImagePolicy(min_pixels=bounds[0], max_pixels=bounds[1]) if bounds else None
+
+
+def warn_default_policy(sc: ScorerConfig, policy: ImagePolicy | None) -> None:
+    """Say that a served scorer of unknown training sees keyshot's default policy."""
+    if policy is None and sc.backend == "openai":
         logger.warning(
-            "scorer.checkpoint is not set: images use keyshot's default policy (%d..%d px); set it so "
-            "the scorer sees images as it was trained",
+            "scorer.checkpoint is not set: images use keyshot's default policy (%d..%d px); set it (the "
+            "served folder or hub id) so the scorer sees images as it was trained",
             DEFAULT_POLICY.min_pixels,
             DEFAULT_POLICY.max_pixels,
         )
-    return None
 
 
 #: The in-process scorer's answer limit when neither scorer.max_tokens nor the checkpoint says one.
 DEFAULT_LOCAL_MAX_TOKENS = 512
 
 
-def scorer_max_tokens(sc: ScorerConfig, default: int) -> int:
+def scorer_max_tokens(sc: ScorerConfig, default: int, checkpoint: CheckpointDescription | None) -> int:
     """The scorer's answer limit: ``scorer.max_tokens``, else ``default`` (the endpoint's ``max_tokens``),
-    raised with a log line to the longest answer the checkpoint was trained on (``keyshot.json``), so
+    raised with a log line to the longest answer the checkpoint was trained on (its ``keyshot.json``), so
     that no answer like the trained ones is cut. An explicit ``scorer.max_tokens`` below that length is
     refused. A scorer whose checkpoint is unknown (a remote endpoint) keeps its limit."""
-    longest = trained_answer_tokens(sc.checkpoint)
+    longest = checkpoint.answer_tokens if checkpoint is not None else None
     if sc.max_tokens is not None:
         if longest and sc.max_tokens < longest:
             raise ConfigError(
@@ -68,18 +89,29 @@ def scorer_max_tokens(sc: ScorerConfig, default: int) -> int:
 
 
 def build_scorer(
-    cfg: JudgeRunConfig, cache: CallCache | None, ledger: UsageLedger, endpoint: EndpointConfig | None = None
+    cfg: JudgeRunConfig,
+    cache: CallCache | None,
+    ledger: UsageLedger,
+    endpoint: EndpointConfig | None = None,
+    checkpoint: CheckpointDescription | None = None,
 ) -> KeyScreenshotScorer | None:
     """The configured scorer (None for the reference configuration), knowing the longest answer its
-    checkpoint was trained on (named when its answers are cut)."""
-    scorer = _configured_scorer(cfg, cache, ledger, endpoint)
+    checkpoint was trained on (named when its answers are cut). ``checkpoint``: the description of
+    ``scorer.checkpoint`` its caller read (:func:`describe_scorer`); read here when not given."""
+    if checkpoint is None:
+        checkpoint = describe_scorer(cfg.scorer)
+    scorer = _configured_scorer(cfg, cache, ledger, endpoint, checkpoint)
     if scorer is not None:
-        scorer.trained_answer_tokens = trained_answer_tokens(cfg.scorer.checkpoint)
+        scorer.trained_answer_tokens = checkpoint.answer_tokens if checkpoint is not None else None
     return scorer
 
 
 def _configured_scorer(
-    cfg: JudgeRunConfig, cache: CallCache | None, ledger: UsageLedger, endpoint: EndpointConfig | None
+    cfg: JudgeRunConfig,
+    cache: CallCache | None,
+    ledger: UsageLedger,
+    endpoint: EndpointConfig | None,
+    checkpoint: CheckpointDescription | None,
 ) -> KeyScreenshotScorer | None:
     sc = cfg.scorer
     prompts = load_prompt_set(cfg.pipeline.prompt_variant)
@@ -94,9 +126,10 @@ def _configured_scorer(
             device=sc.device,
             dtype=sc.dtype,
             batch_size=sc.batch_size,
-            max_new_tokens=scorer_max_tokens(sc, DEFAULT_LOCAL_MAX_TOKENS),
+            max_new_tokens=scorer_max_tokens(sc, DEFAULT_LOCAL_MAX_TOKENS, checkpoint),
             parse_mode=cfg.pipeline.parse_mode,
             logprobs=sc.logprobs,
+            checkpoint=checkpoint,
         )
     endpoint = endpoint or sc.endpoint
     if endpoint is None and not sc.endpoints:
@@ -107,28 +140,33 @@ def _configured_scorer(
         else EndpointPool(sc.endpoints, cache, ledger, cooldown_s=sc.cooldown_s)
     )
     served_limit = endpoint.max_tokens if endpoint is not None else min(e.max_tokens for e in sc.endpoints)
-    limit = scorer_max_tokens(sc, served_limit)
+    limit = scorer_max_tokens(sc, served_limit, checkpoint)
+    policy = scorer_policy(sc, checkpoint)
+    warn_default_policy(sc, policy)
     return OpenAIScorer(
         client,
         prompts,
         parse_mode=cfg.pipeline.parse_mode,
         logprobs=sc.logprobs,
         max_tokens=limit if limit != served_limit else sc.max_tokens,  # None: each endpoint's own
-        policy=scorer_policy(sc),
+        policy=policy,
         retry_invalid=sc.retry_invalid,
     )
 
 
 def start_served_scorer(
-    cfg: JudgeRunConfig, checkpoint: str, log_file: str
+    cfg: JudgeRunConfig, checkpoint: str, log_file: str, description: CheckpointDescription | None = None
 ) -> tuple[VLLMServer, EndpointConfig]:
     """``--serve-scorer CHECKPOINT``: vLLM serving the checkpoint under the process guard (``scorer.serve``
     settings, its log in ``log_file`` unless they name one), and the endpoint the scorer calls, keeping
-    the configured endpoint's concurrency, answer limit and timeout."""
+    the configured endpoint's concurrency, answer limit and timeout. ``description``: the checkpoint's,
+    when the caller has read it (:func:`describe_scorer`)."""
     serve_cfg = dataclasses.replace(cfg.scorer.serve or ServeConfig(), model=checkpoint)
     serve_cfg.prompt_variant = cfg.pipeline.prompt_variant
     serve_cfg.log_file = serve_cfg.log_file or log_file
-    server = VLLMServer(serve_cfg).start()
+    if description is not None and description.model != checkpoint:
+        description = None  # scorer.checkpoint names another folder than the one served: read this one
+    server = VLLMServer(serve_cfg, checkpoint=description).start()
     base = cfg.scorer.endpoint
     kept = {
         "max_concurrency": base.max_concurrency,

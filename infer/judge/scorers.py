@@ -28,8 +28,8 @@ from pathlib import Path
 from keyshot.infer.client.judge_client import JudgeCallError, JudgeClient
 from keyshot.infer.client.pool import EndpointPool
 from keyshot.infer.judge.calls import Protocol, ask_score
-from keyshot.infer.model.checkpoint import CheckpointError, read_meta, saved_pixel_bounds
-from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy, PreparedImage
+from keyshot.infer.model.checkpoint import describe_checkpoint
+from keyshot.infer.protocol.images import ImagePolicy, PreparedImage
 from keyshot.infer.protocol.logprobs import alternatives, token_index
 from keyshot.infer.protocol.parsing import ScoreResult, score_digit_offset
 from keyshot.infer.protocol.prompts import PromptSet
@@ -80,7 +80,7 @@ class KeyScreenshotScorer(ABC):
     role: str = "scorer"
     #: the config setting that limits this scorer's answers (named when its answers are cut)
     max_tokens_setting: str = "scorer.max_tokens"
-    #: the longest answer (tokens) the scorer's checkpoint was trained on, when known (keyshot.json)
+    #: the longest answer (tokens) the scorer's checkpoint was trained on, when known (its description)
     trained_answer_tokens: int | None = None
 
     def __init__(self, prompts: PromptSet, *, parse_mode: str = "strict"):
@@ -207,41 +207,10 @@ def expected_score_from_logprobs(
 
 
 # ---------------------------------------------------------------------------- checkpoint policy
-def checkpoint_image_policy(model_dir: str | Path) -> ImagePolicy:
-    """The image policy a keyshot checkpoint was trained with.
-
-    ``keyshot.json``'s ``image_policy`` when present (its pixel bounds must equal the recorded
-    ``min_pixels``/``max_pixels``), else keyshot's default policy with the pixel bounds of
-    ``keyshot.json`` or, for a plain model folder, of its saved image processor.
-    """
-    meta = read_meta(model_dir)
-    if meta is not None:
-        if meta.image_policy:
-            try:
-                policy = ImagePolicy.from_dict(dict(meta.image_policy))
-            except (TypeError, ValueError) as exc:
-                raise CheckpointError(
-                    f"{Path(model_dir) / 'keyshot.json'}: bad image_policy ({exc})"
-                ) from None
-            if (policy.min_pixels, policy.max_pixels) != (meta.min_pixels, meta.max_pixels):
-                raise CheckpointError(
-                    f"{Path(model_dir) / 'keyshot.json'}: image_policy pixel bounds "
-                    f"({policy.min_pixels}, {policy.max_pixels}) differ from min_pixels/max_pixels "
-                    f"({meta.min_pixels}, {meta.max_pixels})"
-                )
-            return policy
-        return ImagePolicy(
-            min_pixels=meta.min_pixels,
-            max_pixels=meta.max_pixels,
-            max_aspect=DEFAULT_POLICY.max_aspect,
-            jpeg_quality=DEFAULT_POLICY.jpeg_quality,
-        )
-    bounds = saved_pixel_bounds(model_dir)
-    if bounds is None:
-        raise CheckpointError(
-            f"{model_dir}: no keyshot.json and no processor pixel bounds; cannot tell which images it expects"
-        )
-    return ImagePolicy(min_pixels=bounds[0], max_pixels=bounds[1])
+def checkpoint_image_policy(model: str | Path) -> ImagePolicy:
+    """The image policy a scorer checkpoint (folder or hub id) was trained with
+    (:meth:`keyshot.infer.model.checkpoint.CheckpointDescription.require_image_policy`)."""
+    return describe_checkpoint(model).require_image_policy()
 
 
 # ---------------------------------------------------------------------------- endpoint back-end

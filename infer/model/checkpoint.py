@@ -14,8 +14,10 @@ of a run are :mod:`keyshot.train.checkpointing`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ from typing import Any
 
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.fileio import write_text_atomic
-from keyshot.infer.protocol.images import pixel_bounds
+from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy, pixel_bounds
 
 META_FILE = "keyshot.json"
 
@@ -106,18 +108,30 @@ def write_scorer_meta(
 
 def read_meta(checkpoint_dir: str | os.PathLike) -> CheckpointMeta | None:
     """Return the checkpoint's keyshot metadata, or None for a plain (e.g. base) model folder; a file that
-    cannot be read, or a field of the wrong type, raises CheckpointError naming the file and field."""
+    cannot be read, or a field of the wrong type, raises CheckpointError naming the file and field.
+    Training reads back what it wrote with it; a scorer's users take :func:`describe_checkpoint`."""
     path = Path(checkpoint_dir) / META_FILE
-    if not path.exists():
-        return None
+    raw = _read_meta_bytes(path)
+    return None if raw is None else _parse_meta(path, raw)
+
+
+def _read_meta_bytes(path: Path) -> bytes | None:
+    """The bytes of ``keyshot.json`` (None when there is none): its one opening per description."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
-    except UnicodeDecodeError as exc:
-        raise CheckpointError(f"{path}: not UTF-8 text (byte {exc.start}); write it again as UTF-8") from None
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _parse_meta(path: Path, raw: bytes) -> CheckpointMeta:
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path}: not UTF-8 text (byte {exc.start}); write it again as UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object of checkpoint fields")
     missing = {"prompt_variant", "prompt_version", "min_pixels", "max_pixels"} - set(data)
@@ -161,25 +175,265 @@ def _type_words(tp: Any) -> str:
     return " or ".join(words.get(option, option.__name__) for option in _options(tp))
 
 
-def trained_answer_tokens(model: str | os.PathLike | None) -> int | None:
-    """The longest answer (in tokens) the scorer in ``model`` was trained on, from its ``keyshot.json``;
-    None when that is unknown (no local folder, no metadata, a checkpoint written before it was recorded)."""
-    if not model or not Path(model).expanduser().is_dir():
-        return None
-    meta = read_meta(Path(model).expanduser())
-    longest = meta.answer_tokens.get("max") if meta is not None and meta.answer_tokens else None
-    return int(longest) if longest else None
+# ---------------------------------------------------------------------------- the one reader
+@dataclass(frozen=True)
+class KnownCheckpoint:
+    """A released scorer checkpoint without ``keyshot.json``: what keyshot knows of it."""
+
+    prompt_variant: str
+    base_model: str
+    about: str
 
 
-def saved_pixel_bounds(checkpoint_dir: str | os.PathLike) -> tuple[int, int] | None:
-    """(min_pixels, max_pixels) of the image processor saved in a checkpoint folder, if any."""
-    d = Path(checkpoint_dir)
-    for name in ("processor_config.json", "preprocessor_config.json"):
-        p = d / name
-        if not p.exists():
-            continue
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-        bounds = pixel_bounds(cfg.get("image_processor", cfg))
-        if bounds:
-            return bounds
+#: Released checkpoints trained on a prompt set keyshot ships, by hub id (compared case-insensitively).
+KNOWN_CHECKPOINTS: dict[str, KnownCheckpoint] = {
+    "osunlp/webjudge-7b": KnownCheckpoint(
+        prompt_variant="online_mind2web",
+        base_model="Qwen/Qwen2.5-VL-7B-Instruct",
+        about="OSU's released WebJudge-7B (Apache-2.0, about 16.6 GB)",
+    ),
+}
+
+#: The processor files that may hold a checkpoint's pixel bounds, in the order they are read.
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+@dataclass(frozen=True)
+class CheckpointDescription:
+    """What a scorer checkpoint says about itself, read once by :func:`describe_checkpoint` and handed to
+    ``keyshot serve``, ``keyshot judge``, the reward model and the in-process scorer.
+
+    ``model``: the folder or hub id as given. ``meta``: its ``keyshot.json`` (None for a plain model folder
+    or a hub id). ``prompt_variant``/``prompt_version``: the prompt set it was trained on (None: unknown,
+    ``note`` says so). ``pixel_bounds``: its training pixel bounds (``keyshot.json``'s, else its processor
+    config's; None: unknown). ``answer_tokens``: the longest answer it was trained on (None: unknown).
+    ``hash``: a short hash of its identity (the run fingerprint records it). ``source``: where this was read.
+    """
+
+    model: str
+    meta: CheckpointMeta | None
+    prompt_variant: str | None
+    prompt_version: str | None
+    pixel_bounds: tuple[int, int] | None
+    answer_tokens: int | None
+    answer_tokens_p99: int | None
+    hash: str | None
+    base_model: str
+    source: str
+    note: str | None = None
+    image_policy: ImagePolicy | None = None  # None: pixel bounds unknown
+
+    @property
+    def hub_id(self) -> bool:
+        """Named by a Hugging Face hub id rather than a local folder."""
+        return self.source.startswith("hub")
+
+    def require_image_policy(self) -> ImagePolicy:
+        """The image policy it was trained with, or CheckpointError saying why it is unknown."""
+        if self.image_policy is None:
+            raise CheckpointError(
+                f"{self.model}: no keyshot.json and no processor pixel bounds; cannot tell which images it "
+                "expects (set scorer.min_pixels and scorer.max_pixels, or give the folder its processor)"
+            )
+        return self.image_policy
+
+
+def describe_checkpoint(model: str | os.PathLike) -> CheckpointDescription:
+    """The one reader of a scorer checkpoint: a local folder (its ``keyshot.json``, else its processor
+    config) or a Hugging Face hub id (its processor config from the local hub cache or the hub, its prompt
+    set from :data:`KNOWN_CHECKPOINTS`). ``keyshot.json`` is opened once; a file that cannot be read or
+    disagrees with itself raises CheckpointError naming it."""
+    name = str(model)
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return _describe_folder(name, folder)
+    if looks_like_local_path(name):
+        raise CheckpointError(
+            f"{name}: no such checkpoint folder; pass the folder a training run wrote (RUN/final)"
+        )
+    return _describe_hub(name)
+
+
+def _describe_folder(name: str, folder: Path) -> CheckpointDescription:
+    meta_path = folder / META_FILE
+    raw = _read_meta_bytes(meta_path)
+    meta = None if raw is None else _parse_meta(meta_path, raw)
+    digest = _folder_hash(folder, raw)
+    if meta is not None:
+        policy = _meta_policy(meta_path, meta)
+        longest = meta.answer_tokens.get("max") if meta.answer_tokens else None
+        p99 = meta.answer_tokens.get("p99") if meta.answer_tokens else None
+        return CheckpointDescription(
+            model=name,
+            meta=meta,
+            prompt_variant=meta.prompt_variant,
+            prompt_version=meta.prompt_version,
+            pixel_bounds=(meta.min_pixels, meta.max_pixels),
+            answer_tokens=int(longest) if longest else None,
+            answer_tokens_p99=int(p99) if p99 else None,
+            hash=digest,
+            base_model=meta.base_model,
+            source=str(meta_path),
+            image_policy=policy,
+        )
+    bounds = saved_pixel_bounds(folder)
+    known = _known_snapshot(folder)
+    return _plain(name, bounds, digest, known, source=f"{folder} (no {META_FILE})")
+
+
+def _plain(
+    name: str,
+    bounds: tuple[int, int] | None,
+    digest: str | None,
+    known: tuple[str, KnownCheckpoint] | None,
+    *,
+    source: str,
+) -> CheckpointDescription:
+    """A checkpoint without ``keyshot.json``: pixel bounds from its processor, the prompt set from the
+    table of released checkpoints when it is one of them."""
+    variant = version = note = None
+    base = ""
+    if known is not None:
+        from keyshot.infer.protocol.prompts import load_prompt_set
+
+        hub_id, entry = known
+        variant, version, base = (
+            entry.prompt_variant,
+            load_prompt_set(entry.prompt_variant).version,
+            entry.base_model,
+        )
+        note = f"{hub_id} is {entry.about}, trained on keyshot's {variant!r} prompt set"
+    else:
+        note = f"{name} has no {META_FILE}: the prompt set it was trained on is unknown and not checked"
+    return CheckpointDescription(
+        model=name,
+        meta=None,
+        prompt_variant=variant,
+        prompt_version=version,
+        pixel_bounds=bounds,
+        answer_tokens=None,
+        answer_tokens_p99=None,
+        hash=digest,
+        base_model=base,
+        source=source,
+        note=note,
+        image_policy=ImagePolicy(min_pixels=bounds[0], max_pixels=bounds[1]) if bounds else None,
+    )
+
+
+def _meta_policy(meta_path: Path, meta: CheckpointMeta) -> ImagePolicy:
+    """``keyshot.json``'s image policy (its pixel bounds must equal the recorded ``min_pixels``/``max_pixels``),
+    else keyshot's default policy with those bounds."""
+    if not meta.image_policy:
+        return ImagePolicy(
+            min_pixels=meta.min_pixels,
+            max_pixels=meta.max_pixels,
+            max_aspect=DEFAULT_POLICY.max_aspect,
+            jpeg_quality=DEFAULT_POLICY.jpeg_quality,
+        )
+    try:
+        policy = ImagePolicy.from_dict(dict(meta.image_policy))
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{meta_path}: bad image_policy ({exc})") from None
+    if (policy.min_pixels, policy.max_pixels) != (meta.min_pixels, meta.max_pixels):
+        raise CheckpointError(
+            f"{meta_path}: image_policy pixel bounds ({policy.min_pixels}, {policy.max_pixels}) differ from "
+            f"min_pixels/max_pixels ({meta.min_pixels}, {meta.max_pixels})"
+        )
+    return policy
+
+
+def saved_pixel_bounds(folder: Path) -> tuple[int, int] | None:
+    """(min_pixels, max_pixels) of the image processor saved in a model folder, if any."""
+    for name in PROCESSOR_FILES:
+        path = folder / name
+        if path.is_file():
+            bounds = _bounds_of(path)
+            if bounds:
+                return bounds
     return None
+
+
+def _bounds_of(path: Path) -> tuple[int, int] | None:
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read the processor config ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    settings = cfg.get("image_processor", cfg)
+    return pixel_bounds(settings) if isinstance(settings, dict) else None
+
+
+def _folder_hash(folder: Path, meta_raw: bytes | None) -> str:
+    """A short hash of a checkpoint's identity: its config, keyshot metadata and weight files' sizes."""
+    digest = hashlib.sha256()
+    for name in ("config.json", META_FILE, "adapter_config.json"):
+        if name == META_FILE:
+            if meta_raw is not None:
+                digest.update(name.encode() + meta_raw)
+        elif (folder / name).is_file():
+            digest.update(name.encode() + (folder / name).read_bytes())
+    for weights in sorted(folder.glob("*.safetensors")):
+        digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
+    return digest.hexdigest()[:16]
+
+
+#: A snapshot folder of the Hugging Face hub cache: .../models--ORG--NAME/snapshots/COMMIT
+_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<commit>[0-9a-f]{6,})/?$")
+
+
+def _known_snapshot(folder: Path) -> tuple[str, KnownCheckpoint] | None:
+    """A released checkpoint read from its hub-cache snapshot folder (the hub id is in the path)."""
+    found = _SNAPSHOT.search(folder.resolve().as_posix())
+    if not found:
+        return None
+    hub_id = f"{found['org']}/{found['name']}"
+    entry = KNOWN_CHECKPOINTS.get(hub_id.lower())
+    return (hub_id, entry) if entry else None
+
+
+def _describe_hub(hub_id: str) -> CheckpointDescription:
+    """A hub id: its processor config from the local hub cache, else from the hub (a small file; the
+    weights are vLLM's to download)."""
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise CheckpointError(
+            f"{hub_id}: reading a Hugging Face model id needs huggingface_hub (pip install huggingface_hub, "
+            "or pip install -e '.[train]'); or download the model and pass its folder"
+        ) from None
+    path, commit, why = None, None, "not in the hub cache"
+    for name in PROCESSOR_FILES:
+        cached = huggingface_hub.try_to_load_from_cache(hub_id, name)
+        if isinstance(cached, str):
+            path = Path(cached)
+            break
+    if path is None:
+        try:
+            path = Path(huggingface_hub.hf_hub_download(hub_id, "preprocessor_config.json", etag_timeout=10))
+        except Exception as exc:  # noqa: BLE001 (the hub client's errors are many; each becomes the one line)
+            why = _first_line(exc)
+    if path is None:
+        raise CheckpointError(
+            f"{hub_id}: cannot read its preprocessor_config.json from the Hugging Face hub ({why}); check the "
+            f"id, the network and HF_TOKEN, or download it first (huggingface-cli download {hub_id} "
+            "--local-dir DIR) and pass model=DIR"
+        )
+    found = _SNAPSHOT.search(path.parent.as_posix())
+    commit = found["commit"] if found else None
+    bounds = _bounds_of(path)
+    digest = hashlib.sha256(f"{hub_id}@{commit}".encode() + path.read_bytes()).hexdigest()[:16]
+    entry = KNOWN_CHECKPOINTS.get(hub_id.lower())
+    return _plain(
+        hub_id,
+        bounds,
+        digest,
+        (hub_id, entry) if entry else None,
+        source=f"hub {hub_id}" + (f"@{commit[:12]}" if commit else ""),
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__

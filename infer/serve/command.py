@@ -1,12 +1,15 @@
 """``keyshot serve``: vLLM's OpenAI-compatible server for a scorer checkpoint, with the flags that matter.
 
-    keyshot serve --config configs/serve/tiny_cpu.yaml model=/path/to/checkpoint
+    keyshot serve --config configs/serve/webjudge7b_gpu.yaml model=osunlp/WebJudge-7B port=8000
     keyshot serve --config configs/serve/webjudge7b_gpu.yaml model=runs/sft/final port=8000
+    keyshot serve --config configs/serve/tiny_cpu.yaml model=/path/to/checkpoint
 
 What it guarantees:
 
-* the checkpoint's prompt version (``keyshot.json``) equals the client's prompt set, or it refuses;
-* the image processor runs with the checkpoint's training pixel bounds (``--mm-processor-kwargs``),
+* the checkpoint's prompt version (``keyshot.json``; for a released checkpoint without one, such as
+  ``osunlp/WebJudge-7B``, keyshot's table of them) equals the client's prompt set, or it refuses;
+* the image processor runs with the checkpoint's training pixel bounds (``keyshot.json``, else its
+  processor config: a hub id's is read from the hub cache or the hub) (``--mm-processor-kwargs``),
   one image and no video per request (``--limit-mm-per-prompt``);
 * greedy decoding by default (``--generation-config auto`` + ``--override-generation-config``);
 * LoRA adapters (``lora_modules``; requests then name the adapter), prefix caching, a context limit;
@@ -39,6 +42,7 @@ from keyshot.infer.client.judge_client import EndpointConfig
 from keyshot.infer.common.config import load_config
 from keyshot.infer.common.errors import EXIT_USAGE, KeyshotError
 from keyshot.infer.common.helptext import plain
+from keyshot.infer.model.checkpoint import CheckpointDescription
 from keyshot.infer.serve.plan import (
     ENV_VLLM_PYTHON,
     ServeConfig,
@@ -65,9 +69,9 @@ class VLLMServer:
         client = JudgeClient(server.endpoint())
     """
 
-    def __init__(self, config: ServeConfig):
+    def __init__(self, config: ServeConfig, *, checkpoint: CheckpointDescription | None = None):
         self.config = config
-        self.plan = plan_server(config)
+        self.plan = plan_server(config, checkpoint)  # checkpoint: config.model's description, when read
         self.process: subprocess.Popen | None = None
         self._log = None
 

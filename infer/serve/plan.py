@@ -20,12 +20,12 @@ from typing import Literal
 
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.model.checkpoint import (
+    META_FILE,
+    CheckpointDescription,
     CheckpointError,
-    CheckpointMeta,
+    describe_checkpoint,
     looks_like_local_path,
     model_folder_problem,
-    read_meta,
-    saved_pixel_bounds,
 )
 from keyshot.infer.protocol.prompts import load_prompt_set
 
@@ -141,39 +141,36 @@ def check_vllm_installed(python: str) -> None:
 
 
 def check_prompt_version(
-    folder: str | Path, prompt_variant: str, *, allow_missing: bool = True
-) -> CheckpointMeta | None:
+    checkpoint: CheckpointDescription | str | Path, prompt_variant: str, *, allow_missing: bool = True
+) -> CheckpointDescription:
     """Refuse a checkpoint (or adapter) trained on another prompt set than ``prompt_variant``'s.
 
-    Returns the checkpoint's metadata, or None for a folder without ``keyshot.json`` (allowed with
-    a warning when ``allow_missing``; a model id that is not a local folder is not checked).
+    Takes its description (or a folder or hub id, described here) and returns it. One whose prompt set is
+    unknown (a plain folder, a hub id not in keyshot's table of released checkpoints) is served with a
+    warning when ``allow_missing``, else refused.
     """
+    desc = (
+        checkpoint if isinstance(checkpoint, CheckpointDescription) else describe_checkpoint(str(checkpoint))
+    )
     expected = load_prompt_set(prompt_variant).version
-    path = Path(folder)
-    if not path.is_dir():
-        logger.warning("%s is not a local folder: its prompt version cannot be checked", folder)
-        return None
-    meta = read_meta(path)
-    if meta is None:
+    if desc.prompt_version is None:
         if not allow_missing:
-            raise ServeError(f"{path}: no keyshot.json; cannot check which prompt set it was trained on")
-        logger.warning("%s has no keyshot.json: serving it without a prompt-version check", path)
-        return None
-    if meta.prompt_version != expected:
+            raise ServeError(f"{desc.model}: no {META_FILE}; cannot check which prompt set it was trained on")
+        logger.warning("%s: serving it without a prompt-version check", desc.note)
+        return desc
+    if desc.prompt_version != expected:
         raise PromptVersionMismatchError(
-            f"{path / 'keyshot.json'}: the checkpoint was trained on prompt version {meta.prompt_version!r} "
+            f"{desc.source}: the checkpoint was trained on prompt version {desc.prompt_version!r} "
             f"but the client's prompt set ({prompt_variant!r}) is {expected!r}. Serving it would score "
             "screenshots with prompts it never saw; retrain, or serve with the matching prompt_variant."
         )
-    return meta
+    if desc.note:
+        logger.info("%s", desc.note)
+    return desc
 
 
-def _pixel_bounds(cfg: ServeConfig, meta: CheckpointMeta | None) -> tuple[int | None, int | None]:
-    trained: tuple[int, int] | None = None
-    if meta is not None:
-        trained = (meta.min_pixels, meta.max_pixels)
-    elif Path(cfg.model).is_dir():
-        trained = saved_pixel_bounds(cfg.model)
+def _pixel_bounds(cfg: ServeConfig, desc: CheckpointDescription) -> tuple[int | None, int | None]:
+    trained = desc.pixel_bounds
     if cfg.min_pixels is not None:
         asked = (cfg.min_pixels, cfg.max_pixels)
         if trained is not None and asked != trained:
@@ -188,10 +185,10 @@ def _pixel_bounds(cfg: ServeConfig, meta: CheckpointMeta | None) -> tuple[int | 
     return trained
 
 
-def answer_limit(cfg: ServeConfig, meta: CheckpointMeta | None) -> int | None:
+def answer_limit(cfg: ServeConfig, desc: CheckpointDescription) -> int | None:
     """The answer tokens to allow: the configured ``max_tokens``, else the checkpoint's longest trained
     answer; a configured value below that is refused (answers the scorer was trained on would be cut)."""
-    longest = int(meta.answer_tokens.get("max") or 0) if meta is not None and meta.answer_tokens else 0
+    longest = desc.answer_tokens or 0
     if cfg.max_tokens is not None and cfg.max_tokens < longest:
         raise ServeError(
             f"{cfg.model}: max_tokens={cfg.max_tokens} is below the longest answer the checkpoint was trained "
@@ -203,7 +200,7 @@ def answer_limit(cfg: ServeConfig, meta: CheckpointMeta | None) -> int | None:
             "%s: answers allowed up to %d tokens, the longest the checkpoint was trained on (99th percentile %s)",
             cfg.model,
             longest,
-            meta.answer_tokens.get("p99"),
+            desc.answer_tokens_p99,
         )
     return cfg.max_tokens or longest or None
 
@@ -214,8 +211,10 @@ def _device(cfg: ServeConfig) -> str:
     return "cuda" if shutil.which("nvidia-smi") else "cpu"
 
 
-def plan_server(cfg: ServeConfig) -> ServePlan:
-    """Check the checkpoint and build the vLLM command; launches nothing."""
+def plan_server(cfg: ServeConfig, checkpoint: CheckpointDescription | None = None) -> ServePlan:
+    """Check the checkpoint and build the vLLM command; launches nothing. ``checkpoint``: the description
+    of ``cfg.model`` its caller read (:func:`keyshot.infer.model.checkpoint.describe_checkpoint`); read here
+    when not given."""
     if not cfg.model:
         raise ServeError("no model: set model=<checkpoint folder>")
     problem = model_folder_problem(cfg.model) if looks_like_local_path(cfg.model) else None
@@ -228,14 +227,18 @@ def plan_server(cfg: ServeConfig) -> ServePlan:
         raise ServeError(
             f"{cfg.model}: {problem}, not a model checkpoint; pass the folder a training run wrote (RUN/final)"
         )
-    meta = check_prompt_version(cfg.model, cfg.prompt_variant, allow_missing=cfg.allow_missing_meta)
+    if checkpoint is None or checkpoint.model != cfg.model:
+        checkpoint = describe_checkpoint(cfg.model)
+    desc = check_prompt_version(checkpoint, cfg.prompt_variant, allow_missing=cfg.allow_missing_meta)
     for name, adapter in cfg.lora_modules.items():
         if not Path(adapter).is_dir():
             raise ServeError(f"LoRA adapter {name!r}: {adapter} is not a folder")
-        adapter_meta = check_prompt_version(adapter, cfg.prompt_variant, allow_missing=cfg.allow_missing_meta)
-        meta = meta or adapter_meta
-    min_px, max_px = _pixel_bounds(cfg, meta)
-    max_tokens = answer_limit(cfg, meta)
+        adapter_desc = check_prompt_version(
+            describe_checkpoint(adapter), cfg.prompt_variant, allow_missing=cfg.allow_missing_meta
+        )
+        desc = desc if desc.meta is not None or adapter_desc.meta is None else adapter_desc
+    min_px, max_px = _pixel_bounds(cfg, desc)
+    max_tokens = answer_limit(cfg, desc)
     device = _device(cfg)
     port = cfg.port or free_port(cfg.host)
     served = cfg.served_model_name or Path(cfg.model.rstrip("/")).name or "keyshot-scorer"
@@ -304,9 +307,14 @@ def plan_server(cfg: ServeConfig) -> ServePlan:
     cmd += list(cfg.extra_args)
 
     env = dict(os.environ)
-    env.update(
-        {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    )
+    env.update({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    if checkpoint.hub_id:  # vLLM downloads the weights into the hub cache on its first start
+        logger.info(
+            "%s is a Hugging Face model id: vLLM loads it from the hub cache, downloading it on the first start",
+            cfg.model,
+        )
+    else:  # a local folder: nothing is fetched
+        env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     if device == "cpu":
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
     tmpdir = cfg.tmpdir or tempfile.gettempdir()
