@@ -133,7 +133,7 @@ def test_openrlhf_agent_file_loaded_by_path_and_driven_until_done(config, judge,
 
     runs = asyncio.run(batch())
     for label, (reset, steps) in zip(labels, runs, strict=True):
-        assert reset["observation"].startswith("<|im_start|>user") and len(reset["environment_images"]) == 1
+        assert reset["observation"].startswith("<|im_start|>user") and "Page 1 of" in reset["observation"]
         assert len(steps) == len(ReplayBrowser(label).trajectory.screenshots) - 1
         assert all(s["rewards"].item() == 0.0 and len(s["environment_images"]) == 1 for s in steps[:-1])
         assert steps[-1]["extra_logs"]["keyshot_failed"].tolist() == [0.0]

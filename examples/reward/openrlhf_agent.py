@@ -2,11 +2,12 @@
 
 Modeled on OpenRLHF's ``examples/python/vlm_multiturn_agent.py``: OpenRLHF loads this file by path with no
 arguments and builds ``AgentExecutor``; each rollout gets its own ``AgentInstance``. keyshot's
-``KeyshotAgentInstance`` does the reward part (an Episode per rollout, every screenshot recorded and sent
-back in ``environment_images``, the final step's reward awaited through one process-wide batcher); this
-file writes only the environment part. The environment here is the replay stand-in: the dataset's label is
-a recorded trajectory folder, replayed one screenshot per step until its last. Put your browser in
-``start`` / ``act`` for real training.
+``KeyshotAgentInstance`` does the reward part (an Episode per rollout, every page's screenshot recorded and
+shown to the policy, the final step's reward awaited through one process-wide batcher) and
+``keyshot_agent_executor`` shows the policy the first page and judges an episode that OpenRLHF stops at its
+token budget; this file writes only the environment part and where a page goes in the chat. The
+environment here is the replay stand-in: the dataset's label is a recorded trajectory folder, replayed one
+screenshot per step until its last. Put your browser in ``start`` / ``act`` for real training.
 
 On a cluster (docs/reward.md)::
 
@@ -19,20 +20,18 @@ Here, without OpenRLHF: the file drives its own instances through reset/step, as
     KEYSHOT_REWARD_CONFIG=configs/reward/local.yaml python examples/reward/openrlhf_agent.py FOLDER [FOLDER ...]
 """
 
-from __future__ import annotations
-
 import asyncio
 import json
 import sys
 
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.reward.openrlhf import KeyshotAgentInstance, Observation
 from keyshot.infer.reward.replay import ReplayBrowser
+from keyshot.reward.openrlhf import KeyshotAgentInstance, Observation, keyshot_agent_executor
 
 try:
-    from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
+    from openrlhf.utils.agent import AgentInstanceBase
 except ImportError:  # tried here without OpenRLHF: __main__ below drives the instances itself
-    AgentInstanceBase, MultiTurnAgentExecutor = object, None
+    AgentInstanceBase = None
 
 # Qwen-style turn markers and image placeholder, as in OpenRLHF's VLM example (adjust for your model)
 USER_START = "\n<|im_start|>user\n"
@@ -40,7 +39,7 @@ USER_END = "<|im_end|>\n<|im_start|>assistant\n"
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
-class AgentInstance(KeyshotAgentInstance, AgentInstanceBase):
+class AgentInstance(KeyshotAgentInstance, *([AgentInstanceBase] if AgentInstanceBase else [])):
     """The environment part: open the label's page, act, show the next page."""
 
     async def start(self, label):
@@ -51,23 +50,28 @@ class AgentInstance(KeyshotAgentInstance, AgentInstanceBase):
             "start_url": self.browser.start_url,
             "task_id": self.browser.task_id,
         }
-        return spec, Observation(page.text, page.screenshot)
+        return spec, Observation(self._page_text(page), page.screenshot)
 
     async def act(self, action_text):
         page = self.browser.act(action_text)
-        if page.done:
+        if page.done:  # the episode is over: no turn of the policy's follows (the page is judged, not shown)
             return Observation("\n<|im_end|>\n", page.screenshot, done=True, answer=page.answer)
+        return Observation(f"{USER_START}{self._page_text(page)}{USER_END}", page.screenshot)
+
+    def first_prompt(self, prompt, page):
+        """The first page inside the dataset prompt's user turn (before the assistant's), else its own turn."""
+        if prompt.endswith(USER_END):
+            return f"{prompt[: -len(USER_END)]}\n{page.text}{USER_END}"
+        return f"{prompt}{USER_START}{page.text}{USER_END}"
+
+    @staticmethod
+    def _page_text(page):
         image = f"{IMAGE_PLACEHOLDER}\n" if page.screenshot is not None else ""
-        return Observation(
-            f"{USER_START}{image}{page.text}\nWhat should we do next?\n{USER_END}", page.screenshot
-        )
+        return f"{image}{page.text}\nWhat should we do next?"
 
 
-if MultiTurnAgentExecutor is not None:
-
-    class AgentExecutor(MultiTurnAgentExecutor):  # the name OpenRLHF's vLLM engine loads
-        def __init__(self):
-            super().__init__(AgentInstance)
+if AgentInstanceBase is not None:
+    AgentExecutor = keyshot_agent_executor(AgentInstance)  # the name OpenRLHF's vLLM engine loads
 
 
 async def drive(label: str, action: str = "click('next')") -> dict:

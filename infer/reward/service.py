@@ -2,9 +2,12 @@
 
 - ``POST /v1/reward``: ``{"rollouts": [{task, screenshots, actions, final_answer, id}, ...]}`` →
   ``{"results": [RewardResult.to_dict(), ...]}`` (or a rollout may be a trajectory folder's path);
-- ``POST /get_reward``: OpenRLHF's ``--remote_rm_url``: ``{"query": [...], "prompts": [...], "labels":
+- ``POST /get_reward``: OpenRLHF's ``--reward.remote_url``: ``{"query": [...], "prompts": [...], "labels":
   [...]}`` → ``{"rewards": [...], "scores": [...], "extra_logs": {...}}``; a label is a trajectory folder's
-  path or a JSON dict rollout;
+  path or a JSON dict rollout. OpenRLHF turns every reward into a tensor and has no "no reward", so this
+  route always answers numbers: a rollout without a verdict is 0.0 there, flagged in
+  ``extra_logs.keyshot_failed`` (the log fields of :func:`~keyshot.infer.reward.logs.sample_logs`), counted
+  in ``/metrics`` and logged, whatever ``reward.on_failure`` says (``/v1/reward`` keeps None);
 - ``GET /health``: the judge's and scorer's breaker state and the queue; 503 when an endpoint is down;
 - ``GET /metrics``: Prometheus text.
 
@@ -22,12 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from keyshot.infer.loaders import load_trajectory
 from keyshot.infer.loaders.common import InputScope
-from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
+from keyshot.infer.loaders.trajectory import Trajectory
+from keyshot.infer.reward.logs import sample_logs
 from keyshot.infer.reward.model import RewardModel, RewardResult
-from keyshot.infer.reward.openrlhf import label_rollout
-from keyshot.infer.reward.rollouts import RolloutError, from_dict
+from keyshot.infer.reward.rollouts import RolloutError, read_rollout
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +54,25 @@ class BadRequest(Exception):
 
 
 @dataclass
+class LatencyHistogram:
+    """Cumulative Prometheus histogram counters of one route (they only grow)."""
+
+    buckets: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
+    count: int = 0
+    total: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        for i, bound in enumerate(LATENCY_BUCKETS):
+            if seconds <= bound:
+                self.buckets[i] += 1
+        self.count += 1
+        self.total += seconds
+
+
+@dataclass
 class Metrics:
     requests: dict[tuple[str, int], int] = field(default_factory=dict)
-    latency: dict[str, list[float]] = field(default_factory=dict)
+    latency: dict[str, LatencyHistogram] = field(default_factory=dict)
     rollouts: int = 0
     failures: int = 0
     calls: dict[str, int] = field(default_factory=dict)
@@ -62,8 +80,7 @@ class Metrics:
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests[(route, status)] = self.requests.get((route, status), 0) + 1
-        self.latency.setdefault(route, []).append(seconds)
-        self.latency[route] = self.latency[route][-10000:]
+        self.latency.setdefault(route, LatencyHistogram()).observe(seconds)
 
     def count(self, results: list[RewardResult]) -> None:
         self.rollouts += len(results)
@@ -79,13 +96,14 @@ class Metrics:
         for (route, status), n in sorted(self.requests.items()):
             lines.append(f'keyshot_reward_requests_total{{route="{route}",code="{status}"}} {n}')
         lines.append("# TYPE keyshot_reward_request_seconds histogram")
-        for route, values in sorted(self.latency.items()):
-            for bound in LATENCY_BUCKETS:
-                count = sum(v <= bound for v in values)
+        for route, histogram in sorted(self.latency.items()):
+            for bound, count in zip(LATENCY_BUCKETS, histogram.buckets, strict=True):
                 lines.append(f'keyshot_reward_request_seconds_bucket{{route="{route}",le="{bound}"}} {count}')
-            lines.append(f'keyshot_reward_request_seconds_bucket{{route="{route}",le="+Inf"}} {len(values)}')
-            lines.append(f'keyshot_reward_request_seconds_sum{{route="{route}"}} {sum(values):.6f}')
-            lines.append(f'keyshot_reward_request_seconds_count{{route="{route}"}} {len(values)}')
+            lines.append(
+                f'keyshot_reward_request_seconds_bucket{{route="{route}",le="+Inf"}} {histogram.count}'
+            )
+            lines.append(f'keyshot_reward_request_seconds_sum{{route="{route}"}} {histogram.total:.6f}')
+            lines.append(f'keyshot_reward_request_seconds_count{{route="{route}"}} {histogram.count}')
         lines += [
             "# TYPE keyshot_reward_rollouts_total counter",
             f"keyshot_reward_rollouts_total {self.rollouts}",
@@ -138,35 +156,12 @@ class RewardService:
 
     def rollout(self, value: Any, position: int) -> Trajectory:
         """One rollout of a request, read and checked (a 4xx naming it otherwise)."""
-        where = f"rollout {position}"
-        if isinstance(value, str):
-            path = Path(value)
-            if not self.scope.contains(path):
-                raise BadRequest(403, f"{where}: {value} is outside the allowed root ({self.scope.roots[0]})")
-            try:
-                trajectory = load_trajectory(path, allow_outside=())
-            except TrajectoryError as exc:
-                raise BadRequest(422, f"{where}: {exc}") from None
-        elif isinstance(value, dict):
-            shots = value.get("screenshots")
-            if isinstance(shots, list) and len(shots) > self.limits.max_screenshots:
-                raise BadRequest(
-                    413,
-                    f"{where}: {len(shots):,} screenshots, over the limit of {self.limits.max_screenshots}",
-                )
-            try:
-                trajectory = from_dict(value, where, self.limits.allow_root)
-            except RolloutError as exc:
-                status = 403 if "outside the allowed root" in str(exc) else 422
-                raise BadRequest(status, str(exc)) from None
-        else:
-            raise BadRequest(422, f"{where}: a rollout is an object or a trajectory folder's path")
-        if trajectory.num_screenshots > self.limits.max_screenshots:
-            raise BadRequest(
-                413,
-                f"{where}: {trajectory.num_screenshots:,} screenshots, over the limit of {self.limits.max_screenshots}",
+        try:
+            return read_rollout(
+                value, position, scope=self.scope, max_screenshots=self.limits.max_screenshots
             )
-        return trajectory
+        except RolloutError as exc:
+            raise BadRequest(exc.status, str(exc)) from None
 
     def rollouts(self, values: Any, what: str) -> list[Trajectory]:
         if not isinstance(values, list) or not values:
@@ -224,22 +219,22 @@ class RewardService:
         queries = data.get("query")
         if queries is not None and (not isinstance(queries, list) or len(queries) != len(labels)):
             raise BadRequest(422, f"'query' must be a list as long as 'labels' ({len(labels)})")
-        try:
-            rollouts = [label_rollout(label) for label in labels]
-        except json.JSONDecodeError as exc:
-            raise BadRequest(422, f"a label is neither a trajectory path nor a JSON rollout: {exc}") from None
+        rollouts = [self.label(label, i) for i, label in enumerate(labels)]
         trajectories = await asyncio.to_thread(self.rollouts, rollouts, "labels")
         results = await self.rm.score(trajectories)
         self.metrics.count(results)
-        rewards = [r.reward for r in results]
-        return {
-            "rewards": rewards,
-            "scores": rewards,
-            "extra_logs": {
-                "keyshot_failed": [float(r.error is not None) for r in results],
-                "keyshot_progress": [r.progress if r.progress is not None else -1.0 for r in results],
-            },
-        }
+        rewards = [r.reward if r.reward is not None else 0.0 for r in results]  # counted in keyshot_failed
+        return {"rewards": rewards, "scores": rewards, "extra_logs": sample_logs(results)}
+
+    @staticmethod
+    def label(label: Any, position: int) -> Any:
+        """An OpenRLHF label as a rollout: JSON text is a dict rollout, other text a trajectory path."""
+        if isinstance(label, str) and label.lstrip().startswith("{"):
+            try:
+                return json.loads(label)
+            except json.JSONDecodeError as exc:
+                raise BadRequest(422, f"label {position}: not a JSON rollout ({exc})") from None
+        return label
 
     def health(self) -> tuple[int, dict]:
         state = self.rm.health()
@@ -316,4 +311,10 @@ def run_service(rm: RewardModel, limits: ServiceLimits, host: str, port: int) ->
         f"keyshot reward serve: listening on http://{host}:{port} (allow root {Path(limits.allow_root).resolve()})",
         flush=True,
     )
+    if rm.settings.on_failure != "zero":
+        print(
+            "keyshot reward serve: reward.on_failure is 'none': /v1/reward answers None for a rollout without a "
+            "verdict; /get_reward (OpenRLHF needs a number) answers 0.0 with extra_logs.keyshot_failed 1.0",
+            flush=True,
+        )
     server.run()
