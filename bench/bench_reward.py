@@ -274,6 +274,35 @@ class _ReplayAgent(KeyshotAgentInstance):
         )
 
 
+def bench_values(args, work: Path, scorer_url: str) -> dict:
+    """The same rollouts rewarded with each ``reward.value``: the fraction of GRPO groups whose rewards are
+    all equal (zero variance, so zero advantage and no gradient). The judge here needs 1-3 key screenshots
+    per verdict (per key point in key_point mode), so rollouts of one task differ in evidence; its
+    P(success) is 0.8 on the status word it wrote, so p_success moves with the verdict only (a real
+    judge's log-probabilities are graded)."""
+    batch = rollouts(work / "world-values", args.value_tasks, args.value_group, args.value_screenshots)
+    settings = {
+        "binary": {},
+        "p_success": {"pipeline__outcome_logprobs": 5},
+        "progress": {"pipeline__outcome_mode": "key_point"},
+    }
+    out: dict = {"rollouts": len(batch), "group": args.value_group}
+    for value, overrides in settings.items():
+        with FakeOpenAI(make_judge("evidence")) as judge:
+            config = write_config(
+                work / f"values-{value}.yaml", judge.base_url, scorer_url, args.scorer_slots
+            )
+            rm = RewardModel.from_config(config, value=value, allow_root=str(work), **overrides)
+            rewards = [r.reward for r in rm.score_sync(batch)]
+            rm.close()
+        groups = [rewards[g * args.value_group : (g + 1) * args.value_group] for g in range(args.value_tasks)]
+        out[value] = {
+            "zero_variance_groups": sum(len(set(g)) == 1 for g in groups) / len(groups),
+            "failed": sum(r is None for r in rewards),
+        }
+    return out
+
+
 def _episodes(batch: list[dict]) -> list[_Env]:
     envs = []
     for rollout in batch:
@@ -455,6 +484,16 @@ def table(report: dict) -> str:
             "≤ 1.1 (same floor)",
         ),
         ("OpenRLHF agents vs awaiting each in turn", f"{e['openrlhf_ratio']:.1f}×", "≥ 8×"),
+        *(
+            (
+                f"groups of {v['group']} with zero reward variance, reward.value {value} "
+                f"({v['rollouts']} rollouts)",
+                f"{v[value]['zero_variance_groups']:.0%}",
+                "lower is better (binary makes whole groups equal)",
+            )
+            for v in [report["values"]]
+            for value in ("binary", "p_success", "progress")
+        ),
         (
             f"{m['episodes']} open episodes of {m['steps']} 1280x720 screenshots: peak RSS above baseline",
             f"{m['peak_above_baseline_mib']:.0f} MiB",
@@ -479,6 +518,9 @@ def main(argv: list[str] | None = None) -> dict:
         "--naive", type=int, default=6, help="rollouts judged one at a time (scaled to the batch)"
     )
     ap.add_argument("--repeats", type=int, default=10, help="cached requests for the overhead figure")
+    ap.add_argument("--value-tasks", type=int, default=8, help="tasks of the reward.value comparison")
+    ap.add_argument("--value-group", type=int, default=8, help="rollouts per task there")
+    ap.add_argument("--value-screenshots", type=int, default=3, help="screenshots per rollout there")
     ap.add_argument("--memory-episodes", type=int, default=64)
     ap.add_argument("--memory-steps", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="small sizes for a smoke run (tests)")
@@ -492,6 +534,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.tasks, args.group, args.screenshots = 3, 4, 4
         args.episode_tasks, args.episode_group, args.naive, args.repeats = 2, 4, 2, 3
         args.memory_episodes, args.memory_steps, args.judge_latency = 8, 10, 0.5
+        args.value_tasks, args.value_group, args.value_screenshots = 2, 4, 3
     report: dict = {
         "machine": f"{os.cpu_count()} CPU cores",
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "memory_child")},
@@ -510,6 +553,8 @@ def main(argv: list[str] | None = None) -> dict:
             report["episodes"] = bench_episodes(args, work, judge, scorer_url)
             print("[reward] faults", flush=True)
             report["faults"] = bench_faults(args, work, scorer_url)
+            print(f"[reward] reward.value: {args.value_tasks}x{args.value_group} rollouts", flush=True)
+            report["values"] = bench_values(args, work, scorer_url)
     print(f"[reward] memory: {args.memory_episodes} episodes x {args.memory_steps} screenshots", flush=True)
     report["memory"] = bench_memory(args)
     report["table"] = table(report)

@@ -36,8 +36,12 @@ def key_points_answer(task: str) -> str:
     return "**Key Points**:\n" + "\n".join(f"{i + 1}. {p[:1].upper() + p[1:]}" for i, p in enumerate(points))
 
 
-def outcome_answer(task: str, n_images: int, rule: str) -> str:
-    if rule == "any_image":
+def outcome_answer(task: str, n_images: int, rule: str, context: str = "") -> str:
+    if rule == "evidence":  # 1-3 key screenshots needed, by the task and key points (each key point its own)
+        need = 1 + int(stable_fraction(context.encode()) * 3)
+        success = n_images >= need
+        why = f"{n_images} key screenshot(s) of the {need} needed show evidence"
+    elif rule == "any_image":
         success = n_images > 0
         why = f"{n_images} key screenshot(s) show evidence" if success else "no key screenshot shows evidence"
     elif rule == "task_hash":
@@ -58,7 +62,8 @@ def make_judge(
     """A deterministic WebJudge judge for all three steps.
 
     Key points: the task split into clauses. Scorer: ``score_rule`` applied to the screenshot.
-    Outcome: ``any_image`` (success iff at least one kept screenshot was attached), ``task_hash``,
+    Outcome: ``any_image`` (success iff at least one kept screenshot was attached), ``evidence`` (iff
+    at least 1-3 were, the number set by the request's text: the key points of one task differ), ``task_hash``,
     ``always_success`` or ``always_failure``. ``reasoning_words`` makes the scorer verbose: that many
     more words of reasoning before the score (about two tokens each), so a small ``max_tokens`` cuts
     the answer before its score (the server answers ``finish_reason: "length"``).
@@ -72,7 +77,9 @@ def make_judge(
         if step == "key_points":
             return key_points_answer(_task_after("Task:", text))
         if step == "outcome":
-            return outcome_answer(_task_after("User Task:", text), len(images), outcome_rule)
+            points = re.search(r"Key Points:(.*?)\n\n", text, re.S)
+            task = _task_after("User Task:", text)
+            return outcome_answer(task, len(images), outcome_rule, task + (points.group(1) if points else ""))
         return _score_answer(images, score_rule, reasoning_words)
 
     return respond
