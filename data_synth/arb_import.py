@@ -40,6 +40,7 @@ from keyshot.infer.loaders import load_trajectory
 from keyshot.infer.loaders.human_labels import normalize_agent
 from keyshot.infer.loaders.judge_records import find_index, outcome_text, read_arb_index
 from keyshot.infer.loaders.trajectory import TrajectoryError
+from keyshot.infer.protocol.images import ImageError, decode_image
 from keyshot.infer.protocol.parsing import parse_status
 from keyshot.infer.protocol.prompts import load_prompt_set
 from keyshot.infer.runs.lock import RunLock
@@ -67,9 +68,16 @@ def _embedded_images(messages: object, where: str) -> list[bytes]:
             if not match:
                 raise RecordImportError(f"{where}: an image in chat_messages is not a base64 data URL")
             try:
-                images.append(base64.b64decode(url[match.end() :], validate=False))
+                data = base64.b64decode(url[match.end() :], validate=False)
             except (binascii.Error, ValueError) as exc:
                 raise RecordImportError(f"{where}: an embedded image is not valid base64 ({exc})") from None
+            try:
+                decode_image(data)
+            except ImageError as exc:
+                raise RecordImportError(
+                    f"{where}: embedded image {len(images) + 1} in chat_messages: {exc.problem}"
+                ) from None
+            images.append(data)
     return images
 
 

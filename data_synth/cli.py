@@ -168,7 +168,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         merged, result = merge_synth_shards(run, build)
         print(f"merged {merged['shards']} shards into {run / 'labels.jsonl'}")
         if result is not None:
-            print(f"dataset written to {result.path}: {result.meta.rows}")
+            print(
+                f"dataset written to {result.path}: {result.meta.rows}", *result.empty_split_lines(), sep="\n"
+            )
         return 0
     if action == "import-arb":
         judges = [j.strip() for j in args.judges.split(",") if j.strip()] if args.judges else None
@@ -210,6 +212,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"prompt version {result.meta.prompt_version}, data hash {result.meta.data_hash}")
         for reason, n in sorted(result.report.dropped.items()):
             print(f"  dropped, {reason}: {n}")
+        for line in result.empty_split_lines():
+            print(line)
         return 0
     raise SynthError(f"unknown action {action!r}")
 

@@ -119,6 +119,10 @@ class BuildResult:
     report: AggregationReport
     rows_written: dict[str, dict[tuple[str, int], int]]  # split -> (agent, score) -> rows
     unreadable: list[str]
+    empty_splits: dict[str, str] = field(default_factory=dict)  # split asked for -> why it has no row
+
+    def empty_split_lines(self) -> list[str]:
+        return [f"split {split} is empty: {why}" for split, why in self.empty_splits.items()]
 
 
 # ---------------------------------------------------------------------------- rows
@@ -257,6 +261,20 @@ class _RowStream:
                 head, future = window.popleft()
                 yield head, future.result()
 
+    def started(self) -> Callable[[], Iterator[dict]] | None:
+        """The rows as a generator for ``Dataset.from_generator``, its first row already made; None
+        when the split has no row to write (datasets cannot build a split without one)."""
+        rows = self()
+        first = next(rows, None)
+        if first is None:
+            return None
+
+        def resumed() -> Iterator[dict]:
+            yield first
+            yield from rows
+
+        return resumed
+
     def __call__(self) -> Iterator[dict]:
         for src, prepared in self._prepared():
             if self.progress is not None:
@@ -355,30 +373,35 @@ def build_dataset(run_dir: str | os.PathLike, cfg: BuildConfig | None = None) ->
 
     with tempfile.TemporaryDirectory(prefix=".build-", dir=out.parent) as tmp, _quiet_datasets():
         splits = {}
+        empty: dict[str, str] = {}
         with tqdm(total=len(sources), desc="dataset rows", unit="row", disable=None) as bar:
             for split in split_names:
                 stream = _RowStream(
                     [s for s in sources if s.plan.split == split], policy, bar, cfg.image_workers
                 )
-                ds = Dataset.from_generator(
-                    stream,
+                rows = stream.started()
+                if rows is None:  # datasets refuses a split without rows: it is left out, and said so
+                    empty[split] = (
+                        f"all {len(stream.sources)} of its rows have an unreadable screenshot (listed above); "
+                        f"replace those screenshots and build again"
+                    )
+                    unreadable.extend(stream.unreadable)
+                    continue
+                splits[split] = Dataset.from_generator(
+                    rows,
                     features=features,
                     cache_dir=str(Path(tmp) / "cache"),
                     fingerprint=uuid.uuid4().hex,
                     split=split,
                     writer_batch_size=cfg.writer_batch_size,
                 )
-                if len(ds) == 0:
-                    logger.warning(
-                        "split %s: every row's screenshot was unreadable; the split is left out", split
-                    )
-                    continue
-                splits[split] = ds
                 hasher.update(split.encode() + stream.hasher.digest())
                 rows_written[split] = dict(sorted(stream.written.items()))
                 unreadable.extend(stream.unreadable)
         if not splits:
             raise SynthError(f"{run}: no row could be written (every screenshot unreadable)")
+        empty.update(_unplaced_splits(split_plan, cfg.splits, split_names))
+        empty = dict(sorted(empty.items(), key=lambda kv: split_rank(kv[0])))
         meta = DatasetMeta(
             prompt_variant=prompts.variant,
             prompt_version=prompts.version,
@@ -400,7 +423,27 @@ def build_dataset(run_dir: str | os.PathLike, cfg: BuildConfig | None = None) ->
         write_card(staged, card, contents, rows_written)
         _replace_dir(staged, out)
     logger.info("dataset written to %s: %s", out, meta.rows)
-    return BuildResult(out, meta, report, rows_written, unreadable)
+    return BuildResult(out, meta, report, rows_written, unreadable, empty)
+
+
+def _unplaced_splits(split_plan: SplitPlan, cfg: SplitConfig, planned: list[str]) -> dict[str, str]:
+    """Why each split the config asks for got no row to write, and what to do about it."""
+    out = {}
+    if cfg.agents:
+        for split, agents in cfg.agents.items():
+            if split not in planned:
+                out[split] = (
+                    f"no trajectory of its agents ({', '.join(agents) or 'none listed'}) has a row; "
+                    f"add their trajectories or list other agents under splits.agents.{split}"
+                )
+        return out
+    for split, share in split_plan.requested.items():
+        if share > 0 and split not in planned:
+            out[split] = (
+                f"the {split_plan.groups} trajectory group(s) with rows went to other splits; add "
+                f"trajectories, or set splits.fractions.{split}=0 to build without it"
+            )
+    return out
 
 
 def _plan_splits(

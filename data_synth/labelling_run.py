@@ -137,6 +137,7 @@ class SynthReport:
             lines += ["", "Usage and cost of this session:", self.usage_table]
         if self.dataset is not None:
             lines.append(f"\ndataset: {self.dataset.path} rows {self.dataset.meta.rows}")
+            lines += self.dataset.empty_split_lines()
         return "\n".join(lines)
 
 
