@@ -125,6 +125,7 @@ def test_reward_callables_pickle_as_a_config_path_and_score_in_a_spawned_process
     assert None not in child["rewards"]
 
 
+@pytest.mark.slow  # importing trl.experimental (torch) takes seconds
 def test_a_reward_holding_a_built_model_is_refused_by_async_grpos_pickling_check(config, monkeypatch):
     import trl.experimental.async_grpo.async_rollout_worker as worker_module
 

@@ -5,7 +5,7 @@
   of the call at once (key points once per task, all scorer calls of the batch in flight together).
 - :class:`KeyshotEnvironment`: an :class:`EpisodeRecorder` whose ``get_reward`` is keyshot's, for
   AsyncGRPOTrainer, which passes no environments to reward functions and asks each environment for its
-  reward as its rollout ends (rollouts ending together share one round of calls).
+  reward as its rollout ends.
 - :class:`KeyshotReward`: a dataset whose columns hold the rollout (``trajectory``: a folder; ``episode``;
   or ``task`` + ``screenshots``); the completion is only the final answer, which the judge does not read,
   so every sample of a prompt scores the same rollout: it says so at the first call.
