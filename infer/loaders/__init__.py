@@ -202,6 +202,7 @@ def released_records_hint(path: Path) -> str:
 def _load_folder(
     folder: Path, fmt: str, *, agent: str | None, benchmark: str | None, scope: InputScope
 ) -> Trajectory:
+    scope = scope.holding(folder)  # a trajectory folder the input holds as a link: read as its target
     found = detect_format(folder) if fmt == "auto" else fmt
     if found in (V1, V2, MIND2WEB_ANY):
         version = None if found == MIND2WEB_ANY or fmt == "auto" else found

@@ -52,11 +52,23 @@ class InputScope:
         resolved = _real(path)
         return any(resolved == root or resolved.is_relative_to(root) for root in self.roots)
 
+    def holding(self, folder: Path) -> InputScope:
+        """The scope of a trajectory folder the input holds: a folder reached through a link in the input
+        (``keyshot reward filter --link`` writes such links) adds its target, so its own screenshots are
+        read; a reference in it that leads anywhere else is still refused."""
+        if self.contains(folder):
+            return self
+        return InputScope((*self.roots, _real(folder)))
+
     def check(self, path: Path, source: Path, what: str, line: int | None = None) -> None:
         if not self.contains(path):
+            resolved = _real(path)
+            shown = (
+                f"{path}, which resolves to {resolved}" if resolved != Path(os.path.abspath(path)) else path
+            )
             raise TrajectoryError(
                 source,
-                f"{what} ({path}) is outside the input ({', '.join(map(str, self.roots))}); keyshot reads "
+                f"{what} ({shown}) is outside the input ({', '.join(map(str, self.roots))}); keyshot reads "
                 "nothing outside the input you named: pass --allow-outside DIR to allow that folder",
                 line,
             )
