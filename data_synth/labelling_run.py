@@ -112,11 +112,21 @@ class SynthReport:
             return EXIT_BUDGET
         return EXIT_INCOMPLETE if self.calls_failed else EXIT_OK
 
+    def _unreadable_lines(self, shown: int = 20) -> list[str]:
+        """Each input that was not read, with its reason (the first ``shown``)."""
+        lines = [f"  unreadable, skipped: {m}" for m in self.bad_trajectories[:shown]]
+        more = len(self.bad_trajectories) - shown
+        return lines + ([f"  (and {more} more)"] if more > 0 else [])
+
     def summary(self) -> str:
         if self.dry_run:
-            return self.estimate.table() + "\n(dry run: no call was made)"
+            unread = [f"unreadable, skipped: {len(self.bad_trajectories)}"] if self.bad_trajectories else []
+            return "\n".join(
+                [self.estimate.table(), *unread, *self._unreadable_lines(), "(dry run: no call was made)"]
+            )
         lines = [
             f"trajectories: {self.trajectories} ({len(self.bad_trajectories)} unreadable, skipped)",
+            *self._unreadable_lines(),
             f"labels: {self.labels_new} new, {self.labels_failed} of them failed, {self.labels_skipped} already done",
             f"key points failed: {self.key_points_failed}; outcome verdicts: {self.outcomes_new}",
         ]
@@ -448,11 +458,12 @@ def run_synth(
         teachers = shard_budgets(teachers, shard.count)
     run_dir = Path(cfg.run_dir)
     contents = read_store(run_dir / LABELS_FILE)
+    unreadable: list[str] = []  # every shard reads them all: shard 0 reports them
     estimate = estimate_cost(
         (
             t
             for t in iter_trajectories(
-                cfg.sources, [], max_trajectories=cfg.max_trajectories, on_error=cfg.on_bad_trajectory
+                cfg.sources, unreadable, max_trajectories=cfg.max_trajectories, on_error=cfg.on_bad_trajectory
             )
             if shard is None or shard.holds(t)
         ),
@@ -467,7 +478,8 @@ def run_synth(
     )
     logger.info("%s", estimate.table())
     if dry_run:
-        return SynthReport(estimate=estimate, dry_run=True)
+        listed = unreadable if shard is None or shard.index == 0 else []
+        return SynthReport(estimate=estimate, dry_run=True, bad_trajectories=listed)
 
     every = [teachers.key_points_judge, *teachers.teachers]
     preflight([t.endpoint for t in every if not t.replicas])

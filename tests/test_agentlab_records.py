@@ -195,3 +195,70 @@ def test_runs_with_and_without_analysis_and_two_seeds_are_judged_apart(tmp_path,
     assert all(v.finished and v.success is not None for v in verdicts)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trajectories"] == 2 and not summary["run"]["duplicates"]
+
+
+def _browsergym_run(root: Path) -> Path:
+    """The real run's steps saved by BrowserGym's own ``StepInfo.save_step_info`` (step records and
+    screenshots, no analysis), as its experiment loop writes them."""
+    loop = pytest.importorskip("browsergym.experiments.loop")
+    agent = pytest.importorskip("browsergym.experiments.agent")
+    from PIL import Image
+
+    run = root / RUN.name
+    run.mkdir(parents=True)
+    shutil.copy(RUN / "summary_info.json", run)
+    steps = parse_experiment_analysis(RUN / "experiment_analysis.md")
+    for n in range(steps.num_steps):
+        last = n == len(steps.actions)
+        obs = {
+            "goal": steps.goal,
+            "goal_object": [{"type": "text", "text": steps.goal}],
+            "screenshot": np.asarray(Image.open(RUN / f"screenshot_step_{n}.png").convert("RGB")),
+        }
+        think = None if last else steps.thoughts[n]
+        info = loop.StepInfo(
+            step=n,
+            obs=obs,
+            action=None if last else steps.actions[n],
+            agent_info=agent.AgentInfo(think=think),
+        )
+        info.save_step_info(run)
+    return run
+
+
+def test_a_missing_step_record_is_an_error_naming_it(tmp_path, capsys):
+    from keyshot.data_synth.labelling_run import run_synth
+    from tests.support.synth_env import synth_config, teacher_set
+
+    study = tmp_path / "study"
+    run = _browsergym_run(study)
+    steps = parse_experiment_analysis(RUN / "experiment_analysis.md")
+    assert load_trajectory(run).actions == steps.actions  # BrowserGym's own layout, read whole
+    shutil.copytree(RUN, study / (RUN.name.rsplit("_", 1)[0] + "_9"))  # a readable run beside it
+
+    last = run / f"step_{steps.num_steps - 1}.pkl.gz"
+    saved = last.read_bytes()
+    last.unlink()  # the last step's record: without the check its step would silently be the last one
+    with pytest.raises(TrajectoryError, match=rf"^{last}: step record missing"):
+        load_trajectory(run)
+    last.write_bytes(saved)
+    (run / "step_0.pkl.gz").unlink()  # the run did click('...') at step 0: never judged without it
+    (run / "step_2.pkl.gz").unlink()
+    with pytest.raises(TrajectoryError) as caught:
+        load_trajectory(run)
+    why = f"{run / 'step_0.pkl.gz'}: step record missing (and 1 more: step_2)"
+    assert str(caught.value).startswith(why)
+
+    config = str(REPO / "configs/judge/reference_gpt4o.yaml")
+    argv = ["judge", str(study), "--config", config, "--dry-run", f"out={tmp_path / 'judged'}"]
+    with FakeOpenAI(make_judge()) as judge:  # the dry run checks that the endpoint answers
+        assert keyshot([*argv, f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]) == 0
+        assert not judge.requests
+    printed = capsys.readouterr().out
+    assert "not judged: 1 could not be loaded" in printed and f"  not loaded: {why}" in printed
+
+    teachers = teacher_set({"bright": "http://127.0.0.1:9/v1"})  # a dry run calls nothing
+    cfg = synth_config(tmp_path / "synth.yaml", tmp_path / "run", teachers, sources=[{"path": str(study)}])
+    summary = run_synth(cfg, dry_run=True).summary()
+    assert "Cost estimate: 1 trajectories" in summary and "unreadable, skipped: 1" in summary
+    assert f"  unreadable, skipped: {why}" in summary

@@ -169,14 +169,13 @@ def _goal_from(lines: list[str]) -> str | None:
     return textwrap.dedent("\n".join(goal_lines)).strip() or None
 
 
-def _screenshots(run_dir: Path, summary_path: Path, scope: InputScope) -> list[Screenshot]:
-    found = []
-    for path in run_dir.iterdir():
-        match = _SCREENSHOT.match(path.name)
-        if match:
-            found.append((int(match.group("n")), path))
-    found.sort()
-    return [screenshot_file(path, i, summary_path, scope=scope) for i, (_, path) in enumerate(found)]
+def _screenshot_files(run_dir: Path) -> list[tuple[int, Path]]:
+    """``(N, path)`` of every ``screenshot_step_N``, by N."""
+    return sorted((int(m.group("n")), p) for p in run_dir.iterdir() if (m := _SCREENSHOT.match(p.name)))
+
+
+def _screenshots(files: list[tuple[int, Path]], summary_path: Path, scope: InputScope) -> list[Screenshot]:
+    return [screenshot_file(path, i, summary_path, scope=scope) for i, (_, path) in enumerate(files)]
 
 
 def _summary(summary_path: Path) -> dict:
@@ -212,7 +211,8 @@ def load_agentlab(
     inside ``scope`` (default: the run folder)."""
     summary_path = run_dir / SUMMARY_FILE
     summary = _summary(summary_path)
-    screenshots = _screenshots(run_dir, summary_path, scope or InputScope.of(run_dir))
+    files = _screenshot_files(run_dir)
+    screenshots = _screenshots(files, summary_path, scope or InputScope.of(run_dir))
     analysis_path = run_dir / ANALYSIS_FILE
     if not screenshots:
         crashed = f"; the run failed: {_one_line(summary['err_msg'])}" if summary.get("err_msg") else ""
@@ -220,7 +220,7 @@ def load_agentlab(
     if analysis_path.is_file():
         steps, steps_source = parse_experiment_analysis(analysis_path), analysis_path
     elif any(STEP_RECORD.match(p.name) for p in run_dir.iterdir()):
-        steps, steps_source = read_step_records(run_dir), run_dir
+        steps, steps_source = read_step_records(run_dir, (n for n, _ in files)), run_dir
     else:
         raise TrajectoryError(
             run_dir,

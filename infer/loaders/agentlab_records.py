@@ -18,6 +18,7 @@ import io
 import pickle
 import re
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,6 +134,11 @@ def load_record(path: Path) -> object:
         raise TrajectoryError(path, f"not a readable step record ({type(exc).__name__}: {exc})") from None
 
 
+def _steps(numbers: list[int], shown: int = 5) -> str:
+    names = ", ".join(f"step_{n}" for n in numbers[:shown])
+    return names + (", ..." if len(numbers) > shown else "")
+
+
 def _get(obj: object, name: str):
     if isinstance(obj, dict):
         return obj.get(name)
@@ -164,13 +170,24 @@ def _model_name(run_dir: Path) -> str | None:
     return _text(_get(chat, "model_name"))
 
 
-def read_step_records(run_dir: Path) -> AnalysisSteps:
-    """Goal, model and per-step thought and action from a run's ``step_N.pkl.gz`` records."""
+def read_step_records(run_dir: Path, screenshot_steps: Iterable[int] = ()) -> AnalysisSteps:
+    """Goal, model and per-step thought and action from a run's ``step_N.pkl.gz`` records: one for
+    every step from 0 to the last, and for every ``screenshot_steps`` (BrowserGym saves a step's record
+    with its screenshot); a missing one is an error naming it, as its action would be lost."""
     files = sorted(
         (int(m.group("n")), p) for p in run_dir.iterdir() if (m := STEP_RECORD.match(p.name)) and p.is_file()
     )
     if not files:
         raise TrajectoryError(run_dir, "no step_N.pkl.gz records")
+    found = {n for n, _ in files}
+    missing = sorted(set(range(files[-1][0] + 1)).union(screenshot_steps) - found)
+    if missing:
+        more = f" (and {len(missing) - 1} more: {_steps(missing[1:])})" if len(missing) > 1 else ""
+        raise TrajectoryError(
+            run_dir / f"step_{missing[0]}.pkl.gz",
+            f"step record missing{more}: the run's step {missing[0]} (its action and thought) is read "
+            "from it; copy the run folder whole",
+        )
     goal = None
     actions: list[str] = []
     thoughts: list[str] = []
