@@ -356,11 +356,20 @@ def saved_pixel_bounds(folder: Path) -> tuple[int, int] | None:
 
 def _bounds_of(path: Path) -> tuple[int, int] | None:
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot read the processor config ({exc})") from None
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read the processor config ({exc.strerror or exc})") from None
+    return _bounds_in(raw, str(path))
+
+
+def _bounds_in(raw: bytes, where: str) -> tuple[int, int] | None:
+    """The pixel bounds a processor config's bytes hold (None: none there)."""
+    try:
+        cfg = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{where}: cannot read the processor config ({exc})") from None
     if not isinstance(cfg, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
+        raise CheckpointError(f"{where}: expected a JSON object")
     settings = cfg.get("image_processor", cfg)
     return pixel_bounds(settings) if isinstance(settings, dict) else None
 
@@ -394,8 +403,8 @@ def _known_snapshot(folder: Path) -> tuple[str, KnownCheckpoint] | None:
 
 
 def _describe_hub(hub_id: str) -> CheckpointDescription:
-    """A hub id: its processor config from the local hub cache, else from the hub (a small file; the
-    weights are vLLM's to download)."""
+    """A hub id: its processor config from the local hub cache, else from the hub (one small file, asked
+    once; the weights are vLLM's to download)."""
     try:
         import huggingface_hub
     except ImportError:
@@ -403,27 +412,48 @@ def _describe_hub(hub_id: str) -> CheckpointDescription:
             f"{hub_id}: reading a Hugging Face model id needs huggingface_hub (pip install huggingface_hub, "
             "or pip install -e '.[train]'); or download the model and pass its folder"
         ) from None
-    path, commit, why = None, None, "not in the hub cache"
     for name in PROCESSOR_FILES:
         cached = huggingface_hub.try_to_load_from_cache(hub_id, name)
         if isinstance(cached, str):
             path = Path(cached)
-            break
-    if path is None:
-        try:
-            path = Path(huggingface_hub.hf_hub_download(hub_id, "preprocessor_config.json", etag_timeout=10))
-        except Exception as exc:  # noqa: BLE001 (the hub client's errors are many; each becomes the one line)
-            why = _first_line(exc)
-    if path is None:
+            found = _SNAPSHOT.search(path.parent.as_posix())
+            return _hub_description(hub_id, path.read_bytes(), found["commit"] if found else None, str(path))
+    raw, commit = _fetch_processor_config(huggingface_hub, hub_id)
+    return _hub_description(hub_id, raw, commit, f"{hub_id}/{PROCESSOR_FILES[1]}")
+
+
+def _fetch_processor_config(huggingface_hub: Any, hub_id: str) -> tuple[bytes, str | None]:
+    """The hub's ``preprocessor_config.json`` of ``hub_id`` and the commit it was read at; one request,
+    a CheckpointError in one line when it fails."""
+    fix = (
+        f"check the id, the network and HF_TOKEN, or download it first (hf download {hub_id} "
+        "--local-dir DIR) and pass model=DIR"
+    )
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
         raise CheckpointError(
-            f"{hub_id}: cannot read its preprocessor_config.json from the Hugging Face hub ({why}); check the "
-            f"id, the network and HF_TOKEN, or download it first (huggingface-cli download {hub_id} "
-            "--local-dir DIR) and pass model=DIR"
+            f"{hub_id}: not in the Hugging Face hub cache and HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set; {fix}"
         )
-    found = _SNAPSHOT.search(path.parent.as_posix())
-    commit = found["commit"] if found else None
-    bounds = _bounds_of(path)
-    digest = hashlib.sha256(f"{hub_id}@{commit}".encode() + path.read_bytes()).hexdigest()[:16]
+    url = huggingface_hub.hf_hub_url(hub_id, PROCESSOR_FILES[1])
+    try:
+        reply = huggingface_hub.get_session().get(
+            url, headers=huggingface_hub.utils.build_hf_headers(), timeout=15, follow_redirects=True
+        )
+    except Exception as exc:  # noqa: BLE001 (any transport error becomes the one line)
+        raise CheckpointError(
+            f"{hub_id}: cannot reach the Hugging Face hub for its {PROCESSOR_FILES[1]} "
+            f"({_first_line(exc)}); {fix}"
+        ) from None
+    if reply.status_code != 200:
+        raise CheckpointError(
+            f"{hub_id}: the Hugging Face hub answered HTTP {reply.status_code} for its {PROCESSOR_FILES[1]} "
+            f"({url}); {fix}"
+        )
+    return reply.content, reply.headers.get("x-repo-commit")
+
+
+def _hub_description(hub_id: str, raw: bytes, commit: str | None, where: str) -> CheckpointDescription:
+    bounds = _bounds_in(raw, where)
+    digest = hashlib.sha256(f"{hub_id}@{commit}".encode() + raw).hexdigest()[:16]
     entry = KNOWN_CHECKPOINTS.get(hub_id.lower())
     return _plain(
         hub_id,
