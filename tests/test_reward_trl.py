@@ -31,7 +31,7 @@ from keyshot.infer.reward.trl import (
     environment_reward,
 )
 from keyshot.infer.testing.configs import fake_judge_config
-from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
 
 pytest.importorskip("trl", reason="trl is in the dev extra: pip install -e '.[dev]'")
 
@@ -52,9 +52,14 @@ def write_config(path: Path, server: FakeOpenAI) -> Path:
 
 
 @pytest.fixture
-def config(tmp_path):
+def judge():
     with FakeOpenAI(make_judge()) as server:
-        yield write_config(tmp_path / "healthy.yaml", server)
+        yield server
+
+
+@pytest.fixture
+def config(tmp_path, judge):
+    return write_config(tmp_path / "healthy.yaml", judge)
 
 
 @pytest.fixture
@@ -186,6 +191,23 @@ def test_metrics_have_the_same_keys_every_call_healthy_or_dead(config, dead_conf
     assert extras["keyshot_error"][:2] == [None, None] and all(
         "key points" in e for e in extras["keyshot_error"][2:]
     )
+
+
+def test_environment_reward_by_config_scores_the_batch_at_once_key_points_once_per_task(config, judge):
+    envs = [ReplayRecorder() for _ in range(4)]
+    for i, env in enumerate(envs):
+        env.reset(trajectory=str(FOLDERS[i % 2]))
+        env.click("12")
+    metrics = {}
+    rewards = asyncio.run(
+        KeyshotEnvironmentReward(config=config)(
+            environments=envs, completions=["done"] * 4, log_metric=metrics.__setitem__
+        )
+    )
+    assert [identify_step(r) for r in judge.requests].count("key_points") == 2
+    assert rewards[0] == rewards[2] and rewards[1] == rewards[3] and None not in rewards
+    assert metrics["keyshot/failed"] == 0.0 and all(not env.episode.root.exists() for env in envs)
+    assert all(env.episode.final_answer == "done" for env in envs)
 
 
 def test_environment_rewards_refuse_what_trl_would_score_wrongly(config, tmp_path):
