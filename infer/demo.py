@@ -15,9 +15,11 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import shutil
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,11 +33,21 @@ from keyshot.infer.judge.fingerprint import protocol_fingerprint
 from keyshot.infer.judge.inputs import load_all, other_inputs_message
 from keyshot.infer.model.checkpoint import read_meta
 from keyshot.infer.model.tiny_model import build_tiny_scorer
-from keyshot.infer.protocol.verdicts import VERDICTS_FILE, read_verdicts
+from keyshot.infer.protocol.verdicts import VERDICTS_FILE, Verdict, latest_verdicts, read_verdicts
 from keyshot.infer.report import build_report
-from keyshot.infer.runs.run_record import RUN_FILE
+from keyshot.infer.runs.counts import (
+    INCOMPLETE,
+    OUTCOME_LABELS,
+    OUTCOMES,
+    judged_without_scores,
+    outcome_of,
+    outcome_text,
+    split_text,
+    total_split,
+)
+from keyshot.infer.runs.run_record import RUN_FILE, mark_stand_in
 from keyshot.infer.serve.command import VLLMServer
-from keyshot.infer.serve.plan import ServeConfig
+from keyshot.infer.serve.plan import ENV_VLLM_PYTHON, ServeConfig
 
 SAMPLES = Path(__file__).with_name("samples")
 CONFIGS = Path(__file__).with_name("demo_configs")  # package data: the demo runs outside a checkout
@@ -55,24 +67,42 @@ def tiny_checkpoint(folder: Path) -> Path:
     return folder
 
 
-def verdict_table(verdicts_path: Path) -> str:
+def verdict_table(verdicts: list[Verdict]) -> str:
+    """The terminal's table: one row per trajectory, its outcome as every artefact counts it
+    (:mod:`keyshot.infer.runs.counts`)."""
     rows = [
-        "| trajectory | agent | screenshots | readable scores | kept | judge calls | scorer calls | verdict |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| trajectory | run | agent | screenshots | readable scores | kept | judge answers | scorer answers | outcome |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
-    for line in verdicts_path.read_text(encoding="utf-8").splitlines():
-        v = json.loads(line)
-        shots = v["screenshots"]
-        verdict = {True: "success", False: "failure"}.get(v["success"], "verdict without a status")
-        if v.get("no_evidence"):
-            verdict += " (no readable scores)"
-        if v.get("error"):
-            verdict = f"error: {v['error'][:40]}"
+    for v in verdicts:
+        outcome = outcome_text(v)
+        if outcome_of(v) == INCOMPLETE:
+            outcome += f": {(v.error or '')[:40]}"
         rows.append(
-            f"| {shorten_middle(v['task_id'], ID_WIDTH)} | {v.get('agent') or '-'} | {len(shots)} | {sum(s['valid'] for s in shots)} | "
-            f"{len(v['kept'])} | {v['usage']['judge']['calls']} | {v['usage']['scorer']['calls']} | {verdict} |"
+            f"| {shorten_middle(v.task_id, ID_WIDTH)} | {v.run or '-'} | {v.agent or '-'} | {len(v.screenshots)} | "
+            f"{sum(s.valid for s in v.screenshots)} | {len(v.kept)} | {v.usage['judge'].calls} | "
+            f"{v.usage['scorer'].calls} | {outcome} |"
         )
     return "\n".join(rows)
+
+
+def outcome_counts(verdicts: list[Verdict]) -> str:
+    """The outcomes in one line, as summary.md, the report and metrics count them."""
+    counts = Counter(outcome_of(v) for v in verdicts)
+    judged = sum(judged_without_scores(v) for v in verdicts)
+    parts = [f"{counts[o]} {OUTCOME_LABELS[o]}" for o in OUTCOMES]
+    return f"{len(verdicts)} trajectories: {', '.join(parts)}" + (
+        f" ({judged} of them judged anyway in reference mode, counted in no success rate)" if judged else ""
+    )
+
+
+def default_vllm_python() -> str | None:
+    """``$KEYSHOT_VLLM_PYTHON``, else the python of ``.venv-vllm`` beside this environment (``make setup-vllm``
+    puts it beside ``.venv``), else None (this interpreter)."""
+    if os.environ.get(ENV_VLLM_PYTHON):
+        return os.environ[ENV_VLLM_PYTHON]
+    beside = Path(sys.prefix).parent / ".venv-vllm" / "bin" / "python"
+    return str(beside) if beside.exists() else None
 
 
 def _forget_other_run(judged: Path, cfg: JudgeRunConfig, samples: Path) -> None:
@@ -103,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         help="trajectory folders to judge with the stand-in model (default: the bundled samples)",
     )
     ap.add_argument("--agent", help="the agent's name for trajectories that do not record one")
-    ap.add_argument("--vllm-python", default=None, help="python with vllm (default: $KEYSHOT_VLLM_PYTHON)")
+    ap.add_argument(
+        "--vllm-python",
+        default=None,
+        help="python with vllm (default: $KEYSHOT_VLLM_PYTHON, else .venv-vllm/bin/python beside this environment)",
+    )
     args = ap.parse_args(argv)
     setup_logging()
     # the untrained model's answers without a score are expected here and counted in the summary, so the
@@ -138,7 +172,7 @@ def demo(args: argparse.Namespace) -> int:
             f"tmpdir={out / 'tmp'}",
             f"cache_root={out / 'vllm-cache'}",
         ]
-        + ([f"vllm_python={args.vllm_python}"] if args.vllm_python else []),
+        + ([f"vllm_python={python}"] if (python := args.vllm_python or default_vllm_python()) else []),
     )
     with stage(f"start vLLM with it (log: {out / 'vllm.log'})"):
         server = VLLMServer(serve_cfg).start()
@@ -157,6 +191,7 @@ def demo(args: argparse.Namespace) -> int:
             ],
         )
         _forget_other_run(out / "judged", judge_cfg, args.samples)
+        mark_stand_in(out / "judged", MEANINGLESS)  # its summary, report and metrics say so
         with stage(f"judge {args.samples} (the model plays scorer and judge)"):
             summary = run_judge([str(args.samples)], judge_cfg, progress=False)
     finally:
@@ -164,22 +199,25 @@ def demo(args: argparse.Namespace) -> int:
     judged = out / "judged"
     with stage("build the report"):
         report = build_report(judged, judged / "report", progress=False)
-    print(f"\n{MEANINGLESS}\n" + verdict_table(judged / "verdicts.jsonl"))
+    verdicts = latest_verdicts(read_verdicts(judged / VERDICTS_FILE))
+    print(f"\n{MEANINGLESS}\n" + verdict_table(verdicts))
+    print(f"\n{outcome_counts(verdicts)}")
     for line in run_warnings(summary):
         print(f"note: {line}")
     print(
-        f"\nOutputs: {judged / 'verdicts.jsonl'} (one line per trajectory), {judged / 'summary.md'}, "
+        f"\nOutputs: {judged / VERDICTS_FILE} (one line per trajectory), {judged / 'summary.md'}, "
         f"{judged / 'calls.sqlite'} (call cache: re-running repays nothing), vLLM log {out / 'vllm.log'}"
     )
-    print(f"Report: {report}  (open it in a browser: every screenshot, its score and the verdict)")
-    verdicts = [json.loads(line) for line in (judged / "verdicts.jsonl").read_text().splitlines()]
-    judge_calls = sum(v["usage"]["judge"]["calls"] for v in verdicts)
-    scorer_calls = sum(v["usage"]["scorer"]["calls"] for v in verdicts)
     print(
-        f"\nThe demo ran every step for real: {len(verdicts)} trajectories judged with {judge_calls} judge calls "
-        f"({judge_calls / max(1, len(verdicts)):.0f} each, whatever their length) and {scorer_calls} scorer calls "
-        "on a vLLM server that was started and stopped cleanly; an untrained model's answers are noise, "
-        "cut by max_tokens and without a score: its verdicts rest on no evidence, and the notes above say so."
+        f"Report: {report}  (open it in a browser: every screenshot, the agent's action, its score and the verdict)"
+    )
+    judge_calls = total_split(verdicts, "judge")
+    print(
+        f"\nThe demo ran every step for real on a vLLM server that was started and stopped cleanly: "
+        f"{split_text(judge_calls, 'judge')} ({judge_calls.answers / max(1, len(verdicts)):.0f} per trajectory, "
+        f"whatever its length); {split_text(total_split(verdicts, 'scorer'), 'scorer')}. An untrained model's "
+        "answers are noise, cut by max_tokens and without a score: its verdicts rest on no evidence, and the "
+        "notes above say so."
     )
     print(f"\n{MEANINGLESS}")
     return 0

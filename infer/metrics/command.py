@@ -1,4 +1,5 @@
-"""``keyshot metrics``: judge-vs-human metrics of a verdict file or of a released ARB WebJudge run.
+"""``keyshot metrics``: a judge's verdicts against the truth: success rate, agreement, SR gap, precision,
+recall and F1, of a keyshot run (its folder or verdicts.jsonl) or of a released ARB WebJudge run.
 
 Examples::
 
@@ -7,8 +8,13 @@ Examples::
     keyshot metrics --arb-index data/arb_webjudge/dev/index.csv --arb-judge webjudge_7B --out runs/released_7b
     keyshot metrics runs/mine/verdicts.jsonl --human-labels labels.csv --agent MyAgent --out runs/mine/metrics
 
-Human labels (--human-labels): Online-Mind2Web's human_label.json, a JSON object {task_id: 0|1} or
-{task_id: {"label": 0|1, "agent": NAME}}, or a CSV with the header task_id,label[,agent].
+The truth of each trajectory, and every table names where it came from: human labels (--human-labels:
+Online-Mind2Web's human_label.json, a JSON object {task_id: 0|1} or {task_id: {"label": 0|1, "agent":
+NAME}}, or a CSV with the header task_id,label[,agent]), AgentRewardBench's annotation (--arb-index), else
+the benchmark's own reward recorded with the run (AgentLab/BrowserGym cum_reward > 0: success).
+
+Verdicts that rest on no readable screenshot score are not counted (dropped as "no readable scores"), and
+a run of stand-in models (the demo's untrained model) says so above every table.
 """
 
 from __future__ import annotations
@@ -22,16 +28,20 @@ from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.helptext import plain
 from keyshot.infer.common.logs import setup_logging
 from keyshot.infer.metrics.compute import (
+    INCOMPLETE,
     LABEL_2_POLICIES,
+    NO_READABLE_SCORES,
     MetricsInputError,
     MetricsReport,
     arb_records,
     compute_metrics,
+    evidence_notes,
     load_arb_index,
     load_human_labels,
     records_from_verdicts,
 )
 from keyshot.infer.metrics.files import metrics_markdown, write_metrics
+from keyshot.infer.runs.run_record import stand_in_of
 from keyshot.infer.runs.verdict_sources import load_verdicts
 
 logger = logging.getLogger(__name__)
@@ -42,8 +52,8 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "verdicts",
         nargs="?",
         type=Path,
-        help="keyshot verdict JSONL (one object per trajectory: task_id, agent, benchmark, success, human_label); "
-        "leave out to score the released records listed in --arb-index",
+        help="a keyshot judge output folder or its verdicts.jsonl (or released judge records); leave out to "
+        "score the released records listed in --arb-index",
     )
     parser.add_argument(
         "--human-labels",
@@ -58,7 +68,7 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--label-2",
         choices=LABEL_2_POLICIES,
         default="not_success",
-        help="how to count human label 2 (not executable); the paper counts it as not success",
+        help="how to count Online-Mind2Web's human label 2 (not executable); the paper counts it as not success",
     )
     parser.add_argument(
         "--arb-index", type=Path, help="AgentRewardBench WebJudge index.csv (human labels, records)"
@@ -81,7 +91,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``metrics`` on a ``keyshot`` subcommand parser."""
     parser = subparsers.add_parser(
         "metrics",
-        help="success rate, agreement, SR gap, precision/recall/F1 against human labels",
+        help="success rate, agreement, SR gap, precision/recall/F1 against the truth (human labels or the "
+        "runs' own reward)",
         description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -91,7 +102,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     try:
         if args.verdicts is not None:
-            verdicts, _ = load_verdicts(args.verdicts)
+            verdicts, kind = load_verdicts(args.verdicts)
+            folder = args.verdicts if args.verdicts.is_dir() else args.verdicts.parent
+            notes = evidence_notes(verdicts, stand_in_of(folder) if kind == "keyshot" else None)
             labels = load_human_labels(args.human_labels) if args.human_labels else None
             index = load_arb_index(args.arb_index) if args.arb_index else None
             records = records_from_verdicts(
@@ -100,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             sources = {"verdicts": str(args.verdicts)}
         elif args.arb_index is not None:
             records = arb_records(args.arb_index, judge=args.arb_judge, parse_mode=args.arb_parse_mode)
+            notes = []
             sources = {"arb_judge": args.arb_judge or "(the only one)", "arb_parse_mode": args.arb_parse_mode}
         else:
             print("error: give a verdict file, or --arb-index to score released records", file=sys.stderr)
@@ -108,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
             if getattr(args, name) is not None:
                 sources[name] = str(getattr(args, name))
         report = compute_metrics(records, label_2=args.label_2, sources=sources)
+        report.notes = notes
         require_compared(report)
         paths = write_metrics(report, args.out)
     except KeyshotError as exc:
@@ -123,14 +138,18 @@ def require_compared(report: MetricsReport) -> None:
     if report.n_used:
         return
     dropped = ", ".join(f"{reason} {n}" for reason, n in report.dropped.items()) or "none"
-    advice = (
-        "give the human labels with --human-labels FILE (Online-Mind2Web human_label.json, {task_id: 0|1} "
-        "JSON or task_id,label[,agent] CSV), or for AgentRewardBench --arb-index INDEX.csv"
-        if "no_human_label" in report.dropped
-        else "every truth is unsure or not executable (--label-2 decides how not executable counts)"
-    )
+    if NO_READABLE_SCORES in report.dropped or INCOMPLETE in report.dropped:
+        advice = " ".join(report.notes) or "re-run keyshot judge to retry the failed calls"
+    elif "no_human_label" in report.dropped:
+        advice = (
+            "give the human labels with --human-labels FILE (Online-Mind2Web human_label.json, {task_id: 0|1} "
+            "JSON or task_id,label[,agent] CSV), or for AgentRewardBench --arb-index INDEX.csv"
+        )
+    else:
+        advice = "every truth is unsure or not executable (--label-2 decides how not executable counts)"
     raise MetricsInputError(
-        f"nothing to compare: {report.n_records} records, none with a usable truth (dropped: {dropped}); {advice}"
+        f"nothing to compare: {report.n_records} records, none with a usable verdict and truth (dropped: "
+        f"{dropped}); {advice}"
     )
 
 

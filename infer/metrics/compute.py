@@ -33,6 +33,8 @@ from keyshot.infer.loaders.human_labels import (
 from keyshot.infer.loaders.judge_records import ArbIndexRow, read_arb_index, read_record_outcome, record_path
 from keyshot.infer.loaders.trajectory import FAILURE, NOT_EXECUTABLE, SUCCESS, UNSURE, TrajectoryError
 from keyshot.infer.protocol.verdicts import Verdict
+from keyshot.infer.runs.counts import INCOMPLETE as OUTCOME_INCOMPLETE
+from keyshot.infer.runs.counts import NO_SCORES, judged_without_scores, outcome_of
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +71,31 @@ INCOMPLETE = "incomplete: re-run keyshot judge"
 
 
 def withheld_reason(v: Verdict) -> str | None:
-    """Why ``v`` holds no verdict to count: none of its screenshot scores could be read, or a call it
-    needs failed (docs/architecture.md, "A verdict needs evidence"); None when it counts. A finished run's
-    verdict without a readable status counts as a failure."""
-    if v.finished or v.success is not None:
-        return None
-    return NO_READABLE_SCORES if v.no_evidence else INCOMPLETE
+    """Why ``v`` holds no verdict to count: none of its screenshot scores could be read (a verdict
+    parse_mode=reference judged anyway included), or a call it needs failed (docs/architecture.md, "A
+    verdict needs evidence"; the outcomes of :mod:`keyshot.infer.runs.counts`); None when it counts. A
+    finished run's verdict without a readable status counts as a failure."""
+    outcome = outcome_of(v)
+    if outcome == NO_SCORES:
+        return NO_READABLE_SCORES
+    if outcome == OUTCOME_INCOMPLETE and v.success is None:
+        return INCOMPLETE
+    return None
+
+
+def evidence_notes(verdicts: Sequence[Verdict], stand_in: str | None = None) -> list[str]:
+    """The lines every metrics table carries about what its verdicts rest on: the stand-in sentence of a
+    run of stand-in models, and how many verdicts rest on no readable screenshot score (not counted)."""
+    notes = [stand_in] if stand_in else []
+    no_scores = sum(outcome_of(v) == NO_SCORES for v in verdicts)
+    if no_scores:
+        judged = sum(judged_without_scores(v) for v in verdicts)
+        notes.append(
+            f"{no_scores} of {len(verdicts)} verdicts rest on no readable screenshot score"
+            + (f" ({judged} judged anyway, parse_mode=reference)" if judged else "")
+            + ": not counted (dropped as 'no readable scores')"
+        )
+    return notes
 
 
 # ---------------------------------------------------------------------------- label handling
@@ -153,6 +174,9 @@ class MetricsReport:
     classification: list[ClassificationRow]
     sources: dict[str, str] = field(default_factory=dict)
     truth: dict[str, int] = field(default_factory=dict)  # records used, by the source of their truth
+    #: what the verdicts rest on, when every table must say it: a run of stand-in models, verdicts
+    #: judged without a readable screenshot score (:func:`evidence_notes`)
+    notes: list[str] = field(default_factory=list)
 
     def row(self, section: str, group: str) -> AgreementRow | ClassificationRow:
         rows = self.agreement if section == "agreement" else self.classification

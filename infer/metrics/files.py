@@ -39,17 +39,24 @@ def truth_sr_column(report: MetricsReport) -> str:
 
 def metrics_markdown(report: MetricsReport) -> str:
     """The report as Markdown tables (rates in percent), each naming the source of its truth."""
-    truth = f"Truth: {truth_source(report)}."
+    notes = "".join(f"**{note}**\n\n" for note in report.notes)
+    truth = f"{notes}Truth: {truth_source(report)}."
+    label_2 = (
+        f" Human label 2 (not executable): {report.label_2}."
+        if HUMAN_LABELS in report.truth or ARB_ANNOTATION in report.truth
+        else ""
+    )
     out = [
+        *(f"**{note}**\n" for note in report.notes),
         f"Records: {report.n_records}, used: {report.n_used}"
         + (f", dropped: {', '.join(f'{k} {v}' for k, v in report.dropped.items())}" if report.dropped else "")
-        + f". Human label 2 (not executable): {report.label_2}. No verdict counts as failure.",
+        + f".{label_2} A verdict without a status counts as failure.",
         "",
         "### Success rate and agreement with the truth (Online-Mind2Web style)",
         "",
         truth,
         "",
-        f"| group | n | no verdict | judge SR | {truth_sr_column(report)} | AR | SR gap |",
+        f"| group | n | no status | judge SR | {truth_sr_column(report)} | AR | SR gap |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report.agreement:

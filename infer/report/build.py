@@ -19,18 +19,11 @@ from tqdm import tqdm
 import keyshot.infer.report.plots as plots
 from keyshot.infer.common.fileio import write_bytes_atomic, write_text_atomic
 from keyshot.infer.loaders import load_trajectories
-from keyshot.infer.loaders.trajectory import TrajectoryError
+from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.metrics.compute import human_outcome
 from keyshot.infer.protocol.parsing import split_key_points
-from keyshot.infer.protocol.verdicts import Verdict
-from keyshot.infer.report.model import (
-    Run,
-    ground_truth,
-    kind_of,
-    load_run,
-    metrics_of,
-    verdict_word,
-)
+from keyshot.infer.protocol.verdicts import Verdict, verdict_key
+from keyshot.infer.report.model import Run, ground_truth, kind_of, load_run, metrics_of
 from keyshot.infer.report.pages import (
     TRAJECTORY_TABLE,
     cards,
@@ -42,6 +35,18 @@ from keyshot.infer.report.pages import (
     table,
 )
 from keyshot.infer.report.thumbs import ThumbnailCache
+from keyshot.infer.runs.counts import (
+    INCOMPLETE,
+    NO_SCORES,
+    OUTCOME_LABELS,
+    OUTCOMES,
+    judged_without_scores,
+    judged_word,
+    outcome_of,
+    outcome_text,
+    success_rate,
+    total_split,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -51,14 +56,15 @@ NO_NAME = "—"  # what the trajectory table shows for a verdict that names no a
 
 
 def build_report(
-    source: Path,
+    source: Path | Run,
     out: Path,
     *,
     human_labels: dict[tuple[str, str], str] | None = None,
     progress: bool = True,
 ) -> Path:
-    """Write the report of ``source`` (a run folder, verdict file or judge records) into ``out``."""
-    run = load_run(source)
+    """Write the report of ``source`` (a run folder, verdict file or judge records, or a run already
+    loaded with :func:`~keyshot.infer.report.model.load_run`) into ``out``."""
+    run = source if isinstance(source, Run) else load_run(source)
     out.mkdir(parents=True, exist_ok=True)
     (out / PAGES_DIR).mkdir(exist_ok=True)
     for name in ("report.css", "report.js"):
@@ -66,16 +72,18 @@ def build_report(
     truths = [ground_truth(v, human_labels) for v in run.verdicts]
     report = metrics_of(run, truths)
     thumbs = ThumbnailCache(out)
+    sources = Sources()
     rows = []
     bar = tqdm(total=len(run.verdicts), desc="report", unit="traj", disable=not progress)
     for i, (v, truth) in enumerate(zip(run.verdicts, truths, strict=True)):
         href = f"{PAGES_DIR}/{i:05d}.html"
         kind = kind_of(v, truth)
-        word = verdict_word(v)
+        word = outcome_of(v)
         agree = None
-        if human_outcome(truth) is not None and v.finished:
+        if human_outcome(truth) is not None and word not in (NO_SCORES, INCOMPLETE):
             agree = bool(v.success) == human_outcome(truth)
-        write_text_atomic(out / href, trajectory_page(run, v, i, truth, kind, word, agree, thumbs))
+        page_html = trajectory_page(run, v, i, truth, kind, word, agree, thumbs, sources.trajectory(v))
+        write_text_atomic(out / href, page_html)
         rows.append(
             {
                 "index": i,
@@ -83,8 +91,10 @@ def build_report(
                 "agent": v.agent or NO_NAME,
                 "benchmark": v.benchmark or "",
                 "task_id": v.task_id,
+                "run": v.run or "",
                 "task": v.task if len(v.task) <= 160 else v.task[:159] + "…",
                 "verdict": word,
+                "judged": judged_word(v),
                 "truth": truth,
                 "agree": agree,
                 "kind": kind,
@@ -96,12 +106,14 @@ def build_report(
         bar.update(1)
     bar.close()
     thumbs.save_index()
-    scores = [s.score for v in run.verdicts for s in v.screenshots if not s.call_failed]
+    scores = [s.score if s.valid else None for v in run.verdicts for s in v.screenshots]
     threshold = float(run.protocol.get("threshold", 3) or 3)
     for name, data in (
         ("scores.png", plots.score_histogram(scores, threshold)),
         ("agents.png", plots.agent_success_rates(report)),
         ("confusion.png", plots.confusion_matrix([(r["verdict"], r["truth"]) for r in rows if r["truth"]])),
+        # (the matrix's rows are the outcomes of runs.counts: a verdict judged without readable scores is
+        # counted under "no-scores", as in every other count)
     ):
         write_bytes_atomic(out / "plots" / name, data)
     write_text_atomic(out / "index.html", index_page(run, rows, report))
@@ -119,16 +131,23 @@ def index_page(run: Run, rows: list[dict], report) -> str:
     words = Counter(r["verdict"] for r in rows)
     kinds = Counter(r["kind"] for r in rows)
     cost = sum(r["cost"] for r in rows)
+    judged_anyway = sum(judged_without_scores(v) for v in run.verdicts)
+    scorer = total_split(run.verdicts, "scorer")
     counts = cards(
         [
             ("trajectories", len(rows)),
-            ("success", words["success"]),
-            ("failure", words["failure"]),
-            ("verdict without a status", words["no-status"]),
-            ("no readable scores", words["no-scores"]),
-            ("incomplete (failed calls)", words["incomplete"]),
+            *[(OUTCOME_LABELS[o], words[o]) for o in OUTCOMES],
+            *(
+                [("judged anyway without a readable score (reference mode)", judged_anyway)]
+                if judged_anyway
+                else []
+            ),
             ("screenshots", sum(r["shots"] for r in rows)),
             ("kept", sum(r["kept"] for r in rows)),
+            (
+                "scorer answers sent / from the cache / identical screenshot",
+                f"{scorer.sent} / {scorer.cache_hits} / {scorer.same_image}",
+            ),
             ("judge + scorer $", f"{cost:.2f}"),
         ]
     )
@@ -165,22 +184,13 @@ def index_page(run: Run, rows: list[dict], report) -> str:
                 f"<div><h3>By {attr}</h3>"
                 + _unnamed_note(attr, unnamed)
                 + table(
-                    [attr, "trajectories", "success", "failure", "no verdict", "keyshot SR %"],
+                    [attr, "trajectories", *(OUTCOME_LABELS[o] for o in OUTCOMES), "keyshot SR %"],
                     [
-                        [
-                            g,
-                            n,
-                            sum(r[attr] == g and r["verdict"] == "success" for r in rows),
-                            sum(r[attr] == g and r["verdict"] == "failure" for r in rows),
-                            sum(
-                                r[attr] == g and r["verdict"] in ("no-status", "no-scores", "incomplete")
-                                for r in rows
-                            ),
-                            f"{100 * sum(r[attr] == g and r['verdict'] == 'success' for r in rows) / n:.1f}",
-                        ]
+                        [g, n, *(group[o] for o in OUTCOMES), _rate(group)]
                         for g, n in sorted(groups.items())
+                        for group in [Counter(r["verdict"] for r in rows if r[attr] == g)]
                     ],
-                    numeric={1, 2, 3, 4, 5},
+                    numeric=set(range(1, len(OUTCOMES) + 3)),
                 )
                 + "</div>"
             )
@@ -201,7 +211,8 @@ def index_page(run: Run, rows: list[dict], report) -> str:
             [
                 "incomplete",
                 kinds["incomplete"],
-                "a call failed, or no screenshot score could be read: no verdict; re-run keyshot judge to retry",
+                "a call failed, or no screenshot score could be read: no verdict that counts; re-run "
+                "keyshot judge to retry failed calls",
             ],
         ],
         numeric={1},
@@ -216,6 +227,7 @@ def index_page(run: Run, rows: list[dict], report) -> str:
         else ""
     )
     body = f"""
+{stand_in_banner(run)}
 <h2>Run</h2>{counts}
 <div class="grid2">
 <div><h2>Protocol that produced these verdicts</h2>{protocol}</div>
@@ -233,6 +245,31 @@ def index_page(run: Run, rows: list[dict], report) -> str:
 """
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return page(f"keyshot report: {run.name}", body, subtitle=f"{len(rows)} trajectories · built {stamp}")
+
+
+def _rate(outcomes: Counter) -> str:
+    """The success rate of runs.counts, in percent, for a table cell."""
+    rate = success_rate(outcomes)
+    return "—" if rate is None else f"{100 * rate:.1f}"
+
+
+def stand_in_banner(run: Run) -> str:
+    """The warning a page opens with when its verdicts rest on nothing: a run of stand-in models, or
+    verdicts judged without a readable screenshot score."""
+    lines = [run.stand_in] if run.stand_in else []
+    judged = sum(judged_without_scores(v) for v in run.verdicts)
+    if judged:
+        lines.append(
+            (
+                "This verdict was judged although none of its screenshot scores could be read "
+                "(parse_mode=reference): it rests on no screenshot and is counted"
+                if len(run.verdicts) == 1
+                else f"{judged} of {len(run.verdicts)} verdicts were judged although none of their screenshot "
+                "scores could be read (parse_mode=reference): they rest on no screenshot and are counted"
+            )
+            + " under “no readable scores”, in no success rate."
+        )
+    return "".join(f'<div class="banner">{esc(line)}</div>' for line in lines)
 
 
 def keep_rule_text(p: dict) -> str:
@@ -287,10 +324,19 @@ def _no_paths(message: str) -> str:
 
 # ---------------------------------------------------------------------------- one trajectory
 def trajectory_page(
-    run: Run, v: Verdict, index: int, truth, kind: str, word: str, agree, thumbs: ThumbnailCache
+    run: Run,
+    v: Verdict,
+    index: int,
+    truth,
+    kind: str,
+    word: str,
+    agree,
+    thumbs: ThumbnailCache,
+    trajectory: Trajectory | None = None,
 ) -> str:
     threshold = v.config.get("threshold", run.protocol.get("threshold", 3))
-    embedded = _embedded_screenshots(v)
+    embedded = _embedded_screenshots(trajectory)
+    steps = _steps(trajectory)
     first_of: dict[str, int] = {}
     cards_html = []
     for s in v.screenshots:
@@ -299,7 +345,7 @@ def trajectory_page(
         images = thumbs.images(source, data) if (source or data) else None
         kept = s.index in v.kept
         badges = [f'<span class="badge">#{s.index}</span>']
-        badges.append(f'<span class="badge">score {esc(s.score) if s.score is not None else "—"}</span>')
+        badges.append(f'<span class="badge">{f"score {esc(s.score)}" if s.valid else "no score"}</span>')
         if s.expected_score is not None:
             badges.append(f'<span class="badge">expected {s.expected_score:.2f}</span>')
         badges.append(
@@ -308,20 +354,20 @@ def trajectory_page(
             else f'<span class="muted">not kept (δ = {esc(threshold)})</span>'
         )
         duplicate = ""
+        same = s.same_as
         if images is not None:
-            if images.digest in first_of:
-                duplicate = (
-                    f'<div class="desc">same image as #{first_of[images.digest]}: scored once (dedup)</div>'
-                )
-            else:
-                first_of[images.digest] = s.index
+            same = same if same is not None else first_of.get(images.digest)
+            first_of.setdefault(images.digest, s.index)
             img = f'<a class="zoom" href="../{esc(images.view)}"><img loading="lazy" src="../{esc(images.thumb)}" alt="screenshot {s.index}"></a>'
         else:
             img = '<div class="err">screenshot not available</div>'
+        if same is not None:
+            duplicate = f'<div class="desc">same image as #{same}: scored once</div>'
         error = f'<div class="err">{esc(_no_paths(s.error))}</div>' if s.error else ""
         cards_html.append(
             f'<div class="shot{" kept" if kept else ""}">{img}<div class="meta">{"".join(badges)}</div>'
-            f'<div class="desc">{esc(s.thought)}</div>{duplicate}{error}</div>'
+            f"{_step_html(steps.get(s.index))}"
+            f'<div class="desc"><b>scorer:</b> {esc(s.thought)}</div>{duplicate}{error}</div>'
         )
     outcome = ""
     if v.outcome_calls and len(v.outcome_calls) > 1 or (v.outcome_calls and v.outcome_calls[0].key_point):
@@ -342,7 +388,15 @@ def trajectory_page(
     )
     problems = "".join(f"<li>{esc(_no_paths(e))}</li>" for e in [*v.incomplete, *v.partial, *v.errors])
     usage = table(
-        ["role", "calls", "cache hits", "errors", "prompt tokens", "completion tokens", "cost $"],
+        [
+            "role",
+            "answers",
+            "from the cache or an identical screenshot",
+            "errors",
+            "prompt tokens",
+            "completion tokens",
+            "cost $",
+        ],
         [
             [r, u.calls, u.cached, u.errors, u.prompt_tokens, u.completion_tokens, f"{u.cost_usd:.4f}"]
             for r, u in v.usage.items()
@@ -355,34 +409,88 @@ def trajectory_page(
         else '<span class="muted">none</span>'
     )
     agree_text = "" if agree is None else (" · agrees" if agree else " · <b>disagrees</b>")
+    actions_note = (
+        ""
+        if steps
+        else '<p class="muted">The agent\'s actions are not shown: its trajectory could not be read again '
+        "from its source.</p>"
+    )
     body = f"""
+{stand_in_banner(Run(run.name, [v], stand_in=run.stand_in))}
 <p><a href="../index.html">← all trajectories</a></p>
 <div class="task">{esc(v.task)}</div>
-<p>keyshot: <span class="badge {esc(word)}">{esc(word)}</span> · ground truth: {truth_badge}{agree_text} · kind: {esc(kind)}</p>
-{key_values([("task id", v.task_id), ("agent", v.agent), ("benchmark", v.benchmark), ("source", Path(v.source).name if v.source else None)])}
+<p>keyshot: <span class="badge {esc(word)}">{esc(outcome_text(v))}</span> · ground truth: {truth_badge}{agree_text} · kind: {esc(kind)}</p>
+{key_values([("task id", v.task_id), ("agent", v.agent), ("benchmark", v.benchmark), ("run", v.run), ("source", Path(v.source).name if v.source else None)])}
 <h2>Key points</h2>{kp_html}
-<h2>Screenshots ({len(v.screenshots)}, {len(v.kept)} kept)</h2>
+<h2>Screenshots ({len(v.screenshots)}, {len(v.kept)} kept), each with the agent's action on that page</h2>
+{actions_note}
 <div class="shots">{"".join(cards_html)}</div>
+{_final_answer_html(trajectory)}
 {outcome}
 {f"<h2>Problems</h2><ul>{problems}</ul>" if problems else ""}
 <h2>Calls</h2>{usage}
 """
+    run_part = f" · run {v.run}" if v.run else ""
     return page(
-        f"{v.agent or ''} · {v.task_id}",
+        f"{v.agent or ''} · {v.task_id}{run_part}",
         body,
         root="..",
-        subtitle=f"trajectory {index + 1} of {len(run.verdicts)}",
+        subtitle=f"trajectory {index + 1} of {len(run.verdicts)} · {esc(run.name)}",
     )
 
 
-def _embedded_screenshots(v: Verdict) -> dict[int, bytes]:
-    """Screenshots stored inside a trajectory file (data URLs): read again from its source."""
-    if not any(s.path and "#screenshot" in s.path for s in v.screenshots) or not v.source:
+class Sources:
+    """The judged trajectories read again from their sources (for the agent's actions and thoughts and
+    for embedded screenshots); the last source read is kept, as a run's verdicts come source by source."""
+
+    def __init__(self) -> None:
+        self._source: str | None = None
+        self._held: dict[tuple[str, str, str], Trajectory] = {}
+
+    def trajectory(self, v: Verdict) -> Trajectory | None:
+        """``v``'s trajectory, or None when its source is gone or no longer holds it."""
+        if not v.source:
+            return None
+        if v.source != self._source:
+            self._source, self._held = v.source, {}
+            try:
+                self._held = {
+                    verdict_key(t.task_id, t.agent, t.run): t
+                    for t in load_trajectories(v.source, on_error="skip")
+                }
+            except TrajectoryError as exc:
+                logger.warning("report: %s", exc)
+        return self._held.get(v.key) or self._held.get(verdict_key(v.task_id, v.agent, None))
+
+
+def _steps(t: Trajectory | None) -> dict[int, tuple[str, str]]:
+    """The agent's (action, thought) on each screenshot's page, by screenshot index: the i-th screenshot
+    is the page the i-th action was taken on."""
+    if t is None:
         return {}
-    try:
-        for t in load_trajectories(v.source, on_error="skip"):
-            if t.task_id == v.task_id and (t.agent or None) == (v.agent or None):
-                return {s.index: s.read_bytes() for s in t.screenshots if s.data is not None}
-    except TrajectoryError as exc:
-        logger.warning("report: %s", exc)
-    return {}
+    thoughts = t.thoughts or []
+    return {
+        shot.index: (t.actions[i], thoughts[i] if i < len(thoughts) else "")
+        for i, shot in enumerate(t.screenshots)
+        if i < len(t.actions)
+    }
+
+
+def _step_html(step: tuple[str, str] | None) -> str:
+    if step is None:
+        return ""
+    action, thought = step
+    html = f'<div class="desc action"><b>action:</b> <code>{esc(action)}</code></div>'
+    return html + (f'<div class="desc"><b>agent thought:</b> {esc(thought)}</div>' if thought else "")
+
+
+def _final_answer_html(t: Trajectory | None) -> str:
+    answer = t.final_answer if t is not None else None
+    return f'<h2>The agent\'s final answer</h2><pre class="text">{esc(answer)}</pre>' if answer else ""
+
+
+def _embedded_screenshots(t: Trajectory | None) -> dict[int, bytes]:
+    """Screenshots stored inside a trajectory file (data URLs), read again from its source."""
+    if t is None:
+        return {}
+    return {s.index: s.read_bytes() for s in t.screenshots if s.data is not None}

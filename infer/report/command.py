@@ -43,12 +43,14 @@ def default_out(run_path: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from keyshot.infer.report import build_report
+    from keyshot.infer.report.model import load_run
 
     if not args.run.exists():
         raise KeyshotError(f"{args.run}: no such run folder or file")
     out = args.out or default_out(args.run)
     labels = load_human_labels(args.human_labels) if args.human_labels else None
+    run = load_run(args.run)  # before the lock: input that holds no verdicts leaves no report folder behind
     with RunLock(out, wait=args.wait, what="keyshot report"):
-        index = build_report(args.run, out, human_labels=labels, progress=not args.no_progress)
+        index = build_report(run, out, human_labels=labels, progress=not args.no_progress)
     print(f"report: {index}  (open it in a browser; the folder is self-contained)")
     return 0

@@ -26,11 +26,13 @@ from keyshot.infer.metrics.compute import (
     MetricsReport,
     agent_key,
     compute_metrics,
+    evidence_notes,
     recorded_ground_truth,
     withheld_reason,
 )
 from keyshot.infer.protocol.verdicts import Verdict
-from keyshot.infer.runs.run_record import read_protocol
+from keyshot.infer.runs.counts import INCOMPLETE, NO_SCORES, outcome_of
+from keyshot.infer.runs.run_record import read_protocol, stand_in_of
 from keyshot.infer.runs.summary import read_summary
 from keyshot.infer.runs.verdict_sources import load_verdicts
 
@@ -49,23 +51,48 @@ _INFRASTRUCTURE = re.compile(
 
 @dataclass
 class Run:
-    """A judged run as the report sees it."""
+    """A judged run as the report sees it. ``name`` says what was judged (agents, benchmarks, the folder
+    judged) rather than the run folder's name; ``stand_in`` is the sentence of a run of stand-in models."""
 
     name: str
     verdicts: list[Verdict]
     summary: dict = field(default_factory=dict)
     protocol: dict = field(default_factory=dict)
     source_kind: str = "keyshot"
+    stand_in: str | None = None
 
 
 def load_run(path: Path) -> Run:
     """A run folder, a verdict file, or released judge records (see the module docstring)."""
     verdicts, kind = load_verdicts(path)
-    if kind == "keyshot" and path.is_dir():
-        return Run(path.name, verdicts, _summary(path), _protocol(path) or _protocol_of(verdicts))
+    name = run_name(verdicts, path)
     if kind == "keyshot":
-        return Run(path.parent.name, verdicts, protocol=_protocol_of(verdicts))
-    return Run(path.name, verdicts, protocol=_protocol_of(verdicts), source_kind=kind)
+        folder = path if path.is_dir() else path.parent
+        summary = _summary(folder) if path.is_dir() else {}
+        protocol = (_protocol(folder) if path.is_dir() else {}) or _protocol_of(verdicts)
+        return Run(name, verdicts, summary, protocol, stand_in=stand_in_of(folder))
+    return Run(name, verdicts, protocol=_protocol_of(verdicts), source_kind=kind)
+
+
+def run_name(verdicts: list[Verdict], path: Path) -> str:
+    """What the run judged, for the report's title: ``DemoAgent-gpt-4o on workarena (agentlab_workarena)``:
+    its agents and benchmarks (up to three of each) and the folder its trajectories came from."""
+
+    def some(names: set[str]) -> str:
+        shown = sorted(names)[:3]
+        return ", ".join(shown) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+    agents = {v.agent for v in verdicts if v.agent}
+    benchmarks = {v.benchmark for v in verdicts if v.benchmark}
+    sources = {Path(v.source).parent.name for v in verdicts if v.source}
+    parts = [some(agents) if agents else "trajectories"]
+    if benchmarks:
+        parts.append(f"on {some(benchmarks)}")
+    if len(sources) == 1:
+        parts.append(f"({sources.pop()})")
+    elif not agents and not benchmarks:
+        parts.append(f"({path.name})")
+    return " ".join(parts)
 
 
 def _summary(folder: Path) -> dict:
@@ -99,7 +126,7 @@ def ground_truth(v: Verdict, human_labels: dict[tuple[str, str], str] | None = N
 
 
 def kind_of(v: Verdict, truth: str | None) -> str:
-    if not v.finished:
+    if outcome_of(v) in (NO_SCORES, INCOMPLETE):
         return KIND_INCOMPLETE
     if truth == NOT_EXECUTABLE:
         return KIND_NOT_EXECUTABLE
@@ -107,14 +134,6 @@ def kind_of(v: Verdict, truth: str | None) -> str:
     if _INFRASTRUCTURE.search(text):
         return KIND_INFRASTRUCTURE
     return KIND_AGENT
-
-
-def verdict_word(v: Verdict) -> str:
-    """``success``, ``failure``, ``no-status`` (a verdict without a status), ``no-scores`` (no screenshot
-    score could be read: no verdict) or ``incomplete`` (a call failed)."""
-    if not v.finished:
-        return "no-scores" if v.no_evidence else "incomplete"
-    return {True: "success", False: "failure"}.get(v.success, "no-status")
 
 
 def metrics_of(run: Run, truths: list[str | None]) -> MetricsReport | None:
@@ -132,4 +151,6 @@ def metrics_of(run: Run, truths: list[str | None]) -> MetricsReport | None:
         )
         for v, t in zip(run.verdicts, truths, strict=True)
     ]
-    return compute_metrics(records)
+    report = compute_metrics(records)
+    report.notes = evidence_notes(run.verdicts, run.stand_in)
+    return report

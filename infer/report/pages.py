@@ -8,8 +8,8 @@ import html
 import json
 from collections.abc import Iterable
 
-from keyshot.infer.metrics.compute import MetricsReport
-from keyshot.infer.metrics.files import percent
+from keyshot.infer.metrics.compute import ARB_ANNOTATION, HUMAN_LABELS, MetricsReport
+from keyshot.infer.metrics.files import percent, truth_source
 
 
 def esc(value: object) -> str:
@@ -71,7 +71,7 @@ def metrics_tables(report: MetricsReport | None) -> str:
     if report is None:
         return '<p class="muted">No ground truth in this run (no human labels, no benchmark reward): pass --human-labels to compare.</p>'
     agreement = table(
-        ["scope", "group", "n", "no verdict", "keyshot SR %", "truth SR %", "agreement %", "SR gap"],
+        ["scope", "group", "n", "no status", "keyshot SR %", "truth SR %", "agreement %", "SR gap"],
         [
             [
                 r.scope,
@@ -107,9 +107,16 @@ def metrics_tables(report: MetricsReport | None) -> str:
         numeric={2, 3, 4, 5, 6, 7, 8, 9},
     )
     dropped = ", ".join(f"{k}: {v}" for k, v in report.dropped.items()) or "none"
+    label_2 = (
+        f"human label 2 (not executable) counts as {esc(report.label_2)}; "
+        if HUMAN_LABELS in report.truth or ARB_ANNOTATION in report.truth
+        else ""
+    )
     return (
-        f'<p class="muted">{report.n_used} of {report.n_records} trajectories have ground truth (dropped: {esc(dropped)}); '
-        f"human label 2 (not executable) counts as {esc(report.label_2)}; no verdict counts as failure.</p>"
+        "".join(f'<div class="banner">{esc(note)}</div>' for note in report.notes)
+        + f'<p class="muted">{report.n_used} of {report.n_records} trajectories are compared with their truth '
+        f"({esc(truth_source(report))}; dropped: {esc(dropped)}); "
+        f"{label_2}a verdict without a status counts as failure.</p>"
         f'<div class="grid2"><div><h3>Agreement and success rates</h3>{agreement}</div>'
         f"<div><h3>Precision / recall / F1 (success is positive)</h3>{classification}</div></div>"
     )
@@ -127,7 +134,7 @@ TRAJECTORY_TABLE = """
   <button data-filter="all">all</button>
   <button data-filter="disagree">disagreements with ground truth</button>
   <button data-filter="unreadable">verdicts without a status</button>
-  <button data-filter="incomplete">no verdict (failed calls, no readable scores)</button>
+  <button data-filter="incomplete">no readable scores or failed calls</button>
   <button data-filter="apart">not executable / infrastructure</button>
   <select id="agent"><option value="">every agent</option></select>
   <input id="search" type="search" placeholder="search task or id">
@@ -135,7 +142,8 @@ TRAJECTORY_TABLE = """
 </div>
 <table id="trajectories">
   <thead><tr>
-    <th data-key="agent">agent</th><th data-key="task">task</th><th data-key="verdict">keyshot</th>
+    <th data-key="agent">agent</th><th data-key="task_id">task id</th><th data-key="run">run</th>
+    <th data-key="task">task</th><th data-key="verdict">keyshot</th>
     <th data-key="truth">ground truth</th><th data-key="agree">agrees</th><th data-key="kind">kind</th>
     <th data-key="shots" class="num">screenshots</th><th data-key="kept" class="num">kept</th>
     <th data-key="cost" class="num">cost $</th>

@@ -9,6 +9,7 @@ from collections import Counter
 from keyshot.infer.common.text import shorten_middle
 from keyshot.infer.loaders.trajectory import FAILURE, NOT_EXECUTABLE, SUCCESS, UNSURE
 from keyshot.infer.metrics.compute import MetricsReport
+from keyshot.infer.runs.counts import OUTCOME_LABELS, OUTCOMES
 
 
 def _figure(width: float = 5.2, height: float = 3.4):
@@ -34,6 +35,8 @@ def _no_data(ax, what: str) -> None:
 
 
 def score_histogram(scores: list[int | None], threshold: float) -> bytes:
+    """One bar per score 1-5 and one for the screenshots with no readable score (None: the answer held
+    none, was cut, or the call failed)."""
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
     counts = Counter("no score" if s is None else str(s) for s in scores)
@@ -41,10 +44,20 @@ def score_histogram(scores: list[int | None], threshold: float) -> bytes:
         _no_data(ax, "no screenshot was scored")
     else:
         labels = ["1", "2", "3", "4", "5", "no score"]
-        colors = ["#aab4c5" if lb == "no score" or float(lb) < threshold else "#2f5bd3" for lb in labels]
-        ax.bar(labels, [counts.get(lb, 0) for lb in labels], color=colors)
+        colors = [
+            "#e0a800" if lb == "no score" else "#aab4c5" if float(lb) < threshold else "#2f5bd3"
+            for lb in labels
+        ]
+        heights = [counts.get(lb, 0) for lb in labels]
+        ax.bar(labels, heights, color=colors)
+        for x, h in enumerate(heights):
+            if h:
+                ax.text(x, h, str(h), ha="center", va="bottom", fontsize=8)
+        ax.set_ylim(0, max(heights) * 1.15)
         ax.set_ylabel("screenshots")
-        ax.set_title(f"Screenshot scores (blue: kept, score ≥ {threshold:g})", fontsize=10)
+        ax.set_title(
+            f"Screenshot scores (blue: kept, score ≥ {threshold:g}; amber: no readable score)", fontsize=9
+        )
         ax.grid(axis="y", alpha=0.3)
     return _png(fig)
 
@@ -77,13 +90,15 @@ def agent_success_rates(report: MetricsReport | None) -> bytes:
 
 
 def confusion_matrix(pairs: list[tuple[str, str]]) -> bytes:
-    """``pairs`` of (verdict word, ground-truth word) for the trajectories that have ground truth."""
+    """``pairs`` of (outcome, ground-truth word) for the trajectories that have ground truth; the rows are
+    the outcomes of :mod:`keyshot.infer.runs.counts` (a verdict judged without readable scores is counted
+    under "no readable scores", as everywhere)."""
     fig = _figure(4.6, 3.6)
     ax = fig.add_subplot(1, 1, 1)
     if not pairs:
         _no_data(ax, "no ground truth to compare with")
         return _png(fig)
-    rows = ["success", "failure", "no-status", "no-scores", "incomplete"]
+    rows = list(OUTCOMES)
     cols = sorted({t for _, t in pairs}, key=[SUCCESS, FAILURE, NOT_EXECUTABLE, UNSURE].index)
     counts = Counter(pairs)
     grid = [[counts.get((r, c), 0) for c in cols] for r in rows]
@@ -104,7 +119,7 @@ def confusion_matrix(pairs: list[tuple[str, str]]) -> bytes:
     ax.set_xticks(range(len(cols)))
     ax.set_xticklabels([c.replace("_", " ") for c in cols], fontsize=8)
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels(rows, fontsize=8)
+    ax.set_yticklabels([OUTCOME_LABELS[r] for r in rows], fontsize=8)
     ax.set_xlabel("ground truth")
     ax.set_ylabel("keyshot verdict")
     ax.set_title("Verdicts vs ground truth", fontsize=10)

@@ -57,9 +57,10 @@
         task.appendChild(link);
         var verdict = el("td");
         verdict.appendChild(el("span", "badge " + r.verdict, r.verdict));
+        if (r.judged) verdict.appendChild(el("span", "muted", " judged anyway: " + r.judged));
         var truth = el("td");
         if (r.truth) truth.appendChild(el("span", "badge " + r.truth, r.truth));
-        [el("td", "", r.agent), task, verdict, truth,
+        [el("td", "", r.agent), el("td", "", r.task_id), el("td", "", r.run), task, verdict, truth,
          el("td", "", r.agree === null ? "" : (r.agree ? "yes" : "no")),
          el("td", "", r.kind), el("td", "num", r.shots), el("td", "num", r.kept),
          el("td", "num", r.cost ? r.cost.toFixed(4) : "")].forEach(function (td) { tr.appendChild(td); });
