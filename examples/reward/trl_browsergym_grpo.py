@@ -12,7 +12,14 @@ On a cluster (BrowserGym through OpenEnv, a judge API and a served keyshot score
     python examples/reward/trl_browsergym_grpo.py --keyshot-config configs/reward/trl.yaml \\
         --space-url https://YOUR-BROWSERGYM-SERVER --task-name TASK --use-vllm
 
-Here, with no browser and no GPU (a recorded trajectory replayed, the tiny random policy; docs/reward.md)::
+Here, on live pages and no GPU (MiniWoB in headless Chromium, ``make setup-browser``; the tiny random
+policy; docs/reward.md). The trainer's log has MiniWoB's own reward beside keyshot's each step
+(``miniwob/reward``) and how often keyshot's verdict agrees with it (``miniwob/agreement``)::
+
+    python examples/reward/trl_browsergym_grpo.py --keyshot-config configs/reward/local.yaml \\
+        --miniwob click-button --tiny-model --train-steps 1
+
+With no browser, a recorded trajectory replayed stands in for the pages::
 
     python examples/reward/trl_browsergym_grpo.py --keyshot-config configs/reward/local.yaml \\
         --replay tests/fixtures/trajectories/online_mind2web_v1 --tiny-model --train-steps 1
@@ -21,8 +28,10 @@ Here, with no browser and no GPU (a recorded trajectory replayed, the tiny rando
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import statistics
 import sys
 from abc import ABC, abstractmethod
 from datetime import datetime
@@ -33,6 +42,7 @@ from PIL import Image
 
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.reward import RewardModel
+from keyshot.infer.reward.miniwob import MiniWoBBrowser, prepare_browser, record_failure
 from keyshot.infer.reward.replay import ReplayBrowser
 from keyshot.infer.reward.trl import EpisodeRecorder, environment_reward
 
@@ -67,6 +77,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--replay", default=None, help="replay recorded trajectories (a folder of them) instead of BrowserGym"
+    )
+    parser.add_argument(
+        "--miniwob",
+        default=None,
+        help="live MiniWoB pages in headless Chromium instead of a BrowserGym server: task names, comma-separated "
+        "(e.g. click-button,enter-text); the dataset's rows are their seeds",
     )
     parser.add_argument(
         "--space-url", default="https://openenv-browsergym-env.hf.space", help="OpenEnv BrowserGym server"
@@ -179,6 +195,8 @@ class WebEnv(EpisodeRecorder, ABC):
         return content
 
     def _for_policy(self, screenshot) -> Image.Image:
+        if isinstance(screenshot, bytes):
+            screenshot = io.BytesIO(screenshot)
         image = screenshot if isinstance(screenshot, Image.Image) else Image.open(screenshot).convert("RGB")
         if self.image_size > 0:
             image.thumbnail((self.image_size, self.image_size), Image.LANCZOS)
@@ -205,6 +223,35 @@ class ReplayEnv(WebEnv):
     def _do(self, action: str):
         page = self.browser.act(action)
         return page.text, page.screenshot, page.done
+
+
+class MiniWoBEnv(WebEnv):
+    """A live MiniWoB page in headless Chromium (keyshot.infer.reward.miniwob): the dataset row names the
+    task and its seed. At the episode's end ``browser.reward`` is MiniWoB's own reward."""
+
+    opened: list[MiniWoBEnv] = []  # every environment TRL made, closed at the end of the run
+
+    def __init__(self):
+        self.browser = None
+        MiniWoBEnv.opened.append(self)
+
+    def _open(self, row: dict):
+        if self.browser is None or self.browser.task_name != row["miniwob_task"]:
+            self._close_browser()
+            self.browser = MiniWoBBrowser(row["miniwob_task"], max_steps=self.max_steps)
+        page = self.browser.reset(seed=row["seed"])
+        b = self.browser
+        return b.task, b.start_url, b.task_id, page.text, page.screenshot
+
+    def _do(self, action: str):
+        page = self.browser.act(action)
+        record_failure(self.episode, page)
+        return page.text, page.screenshot, page.done
+
+    def _close_browser(self) -> None:
+        if self.browser is not None:
+            self.browser.close()
+            self.browser = None
 
 
 class BrowserGymWebEnv(WebEnv):
@@ -261,6 +308,52 @@ def replay_dataset(root: Path) -> Dataset:
     return Dataset.from_list(rows)
 
 
+def miniwob_dataset(tasks: list[str], size: int) -> Dataset:
+    """``size`` rows: the tasks in turn, each row its own seed (the instance: its goal and page)."""
+    rows = [
+        {
+            "prompt": prompt(f"Complete the web task ({tasks[i % len(tasks)]})."),
+            "miniwob_task": tasks[i % len(tasks)],
+            "seed": i,
+        }
+        for i in range(size)
+    ]
+    return Dataset.from_list(rows)
+
+
+def with_miniwob_reward(keyshot_reward):
+    """keyshot's environment reward, also logging MiniWoB's own reward of each episode (``miniwob/reward``,
+    per sample ``miniwob_reward``) and the fraction of episodes with a keyshot verdict where that verdict
+    (``keyshot_success``) equals MiniWoB's success (``miniwob/agreement``; ``miniwob/compared``: how many)."""
+
+    async def reward(environments, log_metric=None, log_extra=None, **kwargs):
+        fields: dict[str, list] = {}
+
+        def keep(key, values):
+            fields[key] = values
+            if log_extra is not None:
+                log_extra(key, values)
+
+        rewards = await keyshot_reward(
+            environments=environments, log_metric=log_metric, log_extra=keep, **kwargs
+        )
+        truth = [env.browser.reward for env in environments]
+        verdicts = fields.get("keyshot_success") or [float(r == 1.0) for r in rewards]
+        failed = fields.get("keyshot_failed") or [float(r is None) for r in rewards]
+        pairs = [(v, t) for v, t, f in zip(verdicts, truth, failed, strict=True) if t is not None and not f]
+        if log_metric is not None:
+            known = [t for t in truth if t is not None]
+            log_metric("miniwob/reward", statistics.fmean(known) if known else 0.0)
+            log_metric("miniwob/agreement", statistics.fmean(v == t for v, t in pairs) if pairs else 0.0)
+            log_metric("miniwob/compared", float(len(pairs)))
+        if log_extra is not None:
+            log_extra("miniwob_reward", truth)
+        return rewards
+
+    reward.__name__ = getattr(keyshot_reward, "__name__", "keyshot_environment_reward")  # rewards/<name>/mean
+    return reward
+
+
 def tiny_policy(out: Path):
     """The tiny random Qwen2.5-VL, with TRL's Qwen3-VL chat template (the same special tokens; Qwen2.5-VL's
     own template renders no tool calls, which environment_factory needs)."""
@@ -283,8 +376,17 @@ def main(argv: list[str] | None = None) -> int:
     rm = RewardModel.from_config(args.keyshot_config)
     WebEnv.max_steps, WebEnv.image_size = args.max_steps, args.image_size
     EpisodeRecorder.episode_keep_dir = args.keep_episodes
+    reward = environment_reward(rm)
     if args.replay:
         dataset, env = replay_dataset(Path(args.replay)), ReplayEnv
+    elif args.miniwob:
+        tasks = [t.strip() for t in args.miniwob.split(",") if t.strip()]
+        prepare_browser()  # a missing piece is named before the trainer starts
+        dataset, env, reward = (
+            miniwob_dataset(tasks, args.dataset_size),
+            MiniWoBEnv,
+            with_miniwob_reward(reward),
+        )
     else:
         BrowserGymWebEnv.space_url, BrowserGymWebEnv.task_name = args.space_url, args.task_name
         dataset = Dataset.from_dict({"prompt": [prompt(args.dataset_prompt)] * args.dataset_size})
@@ -313,14 +415,18 @@ def main(argv: list[str] | None = None) -> int:
     trainer = GRPOTrainer(
         model=model,
         processing_class=processor,
-        reward_funcs=[environment_reward(rm)],
+        reward_funcs=[reward],
         train_dataset=dataset,
         args=config,
         environment_factory=env,
     )
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        for opened in MiniWoBEnv.opened:
+            opened._close_browser()
+        rm.close()
     print(json.dumps({"steps": trainer.state.global_step, "log": trainer.state.log_history}))
-    rm.close()
     return 0
 
 

@@ -4,8 +4,9 @@ with the same interface, so an RL example takes either.
 ``reset()`` opens the task's page (its goal is the task keyshot judges); each ``act(action)`` carries out
 a BrowserGym action (``click('19')``, ``fill('15', 'text')``, ...) in the page and shows the page after
 it, with its screenshot and text (the goal, the accessibility tree with BrowserGym ids, the last action's
-error). The page is ``done`` when MiniWoB ends the episode or after ``max_steps`` actions; the browser
-then holds MiniWoB's own reward (1.0 / 0.0), the ground truth to compare keyshot's verdict with::
+error). The page is ``done`` when MiniWoB ends the episode or after ``max_steps`` actions. The browser
+holds MiniWoB's own reward (1.0 once the task is done right, else 0.0), the ground truth to compare
+keyshot's verdict with::
 
     browser = MiniWoBBrowser("click-button", seed=3)
     page = browser.reset()
@@ -29,17 +30,20 @@ one scripted episode.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import gzip
 import hashlib
-import io
 import json
 import os
 import random
 import re
+import select
 import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -63,6 +67,7 @@ __all__ = [
 CHROMIUM_ENV = "KEYSHOT_CHROMIUM"
 HOME_ENV = "KEYSHOT_BROWSER_HOME"
 BROWSER_PACKAGES = "pip install 'keyshot[browser]' (make setup-browser)"
+WORKER = Path(__file__).with_name("miniwob_worker.py")
 _TIKTOKEN_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 
 
@@ -180,37 +185,19 @@ def prepare_browser(chromium: str | None = None) -> BrowserSetup:
 
 @dataclass
 class LivePage(ReplayPage):
-    """One live page (the replay's page with two more fields): on the last page, ``reward`` is MiniWoB's
-    own reward (None when the browser failed) and ``error`` says why the browser failed, if it did. The
-    screenshot is PNG bytes."""
+    """One live page (the replay's page with two more fields): ``reward`` is MiniWoB's own reward after
+    this page (0.0 until the task is done right; None when the browser failed) and ``error`` says why the
+    browser failed, if it did. The screenshot is PNG bytes."""
 
     reward: float | None = None
     error: str | None = None
 
 
-def _png(pixels) -> bytes:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
-    return buffer.getvalue()
-
-
-def _browser_pid(browser) -> int | None:
-    """The main process of a playwright Browser (Chrome DevTools' SystemInfo.getProcessInfo)."""
-    try:
-        session = browser.new_browser_cdp_session()
-        info = session.send("SystemInfo.getProcessInfo")["processInfo"]
-        session.detach()
-    except Exception:  # an unreachable browser has no pid to report
-        return None
-    return next((p["id"] for p in info if p["type"] == "browser"), None)
-
-
 class MiniWoBBrowser:
     """One MiniWoB++ task (``task``: its name, e.g. ``click-button``) in headless Chromium through
-    BrowserGym; ``seed`` picks the task's instance (its goal and page), ``max_steps`` ends an episode
-    MiniWoB has not ended. One browser is used from one thread (playwright's synchronous API)."""
+    BrowserGym, run in a process of its own (``miniwob_worker.py``); ``seed`` picks the task's instance
+    (its goal and page), ``max_steps`` ends an episode MiniWoB has not ended, ``timeout_s`` is how long a
+    page may take before the browser counts as failed. Browsers run side by side, one per thread."""
 
     def __init__(
         self,
@@ -220,33 +207,74 @@ class MiniWoBBrowser:
         max_steps: int = 10,
         chromium: str | None = None,
         text_chars: int = 4000,
+        timeout_s: float = 60.0,
     ):
         self.setup = prepare_browser(chromium)
-        import browsergym.miniwob  # noqa: F401  (registers the browsergym/miniwob.* environments)
-        import gymnasium as gym
-
         self.task_name = task.removeprefix("miniwob.")
         self.seed = seed
         self.max_steps = max_steps
         self.text_chars = text_chars
-        try:
-            self.env = gym.make(
-                f"browsergym/miniwob.{self.task_name}",
-                disable_env_checker=True,
-                pw_chromium_kwargs={"executable_path": str(self.setup.chromium)},
-            )
-        except gym.error.Error as exc:
-            raise MiniWoBError(
-                f"unknown MiniWoB task {task!r} ({exc}); the names are browsergym.miniwob.ALL_MINIWOB_TASKS' "
-                "subdomains, e.g. click-button, click-dialog-2, enter-text"
-            ) from None
+        self.timeout_s = timeout_s
         self.goal: str | None = None
         self.url: str | None = None
         self.step = 0
         self.reward: float | None = None
         self.error: str | None = None
         self.done = False
-        self.pids: list[int] = []
+        self.pids: list[int] = []  # the browsers' main processes (the page's and BrowserGym's chat window)
+        self.process: subprocess.Popen | None = None
+        self._start()
+
+    def _start(self) -> None:
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115  (the worker's stderr, closed in close())
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                str(WORKER),
+                self.task_name,
+                str(self.setup.chromium),
+                str(self.text_chars),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+        )
+        ready = self._receive()
+        if "error" in ready:
+            self.close()
+            unknown = "doesn't exist" in ready["error"] or "NameNotFound" in ready["error"]
+            raise MiniWoBError(
+                f"unknown MiniWoB task {self.task_name!r} ({ready['error']}); the names are "
+                "browsergym.miniwob.ALL_MINIWOB_TASKS' subdomains, e.g. click-button, click-dialog-2, enter-text"
+                if unknown
+                else f"miniwob.{self.task_name}: the browser process did not start: {ready['error']}"
+            )
+
+    def _receive(self) -> dict:
+        """The worker's next answer, or ``{"error": ...}`` when it died or took longer than timeout_s."""
+        out = self.process.stdout
+        ready, _, _ = select.select([out], [], [], self.timeout_s)
+        line = out.readline() if ready else b""
+        if line:
+            return json.loads(line)
+        if not ready:
+            self.process.kill()
+            return {"error": f"no answer in {self.timeout_s:.0f} s (the browser process was stopped)"}
+        self.process.wait()
+        self._log.seek(0)
+        tail = self._log.read().decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"the browser process ended (exit {self.process.returncode}): {tail[0]}"}
+
+    def _request(self, message: dict) -> dict:
+        if self.process.poll() is not None:
+            return {"error": f"the browser process ended (exit {self.process.returncode})"}
+        try:
+            self.process.stdin.write((json.dumps(message) + "\n").encode())
+            self.process.stdin.flush()
+        except OSError as exc:
+            return {"error": f"the browser process does not listen: {exc}"}
+        return self._receive()
 
     @property
     def task(self) -> str:
@@ -264,20 +292,20 @@ class MiniWoBBrowser:
         return self.url
 
     def reset(self, seed: int | None = None) -> LivePage:
-        """Open the task's page (a new browser; ``seed`` replaces the instance's seed)."""
+        """Open the task's page in new browsers (``seed`` replaces the instance's seed); a browser process
+        that failed is replaced first."""
         if seed is not None:
             self.seed = seed
-        self.step, self.reward, self.error, self.done = 0, None, None, False
-        try:
-            obs, _ = self.env.reset(seed=self.seed)
-        except Exception as exc:  # the browser did not start or the page did not load
-            raise MiniWoBError(
-                f"{self.task_id}: the page did not open: {type(exc).__name__}: {exc}"
-            ) from None
-        self.goal, self.url = obs["goal"], obs["url"]
-        core = self.env.unwrapped
-        self.pids = [pid for pid in (_browser_pid(core.browser), _browser_pid(core.chat.browser)) if pid]
-        return self._page(obs)
+        if self.error is not None or self.process is None or self.process.poll() is not None:
+            self.close()
+            self._start()
+        self.step, self.reward, self.error, self.done = 0, 0.0, None, False
+        answer = self._request({"op": "reset", "seed": self.seed})
+        if "error" in answer:
+            self.error = answer["error"]
+            raise MiniWoBError(f"{self.task_id}: the page did not open: {answer['error']}")
+        self.goal, self.url, self.pids = answer["goal"], answer["url"], answer["pids"]
+        return self._page(answer)
 
     def act(self, action: str) -> LivePage:
         """Carry out a BrowserGym action (an action's own error is shown in the page's text, as BrowserGym
@@ -287,42 +315,35 @@ class MiniWoBBrowser:
         if self.done:
             raise MiniWoBError(f"{self.task_id}: the episode is over (its last page was shown); call reset()")
         self.step += 1
-        try:
-            obs, reward, terminated, truncated, _ = self.env.step(action)
-        except Exception as exc:  # the browser died or stopped answering
-            self.error = (
-                f"the browser failed at step {self.step}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
-            )
+        answer = self._request({"op": "step", "action": action})
+        if "error" in answer:
+            self.error = f"the browser failed at step {self.step}: {answer['error']}"
             self.done, self.reward = True, None
             return LivePage(f"Error: {self.error}", None, self.step, True, None, None, self.error)
-        self.done = bool(terminated or truncated) or self.step >= self.max_steps
-        if self.done:
-            self.reward = float(reward)
-        return self._page(obs)
+        self.reward = answer["reward"]
+        self.done = answer["done"] or self.step >= self.max_steps
+        return self._page(answer)
 
-    def _page(self, obs: dict) -> LivePage:
+    def _page(self, answer: dict) -> LivePage:
         return LivePage(
-            self._text(obs),
-            _png(obs["screenshot"]),
-            self.step,
-            self.done,
-            None,
-            self.reward if self.done else None,
+            answer["text"], base64.b64decode(answer["png"]), self.step, self.done, None, self.reward
         )
 
-    def _text(self, obs: dict) -> str:
-        from browsergym.utils.obs import flatten_axtree_to_str
-
-        parts = [f"Goal: {obs['goal']}"]
-        if obs.get("last_action_error"):
-            parts.append(f"Error: {obs['last_action_error']}")
-        parts.append(f"Page structure:\n{flatten_axtree_to_str(obs['axtree_object'])[: self.text_chars]}")
-        return "\n\n".join(parts)
-
     def close(self) -> None:
-        """Close the browsers; any of their processes still running is killed."""
-        with contextlib.suppress(Exception):  # a dead browser's close raises; its processes are gone
-            self.env.close()
+        """Close the browsers and their process; any of their processes still running is killed."""
+        if self.process is not None:
+            if self.process.poll() is None:
+                self._request({"op": "close"})
+                try:
+                    self.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+            for stream in (self.process.stdin, self.process.stdout):
+                with contextlib.suppress(OSError):
+                    stream.close()
+            self._log.close()
+            self.process = None
         for pid in self.pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
