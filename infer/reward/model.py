@@ -206,6 +206,30 @@ def split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str
     return settings, rest
 
 
+def reward_config(
+    path: str | os.PathLike, *overrides: str, **settings: Any
+) -> tuple[JudgeRunConfig, RewardSettings]:
+    """The judge config and reward settings :meth:`RewardModel.from_config` builds a model of (the same
+    arguments), read without building it: ``keyshot reward serve --serve-scorer`` starts vLLM from them
+    first and builds the model with the served endpoint."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    data = copy.deepcopy(data)
+    section = data.pop(REWARD_SECTION, None) or {}
+    reward_kw, config_overrides = split_overrides(settings)
+    cfg = config_from_data(JudgeRunConfig, data, [*overrides, *config_overrides], where=str(path))
+    reward = config_from_data(RewardSettings, {**section, **reward_kw}, where=f"{path}: {REWARD_SECTION}")
+    reward.check(cfg, str(path))
+    return cfg, reward
+
+
 class RewardModel:
     """WebJudge as a reward: ``await rm.score(rollouts)`` or ``rm.score_sync(rollouts)``.
 
@@ -239,22 +263,7 @@ class RewardModel:
         strings; keyword ``on_failure``/``allow_root`` set the reward options (else the config's
         ``reward:`` section does), any other keyword overrides the config (``concurrency=8``,
         ``judge__model="gpt-4o"``)."""
-        path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
-        data = copy.deepcopy(data)
-        section = data.pop(REWARD_SECTION, None) or {}
-        reward_kw, config_overrides = split_overrides(settings)
-        cfg = config_from_data(JudgeRunConfig, data, [*overrides, *config_overrides], where=str(path))
-        reward = config_from_data(RewardSettings, {**section, **reward_kw}, where=f"{path}: {REWARD_SECTION}")
-        reward.check(cfg, str(path))
-        return cls(cfg, reward)
+        return cls(*reward_config(path, *overrides, **settings))
 
     # ------------------------------------------------------------------ pipelines
     def pipeline(self, scorer_url: str | None = None, scorer_model: str | None = None) -> WebJudge:
