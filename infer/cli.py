@@ -5,6 +5,8 @@
     keyshot metrics OUT/verdicts.jsonl --human-labels F   # agreement / precision / recall
     keyshot merge OUT                                     # join the shards of judge --shard I/N
     keyshot report OUT                                    # a browsable HTML report of a judged run
+    keyshot reward filter ROLLOUTS --config C --out OUT   # rejection sampling: keep rollouts judged successes
+    keyshot reward serve --config configs/reward/X.yaml   # the reward service (OpenRLHF, verl, any HTTP client)
     keyshot synth run --config configs/synth/X.yaml       # distil a scorer dataset from teachers
     keyshot merge-lora ADAPTER --out MERGED               # LoRA adapter -> servable checkpoint
     keyshot tiny-model OUT                                # tiny random Qwen2.5-VL (tests, demo)
@@ -29,6 +31,9 @@ from keyshot.infer.common.logs import setup_logging
 #: Entry-point group of the subcommands: each names a module whose ``add_parser(subparsers)`` registers
 #: one subcommand and sets ``func`` (pyproject.toml lists them; a plug-in package may add its own).
 COMMANDS_GROUP = "keyshot.commands"
+#: What the terminal says when a command is stopped by a signal, unless the command sets its own ``on_stop``
+#: (``p.set_defaults(on_stop=...)``: a service has nothing to resume).
+RESUMABLE = "what was finished is saved, re-run the same command to resume"
 
 
 def subcommand_modules() -> list[str]:
@@ -135,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, Interrupted) as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         print(
-            f"keyshot {args.command}: stopped by {signal.Signals(signum).name}; what was finished is saved, "
-            "re-run the same command to resume",
+            f"keyshot {args.command}: stopped by {signal.Signals(signum).name}; "
+            + getattr(args, "on_stop", RESUMABLE),
             file=sys.stderr,
         )
         return 128 + signum

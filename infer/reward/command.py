@@ -1,22 +1,29 @@
 """``keyshot reward``: rejection sampling and the reward service.
 
-    keyshot reward filter runs/rollouts --config configs/reward/filter.yaml --min-reward 1 --out accepted/
+    keyshot reward filter runs/rollouts --config configs/reward/trl.yaml --min-reward 1 --out runs/accepted --link
     keyshot reward serve --config configs/reward/openrlhf.yaml --port 8100 --allow-root /data/rollouts
 
+Both take any keyshot judge config (configs/reward/*.yaml add a reward: section) and overrides written
+key=value after it, as keyshot judge does (judge.model=gpt-4o; --set key=value is the same).
+
 ``filter`` judges every rollout under ROLLOUTS (any format ``keyshot judge`` reads) and writes
-``OUT/rewards.jsonl`` (every rollout: id, source, reward, progress, error) and ``OUT/accepted.jsonl``
-(those with reward >= --min-reward); ``--link`` also symlinks each accepted trajectory folder into
-``OUT/accepted/``. ``serve`` is the HTTP service (docs/reward.md).
+``OUT/rewards.jsonl`` (every rollout: id, agent, task, run, source, reward, progress, error) and
+``OUT/accepted.jsonl`` (those with reward >= --min-reward); ``--link`` also links each accepted trajectory
+folder into ``OUT/accepted/`` under the path it has below ROLLOUTS (AgentLab's
+``<time>_<agent>_on_<task>`` names, Online-Mind2Web's ``<agent>/<task>`` folders), so that
+``keyshot judge OUT/accepted`` reads each with its own agent, task and run. ``serve`` is the HTTP service
+(docs/reward.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import re
 import sys
 from pathlib import Path
 
+from keyshot.infer.common.config import split_paths_and_overrides
 from keyshot.infer.common.errors import EXIT_USAGE, KeyshotError
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.common.helptext import plain
@@ -24,25 +31,29 @@ from keyshot.infer.judge.scorer_factory import start_served_scorer
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.model.checkpoint import model_folder_problem
-from keyshot.infer.reward.model import RewardModel, RewardResult
+from keyshot.infer.reward.model import RewardModel, RewardResult, reward_config
 
 
 class RewardCommandError(KeyshotError):
     """A ``keyshot reward`` run that cannot start."""
 
 
-def read_rollouts(paths: list[str]) -> tuple[list[Trajectory], list[TrajectoryError]]:
-    trajectories: list[Trajectory] = []
+def read_rollouts(paths: list[str]) -> tuple[list[tuple[Trajectory, Path]], list[TrajectoryError]]:
+    """Every rollout under ``paths``, each with the input path it was found under."""
+    found: list[tuple[Trajectory, Path]] = []
     errors: list[TrajectoryError] = []
     for path in paths:
-        trajectories.extend(load_trajectories(path, on_error="skip", errors=errors))
-    return trajectories, errors
+        found.extend((t, Path(path)) for t in load_trajectories(path, on_error="skip", errors=errors))
+    return found, errors
 
 
 def filter_record(t: Trajectory, r: RewardResult) -> dict:
     return {
         "id": t.uid,
+        "agent": t.agent,
+        "benchmark": t.benchmark,
         "task_id": t.task_id,
+        "run": t.run,
         "source": str(t.source) if t.source else None,
         "reward": r.reward,
         "progress": r.progress,
@@ -50,26 +61,42 @@ def filter_record(t: Trajectory, r: RewardResult) -> dict:
     }
 
 
-def link_accepted(out: Path, accepted: list[Trajectory]) -> list[str]:
-    """Symlink each accepted trajectory's folder (a JSONL line has none: listed in the return)."""
+def link_name(t: Trajectory, root: Path) -> Path:
+    """Where ``t``'s folder is linked in ``OUT/accepted``: its path below the input it was found under
+    (``<agent>/<task>`` of Online-Mind2Web, AgentLab's ``<time>_<agent>_on_<task>``), the names its
+    identity is read from; its own name when the input was the folder itself."""
+    source = Path(t.source)
+    try:
+        below = source.absolute().relative_to(root.absolute())
+    except ValueError:
+        below = Path(source.name)
+    return below if below.parts and ".." not in below.parts else Path(source.name)
+
+
+def link_accepted(out: Path, accepted: list[tuple[Trajectory, Path]]) -> list[str]:
+    """Link each accepted trajectory's folder into ``OUT/accepted`` (:func:`link_name`); a JSONL line has no
+    folder of its own: listed in the return, not linked."""
     folder = out / "accepted"
     folder.mkdir(parents=True, exist_ok=True)
     not_linked = []
-    for t in accepted:
+    for t, root in accepted:
         if t.source is None or not Path(t.source).is_dir():
             not_linked.append(f"{t.uid}: its source {t.source} is not a folder (a JSONL line); not linked")
             continue
-        link = folder / re.sub(r"[^\w.@-]+", "_", t.uid)
+        link = folder / link_name(t, root)
+        link.parent.mkdir(parents=True, exist_ok=True)
         link.unlink(missing_ok=True)
         link.symlink_to(Path(t.source).resolve(), target_is_directory=True)
     return not_linked
 
 
 def run_filter(args: argparse.Namespace) -> int:
-    rm = RewardModel.from_config(args.config, *args.overrides)
-    trajectories, errors = read_rollouts(args.rollouts)
+    paths, overrides = split_paths_and_overrides(args.items)
+    rm = RewardModel.from_config(args.config, *overrides, *args.set_overrides)
+    found, errors = read_rollouts(paths)
+    trajectories = [t for t, _ in found]
     if not trajectories and not errors:
-        raise RewardCommandError(f"no rollouts found in {', '.join(args.rollouts)}")
+        raise RewardCommandError(f"no rollouts found in {', '.join(paths)}")
     try:
         results = rm.score_sync(trajectories)
     finally:
@@ -82,14 +109,14 @@ def run_filter(args: argparse.Namespace) -> int:
         for e in errors
     ]
     accepted = [
-        t
-        for t, r in zip(trajectories, results, strict=True)
+        (t, root)
+        for (t, root), r in zip(found, results, strict=True)
         if r.reward is not None and r.reward >= args.min_reward
     ]
     lines = lambda rows: "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)  # noqa: E731
     write_text_atomic(out / "rewards.jsonl", lines(records))
     write_text_atomic(
-        out / "accepted.jsonl", lines([r for r in records if r["id"] in {t.uid for t in accepted}])
+        out / "accepted.jsonl", lines([r for r in records if r["id"] in {t.uid for t, _ in accepted}])
     )
     not_linked = link_accepted(out, accepted) if args.link else []
     failed = sum(r.reward is None for r in results) + len(errors)
@@ -100,6 +127,8 @@ def run_filter(args: argparse.Namespace) -> int:
     for line in not_linked:
         print(f"  {line}")
     print(f"accepted: {out / 'accepted.jsonl'}")
+    if args.link:
+        print(f"linked: {out / 'accepted'} (keyshot judge {out / 'accepted'} --config ... reads them back)")
     return 0
 
 
@@ -116,18 +145,9 @@ def run_serve(args: argparse.Namespace) -> int:
     allow_root = Path(args.allow_root)
     if not allow_root.is_dir():
         raise RewardCommandError(f"--allow-root {allow_root}: not a folder")
-    rm = RewardModel.from_config(args.config, *args.overrides, allow_root=str(allow_root.resolve()))
-    server = None
-    if args.serve_scorer:  # vLLM under the process guard: it ends with the service, even when killed
-        if problem := model_folder_problem(args.serve_scorer):
-            raise RewardCommandError(
-                f"--serve-scorer {args.serve_scorer}: not a model checkpoint ({problem})"
-            )
-        rm.cfg.scorer.checkpoint = rm.cfg.scorer.checkpoint or args.serve_scorer
-        print(
-            f"keyshot reward serve: starting vLLM for {args.serve_scorer} (log: {args.vllm_log})", flush=True
-        )
-        server, rm.cfg.scorer.endpoint = start_served_scorer(rm.cfg, args.serve_scorer, args.vllm_log)
+    cfg, settings = reward_config(
+        args.config, *args.overrides, *args.set_overrides, allow_root=str(allow_root.resolve())
+    )
     limits = ServiceLimits(
         allow_root=str(allow_root.resolve()),
         max_body_bytes=args.max_body_mb * 1024 * 1024,
@@ -136,8 +156,26 @@ def run_serve(args: argparse.Namespace) -> int:
         deadline_s=args.deadline_s,
         token_env=args.token_env,
     )
+    server = None
+    if args.serve_scorer:  # vLLM under the process guard: it ends with the service, even when killed
+        if problem := model_folder_problem(args.serve_scorer):
+            raise RewardCommandError(
+                f"--serve-scorer {args.serve_scorer}: not a model checkpoint ({problem})"
+            )
+        print(
+            f"keyshot reward serve: starting vLLM for {args.serve_scorer} (log: {args.vllm_log})", flush=True
+        )
+        server, endpoint = start_served_scorer(cfg, args.serve_scorer, args.vllm_log)
+        # the model is built on the served endpoint (and reads the checkpoint's description from it)
+        scorer = dataclasses.replace(
+            cfg.scorer,
+            endpoint=endpoint,
+            endpoints=None,
+            checkpoint=cfg.scorer.checkpoint or args.serve_scorer,
+        )
+        cfg = dataclasses.replace(cfg, scorer=scorer)
     try:
-        run_service(rm, limits, args.host, args.port)
+        run_service(RewardModel(cfg, settings), limits, args.host, args.port)
     finally:
         if server is not None:
             server.stop()
@@ -152,19 +190,35 @@ def add_parser(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="reward_command", required=True)
-    f = sub.add_parser("filter", help="judge rollouts, keep those with reward >= --min-reward")
-    f.add_argument("rollouts", nargs="+", metavar="ROLLOUTS", help="trajectory folders or JSONL files")
+    f = sub.add_parser(
+        "filter",
+        help="judge rollouts, keep those with reward >= --min-reward",
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    f.add_argument(
+        "items",
+        nargs="+",
+        metavar="ROLLOUTS [KEY=VALUE ...]",
+        help="trajectory folders or JSONL files, and config overrides (judge.model=gpt-4o)",
+    )
     f.add_argument("--config", required=True, help="a keyshot judge config (configs/reward/*.yaml)")
     f.add_argument("--min-reward", type=float, default=1.0)
     f.add_argument("--out", required=True, help="output folder")
     f.add_argument(
-        "--link", action="store_true", help="symlink accepted trajectory folders into OUT/accepted/"
+        "--link",
+        action="store_true",
+        help="link accepted trajectory folders into OUT/accepted/, named as below ROLLOUTS (judge them back there)",
     )
-    f.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="config override"
-    )
+    _set_option(f)
     f.set_defaults(func=run)
-    s = sub.add_parser("serve", help="the reward service (FastAPI/uvicorn)")
+    s = sub.add_parser(
+        "serve",
+        help="the reward service (FastAPI/uvicorn)",
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (judge.model=gpt-4o)")
     s.add_argument("--config", required=True, help="a keyshot judge config (configs/reward/*.yaml)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8100)
@@ -180,10 +234,21 @@ def add_parser(subparsers) -> None:
         help="serve this scorer checkpoint with vLLM (scorer.serve settings) and score with it",
     )
     s.add_argument("--vllm-log", default="vllm.log", help="the vLLM server's log with --serve-scorer")
-    s.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="config override"
+    _set_option(s)
+    # a signal ends the service once the requests in flight are answered: there is nothing to resume
+    s.set_defaults(func=run, on_stop="the service answered the requests in flight and stopped")
+
+
+def _set_option(parser: argparse.ArgumentParser) -> None:
+    """``--set KEY=VALUE``: the same as a ``KEY=VALUE`` item (kept for command lines written before)."""
+    parser.add_argument(
+        "--set",
+        dest="set_overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override, the same as KEY=VALUE after the command",
     )
-    s.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
