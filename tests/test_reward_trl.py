@@ -400,12 +400,14 @@ def test_async_grpo_rollout_worker_pickles_the_rewards_and_scores_in_its_spawned
 ):
     pytest.importorskip("trl.experimental.async_grpo", reason="this trl has no AsyncGRPOTrainer")
     import trl.experimental.async_grpo.async_rollout_worker as worker_module
+    from accelerate.state import PartialState
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl.chat_template_utils import qwen3_chat_template
 
     monkeypatch.setattr(worker_module, "is_vllm_available", lambda: True)  # the parent's check; no vLLM here
     monkeypatch.setattr(worker_module, "is_aiohttp_available", lambda: True)
+    PartialState()  # the trainer's process has its accelerate state before it starts the worker (TRL logs with it)
     monkeypatch.setenv(reward_shared.CONFIG_ENV, str(config))  # the environments' reward: a healthy judge
     monkeypatch.setenv(KEEP_ENV, str(tmp_path / "episodes"))
     tokenizer = AutoTokenizer.from_pretrained(tiny_policy[0])
