@@ -1,0 +1,199 @@
+"""Live episodes (keyshot.infer.reward.miniwob): BrowserGym's MiniWoB tasks in Debian's Chromium, judged by
+keyshot against the fake judge and compared with MiniWoB's own reward. Slow tier; skipped where the browser
+set-up (make setup-browser) is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+pytest.importorskip("browsergym.miniwob", reason="the browser extra: make setup-browser")
+psutil = pytest.importorskip("psutil")
+
+from keyshot.infer.cli import main as keyshot  # noqa: E402
+from keyshot.infer.loaders import load_trajectories  # noqa: E402
+from keyshot.infer.protocol.verdicts import read_verdicts  # noqa: E402
+from keyshot.infer.reward import Episode, RewardModel  # noqa: E402
+from keyshot.infer.reward.miniwob import (  # noqa: E402
+    MiniWoBBrowser,
+    MiniWoBError,
+    ScriptedAgent,
+    prepare_browser,
+    record_failure,
+    run_episode,
+)
+from keyshot.infer.testing.configs import fake_judge_config  # noqa: E402
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+try:
+    prepare_browser()
+except MiniWoBError as exc:  # no Chromium here
+    pytest.skip(str(exc), allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    """The fake server as judge and scorer; a failed call is a reward of None (on_failure: none)."""
+    with FakeOpenAI(make_judge()) as judge:
+        path = fake_judge_config(
+            tmp_path_factory.mktemp("live") / "reward.yaml",
+            judge.base_url,
+            {"endpoint": {"base_url": judge.base_url, "model": "webjudge-7b", "api_key_env": None}},
+            judge={"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": 10},
+        )
+        yield path
+
+
+def gone(pids: list[int], within_s: float = 15.0) -> list[int]:
+    """The processes of ``pids`` still running (zombies count as ended) after waiting up to ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def chromium_under(pid: int) -> list[int]:
+    return [p.pid for p in psutil.Process(pid).children(recursive=True) if "chrom" in p.name()]
+
+
+@pytest.mark.parametrize("task", ["click-button", "enter-text"])
+def test_live_pages_reset_act_and_are_recorded(tmp_path, config, task):
+    kept = tmp_path / "kept"
+    with MiniWoBBrowser(task, seed=1) as browser:
+        first = browser.reset()
+        assert first.screenshot.startswith(PNG) and first.image().size[0] > 300
+        assert first.text.startswith(f"Goal: {browser.task}") and "Page structure:" in first.text
+        assert (first.step, first.done, first.reward, browser.task_id) == (0, False, 0.0, f"miniwob.{task}.1")
+        episode = run_episode(browser, ScriptedAgent(), keep_dir=kept)
+        assert browser.done and browser.reward == 1.0  # MiniWoB's own reward: the scripted agent did it right
+        assert len(episode.screenshots) == browser.step + 1 and len(episode.actions) == browser.step
+        assert episode.actions[-1].startswith("click(") and episode.problem() is None
+        with pytest.raises(MiniWoBError, match="the episode is over"):
+            browser.act("noop()")
+        processes = [browser.process.pid, *browser.pids]
+    assert gone(processes) == []  # closed: its worker and both Chromium instances
+    [trajectory] = load_trajectories(kept)  # keyshot judge reads the kept episode as it is
+    assert trajectory.task == browser.task and len(trajectory.screenshots) == browser.step + 1
+    rm = RewardModel.from_config(config)
+    try:
+        [result] = rm.score_sync([str(episode.jsonl_path)])
+    finally:
+        rm.close()
+    assert result.error is None and result.reward in (0.0, 1.0)
+
+
+def test_a_browser_killed_mid_episode_is_not_rewarded_and_the_rest_are(config):
+    browsers = [MiniWoBBrowser("click-button", seed=seed) for seed in (3, 4, 5)]
+    try:
+        episodes, pages = [], []
+        for b in browsers:
+            pages.append(b.reset())
+            episodes.append(Episode(b.task, start_url=b.start_url, task_id=b.task_id))
+            episodes[-1].add_step(pages[-1].screenshot)
+        os.kill(browsers[1].pids[0], signal.SIGKILL)  # the page's Chromium dies mid-episode
+        for b, episode, page in zip(browsers, episodes, pages, strict=True):
+            action = ScriptedAgent()(page)
+            after = b.act(action)
+            if after.screenshot is not None:
+                episode.add_step(after.screenshot, action=action)
+            record_failure(episode, after)
+            episode.finish(None)
+        assert [b.reward for b in browsers] == [1.0, None, 1.0]
+        assert browsers[1].error.startswith("the browser failed at step 1:")
+        rm = RewardModel.from_config(config)
+        try:
+            results = rm.score_sync(episodes)
+        finally:
+            rm.close()
+        assert [r.reward is None for r in results] == [False, True, False]
+        assert "the browser failed at step 1" in results[1].error
+        # the failed browser's process is replaced at the next reset
+        again = run_episode(browsers[1], ScriptedAgent())
+        assert browsers[1].reward == 1.0 and again.problem() is None
+    finally:
+        processes = [p for b in browsers for p in (b.pids + ([b.process.pid] if b.process else []))]
+        for b in browsers:
+            b.close()
+    assert gone(processes) == []
+
+
+HOLDER = """
+import json, sys, time
+from keyshot.infer.reward.miniwob import MiniWoBBrowser
+browsers = [MiniWoBBrowser("click-test", seed=s) for s in (0, 1)]
+for b in browsers:
+    b.reset()
+print(json.dumps([p for b in browsers for p in [b.process.pid, *b.pids]]), flush=True)
+time.sleep(120)
+"""
+
+
+def test_no_chromium_is_left_after_sigterm():
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = json.loads(holder.stdout.readline())
+        every = pids + chromium_under(holder.pid)
+        assert len(chromium_under(holder.pid)) >= 4  # two browsers each: the page's and BrowserGym's chat
+        holder.send_signal(signal.SIGTERM)
+        holder.wait(timeout=30)
+    finally:
+        holder.kill()
+    assert gone(every) == []
+
+
+def test_browsergym_experiment_loop_runs_are_judged_and_scored_against_miniwob(tmp_path, config):
+    runs_root = tmp_path / "study"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tests" / "support" / "browsergym_loop.py"),
+            str(runs_root),
+            "click-button",
+        ]
+        + ["named:0,1", "random:2,3"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = [Path(p) for p in json.loads(done.stdout.strip().splitlines()[-1])]
+    summaries = {run.name: json.loads((run / "summary_info.json").read_text()) for run in runs}
+    assert all(s["err_msg"] is None for s in summaries.values())  # tiktoken counted offline, Chromium found
+    assert [summaries[r.name]["cum_reward"] for r in runs[:2]] == [1.0, 1.0]
+    out = tmp_path / "judged"
+    argv = ["judge", str(runs_root), "--config", str(config), "--no-progress", f"out={out}"]
+    assert keyshot(argv) == 0
+    verdicts = {v.run: v for v in read_verdicts(out / "verdicts.jsonl")}
+    assert len(verdicts) == 4
+    for run in runs:
+        verdict = next(v for v in verdicts.values() if v.source and Path(v.source).name == run.name)
+        shots = sorted(run.glob("screenshot_step_*.png"))
+        assert len(verdict.screenshots) == len(shots) and verdict.success is not None
+        assert verdict.reward == summaries[run.name]["cum_reward"]  # MiniWoB's reward, carried along
+    metrics = tmp_path / "metrics"
+    assert keyshot(["metrics", str(out), "--out", str(metrics)]) == 0
+    report = json.loads((metrics / "metrics.json").read_text())
+    assert report["n_used"] == 4 and sum(report["truth"].values()) == 4
+    truth_successes = sum(s["cum_reward"] > 0 for s in summaries.values())
+    overall = next(r for r in report["agreement"] if r["scope"] == "overall")
+    assert overall["n"] == 4 and round(overall["human_sr"] * 4) == truth_successes
