@@ -216,3 +216,55 @@ def test_a_run_with_a_corrupt_summary_or_run_file_is_reported_with_a_warning(rep
     assert loaded.summary == {} and loaded.protocol == loaded.verdicts[0].config  # from the verdicts
     assert "summary.json: unreadable" in caplog.text and "run.json: not a keyshot run file" in caplog.text
     assert keyshot(["report", str(copy), "--no-progress"]) == 0
+
+
+def test_pages_show_the_agents_actions_and_the_table_tells_runs_apart(report):
+    """What the judge read beside each screenshot: the agent's action on that page (and its thought); the
+    index's rows carry task id and run, and its title names the agent, not the folder ("run")."""
+    from keyshot.infer.loaders import load_trajectories
+
+    run, out = report
+    v = next(v for v in read_verdicts(run / "verdicts.jsonl") if v.task_id == "task-00003")
+    [t] = [t for t in load_trajectories(v.source) if t.task_id == "task-00003"]
+    text = " ".join(Page(pages_by_task(out)["task-00003"].read_text()).text)
+    assert t.actions and all(action in text for action in t.actions[: len(t.screenshots)])
+    assert text.count("action:") == min(len(t.actions), len(t.screenshots))
+    index = Page((out / "index.html").read_text())
+    rows = json.loads(next(s for s in index.scripts if s.startswith("[")))
+    assert all({"task_id", "run"} <= set(r) for r in rows)
+    headers = [a.get("data-key") for t_, a in index.tags if t_ == "th" and "data-key" in a]
+    assert headers[:3] == ["agent", "task_id", "run"]
+    title = " ".join(index.text).split("·")[0]
+    assert "synthetic-agent" in title and "keyshot report: run" not in title
+
+
+def test_report_and_metrics_of_agent_runs_say_to_judge_them_first(tmp_path, capsys):
+    """Raw agent runs are named a trajectory folder with the command to run first; the failed report
+    leaves no report folder (nor its lock) beside the input."""
+    raw = tmp_path / "runs"
+    shutil.copytree(REPO / "tests" / "fixtures" / "trajectories" / "agentlab", raw)
+    assert keyshot(["report", str(raw), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a trajectory folder" in err and f"keyshot judge {raw}" in err
+    assert not (tmp_path / "report").exists()
+    assert keyshot(["metrics", str(raw), "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert "is a trajectory folder" in err and "not a WebJudge reference record" not in err
+
+
+def test_a_stand_in_run_says_so_in_its_report_and_every_metrics_table(report, tmp_path):
+    from keyshot.infer.runs.run_record import mark_stand_in, read_protocol
+
+    run, _ = report
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("report", ".lock"))
+    protocol = read_protocol(copy)
+    mark_stand_in(copy, "STAND-IN VERDICTS: noise")
+    assert read_protocol(copy) == protocol  # the mark sits beside the protocol
+    assert keyshot(["report", str(copy), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
+    index = (tmp_path / "r" / "index.html").read_text()
+    assert '<div class="banner">STAND-IN VERDICTS: noise</div>' in index
+    assert "STAND-IN VERDICTS: noise" in (tmp_path / "r" / "trajectories" / "00000.html").read_text()
+    assert keyshot(["metrics", str(copy), "--out", str(tmp_path / "m")]) == 0
+    markdown = (tmp_path / "m" / "metrics.md").read_text()
+    assert markdown.count("**STAND-IN VERDICTS: noise**") == 3  # above the counts and both tables
