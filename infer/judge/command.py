@@ -2,7 +2,8 @@
 
     keyshot judge data/om2w/SeeAct --config configs/judge/webjudge7b.yaml out=runs/seeact
     keyshot judge runs/agentlab --config configs/judge/reference_gpt4o.yaml judge.budget_usd=20
-    keyshot judge data/om2w/SeeAct --config configs/judge/webjudge7b.yaml --serve-scorer ckpt/
+    keyshot judge data/om2w/SeeAct --config configs/judge/webjudge7b.yaml --serve-scorer osunlp/WebJudge-7B
+    keyshot judge data/om2w/SeeAct --config configs/judge/webjudge7b.yaml --serve-scorer runs/sft/final
     keyshot judge data/om2w/SeeAct --config configs/judge/reference_gpt4o.yaml \\
         --resume-from SeeAct/WebJudge_Online_Mind2Web_eval_gpt-4o_score_threshold_3_auto_eval_results.json
     keyshot judge data/om2w/SeeAct --config configs/judge/webjudge7b.yaml --dry-run   # what and what cost; no call
@@ -11,6 +12,8 @@ Writes ``OUT/verdicts.jsonl`` (one line per trajectory, appended atomically), ``
 ``OUT/summary.json``, and keeps every judge/scorer answer in ``OUT/calls.sqlite``. Re-running the same
 command after any stop (Ctrl-C, ``kill -9``, a budget stop) judges only what is missing and pays for
 no call twice. API keys are read from the environment variables the config names, never printed.
+A reward config (``configs/reward/*.yaml``) judges too: its ``reward:`` section holds the reward model's
+options (docs/reward.md), which change no verdict; keyshot judge ignores it.
 ``OUT/run.json`` records the protocol with the first verdict (a run that stopped before judging leaves
 a folder any config may use); an OUT holding verdicts of other trajectories is refused unless ``--append``.
 """
@@ -414,7 +417,11 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--resume-from", help="reference implementation output (JSONL / ARB records) to import first"
     )
-    p.add_argument("--serve-scorer", metavar="CHECKPOINT", help="start vLLM for this checkpoint for the run")
+    p.add_argument(
+        "--serve-scorer",
+        metavar="CHECKPOINT",
+        help="start vLLM for this checkpoint (a folder, or a hub id such as osunlp/WebJudge-7B) for the run",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--agent",
