@@ -187,8 +187,9 @@ def test_verl_example_config_names_verls_keys_and_keyshots_compute_score():
     assert keyshot["reward"]["on_failure"] == "none" and keyshot["scorer"]["endpoint"]["base_url"]
 
 
-@pytest.mark.slow
-def test_trl_example_trains_one_grpo_step_on_the_tiny_model(tmp_path, config):
+def run_trl_example(tmp_path: Path, config: Path, *source: str) -> tuple[dict, list[Path]]:
+    """One GRPO step of the TRL example on the tiny model (as docs/reward.md runs it): the last log entry
+    and the kept episodes."""
     pytest.importorskip("trl", reason="trl is in the dev extra: pip install -e '.[dev]'")
     kept = tmp_path / "episodes"
     argv = [
@@ -196,8 +197,9 @@ def test_trl_example_trains_one_grpo_step_on_the_tiny_model(tmp_path, config):
         str(EXAMPLES / "trl_browsergym_grpo.py"),
         "--keyshot-config",
         str(config),
-        "--replay",
-        str(OM2W_V1[0].parent),
+        *source,
+    ]
+    argv += [
         "--tiny-model",
         "--train-steps",
         "1",
@@ -205,6 +207,8 @@ def test_trl_example_trains_one_grpo_step_on_the_tiny_model(tmp_path, config):
         "2",
         "--gradient-accumulation-steps",
         "1",
+    ]
+    argv += [
         "--max-completion-length",
         "32",
         "--output-dir",
@@ -215,10 +219,42 @@ def test_trl_example_trains_one_grpo_step_on_the_tiny_model(tmp_path, config):
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    step = summary["log"][0]
-    assert summary["steps"] == 1 and step["keyshot/failed"] == 0.0
+    assert summary["steps"] == 1
+    return summary["log"][0], sorted(kept.glob("*.jsonl"))
+
+
+@pytest.mark.slow
+def test_trl_example_trains_one_grpo_step_on_the_tiny_model(tmp_path, config):
+    step, episodes = run_trl_example(tmp_path, config, "--replay", str(OM2W_V1[0].parent))
+    assert step["keyshot/failed"] == 0.0
     # the kept episodes are what the reward function scored: RewardModel on them gives the logged mean
-    episodes = sorted(kept.glob("*.jsonl"))
     assert len(episodes) == 2
     rewards = folder_rewards(config, episodes)
     assert step["rewards/keyshot_environment_reward/mean"] == pytest.approx(sum(rewards) / len(rewards))
+
+
+@pytest.mark.slow
+def test_trl_example_trains_one_grpo_step_on_live_miniwob_pages(tmp_path, config):
+    pytest.importorskip("browsergym.miniwob", reason="the browser extra: make setup-browser")
+    from keyshot.infer.reward.miniwob import MiniWoBError, prepare_browser
+
+    try:
+        prepare_browser()
+    except MiniWoBError as exc:
+        pytest.skip(str(exc))
+    step, episodes = run_trl_example(tmp_path, config, "--miniwob", "click-button")
+    assert step["keyshot/failed"] == 0.0 and step["miniwob/compared"] == 2.0
+    assert len(episodes) == 2 and all(e.stem.startswith("miniwob.click-button.") for e in episodes)
+    rm = RewardModel.from_config(config)
+    try:
+        results = rm.score_sync([str(e) for e in episodes])
+    finally:
+        rm.close()
+    assert step["rewards/keyshot_environment_reward/mean"] == pytest.approx(
+        sum(r.reward for r in results) / len(results)
+    )
+    # MiniWoB's own reward beside keyshot's: where every episode has the same MiniWoB outcome, the
+    # agreement is the fraction of keyshot verdicts saying that outcome
+    if step["miniwob/reward"] in (0.0, 1.0):
+        said = [bool(r.success) == (step["miniwob/reward"] == 1.0) for r in results]
+        assert step["miniwob/agreement"] == pytest.approx(sum(said) / len(said))
