@@ -168,7 +168,7 @@ def test_demo_table_keeps_the_end_of_long_ids(tmp_path):
     for task_id, line in zip(ids, lines, strict=True):
         rows.append(json.dumps({**json.loads(line), "task_id": task_id}) + "\n")
     (tmp_path / "v.jsonl").write_text("".join(rows))
-    table = verdict_table(tmp_path / "v.jsonl").splitlines()[2:]
+    table = verdict_table(read_verdicts(tmp_path / "v.jsonl")).splitlines()[2:]
     shown = [row.split("|")[1].strip() for row in table]
     assert shown[0] != shown[1] and all(len(s) == ID_WIDTH and ELLIPSIS in s for s in shown)
     assert shown[0].startswith("2025-01-02_11-00-") and shown[0].endswith("order-item_7")
