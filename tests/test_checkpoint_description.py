@@ -29,6 +29,7 @@ from keyshot.infer.protocol.prompts import load_prompt_set
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.serve.plan import PromptVersionMismatchError, ServeConfig, plan_server
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+from tests.support.vllm import ENV_VLLM_PYTHON, find_vllm_python
 
 REPO = Path(__file__).resolve().parents[1]
 TRAJ = REPO / "tests" / "fixtures" / "trajectories" / "online_mind2web_v1"
@@ -123,6 +124,24 @@ def test_the_in_process_scorer_reads_the_checkpoint_once(answered, tmp_path):
         assert keyshot(argv) in (0, 3)  # 3: the untrained tiny model's answers hold no readable score
     assert run.paths == [str(answered / META_FILE)]
     assert len(read_verdicts(tmp_path / "run" / "verdicts.jsonl")) == 2
+
+
+@pytest.mark.slow
+def test_judge_serve_scorer_reads_the_checkpoint_once(answered, tmp_path):
+    """``--serve-scorer``: vLLM's plan takes the run's description; the run scores through the server."""
+    python = find_vllm_python()
+    if python is None:
+        pytest.skip(f"no vLLM: set ${ENV_VLLM_PYTHON} or run `make setup-vllm` (creates .venv-vllm)")
+    serve = [f"scorer.serve.vllm_python={python}", f"scorer.serve.tmpdir={tmp_path / 'tmp'}"]
+    with FakeOpenAI(make_judge()) as server, Opens(META_FILE) as run:
+        argv = _judge_argv(
+            server.base_url, tmp_path / "run", answered, "--serve-scorer", str(answered), *serve
+        )
+        assert keyshot(argv) in (0, 3)  # 3: the untrained tiny model's answers hold no readable score
+    assert run.paths == [str(answered / META_FILE)]
+    assert (tmp_path / "run" / "vllm.log").stat().st_size > 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["usage"]["scorer"]["calls"] > 0
 
 
 def test_a_description_handed_on_is_not_read_again(answered, tmp_path):
