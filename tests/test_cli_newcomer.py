@@ -181,7 +181,11 @@ def test_each_table_names_the_source_of_its_truth(tmp_path, capsys):
     assert code == 0, err
     markdown = (tmp_path / "m" / "metrics.md").read_text()
     assert markdown.count("Truth: AgentLab reward.") == 2 and "| reward SR |" in markdown
-    assert "human SR" not in markdown
+    assert "human SR" not in markdown and "Human label" not in markdown and "Human label" not in out
+    with pytest.raises(SystemExit):
+        keyshot(["metrics", "--help"])
+    usage = capsys.readouterr().out
+    assert "the benchmark's own reward recorded with the run" in " ".join(usage.split())
     assert json.loads((tmp_path / "m" / "metrics.json").read_text())["truth"] == {"AgentLab reward": 4}
 
 
