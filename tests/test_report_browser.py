@@ -105,8 +105,9 @@ def test_index_filters_and_trajectory_pages_in_chromium(browser, report, tmp_pat
     )  # the not-executable task
     browser.find_element(By.CSS_SELECTOR, '[data-filter="all"]').click()
     browser.find_element(By.CSS_SELECTOR, 'th[data-key="kept"]').click()  # sort by kept, ascending
+    kept_column = 9  # agent, task id, run, task, keyshot, truth, agrees, kind, screenshots, kept
     kept = [
-        int(tr.find_elements(By.TAG_NAME, "td")[7].text)
+        int(tr.find_elements(By.TAG_NAME, "td")[kept_column].text)
         for tr in browser.find_elements(By.CSS_SELECTOR, "#trajectories tbody tr")
     ]
     assert kept == sorted(kept)
