@@ -268,6 +268,29 @@ def _reward(d: dict) -> list[Row]:
     ]
 
 
+def _live(d: dict) -> list[Row]:
+    s = d["settings"]
+    by = {(r["browsers"], r["mode"]): r for r in d["runs"]}
+    rows = []
+    for n in sorted({r["browsers"] for r in d["runs"]}):
+        b, one = by[(n, "batched")], by[(n, "one_at_a_time")]
+        rows.append(
+            (
+                "live episodes (bench_live.py)",
+                f"{n} browsers × {s['episodes']} MiniWoB episodes in Chromium, each rewarded as it ends: "
+                "batched vs one at a time, episodes/s",
+                f"{b['episodes_per_s'] / one['episodes_per_s']:.2f}×",
+                f"{b['episodes_per_s']:.2f} vs {one['episodes_per_s']:.2f} episodes/s; reward latency after the last "
+                f"step p50/p99 {b['latency_p50_s']:.1f}/{b['latency_p99_s']:.1f} s vs {one['latency_p50_s']:.1f}/"
+                f"{one['latency_p99_s']:.1f} s; {b['judge_calls_per_episode']:.2f} judge calls per episode; "
+                f"browser {b['browser_s_per_episode']:.1f} s per episode ({b['steps_per_episode']:.1f} steps); "
+                f"peak {b['peak_mib_per_browser']:.0f} MiB per browser (PSS of worker, driver and 2 Chromium); "
+                f"fake judge {s['judge_latency']} s, scorer {s['scorer_latency']} s",
+            )
+        )
+    return rows
+
+
 BENCHES: dict[str, tuple[list[str], Callable[[dict], list[Row]]]] = {
     "images": (["bench/bench_images.py"], _images),
     "calls": (["bench/bench_calls.py"], _calls),
@@ -281,6 +304,7 @@ BENCHES: dict[str, tuple[list[str], Callable[[dict], list[Row]]]] = {
     "presized": (["bench/bench_presized.py"], _presized),
     "transport": (["bench/bench_transport.py"], _transport),
     "reward": (["bench/bench_reward.py"], _reward),
+    "live": (["bench/bench_live.py"], _live),
 }
 
 
