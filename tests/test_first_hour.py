@@ -189,3 +189,17 @@ def test_report_explains_its_protocol_line_and_has_no_row_for_an_unnamed_agent(t
     agent_table = text[start : text.index("Trajectories", start)]
     assert "DemoAgent-gpt-4o" in agent_table and "—" not in agent_table
     assert any(re.fullmatch(r"2 trajectories name no agent: not in this table.*", t) for t in agent_table)
+
+
+def test_the_direct_demo_command_finds_vllm_beside_its_venv(monkeypatch):
+    """``python -m keyshot.infer.demo`` without --vllm-python: $KEYSHOT_VLLM_PYTHON, else the .venv-vllm
+    that make setup-vllm puts beside .venv (issue 35 item 12)."""
+    import sys
+
+    from keyshot.infer.demo import default_vllm_python
+
+    monkeypatch.delenv("KEYSHOT_VLLM_PYTHON", raising=False)
+    beside = Path(sys.prefix).parent / ".venv-vllm" / "bin" / "python"
+    assert default_vllm_python() == (str(beside) if beside.exists() else None)
+    monkeypatch.setenv("KEYSHOT_VLLM_PYTHON", "/opt/vllm/bin/python")
+    assert default_vllm_python() == "/opt/vllm/bin/python"
