@@ -118,7 +118,13 @@ def combine_summaries(summaries: list[dict], *, run: dict) -> dict:
             usage.setdefault(role, RoleUsage()).merge(RoleUsage(**u))
     calls = {role: CallSplit() for role in ROLES}
     for s in summaries:
-        for role, split in (s.get("calls") or {}).items():
+        for role, u in s["usage"].items():  # a shard summarized before "calls" existed: no copies known
+            split = (s.get("calls") or {}).get(role) or {
+                "answers": u["calls"],
+                "sent": u["calls"] - u["cached"],
+                "cache_hits": u["cached"],
+                "same_image": 0,
+            }
             calls.setdefault(role, CallSplit()).add(CallSplit(**split))
     incomplete = [t for s in summaries for t in s["incomplete_trajectories"]]
     images = [m for s in summaries for m in s.get("unreadable_image_messages", [])][:LISTED_IMAGES]
