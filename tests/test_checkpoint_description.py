@@ -21,8 +21,6 @@ from keyshot.infer.model.checkpoint import (
     META_FILE,
     CheckpointError,
     describe_checkpoint,
-    read_meta,
-    write_meta,
 )
 from keyshot.infer.protocol.images import DEFAULT_POLICY
 from keyshot.infer.protocol.prompts import load_prompt_set
@@ -71,11 +69,11 @@ class Opens:
 @pytest.fixture
 def answered(scorer_checkpoint, tmp_path) -> Path:
     """The tiny scorer checkpoint, as trained on answers of up to 80 tokens."""
-    folder = tmp_path / "answered"
-    shutil.copytree(scorer_checkpoint, folder)
-    meta = read_meta(folder)
-    meta.answer_tokens = {"max": 80, "p99": 70, "rows": 100}
-    write_meta(folder, meta)
+    folder = Path(shutil.copytree(scorer_checkpoint, tmp_path / "answered"))
+    meta = json.loads((folder / META_FILE).read_text())
+    (folder / META_FILE).write_text(
+        json.dumps({**meta, "answer_tokens": {"max": 80, "p99": 70, "rows": 100}})
+    )
     return folder
 
 
