@@ -1,0 +1,250 @@
+"""keyshot's verl reward (infer/reward/verl.py, keyshot/reward/verl.py).
+
+In .venv: ``compute_score`` called as verl's reward manager calls it (one call per sample, concurrently).
+In the verl venv (tools/setup_verl.sh; ``$KEYSHOT_VERL_PYTHON``, default .venv-verl): verl 0.9.1's own
+released code, by tests/framework/verl_reward_loop.py: configs/reward/verl_trainer.yaml composed with verl's
+ppo_trainer, its RewardLoopManager and Ray workers loading the file with get_custom_reward_fn, the scores
+assembled into ``rm_scores``, and the trainer's validation metrics; with a healthy judge, a dead one, a
+config verl cannot use, and verl's reward router in front of a scorer that answers only its own name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from keyshot.infer.reward import logs as reward_logs
+from keyshot.infer.reward import shared as reward_shared
+from keyshot.infer.reward import verl as verl_reward
+from keyshot.infer.reward.verl import compute_score
+from keyshot.infer.testing.configs import fake_judge_config
+from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+
+REPO = Path(__file__).resolve().parents[1]
+OM2W_V1 = sorted((REPO / "tests" / "fixtures" / "trajectories" / "online_mind2web_v1").iterdir())
+FAST_JUDGE = {"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": 5}
+SAMPLE_KEYS = {"score", *reward_logs.SAMPLE_KEYS}
+DRIVER = REPO / "tests" / "framework" / "verl_reward_loop.py"
+CONSTANT_WARNING = "every sample of a prompt is scored on the same rollout"
+
+
+def verl_python() -> str | None:
+    """The verl venv's python: ``$KEYSHOT_VERL_PYTHON``, else .venv-verl's (None: neither exists)."""
+    path = os.environ.get("KEYSHOT_VERL_PYTHON") or str(REPO / ".venv-verl" / "bin" / "python")
+    return path if Path(path).exists() else None
+
+
+def keyshot_config(path: Path, judge_url: str, scorer_url: str, on_failure: str | None = "zero") -> Path:
+    fake_judge_config(
+        path,
+        judge_url,
+        {"endpoint": {"base_url": scorer_url, "model": "webjudge-7b", "api_key_env": None}},
+        judge=FAST_JUDGE,
+    )
+    if on_failure:
+        path.write_text(path.read_text() + f"reward:\n  on_failure: {on_failure}\n")
+    return path
+
+
+def copies(tmp_path: Path, per_prompt: int) -> list[tuple[int, str]]:
+    """``(prompt index, folder)`` per sample: each sample's own trajectory folder, as an agent loop writes
+    one per rollout (copies of the two fixture folders)."""
+    out = []
+    for prompt, folder in enumerate(OM2W_V1):
+        for k in range(per_prompt):
+            dest = tmp_path / "rollouts" / f"{folder.name}-{k}"
+            shutil.copytree(folder, dest)
+            out.append((prompt, str(dest)))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def fresh_shared_model(monkeypatch):
+    monkeypatch.delenv(reward_shared.CONFIG_ENV, raising=False)
+    verl_reward._served.clear()
+    yield
+    reward_shared.reset_shared()
+
+
+def run_samples(config: Path, samples: list[tuple[int, str]], router: str | None = None) -> list[dict]:
+    """One compute_score per sample, concurrently, as verl's reward-loop worker runs them."""
+
+    async def batch():
+        return await asyncio.gather(
+            *(
+                compute_score(
+                    data_source="om2w",
+                    solution_str=f"done {i}",
+                    ground_truth=None,
+                    extra_info={"trajectory": path, "index": prompt},
+                    reward_router_address=router,
+                    reward_model_tokenizer=None,
+                    keyshot_config=str(config),
+                )
+                for i, (prompt, path) in enumerate(samples)
+            )
+        )
+
+    return asyncio.run(batch())
+
+
+def test_every_sample_gets_the_same_numeric_keys_and_the_router_is_asked_for_its_model(tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    served = "/checkpoints/webjudge-7b/final"
+    with (
+        FakeOpenAI(make_judge()) as judge,
+        FakeOpenAI(make_judge()) as scorer,
+        FakeOpenAI(make_judge(), model=served, strict_model=True) as router,
+    ):
+        config = keyshot_config(tmp_path / "verl.yaml", judge.base_url, scorer.base_url)
+        samples = copies(tmp_path, 2)
+        routed = run_samples(config, samples, router=f"127.0.0.1:{router.port}")
+        assert all(set(r) == SAMPLE_KEYS and all(isinstance(v, float) for v in r.values()) for r in routed)
+        assert [r["keyshot_failed"] for r in routed] == [0.0] * 4
+        assert {r["score"] for r in routed} <= {0.0, 1.0}
+        chats = [r for r in router.requests if "messages" in r]
+        assert chats and {r["model"] for r in chats} == {served}  # the name the router serves, asked once
+        assert router.stats.responder_errors == 0
+        assert not scorer.requests and "key_screenshot" not in {identify_step(r) for r in judge.requests}
+    assert CONSTANT_WARNING not in caplog.text  # each sample scored its own folder
+
+
+def test_a_router_serving_several_models_is_refused_naming_them(tmp_path):
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as router:  # lists no model
+        config = keyshot_config(tmp_path / "verl.yaml", judge.base_url, judge.base_url)
+        with pytest.raises(verl_reward.RouterModelError, match="lists 0 models"):
+            run_samples(config, copies(tmp_path, 1)[:1], router=f"127.0.0.1:{router.port}")
+
+
+def test_a_dataset_column_rollout_warns_once_and_a_dead_judge_is_a_counted_zero(tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    reward_logs._warned.discard(verl_reward._where)
+    verl_reward._constant_seen.clear()
+    verl_reward._constant_done = False
+    with FakeOpenAI(make_judge()) as judge:
+        config = keyshot_config(tmp_path / "verl.yaml", judge.base_url, judge.base_url)
+        column = [(p, str(folder)) for p, folder in enumerate(OM2W_V1) for _ in range(3)]
+        results = run_samples(config, column)
+    assert caplog.text.count(CONSTANT_WARNING) == 1 and "record an Episode per rollout" in caplog.text
+    assert [r["score"] for r in results[:3]] == [results[0]["score"]] * 3
+    dead = keyshot_config(tmp_path / "dead.yaml", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1")
+    failed = run_samples(dead, copies(tmp_path, 1))
+    assert [(r["score"], r["keyshot_failed"]) for r in failed] == [(0.0, 1.0), (0.0, 1.0)]
+    assert all(set(r) == SAMPLE_KEYS for r in failed)
+    unreadable = asyncio.run(compute_score("om2w", "x", None, extra_info={}, keyshot_config=str(dead)))
+    assert unreadable["score"] == 0.0 and unreadable["keyshot_failed"] == 1.0
+    assert "extra_info holds neither" in caplog.text
+
+
+def test_a_config_without_on_failure_zero_is_refused_at_the_first_call(tmp_path):
+    config = keyshot_config(tmp_path / "verl.yaml", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1", None)
+    with pytest.raises(reward_shared.RewardConfigError, match="reward.on_failure: zero"):
+        run_samples(config, copies(tmp_path, 1)[:1])
+
+
+# ------------------------------------------------------------------ verl's own code, in the verl venv
+@pytest.fixture(scope="module")
+def verl_run(tmp_path_factory):
+    """One Ray session of verl's reward loop over four cases (tests/framework/verl_reward_loop.py)."""
+    python = verl_python()
+    if python is None:
+        pytest.skip(
+            "no verl venv: build it with `make setup-verl` (tools/setup_verl.sh) or set KEYSHOT_VERL_PYTHON"
+        )
+    tmp = tmp_path_factory.mktemp("verl")
+    served = str(tmp / "tokenizer")  # the reward model's path: what verl's vLLM would serve it as
+    with (
+        FakeOpenAI(make_judge()) as judge,
+        FakeOpenAI(make_judge()) as other_judge,
+        FakeOpenAI(make_judge()) as scorer,
+        FakeOpenAI(make_judge(), model=served, strict_model=True) as upstream,
+    ):
+        healthy = keyshot_config(tmp / "verl.yaml", judge.base_url, scorer.base_url)
+        dead = keyshot_config(tmp / "dead.yaml", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1")
+        unset = keyshot_config(tmp / "none.yaml", other_judge.base_url, scorer.base_url, None)
+        # the configured scorer is down: a routed sample scored there would fail
+        routed = keyshot_config(tmp / "routed.yaml", other_judge.base_url, "http://127.0.0.1:9/v1")
+        own = [{"index": p, "trajectory": t, "answer": "the price is found"} for p, t in copies(tmp, 2)]
+        column = [
+            {"index": p, "trajectory": str(f), "answer": "done"}
+            for p, f in enumerate(OM2W_V1)
+            for _ in range(4)
+        ]
+        spec = {
+            "workdir": str(tmp),
+            "reward_file": str(REPO / "keyshot" / "reward" / "verl.py"),
+            "cases": [
+                {"name": "column", "keyshot_config": str(healthy), "samples": column, "router": None},
+                {"name": "dead", "keyshot_config": str(dead), "samples": own, "router": None},
+                {"name": "unset", "keyshot_config": str(unset), "samples": own[:1], "router": None},
+                {
+                    "name": "routed",
+                    "keyshot_config": str(routed),
+                    "samples": own,
+                    "router": {"upstream": upstream.base_url.removesuffix("/v1")},
+                },
+            ],
+        }
+        (tmp / "spec.json").write_text(json.dumps(spec))
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0"}
+        proc = subprocess.run(
+            [python, str(DRIVER), str(tmp / "spec.json")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("VERL_RESULT ")]
+        assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+        results = json.loads(lines[-1].removeprefix("VERL_RESULT "))
+        yield {
+            "results": results,
+            "log": proc.stdout + proc.stderr,
+            "judge": [identify_step(r) for r in judge.requests],
+            "upstream": [r.get("model") for r in upstream.requests if "messages" in r],
+            "upstream_errors": upstream.stats.responder_errors,
+            "served": served,
+        }
+
+
+@pytest.mark.slow
+def test_verls_reward_loop_turns_keyshot_scores_into_its_tensors_and_metrics(verl_run):
+    column = verl_run["results"]["column"]
+    assert "error" not in column, column
+    scores = column["rm_scores"]
+    assert len(scores) == 8 and set(scores) <= {0.0, 1.0} and column["rm_scores_dtype"] == "torch.float32"
+    assert scores[:4] == [scores[0]] * 4 and scores[4:] == [scores[4]] * 4  # one rollout per prompt
+    assert set(column["extra_keys"]) == SAMPLE_KEYS
+    assert column["extra"]["score"] == scores and column["extra"]["keyshot_failed"] == [0.0] * 8
+    assert all(dtype == "float64" for dtype in column["extra_dtypes"].values())
+    metrics = column["metrics"]
+    assert metrics["val-core/om2w/reward/mean@4"] == pytest.approx(sum(scores) / 8)
+    assert metrics["val-aux/om2w/keyshot_failed/mean@4"] == 0.0
+    assert verl_run["judge"].count("key_points") == 2  # key points once per task, for 8 samples
+    assert verl_run["log"].count(CONSTANT_WARNING) == 1 and "record an Episode per rollout" in verl_run["log"]
+
+
+@pytest.mark.slow
+def test_verls_reward_loop_with_a_dead_judge_and_a_config_verl_cannot_use(verl_run):
+    dead = verl_run["results"]["dead"]
+    assert "error" not in dead, dead
+    assert dead["rm_scores"] == [0.0] * 4 and dead["extra"]["keyshot_failed"] == [1.0] * 4
+    assert dead["metrics"]["val-aux/om2w/keyshot_failed/mean@2"] == 1.0
+    unset = verl_run["results"]["unset"]
+    assert "reward.on_failure: zero" in unset["error"]
+
+
+@pytest.mark.slow
+def test_verls_reward_router_gets_the_scorer_requests_under_the_name_it_serves(verl_run):
+    routed = verl_run["results"]["routed"]
+    assert "error" not in routed, routed
+    assert routed["extra"]["keyshot_failed"] == [0.0] * 4 and set(routed["rm_scores"]) <= {0.0, 1.0}
+    assert verl_run["upstream"] and set(verl_run["upstream"]) == {verl_run["served"]}
+    assert verl_run["upstream_errors"] == 0
