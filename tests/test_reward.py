@@ -18,7 +18,6 @@ from keyshot.infer.reward import Episode, RewardModel
 from keyshot.infer.reward import shared as reward_shared
 from keyshot.infer.reward.openrlhf import reward_func
 from keyshot.infer.reward.trl import EpisodeRecorder, environment_reward, reward_function
-from keyshot.infer.reward.verl import compute_score
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
 from keyshot.infer.testing.worlds import synthetic_trajectories
@@ -325,39 +324,7 @@ def test_openrlhf_agent_with_a_failing_judge_returns_the_counted_on_failure_valu
     assert [float(f["extra_logs"]["keyshot_failed"][0]) for f in finals] == [1.0, 1.0]
 
 
-# ---------------------------------------------------------------------------- verl
-def test_verl_compute_score_with_and_without_the_reward_router(tmp_path, servers, monkeypatch):
-    judge, scorer = servers
-    monkeypatch.setenv("KEYSHOT_REWARD_CONFIG", str(write_config(tmp_path, judge, scorer)))
-
-    async def batch(address):
-        return await asyncio.gather(
-            *(
-                compute_score(
-                    data_source="om2w",
-                    solution_str="done",
-                    ground_truth=None,
-                    extra_info={"trajectory": str(OM2W_V1[i % 2])},
-                    reward_router_address=address,
-                    reward_model_tokenizer=None,
-                )
-                for i in range(4)
-            )
-        )
-
-    plain = asyncio.run(batch(None))
-    assert all(set(s) >= {"score", "progress", "p_success"} and s["score"] in (0.0, 1.0) for s in plain)
-    served = len(scorer.requests)
-    assert served > 0
-    reward_shared.reset_shared()  # a fresh call cache: the same requests would be answered from it
-    with FakeOpenAI(make_judge()) as router:
-        routed = asyncio.run(batch(f"127.0.0.1:{router.port}"))
-        assert [s["score"] for s in routed] == [s["score"] for s in plain]
-        assert len(router.requests) > 0 and set(steps(router)) == {"key_screenshot"}
-    assert len(scorer.requests) == served  # the configured scorer got none of the routed batch
-    assert "key_screenshot" not in steps(judge)
-    bad = asyncio.run(compute_score("om2w", "x", None, extra_info={}))
-    assert bad["score"] is None and "extra_info" in bad["error"]
+# verl: tests/test_reward_verl.py (compute_score here and through verl's own reward loop)
 
 
 def test_reward_filter_writes_accepted_ids_and_links_folders(tmp_path, servers):
