@@ -3,7 +3,7 @@
 Modeled on TRL's ``examples/scripts/openenv/browsergym.py``: one environment per rollout whose tool
 methods (click, fill, send_keys, scroll, noop) return the page's screenshot with its text. Open-web tasks
 have no programmatic reward, so the reward is keyshot's: every environment records its episode
-(``EpisodeRecorder``) and ``keyshot.infer.reward.trl.environment_reward`` scores the whole batch at once
+(``EpisodeRecorder``) and ``keyshot.reward.trl.KeyshotEnvironmentReward`` scores the whole batch at once
 (key points once per task, all scorer calls in flight together) instead of one ``get_reward`` after another.
 
 On a cluster (BrowserGym through OpenEnv, a judge API and a served keyshot scorer; docs/reward.md)::
@@ -41,10 +41,10 @@ from datasets import Dataset
 from PIL import Image
 
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.reward import RewardModel
-from keyshot.infer.reward.miniwob import MiniWoBBrowser, prepare_browser, record_failure
-from keyshot.infer.reward.replay import ReplayBrowser
-from keyshot.infer.reward.trl import EpisodeRecorder, environment_reward
+from keyshot.reward import shared_model
+from keyshot.reward.miniwob import MiniWoBBrowser, prepare_browser, record_failure
+from keyshot.reward.replay import ReplayBrowser
+from keyshot.reward.trl import EpisodeRecorder, KeyshotEnvironmentReward
 
 SYSTEM_PROMPT = """You control a web browser to complete tasks.
 
@@ -373,10 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     from trl import GRPOConfig, GRPOTrainer
 
     output_dir = Path(args.output_dir or f"outputs/keyshot-grpo-{datetime.now():%Y-%m-%d_%H-%M-%S}")
-    rm = RewardModel.from_config(args.keyshot_config)
+    reward_model = shared_model(
+        args.keyshot_config
+    )  # the reward's model, built now so a bad config stops here
     WebEnv.max_steps, WebEnv.image_size = args.max_steps, args.image_size
     EpisodeRecorder.episode_keep_dir = args.keep_episodes
-    reward = environment_reward(rm)
+    reward = KeyshotEnvironmentReward(config=args.keyshot_config)
     if args.replay:
         dataset, env = replay_dataset(Path(args.replay)), ReplayEnv
     elif args.miniwob:
@@ -425,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for opened in MiniWoBEnv.opened:
             opened._close_browser()
-        rm.close()
+        reward_model.close()
     print(json.dumps({"steps": trainer.state.global_step, "log": trainer.state.log_history}))
     return 0
 
