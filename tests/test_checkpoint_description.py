@@ -151,6 +151,16 @@ def test_a_description_handed_on_is_not_read_again(answered, tmp_path):
     assert (plan.min_pixels, plan.max_pixels) == described.pixel_bounds
 
 
+def test_judge_refuses_a_scorer_checkpoint_of_another_prompt_set(scorer_checkpoint, capsys):
+    """The description's prompt version is checked on the judging side too (an endpoint keyshot did not
+    start serves it): a checkpoint trained on online_mind2web cannot score the general prompts."""
+    argv = ["judge", str(TRAJ), "--config", TINY_JUDGE, f"scorer.checkpoint={scorer_checkpoint}"]
+    assert keyshot([*argv, "pipeline.prompt_variant=general", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{scorer_checkpoint / META_FILE}: the checkpoint was trained on" in err[0]
+    assert load_prompt_set("general").version in err[0]
+
+
 def test_a_bad_checkpoint_description_names_the_file(answered, tmp_path):
     meta = json.loads((answered / META_FILE).read_text())
     meta["image_policy"]["max_pixels"] = meta["max_pixels"] + 784

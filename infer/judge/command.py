@@ -87,6 +87,7 @@ from keyshot.infer.runs.summary import (
     write_summary,
 )
 from keyshot.infer.serve.command import VLLMServer
+from keyshot.infer.serve.plan import check_prompt_version
 
 logger = logging.getLogger(__name__)
 
@@ -211,6 +212,8 @@ def _inputs_and_protocol(
     if serve_scorer:
         cfg.scorer.checkpoint = cfg.scorer.checkpoint or serve_scorer
     checkpoint = describe_scorer(cfg.scorer) if cfg.scorer.backend != "none" else None
+    if checkpoint is not None and not serve_scorer:  # a served one is checked by its server's plan
+        check_prompt_version(checkpoint, cfg.pipeline.prompt_variant)
     check_scorer_limit(cfg, checkpoint)
     fingerprint = protocol_fingerprint(cfg, checkpoint)
     inputs = load_all(paths, cfg, allow_outside, shard)

@@ -156,13 +156,13 @@ def check_prompt_version(
     if desc.prompt_version is None:
         if not allow_missing:
             raise ServeError(f"{desc.model}: no {META_FILE}; cannot check which prompt set it was trained on")
-        logger.warning("%s: serving it without a prompt-version check", desc.note)
+        logger.warning("%s: using it without a prompt-version check", desc.note)
         return desc
     if desc.prompt_version != expected:
         raise PromptVersionMismatchError(
             f"{desc.source}: the checkpoint was trained on prompt version {desc.prompt_version!r} "
-            f"but the client's prompt set ({prompt_variant!r}) is {expected!r}. Serving it would score "
-            "screenshots with prompts it never saw; retrain, or serve with the matching prompt_variant."
+            f"but the client's prompt set ({prompt_variant!r}) is {expected!r}. Using it would score "
+            "screenshots with prompts it never saw; retrain, or use the matching prompt_variant."
         )
     if desc.note:
         logger.info("%s", desc.note)
