@@ -260,3 +260,35 @@ def test_trl_example_trains_one_grpo_step_on_live_miniwob_pages(tmp_path, config
     if step["miniwob/reward"] in (0.0, 1.0):
         said = [bool(r.success) == (step["miniwob/reward"] == 1.0) for r in results]
         assert step["miniwob/agreement"] == pytest.approx(sum(said) / len(said))
+
+
+@pytest.mark.slow
+def test_openrlhf_agent_file_plays_a_live_miniwob_label(tmp_path, config, monkeypatch):
+    pytest.importorskip("browsergym.miniwob", reason="the browser extra: make setup-browser")
+    from keyshot.infer.reward.miniwob import MiniWoBError, ScriptedAgent, prepare_browser
+
+    try:
+        prepare_browser()
+    except MiniWoBError as exc:
+        pytest.skip(str(exc))
+    monkeypatch.setenv(reward_shared.CONFIG_ENV, str(config))
+    agent_file = load_by_path(EXAMPLES / "openrlhf_agent.py", "agent_func")
+    monkeypatch.setattr(agent_file.AgentInstance, "keep_dir", str(tmp_path / "kept"))
+    label = "miniwob:click-button:1"
+
+    async def rollout():
+        agent = agent_file.AgentInstance()
+        reset = await agent.reset({"observation": "<|im_start|>user\nGo<|im_end|>\n", "label": label})
+        script, steps = ScriptedAgent(), []
+        while not steps or not steps[-1]["done"]:
+            states = {"observation_text": "", "action_text": script(agent.page), "label": label}
+            steps.append(await agent.step(states, sampling_params=None))
+        return agent, reset, steps
+
+    agent, reset, steps = asyncio.run(rollout())
+    assert "Goal: " in reset["observation"] and agent.browser.reward == 1.0  # MiniWoB: done right
+    assert agent.browser.process is None  # the browser closed with the episode
+    [kept] = sorted((tmp_path / "kept").glob("*.jsonl"))
+    assert len(agent.episode.screenshots) == 2 and kept.stem.startswith("miniwob.click-button.1")
+    assert steps[-1]["extra_logs"]["keyshot_failed"].tolist() == [0.0]
+    assert steps[-1]["rewards"].item() == folder_rewards(config, [kept])[0]

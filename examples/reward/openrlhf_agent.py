@@ -6,8 +6,10 @@ arguments and builds ``AgentExecutor``; each rollout gets its own ``AgentInstanc
 shown to the policy, the final step's reward awaited through one process-wide batcher) and
 ``keyshot_agent_executor`` shows the policy the first page and judges an episode that OpenRLHF stops at its
 token budget; this file writes only the environment part and where a page goes in the chat. The
-environment here is the replay stand-in: the dataset's label is a recorded trajectory folder, replayed one
-screenshot per step until its last. Put your browser in ``start`` / ``act`` for real training.
+environment here is a live MiniWoB page in headless Chromium for a label ``miniwob:TASK:SEED`` (e.g.
+``miniwob:click-button:3``; ``make setup-browser``), else the replay stand-in: the label is a recorded
+trajectory folder, replayed one screenshot per step until its last. Put your browser in ``start`` / ``act``
+for real training.
 
 On a cluster (docs/reward.md)::
 
@@ -17,7 +19,9 @@ On a cluster (docs/reward.md)::
 
 Here, without OpenRLHF: the file drives its own instances through reset/step, as OpenRLHF's executor does::
 
-    KEYSHOT_REWARD_CONFIG=configs/reward/local.yaml python examples/reward/openrlhf_agent.py FOLDER [FOLDER ...]
+    KEYSHOT_REWARD_CONFIG=configs/reward/local.yaml python examples/reward/openrlhf_agent.py LABEL [LABEL ...]
+
+(a MiniWoB label is played by the scripted agent that clicks what the goal names, a folder by clicks)
 """
 
 import asyncio
@@ -25,8 +29,9 @@ import json
 import sys
 
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.reward.replay import ReplayBrowser
+from keyshot.reward.miniwob import MiniWoBBrowser, ScriptedAgent, record_failure
 from keyshot.reward.openrlhf import KeyshotAgentInstance, Observation, keyshot_agent_executor
+from keyshot.reward.replay import ReplayBrowser
 
 try:
     from openrlhf.utils.agent import AgentInstanceBase
@@ -43,8 +48,12 @@ class AgentInstance(KeyshotAgentInstance, *([AgentInstanceBase] if AgentInstance
     """The environment part: open the label's page, act, show the next page."""
 
     async def start(self, label):
-        self.browser = ReplayBrowser(label)
-        page = self.browser.reset()
+        if str(label).startswith("miniwob:"):  # a live page: miniwob:TASK:SEED (its own thread: it blocks)
+            _, task, seed = str(label).split(":")
+            self.browser = await asyncio.to_thread(MiniWoBBrowser, task, int(seed))
+        else:
+            self.browser = ReplayBrowser(label)
+        self.page = page = await asyncio.to_thread(self.browser.reset)
         spec = {
             "task": self.browser.task,
             "start_url": self.browser.start_url,
@@ -53,7 +62,11 @@ class AgentInstance(KeyshotAgentInstance, *([AgentInstanceBase] if AgentInstance
         return spec, Observation(self._page_text(page), page.screenshot)
 
     async def act(self, action_text):
-        page = self.browser.act(action_text)
+        self.page = page = await asyncio.to_thread(self.browser.act, action_text)
+        if isinstance(self.browser, MiniWoBBrowser):
+            record_failure(self.episode, page)  # a browser that died: no reward, the reason logged
+            if page.done:
+                await asyncio.to_thread(self.browser.close)
         if page.done:  # the episode is over: no turn of the policy's follows (the page is judged, not shown)
             return Observation("\n<|im_end|>\n", page.screenshot, done=True, answer=page.answer)
         return Observation(f"{USER_START}{self._page_text(page)}{USER_END}", page.screenshot)
@@ -75,11 +88,14 @@ if AgentInstanceBase is not None:
 
 
 async def drive(label: str, action: str = "click('next')") -> dict:
-    """One rollout through reset/step with OpenRLHF's states, until done; the final step's result."""
+    """One rollout through reset/step with OpenRLHF's states, until done; the final step's result. A
+    MiniWoB page is played by the scripted agent (``action`` where it finds nothing to do)."""
     agent = AgentInstance()
     await agent.reset({"observation": "", "label": label})
+    script = ScriptedAgent() if isinstance(agent.browser, MiniWoBBrowser) else None
     while True:
-        out = await agent.step({"observation_text": "", "action_text": action, "label": label})
+        text = (script(agent.page) if script else None) or action
+        out = await agent.step({"observation_text": "", "action_text": text, "label": label})
         if out["done"]:
             return out
 
@@ -99,7 +115,8 @@ async def main(labels: list[str]) -> list[dict]:
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(
-            "usage: KEYSHOT_REWARD_CONFIG=CONFIG python examples/reward/openrlhf_agent.py FOLDER [FOLDER ...]"
+            "usage: KEYSHOT_REWARD_CONFIG=CONFIG python examples/reward/openrlhf_agent.py LABEL [LABEL ...]"
+            " (a trajectory folder, or miniwob:TASK:SEED)"
         )
     try:
         print(json.dumps(asyncio.run(main(sys.argv[1:]))))
