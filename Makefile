@@ -14,7 +14,7 @@ STAGE := tools/stage.sh $(SETUP_LOG)
 # `make demo DEMO_ARGS="--samples DIR --agent NAME"`: the stand-in run on your own folders (README).
 DEMO_ARGS ?=
 
-.PHONY: setup setup-vllm test test-fast lint demo loop bench bench-gpu clean
+.PHONY: setup setup-vllm setup-openrlhf setup-verl setup-browser test test-fast lint demo loop bench bench-gpu clean
 
 $(BIN)/keyshot: pyproject.toml .ci/constraints-cpu.txt
 	@echo "make setup: $(VENV) (installer output: $(SETUP_LOG))"
@@ -32,9 +32,31 @@ setup: $(BIN)/keyshot
 
 setup-vllm: $(VLLM_VENV)/bin/python
 
+# The RL frameworks' released code, each in its own venv (their pins conflict with the training stack and
+# with each other): the adapters' tests drive keyshot's reward through them (docs/reward.md).
+OPENRLHF_VENV := .venv-openrlhf
+VERL_VENV := .venv-verl
+$(OPENRLHF_VENV)/bin/python:
+	@TORCH_INDEX_URL="$(TORCH_INDEX_URL)" SETUP_LOG="$(SETUP_LOG)" tools/setup_openrlhf.sh $(OPENRLHF_VENV)
+
+$(VERL_VENV)/bin/python:
+	@TORCH_INDEX_URL="$(TORCH_INDEX_URL)" SETUP_LOG="$(SETUP_LOG)" tools/setup_verl.sh $(VERL_VENV)
+
+setup-openrlhf: $(OPENRLHF_VENV)/bin/python
+
+setup-verl: $(VERL_VENV)/bin/python
+
+# Live episodes: Debian's Chromium and, in .venv, the browser extra (playwright, BrowserGym's MiniWoB);
+# no browser download.
+setup-browser: setup
+	@SETUP_LOG="$(SETUP_LOG)" tools/setup_browser.sh $(VENV)
+
 # The test command (README): every tier that runs on a CPU machine, vLLM servers included.
-test: setup setup-vllm
-	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/pytest -q tests
+test: setup setup-vllm setup-openrlhf setup-verl setup-browser
+	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
+	KEYSHOT_OPENRLHF_PYTHON=$(CURDIR)/$(OPENRLHF_VENV)/bin/python \
+	KEYSHOT_VERL_PYTHON=$(CURDIR)/$(VERL_VENV)/bin/python \
+	$(BIN)/pytest -q tests
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow" tests
