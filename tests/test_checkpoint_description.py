@@ -169,6 +169,11 @@ def test_a_bad_checkpoint_description_names_the_file(answered, tmp_path):
         describe_checkpoint(answered)
     with pytest.raises(CheckpointError, match="no such checkpoint folder"):
         describe_checkpoint(tmp_path / "nowhere" / "ckpt")
+    with pytest.raises(CheckpointError, match=r"webjudge-7b: no such checkpoint folder; .*\(org/name"):
+        describe_checkpoint("webjudge-7b")  # a mistyped folder, not looked up on the hub
+    pytest.importorskip("huggingface_hub")
+    with pytest.raises(CheckpointError, match="neither a checkpoint folder nor a Hugging Face model id"):
+        describe_checkpoint("osunlp/Web Judge")
 
 
 # ---------------------------------------------------------------------------- pixel bounds of a judge config

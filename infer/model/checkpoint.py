@@ -247,9 +247,10 @@ def describe_checkpoint(model: str | os.PathLike) -> CheckpointDescription:
     folder = Path(name).expanduser()
     if folder.is_dir():
         return _describe_folder(name, folder)
-    if looks_like_local_path(name):
+    if looks_like_local_path(name) or "/" not in name:
         raise CheckpointError(
-            f"{name}: no such checkpoint folder; pass the folder a training run wrote (RUN/final)"
+            f"{name}: no such checkpoint folder; pass the folder a training run wrote (RUN/final) or a "
+            "Hugging Face model id (org/name, e.g. osunlp/WebJudge-7B)"
         )
     return _describe_hub(name)
 
@@ -413,7 +414,12 @@ def _describe_hub(hub_id: str) -> CheckpointDescription:
             "or pip install -e '.[train]'); or download the model and pass its folder"
         ) from None
     for name in PROCESSOR_FILES:
-        cached = huggingface_hub.try_to_load_from_cache(hub_id, name)
+        try:
+            cached = huggingface_hub.try_to_load_from_cache(hub_id, name)
+        except ValueError as exc:  # the hub client's HFValidationError: not an org/name id
+            raise CheckpointError(
+                f"{hub_id}: neither a checkpoint folder nor a Hugging Face model id ({_first_line(exc)})"
+            ) from None
         if isinstance(cached, str):
             path = Path(cached)
             found = _SNAPSHOT.search(path.parent.as_posix())
