@@ -4,8 +4,9 @@ Each row is one screenshot request: ``messages`` (built by :func:`keyshot.infer.
 same builder infer uses, with the target answer as the assistant turn), ``image`` (the JPEG of
 :func:`keyshot.infer.protocol.images.prepare_image`: exactly the pixels the scorer is served), ``answer`` and ``score``
 (the consensus), ``teacher_scores`` (every teacher's score, validity and error), ``count`` and
-provenance columns. Rows are keyed by content (the sha256 of the screenshot file and of the request
-messages): identical rows (one episode in two layouts, an agent stuck on a page) are one row whose
+provenance columns. Rows are keyed by content (the sha256 of the scorer image, the JPEG the row holds,
+and of the request messages): identical rows (one episode in two layouts, an agent stuck on a page,
+files of other bytes that prepare to the same image) are one row whose
 ``count`` says how many times it occurred; a trainer may weight a row's loss by it. Splits keep
 trajectories that share a screenshot together, by agent where the agents can meet the requested
 fractions, else by task group (:mod:`keyshot.data_synth.splits`); the card and ``keyshot_dataset.json`` say
@@ -144,18 +145,32 @@ def _key_points(contents: StoreContents, plan: RowPlan) -> str:
     return record.key_points
 
 
-def _screenshot_hashes(contents: StoreContents, workers: int) -> dict[str, list[str | None]]:
-    """uid → the sha256 of each screenshot file as stored (None: no pixels, or unreadable)."""
+def _screenshot_hashes(
+    contents: StoreContents, policy: ImagePolicy, workers: int
+) -> dict[str, list[str | None]]:
+    """uid → the sha256 of each screenshot's scorer image: the JPEG the row holds and the teachers were
+    sent (None: no pixels, or unreadable). Files of other bytes but the same pixels (a layout that
+    re-saved them, a page that did not change but for a pixel) are the same screenshot; each distinct
+    file is prepared once."""
 
-    def digest(path: str) -> str | None:
+    def file_digest(path: str) -> str | None:
         try:
             return hashlib.sha256(Path(path).read_bytes()).hexdigest()
         except OSError:
             return None
 
+    def image_digest(path: str) -> str | None:
+        try:
+            return hashlib.sha256(prepare_image(Path(path), policy).jpeg).hexdigest()
+        except ImageError:
+            return None
+
     paths = sorted({p for t in contents.trajectories.values() for p in t.screenshots if p})
     with ThreadPoolExecutor(max(1, workers), thread_name_prefix="hash-image") as pool:
-        hashes = dict(zip(paths, pool.map(digest, paths), strict=True))
+        files = dict(zip(paths, pool.map(file_digest, paths), strict=True))
+        first = {digest: path for path, digest in reversed(files.items()) if digest is not None}
+        images = dict(zip(first, pool.map(image_digest, first.values()), strict=True))
+    hashes = {path: images[digest] if digest is not None else None for path, digest in files.items()}
     return {
         uid: [hashes[p] if p else None for p in t.screenshots] for uid, t in contents.trajectories.items()
     }
@@ -164,7 +179,7 @@ def _screenshot_hashes(contents: StoreContents, workers: int) -> dict[str, list[
 def _content_key(
     contents: StoreContents, prompts: PromptSet, hashes: dict[str, list[str | None]]
 ) -> Callable[[RowPlan], str]:
-    """A row's content: its screenshot's hash and its request's (an unreadable screenshot: its place)."""
+    """A row's content: its scorer image's hash and its request's (an unreadable screenshot: its place)."""
 
     def key(plan: RowPlan) -> str:
         image = hashes[plan.uid][plan.step]
@@ -352,7 +367,7 @@ def build_dataset(run_dir: str | os.PathLike, cfg: BuildConfig | None = None) ->
         raise SynthError(f"{labels_path}: no label store; run `keyshot synth run` or an import first")
     prompts, policy = resolve_build_settings(run, cfg)
     contents = read_store(labels_path)
-    hashes = _screenshot_hashes(contents, cfg.image_workers)
+    hashes = _screenshot_hashes(contents, policy, cfg.image_workers)
     content_key = _content_key(contents, prompts, hashes)
     split_plan = _plan_splits(contents, cfg, hashes, content_key)
     plans, report = aggregate(

@@ -6,9 +6,9 @@ key-screenshot request for every screenshot, sent to every teacher through the s
 outcome verdict of each teacher's kept screenshots (``outcome: true``, for the human-label filter).
 Every result is appended to the label store (``RUN/labels.jsonl``) as soon as it is known.
 
-A request is sent once per session even when two trajectories ask it (one episode in two layouts,
-an agent stuck on a page): while it is on its way, and after a malformed answer, which the call cache
-does not keep (:meth:`_Run._ask_once`).
+A byte-identical request is sent once per session, whoever asks it (one episode in two layouts, an
+agent stuck on a page, two teachers serving one model): while it is on its way, and after a malformed
+answer, which the call cache does not keep (:mod:`keyshot.data_synth.asked_once`).
 
 Resuming is running the same command again: a (trajectory, step, teacher) with a label is skipped,
 and a call whose label line was lost is answered by the cache for free. Failed labels (timeouts,
@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
+from keyshot.data_synth.asked_once import AskedOnce
 from keyshot.data_synth.dataset import BuildResult, build_dataset
 from keyshot.data_synth.errors import SynthError
 from keyshot.data_synth.estimate import CostEstimate, estimate_cost, label_needed
@@ -57,7 +57,7 @@ from keyshot.data_synth.sources import iter_trajectories, trajectory_record
 from keyshot.data_synth.synth_config import SynthConfig
 from keyshot.data_synth.teachers import TeacherConfig, TeacherSet, remaining_budgets, shard_budgets
 from keyshot.infer.client.cache import CallCache
-from keyshot.infer.client.judge_client import InFlight, JudgeCallError, shared_answer
+from keyshot.infer.client.judge_client import InFlight, JudgeCallError
 from keyshot.infer.client.preflight import preflight
 from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.errors import (
@@ -179,26 +179,15 @@ class _Run:
         self.progress = progress
         self.recorder = recorder
         self.ledger = ledger
-        self.judge = teachers.key_points_judge.client(cache, ledger)
-        self.clients = {t.name: t.client(cache, ledger) for t in teachers.teachers}
+        asked = InFlight()  # one for every client: a byte-identical request is sent once per session
+        judge = teachers.key_points_judge
+        self.judge = AskedOnce(judge.name, judge.client(cache, ledger), asked, ledger)
+        self.clients = {
+            t.name: AskedOnce(t.name, t.client(cache, ledger), asked, ledger) for t in teachers.teachers
+        }
         self.stopped: set[str] = set()
         self.report = SynthReport(estimate=CostEstimate())
         self.images = asyncio.Semaphore(cfg.images_in_flight)
-        self._asked = InFlight()  # see _ask_once
-
-    async def _ask_once(self, endpoint: str, key: tuple, ask: Callable[[], Awaitable[tuple]]) -> tuple:
-        """``ask()``, unless the same request was asked in this session: one trajectory's screenshot
-        is often another's (one episode in two layouts, an agent stuck on a page). While it is on its
-        way, and after it came back malformed (the call cache keeps well-formed answers only), the
-        same request gets that answer, as a cache hit at no cost; a well-formed answer is the call
-        cache's to give from then on. ``ask()`` returns a tuple whose first item is the Completion."""
-
-        def shared(answer: tuple) -> tuple:
-            first, *reading = answer
-            self.ledger.record_cache_hit(endpoint, first.cost_usd)
-            return (shared_answer(first), *reading)
-
-        return await self._asked.run(key, ask, shared, keep=lambda answer: not answer[0].valid)
 
     async def run(self, trajectories: Iterator[Trajectory]) -> None:
         slots = asyncio.Semaphore(self.cfg.trajectories_in_flight)
@@ -254,11 +243,7 @@ class _Run:
         if judge in self.stopped:
             return None
         try:
-            done, points, error = await self._ask_once(
-                judge,
-                ("key_points", judge, traj.task),
-                lambda: ask_key_points(self.judge, self.protocol, traj.task),
-            )
+            done, points, error = await ask_key_points(self.judge, self.protocol, traj.task)
         except RunStopError as exc:
             self._stop(judge, exc)
             return None
@@ -306,10 +291,7 @@ class _Run:
                 return
             image_url = prepared.data_url
             del prepared
-            digest = hashlib.sha256(image_url.encode()).hexdigest()
-            await asyncio.gather(
-                *(self._label(traj, shot.index, t, key_points, image_url, digest) for t in todo)
-            )
+            await asyncio.gather(*(self._label(traj, shot.index, t, key_points, image_url) for t in todo))
 
     async def _label(
         self,
@@ -318,18 +300,13 @@ class _Run:
         teacher: TeacherConfig,
         key_points: str,
         image_url: str,
-        image_digest: str,
     ) -> None:
         try:
             if teacher.name in self.stopped:
                 return
             try:
-                done, parsed = await self._ask_once(
-                    teacher.name,
-                    ("score", teacher.name, traj.task, key_points, image_digest),
-                    lambda: ask_score(
-                        self.clients[teacher.name], self.protocol, traj.task, key_points, image_url
-                    ),
+                done, parsed = await ask_score(
+                    self.clients[teacher.name], self.protocol, traj.task, key_points, image_url
                 )
             except RunStopError as exc:
                 self._stop(teacher.name, exc)

@@ -1,7 +1,7 @@
 """Which trajectories go to which split, so that no screenshot lands in two splits.
 
-The unit of a split is a group of trajectories: trajectories that share a screenshot (the same image
-bytes: one episode in two layouts, a page every run passes through) are one group and go to one split
+The unit of a split is a group of trajectories: trajectories that share a screenshot (the same scorer
+image: one episode in two layouts, a page every run passes through) are one group and go to one split
 together. With agent lists (``SplitConfig.agents``) each group goes where its agents are listed (a
 group whose agents are listed in different splits goes where most of its rows are). With fractions,
 groups are split by agent first: agents whose groups touch are one unit, and units are dealt out to

@@ -92,7 +92,7 @@ def test_a_run_holding_an_unreadable_screenshot_builds_without_its_split(tmp_pat
 
     printed = _build(tmp_path, run, capsys)
     assert [line for line in printed if line.startswith("split ")] == [
-        "split validation is empty: all 1 of its rows have an unreadable screenshot (listed above); "
+        "split validation is empty: all 2 of its rows have an unreadable screenshot (listed above); "
         "replace those screenshots and build again"
     ]
     ds = load_from_disk(str(run / "dataset"))
