@@ -4,7 +4,8 @@
 
 Why a process: playwright reads the Python call stack at every call it makes (``inspect.stack()``), which
 costs seconds per page in a trainer's process holding thousands of modules (torch, transformers, trl); here
-it holds a few hundred. It also lets browsers run side by side and dies with the process that started it.
+it holds a few hundred. It also lets browsers run side by side. It ends with the process that started
+it: that process's end closes the worker's stdin, and the worker then closes its browsers and exits.
 
 Requests are JSON lines on stdin, answers JSON lines on the stdout it was given (anything the libraries
 print goes to stderr): ``{"op": "reset", "seed": N}``, ``{"op": "step", "action": "click('12')"}``,
@@ -17,20 +18,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import io
 import json
 import os
-import signal
 import sys
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """SIGTERM when the starting process dies; playwright's driver then closes the browsers."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def _browser_pid(browser) -> int | None:
@@ -92,7 +83,6 @@ class Worker:
 
 
 def main(argv: list[str]) -> int:
-    _die_with_parent()
     task, chromium, text_chars = argv[0], argv[1], int(argv[2])
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     sys.stdout = sys.stderr  # what the libraries print stays out of the answers
