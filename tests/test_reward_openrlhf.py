@@ -10,6 +10,7 @@ the same folders.
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, identify_st
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "framework" / "openrlhf_rollouts.py"
+RESULT = "keyshot-openrlhf-result "  # the driver's answer lines
 OPENRLHF_PYTHON = os.environ.get("KEYSHOT_OPENRLHF_PYTHON") or str(REPO / ".venv-openrlhf" / "bin" / "python")
 OM2W_V1 = sorted((REPO / "tests" / "fixtures" / "trajectories" / "online_mind2web_v1").iterdir())
 REWARD_FILES = [REPO / "infer" / "reward" / "openrlhf.py", REPO / "keyshot" / "reward" / "openrlhf.py"]
@@ -42,10 +44,55 @@ if not Path(OPENRLHF_PYTHON).exists():
 pytestmark = pytest.mark.slow
 
 
+class OpenRLHFRunner:
+    """The driver in the OpenRLHF venv, started once for the module: one job per line, one answer each."""
+
+    def __init__(self, folder: Path):
+        self.stderr = (folder / "stderr.log").open("w")
+        self.proc = subprocess.Popen(
+            [OPENRLHF_PYTHON, str(DRIVER), "--tiny", str(folder / "tiny")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+            cwd=REPO,
+        )
+
+    def run(self, tmp_path: Path, config: Path, **job) -> dict:
+        tmp = tmp_path / "tmp"
+        tmp.mkdir(exist_ok=True)
+        self.proc.stdin.write(json.dumps({**job, "config": str(config), "tmp": str(tmp)}) + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], deadline - time.monotonic())
+            line = self.proc.stdout.readline() if ready else ""
+            if not line:
+                break
+            if line.startswith(RESULT):
+                out = json.loads(line[len(RESULT) :])
+                assert "error" not in out, out["error"]
+                return out
+        self.stderr.flush()
+        pytest.fail(
+            f"the OpenRLHF driver gave no answer; its stderr: {Path(self.stderr.name).read_text()[-4000:]}"
+        )
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
+
+
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    """Where the driver builds the tiny Qwen2.5-VL once (its processor is OpenRLHF's hf_tokenizer)."""
-    return str(tmp_path_factory.mktemp("tiny-qwen25vl"))
+def openrlhf(tmp_path_factory):
+    runner = OpenRLHFRunner(tmp_path_factory.mktemp("openrlhf"))
+    yield runner
+    runner.close()
 
 
 @pytest.fixture
@@ -64,18 +111,6 @@ def write_config(path: Path, judge: FakeOpenAI, scorer: FakeOpenAI, on_failure: 
     if on_failure:
         path.write_text(path.read_text() + f"reward:\n  on_failure: {on_failure}\n")
     return path
-
-
-def run_openrlhf(tmp_path: Path, config: Path, *args: str) -> dict:
-    """The driver's JSON, run in the OpenRLHF venv with its temporary files under ``tmp_path``."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir(exist_ok=True)
-    env = {**os.environ, "KEYSHOT_REWARD_CONFIG": str(config), "TMPDIR": str(tmp)}
-    done = subprocess.run(
-        [OPENRLHF_PYTHON, str(DRIVER), *args], capture_output=True, text=True, env=env, timeout=300, cwd=REPO
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def calls(judge: FakeOpenAI, scorer: FakeOpenAI) -> dict[str, int]:
@@ -108,59 +143,44 @@ def check_tensors(out: dict, n: int, extra: tuple[str, ...] = ()) -> None:
 
 
 # ---------------------------------------------------------------------------- the reward-function file
+LABELS = [str(f) for f in OM2W_V1]
+
+
 @pytest.mark.parametrize(
     "reward_file", REWARD_FILES, ids=["infer.reward.openrlhf", "keyshot.reward.openrlhf"]
 )
 def test_single_turn_executor_loads_the_reward_file_by_path(
-    reward_file, tmp_path, servers, tiny, one_process
+    reward_file, tmp_path, servers, openrlhf, one_process
 ):
-    judge, scorer = servers
-    config = write_config(tmp_path / "reward.yaml", judge, scorer)
-    out = run_openrlhf(
-        tmp_path,
-        config,
-        "single",
-        "--reward",
-        str(reward_file),
-        "--tiny",
-        tiny,
-        "--labels",
-        *map(str, OM2W_V1),
-    )
+    config = write_config(tmp_path / "reward.yaml", *servers)
+    out = openrlhf.run(tmp_path, config, mode="single", reward=str(reward_file), labels=LABELS)
     assert out["executor"] == "openrlhf.utils.agent.SingleTurnAgentExecutor"
     check_tensors(out, 2)
     assert out["rewards"] == one_process[0] and out["info"]["keyshot_failed"] == [0.0, 0.0]
     assert out["info"]["reward"] == out["rewards"]
 
 
-def test_per_sample_threads_pay_what_one_process_pays(tmp_path, servers, tiny, one_process):
+def test_per_sample_threads_pay_what_one_process_pays(tmp_path, servers, openrlhf, one_process):
     """64 samples of 2 tasks (32 copies of each folder), one reward_func call per sample on OpenRLHF's
     threads, cost the judge and the scorer what scoring the two folders once costs."""
-    judge, scorer = servers
-    config = write_config(tmp_path / "reward.yaml", judge, scorer)
-    out = run_openrlhf(
-        tmp_path,
-        config,
-        *("single", "--reward", str(REWARD_FILES[0]), "--tiny", tiny, "--samples", "32"),
-        *("--labels", *map(str, OM2W_V1)),
+    config = write_config(tmp_path / "reward.yaml", *servers)
+    out = openrlhf.run(
+        tmp_path, config, mode="single", reward=str(REWARD_FILES[0]), labels=LABELS, samples=32
     )
     check_tensors(out, 64)
     assert out["rewards"] == [one_process[0][0]] * 32 + [one_process[0][1]] * 32
-    assert calls(judge, scorer) == one_process[1]
+    assert calls(*servers) == one_process[1]
     paid = one_process[1]["key_points"] + one_process[1]["outcome"]
     assert (
         sum(out["info"]["keyshot_judge_calls"]) == paid
     )  # each call counted once, by the sample that paid it
 
 
-def test_single_turn_with_a_dead_judge_gets_counted_zeros(tmp_path, tiny):
+def test_single_turn_with_a_dead_judge_gets_counted_zeros(tmp_path, openrlhf):
     with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
         config = write_config(tmp_path / "reward.yaml", judge, scorer)
-        out = run_openrlhf(
-            tmp_path,
-            config,
-            *("single", "--reward", str(REWARD_FILES[0]), "--tiny", tiny, "--samples", "2"),
-            *("--labels", *map(str, OM2W_V1)),
+        out = openrlhf.run(
+            tmp_path, config, mode="single", reward=str(REWARD_FILES[0]), labels=LABELS, samples=2
         )
     check_tensors(out, 4)
     assert out["rewards"] == [0.0] * 4 and out["info"]["keyshot_failed"] == [1.0] * 4
@@ -205,7 +225,7 @@ def histogram(metrics: str, route: str) -> list[int]:
     return [int(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(prefix)]
 
 
-def test_two_reward_services_answer_numbers_healthy_and_with_the_judge_down(tmp_path, servers, tiny):
+def test_two_reward_services_answer_numbers_healthy_and_with_the_judge_down(tmp_path, servers, openrlhf):
     """Two `keyshot reward serve` URLs (a config without on_failure): OpenRLHF's executor shares the samples
     between them; with the judge down every answer is still a number, each counted as failed."""
     judge, scorer = servers
@@ -213,10 +233,7 @@ def test_two_reward_services_answer_numbers_healthy_and_with_the_judge_down(tmp_
     services = [start_service(config, REPO / "tests" / "fixtures") for _ in range(2)]
     try:
         urls = ",".join(f"{base}/get_reward" for _, base in services)
-        out = run_openrlhf(
-            tmp_path, config, "single", "--reward", urls, "--tiny", tiny, "--samples", "2",
-            "--labels", *map(str, OM2W_V1),
-        )  # fmt: skip
+        out = openrlhf.run(tmp_path, config, mode="single", reward=urls, labels=LABELS, samples=2)
         check_tensors(out, 4)
         assert out["info"]["keyshot_failed"] == [0.0] * 4 and set(out["rewards"]) <= {0.0, 1.0}
         before = [get(f"{base}/metrics") for _, base in services]
@@ -225,9 +242,7 @@ def test_two_reward_services_answer_numbers_healthy_and_with_the_judge_down(tmp_
         judge.faults = FaultPlan({"500": 1.0})
         shots = [str(p) for p in sorted((OM2W_V1[1] / "trajectory").iterdir())]
         label = json.dumps({"task": "A task never judged before", "screenshots": shots})
-        down = run_openrlhf(
-            tmp_path, config, "single", "--reward", urls, "--tiny", tiny, "--samples", "2", "--labels", label
-        )
+        down = openrlhf.run(tmp_path, config, mode="single", reward=urls, labels=[label], samples=2)
         check_tensors(down, 2)
         assert down["rewards"] == [0.0, 0.0] and down["raw_rewards"] == [[0.0], [0.0]]
         assert down["info"]["keyshot_failed"] == [1.0, 1.0]
@@ -246,16 +261,10 @@ def test_two_reward_services_answer_numbers_healthy_and_with_the_judge_down(tmp_
 
 # ---------------------------------------------------------------------------- the multi-turn agent file
 def test_multi_turn_agent_file_shows_the_policy_every_page_and_returns_the_folders_rewards(
-    tmp_path, servers, tiny, one_process
+    tmp_path, servers, openrlhf, one_process
 ):
-    judge, scorer = servers
-    config = write_config(tmp_path / "reward.yaml", judge, scorer)
-    out = run_openrlhf(
-        tmp_path,
-        config,
-        *("agent", "--agent-file", str(AGENT_FILE), "--tiny", tiny, "--samples", "2"),
-        *("--labels", *map(str, OM2W_V1)),
-    )
+    config = write_config(tmp_path / "reward.yaml", *servers)
+    out = openrlhf.run(tmp_path, config, mode="agent", agent_file=str(AGENT_FILE), labels=LABELS, samples=2)
     assert "openrlhf.utils.agent.MultiTurnAgentExecutor" in out["executor_bases"]
     check_tensors(out, 4, (UNFINISHED_KEY,))
     pages = [len(list((folder / "trajectory").iterdir())) for folder in OM2W_V1 for _ in range(2)]
@@ -264,34 +273,32 @@ def test_multi_turn_agent_file_shows_the_policy_every_page_and_returns_the_folde
     assert all(r["images"] >= 1 for r in out["engine_requests"])
     assert out["rewards"] == [one_process[0][0]] * 2 + [one_process[0][1]] * 2
     assert out["info"][UNFINISHED_KEY] == [0.0] * 4 and out["info"]["keyshot_failed"] == [0.0] * 4
-    assert calls(judge, scorer) == one_process[1]  # 4 episodes of 2 tasks: what 2 folders cost
+    assert calls(*servers) == one_process[1]  # 4 episodes of 2 tasks: what 2 folders cost
     assert out["episode_folders_left"] == 0
 
 
-def test_an_episode_stopped_by_the_token_budget_is_judged_counted_and_removed(tmp_path, servers, tiny):
-    judge, scorer = servers
-    config = write_config(tmp_path / "reward.yaml", judge, scorer)
-    out = run_openrlhf(
+def test_an_episode_stopped_by_the_token_budget_is_judged_counted_and_removed(tmp_path, servers, openrlhf):
+    config = write_config(tmp_path / "reward.yaml", *servers)
+    out = openrlhf.run(
         tmp_path,
         config,
-        *("agent", "--agent-file", str(AGENT_FILE), "--tiny", tiny, "--samples", "2"),
-        *("--max-length", "150", "--labels", str(OM2W_V1[1])),
+        mode="agent",
+        agent_file=str(AGENT_FILE),
+        labels=LABELS[1:],
+        samples=2,
+        max_length=150,
     )
     check_tensors(out, 2, (UNFINISHED_KEY,))
     assert out["steps"] == [1, 1]  # stopped long before the folder's last page: no done step
     assert out["info"][UNFINISHED_KEY] == [1.0, 1.0] and out["info"]["keyshot_failed"] == [0.0, 0.0]
-    assert calls(judge, scorer)["outcome"] == 1  # judged (both episodes show the same pages)
+    assert calls(*servers)["outcome"] == 1  # judged (both episodes show the same pages)
     assert out["episode_folders_left"] == 0
 
 
-def test_multi_turn_agent_with_a_dead_judge_gets_counted_zeros(tmp_path, tiny):
+def test_multi_turn_agent_with_a_dead_judge_gets_counted_zeros(tmp_path, openrlhf):
     with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
         config = write_config(tmp_path / "reward.yaml", judge, scorer)
-        out = run_openrlhf(
-            tmp_path,
-            config,
-            *("agent", "--agent-file", str(AGENT_FILE), "--tiny", tiny, "--labels", *map(str, OM2W_V1)),
-        )
+        out = openrlhf.run(tmp_path, config, mode="agent", agent_file=str(AGENT_FILE), labels=LABELS)
     check_tensors(out, 2, (UNFINISHED_KEY,))
     assert out["rewards"] == [0.0, 0.0] and out["info"]["keyshot_failed"] == [1.0, 1.0]
     assert out["episode_folders_left"] == 0

@@ -2,8 +2,8 @@
 (tools/setup_openrlhf.sh). tests/test_reward_openrlhf.py and bench/bench_reward.py run it and read the JSON
 it prints last::
 
-    python tests/framework/openrlhf_rollouts.py single --reward FILE.py|URL[,URL] --tiny DIR --labels L ...
-    python tests/framework/openrlhf_rollouts.py agent --agent-file FILE.py --tiny DIR --labels L ...
+    python tests/framework/openrlhf_rollouts.py --tiny DIR --job '{"mode": "single", "reward": "FILE.py", ...}'
+    python tests/framework/openrlhf_rollouts.py --tiny DIR < jobs.jsonl     # one job per line, one answer each
 
 OpenRLHF's own code does everything it does in a trainer: the executor (``SingleTurnAgentExecutor`` loading
 the reward file by path or posting to the URLs; the agent file's ``AgentExecutor`` loaded by the engine
@@ -19,8 +19,10 @@ import asyncio
 import glob
 import json
 import os
+import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 ACTION = "click('next')"
@@ -139,50 +141,77 @@ def image_rows(response: dict) -> int:
     return 0 if grid is None else int(grid.shape[0])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["single", "agent"])
-    ap.add_argument("--reward", help="single: the reward-function file, or comma-separated /get_reward URLs")
-    ap.add_argument("--agent-file", help="agent: the --train.agent_func_path file")
-    ap.add_argument("--tiny", required=True, help="folder of the tiny Qwen2.5-VL (built there if missing)")
-    ap.add_argument("--labels", nargs="+", required=True, help="one prompt per label")
-    ap.add_argument("--samples", type=int, default=1, help="samples per prompt (n_samples_per_prompt)")
-    ap.add_argument("--max-length", type=int, default=8192, help="OpenRLHF's max_len (the token budget)")
-    args = ap.parse_args()
+RESULT = "keyshot-openrlhf-result "  # the prefix of a job's answer line (OpenRLHF logs to stdout too)
 
+
+def run_job(job: dict, processor) -> dict:
+    """One rollout batch through OpenRLHF: ``job`` names the mode ("single": ``reward``, a file or
+    comma-separated URLs; "agent": ``agent_file``), ``labels``, ``samples``, ``max_length``, and the
+    ``config`` and temporary folder the reward uses."""
     from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
     from openrlhf.utils.agent import SingleTurnAgentExecutor
 
-    processor = tiny_processor(args.tiny)
+    from keyshot.infer.reward.shared import CONFIG_ENV, reset_shared, shared_model
+
+    os.environ[CONFIG_ENV] = job["config"]
+    tempfile.tempdir = job.get("tmp") or None
+    max_length = job.get("max_length", 8192)
     engine = FixedActionEngine(processor.tokenizer)
-    if args.mode == "single":
-        remote = args.reward if args.reward.endswith(".py") else args.reward.split(",")
-        executor = SingleTurnAgentExecutor(remote)
+    if job["mode"] == "single":
+        reward = job["reward"]
+        executor = SingleTurnAgentExecutor(reward if reward.endswith(".py") else reward.split(","))
     else:
-        executor = _load_agent_executor(args.agent_file)
+        executor = _load_agent_executor(job["agent_file"])
+    # "text_policy": OpenRLHF's text-only path (a tokenizer, no image processor), so that a clock measures the
+    # reward's side and not the policy's image processing; "warm": the process-wide model built before the
+    # clock starts, as it is in a trainer's process after its first batch.
+    policy = processor.tokenizer if job.get("text_policy") else processor
+    if job.get("warm"):
+        shared_model()
     actor = rollout_actor(executor, engine, processor)
-    prompts = [
-        f"<|im_start|>user\nTask {i}<|im_end|>\n<|im_start|>assistant\n" for i in range(len(args.labels))
-    ]
+    labels = job["labels"]
+    prompts = [f"<|im_start|>user\nTask {i}<|im_end|>\n<|im_start|>assistant\n" for i in range(len(labels))]
     t0 = time.perf_counter()
-    responses = asyncio.run(generate(actor, processor, prompts, args.labels, args.samples, args.max_length))
+    try:
+        responses = asyncio.run(generate(actor, policy, prompts, labels, job.get("samples", 1), max_length))
+    finally:
+        reset_shared()  # each job's model (and its loop thread) ends with the job
     seconds = time.perf_counter() - t0
-    out = {
+    return {
         "executor": f"{type(executor).__module__}.{type(executor).__qualname__}",
         "executor_bases": [f"{b.__module__}.{b.__qualname__}" for b in type(executor).__mro__[1:3]],
         "seconds": seconds,
         "responses": len(responses),
         "raw_rewards": [
-            r["reward"] if not hasattr(r["reward"], "tolist") else r["reward"].tolist() for r in responses
+            r["reward"].tolist() if hasattr(r["reward"], "tolist") else r["reward"] for r in responses
         ],
         "images_shown": [image_rows(r) for r in responses],
         "steps": [len(r["action_ranges"]) for r in responses],
         "engine_requests": engine.requests,
         "episode_folders_left": len(glob.glob(os.path.join(tempfile.gettempdir(), "keyshot-episode-*"))),
-        **experiences_summary(responses, processor, args.max_length),
+        **experiences_summary(responses, processor, max_length),
     }
-    print(json.dumps(out))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", required=True, help="folder of the tiny Qwen2.5-VL (built there if missing)")
+    ap.add_argument("--job", help="one job as JSON (see run_job); without it, one job per line of stdin")
+    args = ap.parse_args()
+    processor = tiny_processor(args.tiny)
+    jobs = [args.job] if args.job else sys.stdin
+    for line in jobs:
+        if not line.strip():
+            continue
+        try:
+            out = run_job(json.loads(line), processor)
+        except Exception:  # noqa: BLE001 - the test reads the failure and the runner takes the next job
+            out = {"error": traceback.format_exc()}
+        print(RESULT + json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip Ray's and vLLM's exit hooks (seconds of waiting): this process started neither

@@ -1,0 +1,27 @@
+"""An OpenRLHF agent file (``--train.agent_func_path``) whose environment replays a dict rollout's
+screenshots, one per step; the label is the rollout as JSON (``{"task", "screenshots", ...}``).
+bench/bench_reward.py's OpenRLHF row loads it through OpenRLHF's own executor
+(tests/framework/openrlhf_rollouts.py), so OpenRLHF, not the bench, drives every episode."""
+
+import asyncio
+import json
+
+from openrlhf.utils.agent import AgentInstanceBase
+
+from keyshot.reward.openrlhf import KeyshotAgentInstance, Observation, keyshot_agent_executor
+
+
+class AgentInstance(KeyshotAgentInstance, AgentInstanceBase):
+    async def start(self, label):
+        rollout = json.loads(label)
+        self.shots, self.at = rollout["screenshots"], 0
+        return rollout["task"], Observation("page 0", self.shots[0])
+
+    async def act(self, action_text):
+        self.at += 1
+        await asyncio.sleep(0)
+        done = self.at == len(self.shots) - 1
+        return Observation(f"page {self.at}", self.shots[self.at], done=done, answer="done" if done else None)
+
+
+AgentExecutor = keyshot_agent_executor(AgentInstance)
