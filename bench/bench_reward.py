@@ -14,12 +14,16 @@ Against a fake judge answering in ``--judge-latency`` s and a fake scorer (its o
 * faults: the same rollouts with half the judge's calls failing (500, timeouts, malformed bodies): each
   reward must equal the clean run's or be None with its reason; an all-failing judge must make /health
   say so and requests fail within a second.
-* episodes (issue 29): E_TASKS x E_GROUP Episodes through the TRL environment reward and through
-  OpenRLHF 0.11.2's own multi-turn executor in its venv (``make setup-openrlhf``; each final step awaiting
-  the process-wide batcher; the row says "not run" without the venv), against awaiting each
+* episodes (issue 29): E_TASKS x E_GROUP Episodes through the TRL environment reward and through the
+  OpenRLHF agent (reset/step, the final step awaiting the process-wide batcher), against awaiting each
   environment's reward in turn (what TRL does with ``get_reward``), measured on ``--naive`` episodes.
 * memory: ``--memory-episodes`` open episodes of ``--memory-steps`` 1280x720 screenshots, peak RSS above
   the process's baseline (a subprocess of its own).
+* verl: the same number of episodes, each kept as its own trajectory file, through verl 0.9.1's own reward
+  loop in its venv (``make setup-verl``; tests/framework/verl_reward_loop.py: RewardLoopManager's Ray
+  worker calls compute_score once per sample, concurrently, then ``assemble_rm_scores``), timed in
+  ``compute_rm_score`` (the worker started, as in a trainer's step), against the same one-at-a-time
+  baseline; the row says "not run" without the venv or with ``--quick``.
 
     .venv/bin/python bench/bench_reward.py [--quick] [--json runs/bench_reward.json]
 """
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import logging
 import os
@@ -44,6 +49,8 @@ from pathlib import Path
 
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.reward import Episode, RewardModel
+from keyshot.infer.reward import shared as reward_shared
+from keyshot.infer.reward.openrlhf import KeyshotAgentInstance, Observation
 from keyshot.infer.reward.service import RewardService, ServiceLimits
 from keyshot.infer.reward.trl import environment_reward
 from keyshot.infer.testing.configs import fake_judge_config
@@ -256,6 +263,22 @@ class _Env:
         self.episode = episode
 
 
+class _ReplayAgent(KeyshotAgentInstance):
+    """An OpenRLHF agent whose environment replays a rollout's screenshots, one per step."""
+
+    async def start(self, label):
+        self.shots, self.at = label["screenshots"], 0
+        return label["task"], Observation("page 0", screenshot=self.shots[0])
+
+    async def act(self, action_text):
+        self.at += 1
+        await asyncio.sleep(0)
+        done = self.at == len(self.shots) - 1
+        return Observation(
+            f"page {self.at}", screenshot=self.shots[self.at], done=done, answer="done" if done else None
+        )
+
+
 def bench_values(args, work: Path, scorer_url: str) -> dict:
     """The same rollouts rewarded with each ``reward.value``: the fraction of GRPO groups whose rewards are
     all equal (zero variance, so zero advantage and no gradient). The judge here needs 1-3 key screenshots
@@ -308,64 +331,13 @@ def _trl_call(reward, envs: list[_Env]) -> list:
     )
 
 
-def openrlhf_python() -> Path:
-    """The OpenRLHF venv's python (``make setup-openrlhf``; ``$KEYSHOT_OPENRLHF_PYTHON``)."""
-    return Path(os.environ.get("KEYSHOT_OPENRLHF_PYTHON") or ROOT / ".venv-openrlhf" / "bin" / "python")
-
-
-def bench_openrlhf(work: Path, judge: FakeOpenAI, config: Path, batch: list[dict], serial_s: float) -> dict:
-    """The episodes through OpenRLHF 0.11.2's own executor in its venv: its rollout actor runs every episode
-    of the batch at once through the agent file's AgentExecutor (tests/framework/openrlhf_replay_agent.py;
-    a text-only policy and a fixed-action engine stand-in, so the clock holds the reward's side), each final
-    step awaiting the process-wide batcher. As in a trainer's process after its first batch, the process
-    has run a warm-up batch (another task, not counted) and built the model before the clock starts; the
-    measured batch gets a fresh model (no cache)."""
-    python = openrlhf_python()
-    if not python.exists():
-        print(f"[reward] OpenRLHF row skipped: no {python} (make setup-openrlhf)", flush=True)
-        return {"openrlhf_s": None, "openrlhf_judge_calls_per_episode": None, "openrlhf_ratio": None}
-    warmup = rollouts(work / "openrlhf-warmup", 1, 2, 3)
-    framework = ROOT / "tests" / "framework"
-    proc = subprocess.Popen(
-        [str(python), str(framework / "openrlhf_rollouts.py"), "--tiny", str(work / "tiny")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-
-    def run(labels: list[dict]) -> dict:
-        job = {
-            "mode": "agent",
-            "agent_file": str(framework / "openrlhf_replay_agent.py"),
-            "config": str(config),
-        }
-        job.update(labels=[json.dumps(r) for r in labels], tmp=str(work), text_policy=True, warm=True)
-        proc.stdin.write(json.dumps(job) + "\n")
-        proc.stdin.flush()
-        for line in proc.stdout:
-            if line.startswith("keyshot-openrlhf-result "):
-                answer = json.loads(line.split(" ", 1)[1])
-                if "error" in answer:
-                    raise SystemExit(f"the OpenRLHF run failed: {answer['error']}")
-                return answer
-        raise SystemExit(f"the OpenRLHF run ended without an answer (exit {proc.wait()})")
-
-    try:
-        run(warmup)
-        before = judge.stats.completions_served
-        measured = run(batch)
-        calls = judge.stats.completions_served - before
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=60)
-    return {
-        "openrlhf_s": measured["seconds"],
-        "openrlhf_judge_calls_per_episode": calls / len(batch),
-        "openrlhf_failed": sum(measured["info"]["keyshot_failed"]),
-        "openrlhf_executor": measured["executor"],
-        "openrlhf_ratio": serial_s / measured["seconds"],
-    }
+async def _openrlhf_episode(rollout: dict) -> float:
+    agent = _ReplayAgent()
+    await agent.reset({"label": rollout, "observation": rollout["task"]})
+    while True:
+        out = await agent.step({"action_text": "click", "sampling_params": None})
+        if out["done"]:
+            return float(out["rewards"][0])
 
 
 def bench_episodes(args, work: Path, judge: FakeOpenAI, scorer_url: str) -> dict:
@@ -399,8 +371,84 @@ def bench_episodes(args, work: Path, judge: FakeOpenAI, scorer_url: str) -> dict
 
     agent_config = work / "agents.yaml"  # OpenRLHF needs a number: a failed call is a counted 0
     agent_config.write_text(config.read_text() + "reward:\n  on_failure: zero\n")
-    out.update(bench_openrlhf(work, judge, agent_config, batch, out["serial_s_scaled"]))
+    os.environ[reward_shared.CONFIG_ENV] = str(agent_config)
+    reward_shared.reset_shared()
+    # As in a trainer's process, where both exist before the first episode ends (and as the TRL run's
+    # model is built before its clock starts): the process-wide model, and torch for the reward tensors.
+    reward_shared.shared_model()
+    if importlib.util.find_spec("torch") is not None:
+        import torch  # noqa: F401
+    before = judge.stats.completions_served
+
+    async def all_agents():
+        return await asyncio.gather(*(_openrlhf_episode(r) for r in batch))
+
+    t0 = time.perf_counter()
+    asyncio.run(all_agents())
+    out["openrlhf_s"] = time.perf_counter() - t0
+    out["openrlhf_judge_calls_per_episode"] = (judge.stats.completions_served - before) / len(batch)
+    out["openrlhf_batches"] = reward_shared.shared_batcher().batches
+    out["openrlhf_ratio"] = out["serial_s_scaled"] / out["openrlhf_s"]
+    reward_shared.reset_shared()
     return out
+
+
+def verl_python() -> Path:
+    """The verl venv's python (``make setup-verl``; ``$KEYSHOT_VERL_PYTHON``)."""
+    return Path(os.environ.get("KEYSHOT_VERL_PYTHON") or ROOT / ".venv-verl" / "bin" / "python")
+
+
+def bench_verl(args, work: Path, judge: FakeOpenAI, scorer_url: str, serial_s: float) -> dict:
+    """E_TASKS x E_GROUP episodes, each kept as its own trajectory file (``extra_info["trajectory"]``),
+    through verl's reward loop: the seconds of ``compute_rm_score`` (its worker started, as in a trainer's
+    step) and the judge calls it paid per episode."""
+    python = verl_python()
+    if args.quick or not python.exists():
+        why = "--quick" if args.quick else f"no {python} (make setup-verl)"
+        print(f"[reward] verl row skipped: {why}", flush=True)
+        return {"verl_s": None, "verl_judge_calls_per_episode": None, "verl_ratio": None}
+    batch = rollouts(work / "verl-world", args.episode_tasks, args.episode_group, args.screenshots)
+    samples = []
+    for rollout in batch:
+        task = rollout["id"].split("-")[0]
+        episode = Episode(rollout["task"], task_id=task, keep_dir=work / "verl-episodes")
+        for shot in rollout["screenshots"]:
+            episode.add_step(shot, action="click")
+        episode.finish("done")
+        samples.append({"index": int(task[1:]), "trajectory": str(episode.jsonl_path), "answer": "done"})
+    config = write_config(
+        work / "verl.yaml", judge.base_url, scorer_url, args.scorer_slots, breaker_window_s=0
+    )
+    config.write_text(config.read_text() + "reward:\n  on_failure: zero\n")  # verl needs a number
+    spec = {
+        "workdir": str(work / "verl"),
+        "reward_file": str(ROOT / "keyshot" / "reward" / "verl.py"),
+        "cases": [{"name": "bench", "keyshot_config": str(config), "samples": samples, "router": None}],
+    }
+    (work / "verl").mkdir()
+    (work / "verl" / "spec.json").write_text(json.dumps(spec))
+    before = judge.stats.completions_served
+    argv = [
+        str(python),
+        str(ROOT / "tests" / "framework" / "verl_reward_loop.py"),
+        str(work / "verl" / "spec.json"),
+    ]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
+    answer = [line for line in done.stdout.splitlines() if line.startswith("VERL_RESULT ")]
+    if done.returncode != 0 or not answer:
+        raise SystemExit(f"the verl run failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    run = json.loads(answer[-1].split(" ", 1)[1])["bench"]
+    if "error" in run:
+        raise SystemExit(f"the verl run failed: {run['error']}")
+    return {
+        "verl_episodes": len(batch),
+        "verl_s": run["score_s"],
+        "verl_judge_calls_per_episode": (judge.stats.completions_served - before) / len(batch),
+        "verl_failed": sum(run["extra"]["keyshot_failed"]),
+        "verl_ratio": serial_s / run["score_s"],
+    }
 
 
 def memory_child(episodes: int, steps: int) -> None:
@@ -460,6 +508,7 @@ def bench_memory(args) -> dict:
 
 def table(report: dict) -> str:
     r, f, e, m = report["rollouts"], report["faults"], report["episodes"], report["memory"]
+    vr = report["verl"]
     rows = [
         (
             "judge calls per rollout (service; 2.0 when every rollout asks)",
@@ -494,15 +543,11 @@ def table(report: dict) -> str:
         ),
         ("TRL environment reward vs awaiting each environment in turn", f"{e['trl_ratio']:.1f}×", "≥ 8×"),
         (
-            "OpenRLHF agents (OpenRLHF's own executor): judge calls per episode",
-            "not run" if e["openrlhf_ratio"] is None else f"{e['openrlhf_judge_calls_per_episode']:.3f}",
+            "OpenRLHF agents: judge calls per episode",
+            f"{e['openrlhf_judge_calls_per_episode']:.3f}",
             "≤ 1.1 (same floor)",
         ),
-        (
-            "OpenRLHF agents vs awaiting each in turn",
-            "not run" if e["openrlhf_ratio"] is None else f"{e['openrlhf_ratio']:.1f}×",
-            "≥ 8×",
-        ),
+        ("OpenRLHF agents vs awaiting each in turn", f"{e['openrlhf_ratio']:.1f}×", "≥ 8×"),
         *(
             (
                 f"groups of {v['group']} with zero reward variance, reward.value {value} "
@@ -517,6 +562,16 @@ def table(report: dict) -> str:
             f"{m['episodes']} open episodes of {m['steps']} 1280x720 screenshots: peak RSS above baseline",
             f"{m['peak_above_baseline_mib']:.0f} MiB",
             "≤ 1024 MiB",
+        ),
+        (
+            "verl reward loop (verl's own RewardLoopManager): judge calls per episode",
+            "not run" if vr["verl_ratio"] is None else f"{vr['verl_judge_calls_per_episode']:.3f}",
+            "≤ 1.1 (same floor)",
+        ),
+        (
+            "verl reward loop vs awaiting each in turn",
+            "not run" if vr["verl_ratio"] is None else f"{vr['verl_ratio']:.1f}×",
+            "≥ 8×",
         ),
     ]
     lines = ["| measure | figure | target |", "|---|---:|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
@@ -570,6 +625,8 @@ def main(argv: list[str] | None = None) -> dict:
             report["rollouts"] = bench_rollouts(args, work, judge, scorer_url)
             print(f"[reward] {args.episode_tasks}x{args.episode_group} episodes", flush=True)
             report["episodes"] = bench_episodes(args, work, judge, scorer_url)
+            print("[reward] verl's reward loop", flush=True)
+            report["verl"] = bench_verl(args, work, judge, scorer_url, report["episodes"]["serial_s_scaled"])
             print("[reward] faults", flush=True)
             report["faults"] = bench_faults(args, work, scorer_url)
             print(f"[reward] reward.value: {args.value_tasks}x{args.value_group} rollouts", flush=True)
