@@ -19,8 +19,10 @@ import pytest
 from PIL import Image
 
 from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.reward.logs import SAMPLE_KEYS
+from keyshot.infer.reward.service import Metrics
 from keyshot.infer.testing.configs import fake_judge_config
-from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -174,6 +176,42 @@ def test_bad_requests_get_one_clear_4xx_each_and_the_service_keeps_serving(servi
     assert "keyshot_reward_queue_depth" in metrics
     status, health, _ = call(f"{base}/health")
     assert status == 200 and health["status"] == "ok" and health["judge"]["down"] is None
+
+
+def test_get_reward_answers_numbers_with_the_judge_down_and_no_on_failure(service):
+    """OpenRLHF turns every reward into a tensor: with a config without on_failure and the judge down, the
+    answer is still numbers, each failure flagged in the same log fields every adapter reports."""
+    base, _, folders, judge = service
+    shots = [str(s.path) for s in next(load_trajectories(folders[0])).screenshots]
+    label = json.dumps({"task": "A task this service never judged", "screenshots": shots})
+    judge.faults = FaultPlan({"500": 1.0})
+    try:
+        status, body, _ = call(f"{base}/get_reward", {"query": ["q"], "prompts": ["p"], "labels": [label]})
+    finally:
+        judge.faults = None
+    assert status == 200, body
+    assert body["rewards"] == [0.0] and body["scores"] == [0.0]
+    assert set(body["extra_logs"]) == set(SAMPLE_KEYS) and body["extra_logs"]["keyshot_failed"] == [1.0]
+    assert all(v is not None for values in body["extra_logs"].values() for v in values)
+    status, metrics, _ = call(f"{base}/metrics")
+    assert "keyshot_reward_failures_total 1" in metrics
+
+
+def test_the_latency_histogram_is_cumulative():
+    """Prometheus counters only grow: past any number of requests, every bucket counts them all."""
+    metrics = Metrics()
+    for i in range(12000):
+        metrics.observe("/get_reward", 200, 0.2 if i % 2 else 3.0)
+    text = metrics.text(0)
+    assert 'keyshot_reward_request_seconds_count{route="/get_reward"} 12000' in text
+    assert 'keyshot_reward_request_seconds_bucket{route="/get_reward",le="0.25"} 6000' in text
+    assert 'keyshot_reward_request_seconds_bucket{route="/get_reward",le="+Inf"} 12000' in text
+
+
+def test_the_service_does_not_import_the_openrlhf_adapter():
+    code = "import sys, keyshot.infer.reward.service; print('keyshot.infer.reward.openrlhf' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
 
 
 def test_sigterm_drains_and_leaves_no_process(service):
