@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -103,13 +104,14 @@ def test_live_pages_reset_act_and_are_recorded(tmp_path, config, task):
 
 
 def test_a_browser_killed_mid_episode_is_not_rewarded_and_the_rest_are(config):
-    browsers = [MiniWoBBrowser("click-button", seed=seed) for seed in (3, 4, 5)]
+    with ThreadPoolExecutor(3) as pool:  # browsers side by side, one per thread
+        browsers = list(pool.map(lambda seed: MiniWoBBrowser("click-button", seed=seed), (3, 4, 5)))
     try:
-        episodes, pages = [], []
-        for b in browsers:
-            pages.append(b.reset())
-            episodes.append(Episode(b.task, start_url=b.start_url, task_id=b.task_id))
-            episodes[-1].add_step(pages[-1].screenshot)
+        with ThreadPoolExecutor(3) as pool:
+            pages = list(pool.map(lambda b: b.reset(), browsers))
+        episodes = [Episode(b.task, start_url=b.start_url, task_id=b.task_id) for b in browsers]
+        for episode, page in zip(episodes, pages, strict=True):
+            episode.add_step(page.screenshot)
         os.kill(browsers[1].pids[0], signal.SIGKILL)  # the page's Chromium dies mid-episode
         for b, episode, page in zip(browsers, episodes, pages, strict=True):
             action = ScriptedAgent()(page)
@@ -171,7 +173,7 @@ def test_browsergym_experiment_loop_runs_are_judged_and_scored_against_miniwob(t
             str(runs_root),
             "click-button",
         ]
-        + ["named:0,1", "random:2,3"],
+        + ["named:0", "random:2,3"],
         capture_output=True,
         text=True,
         timeout=240,
@@ -180,12 +182,12 @@ def test_browsergym_experiment_loop_runs_are_judged_and_scored_against_miniwob(t
     runs = [Path(p) for p in json.loads(done.stdout.strip().splitlines()[-1])]
     summaries = {run.name: json.loads((run / "summary_info.json").read_text()) for run in runs}
     assert all(s["err_msg"] is None for s in summaries.values())  # tiktoken counted offline, Chromium found
-    assert [summaries[r.name]["cum_reward"] for r in runs[:2]] == [1.0, 1.0]
+    assert summaries[runs[0].name]["cum_reward"] == 1.0  # the named target clicked: MiniWoB's success
     out = tmp_path / "judged"
     argv = ["judge", str(runs_root), "--config", str(config), "--no-progress", f"out={out}"]
     assert keyshot(argv) == 0
     verdicts = {v.run: v for v in read_verdicts(out / "verdicts.jsonl")}
-    assert len(verdicts) == 4
+    assert len(verdicts) == 3
     for run in runs:
         verdict = next(v for v in verdicts.values() if v.source and Path(v.source).name == run.name)
         shots = sorted(run.glob("screenshot_step_*.png"))
@@ -194,7 +196,7 @@ def test_browsergym_experiment_loop_runs_are_judged_and_scored_against_miniwob(t
     metrics = tmp_path / "metrics"
     assert keyshot(["metrics", str(out), "--out", str(metrics)]) == 0
     report = json.loads((metrics / "metrics.json").read_text())
-    assert report["n_used"] == 4 and sum(report["truth"].values()) == 4
+    assert report["n_used"] == 3 and sum(report["truth"].values()) == 3
     truth_successes = sum(s["cum_reward"] > 0 for s in summaries.values())
     overall = next(r for r in report["agreement"] if r["scope"] == "overall")
-    assert overall["n"] == 4 and round(overall["human_sr"] * 4) == truth_successes
+    assert overall["n"] == 3 and round(overall["human_sr"] * 3) == truth_successes
