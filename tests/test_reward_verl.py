@@ -14,8 +14,11 @@ import asyncio
 import json
 import logging
 import os
+import re
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +36,30 @@ FAST_JUDGE = {"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": 5}
 SAMPLE_KEYS = {"score", *reward_logs.SAMPLE_KEYS}
 DRIVER = REPO / "tests" / "framework" / "verl_reward_loop.py"
 CONSTANT_WARNING = "every sample of a prompt is scored on the same rollout"
+
+
+def documented_verl_commands() -> list[dict]:
+    """docs/reward.md's ``python -m verl.trainer.main_ppo`` commands as Hydra compositions: the config they
+    name (verl's own ppo_trainer when none) and their overrides, with this checkout for ``$PWD`` and the
+    installed keyshot.reward.verl file for the ``$(python -c ...)``; placeholders (``...``) left out."""
+    text = (REPO / "docs" / "reward.md").read_text()
+    reward_file = str(REPO / "keyshot" / "reward" / "verl.py")
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for command in block.replace("\\\n", " ").splitlines():
+            if "verl.trainer.main_ppo" not in command:
+                continue
+            command = re.sub(r'\$\(python -c "[^"]*"\)', reward_file, command).replace("$PWD", str(REPO))
+            words = shlex.split(command.split("verl.trainer.main_ppo", 1)[1])
+            found = {"config_dir": None, "config_name": None, "overrides": []}
+            while words:
+                word = words.pop(0)
+                if word in ("--config-path", "--config-name"):
+                    found["config_dir" if word == "--config-path" else "config_name"] = words.pop(0)
+                elif "=" in word and not word.endswith("=..."):
+                    found["overrides"].append(word)
+            commands.append(found)
+    return commands
 
 
 def verl_python() -> str | None:
@@ -178,6 +205,7 @@ def verl_run(tmp_path_factory):
             for _ in range(4)
         ]
         spec = {
+            "compose": documented_verl_commands(),
             "workdir": str(tmp),
             "reward_file": str(REPO / "keyshot" / "reward" / "verl.py"),
             "cases": [
@@ -248,3 +276,31 @@ def test_verls_reward_router_gets_the_scorer_requests_under_the_name_it_serves(v
     assert routed["extra"]["keyshot_failed"] == [0.0] * 4 and set(routed["rm_scores"]) <= {0.0, 1.0}
     assert verl_run["upstream"] and set(verl_run["upstream"]) == {verl_run["served"]}
     assert verl_run["upstream_errors"] == 0
+
+
+@pytest.mark.slow
+def test_the_documented_verl_commands_compose_with_verls_own_config(verl_run):
+    commands = verl_run["results"]["compose"]
+    assert len(commands) == 2, "docs/reward.md: one verl command in its section, one in the cluster examples"
+    for composed in commands:
+        assert "error" not in composed, composed
+        assert (
+            composed["path"] == str(REPO / "keyshot" / "reward" / "verl.py")
+            and composed["name"] == "compute_score"
+        )
+        assert composed["reward_kwargs"] == {"keyshot_config": str(REPO / "configs" / "reward" / "verl.yaml")}
+        assert composed["enable"] is True and composed["model_path"] and composed["rollout"] == "vllm"
+
+
+def test_the_documented_verl_snippet_runs_here(tmp_path):
+    """docs/reward.md's "Here" snippet, as written, against a fake judge (its config in place of local.yaml)."""
+    text = (REPO / "docs" / "reward.md").read_text()
+    snippet = re.search(r"# verl: compute_score.*?<<'PY'\n(.*?)\nPY\n", text, re.S).group(1)
+    with FakeOpenAI(make_judge()) as judge:
+        config = keyshot_config(tmp_path / "local.yaml", judge.base_url, judge.base_url)
+        env = {**os.environ, reward_shared.CONFIG_ENV: str(config)}
+        done = subprocess.run(
+            [sys.executable, "-c", snippet], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("'keyshot_failed': 0.0") == 2 and "'score': 1.0" in done.stdout

@@ -10,7 +10,8 @@ stood in for: a case with ``router`` runs verl's own naive router in front of th
 and RewardModelManager (which would start vLLM on GPUs) just reports that router's address.
 
 The spec: ``{"workdir", "reward_file", "cases": [{"name", "keyshot_config", "samples": [{"trajectory",
-"index", "answer"}], "router": null | {"upstream": URL}}]}``; the last stdout line is ``VERL_RESULT {...}``
+"index", "answer"}], "router": null | {"upstream": URL}}], "compose": [{"config_dir", "config_name",
+"overrides"}]}`` (``compose``: docs/reward.md's commands, composed by Hydra); the last stdout line is ``VERL_RESULT {...}``
 with, per case, the rm_scores row sums, the extra keys, their values, the validation metrics, the
 seconds in all and in ``compute_rm_score`` (``score_s``: the workers started, as in a trainer's step), or
 the error verl raised.
@@ -27,7 +28,7 @@ import numpy as np
 import ray
 import torch
 import verl.experimental.reward_loop.reward_loop as reward_loop
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_dir, initialize_config_module
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 from verl import DataProto
@@ -160,9 +161,33 @@ def run_case(case: dict, tokenizer_dir: Path, tokenizer, reward_file: str) -> di
     }
 
 
+def composed(command: dict) -> dict:
+    """A documented command's Hydra overrides composed on its config (verl's own ppo_trainer when it names
+    no config folder): the reward keys verl reads, or the error Hydra gives."""
+    try:
+        if command.get("config_dir"):
+            with initialize_config_dir(config_dir=command["config_dir"], version_base=None):
+                cfg = compose(config_name=command["config_name"], overrides=command["overrides"])
+        else:
+            with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+                cfg = compose(config_name="ppo_trainer", overrides=command["overrides"])
+    except Exception as exc:  # the command's answer
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    function, model = cfg.reward.custom_reward_function, cfg.reward.reward_model
+    return {
+        "path": function.path,
+        "name": function.name,
+        "reward_kwargs": dict(function.get("reward_kwargs") or {}),
+        "enable": model.enable,
+        "model_path": model.model_path,
+        "rollout": model.rollout.name,
+    }
+
+
 def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     workdir = Path(spec["workdir"])
+    commands = [composed(c) for c in spec.get("compose", [])]
     tokenizer_dir = tiny_tokenizer(workdir / "tokenizer")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
     reward_loop.RewardModelManager = ServedRewardModel
@@ -173,7 +198,7 @@ def main(spec_path: str) -> int:
         }
     finally:
         ray.shutdown()
-    print("VERL_RESULT " + json.dumps(results), flush=True)
+    print("VERL_RESULT " + json.dumps({**results, "compose": commands}), flush=True)
     return 0
 
 
