@@ -69,7 +69,7 @@ def test_the_wheel_holds_what_the_package_reads_at_run_time(tmp_path):
         "keyshot/" + p.parent.relative_to(REPO).as_posix()
         for floor in ("infer", "train", "data_synth")
         for p in (REPO / floor).rglob("__init__.py")
-    } | {"keyshot"}
+    } | {"keyshot", "keyshot/reward"}
     assert packaged == folders, "pyproject.toml's package list and the package folders differ"
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
@@ -129,7 +129,7 @@ def test_the_wheel_installs_one_import_name_and_the_command(tmp_path):
         [venv / "bin" / "keyshot", "--help"], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
     assert help_run.returncode == 0, help_run.stderr[-2000:]
-    for command in ("judge", "serve", "metrics", "merge", "report", "synth", "merge-lora", "tiny-model"):
+    for command in ("judge", "serve", "metrics", "merge", "report", "synth", "merge-lora", "tiny-model", "reward"):
         assert command in help_run.stdout, command
     where = subprocess.run(
         [py, "-c", "import keyshot.infer.judge.command as m; print(m.__file__)"],
@@ -149,3 +149,8 @@ def test_every_name_of_the_facade_resolves_to_its_room():
     for name in keyshot.__all__:
         assert getattr(keyshot, name).__name__ == name
     assert (keyshot.RewardModel, keyshot.Episode) == (RewardModel, Episode)
+    import keyshot.reward
+
+    assert (keyshot.reward.RewardModel, keyshot.reward.Episode) == (RewardModel, Episode)
+    for name in keyshot.reward.__all__:
+        assert getattr(keyshot.reward, name) is not None

@@ -158,12 +158,10 @@ def read_rollout(
     the caller says and a dict's screenshot paths must lie inside ``allow_root`` (default: the current
     folder). Raises RolloutError naming the rollout (``rollout N``) and the field, with its HTTP status.
     """
-    from keyshot.infer.reward.episode import Episode  # the episode module imports this one
-
     where = f"rollout {position}"
     if isinstance(value, Trajectory):
         trajectory = value
-    elif isinstance(value, Episode):
+    elif callable(getattr(value, "trajectory", None)):  # an Episode (which imports this module)
         trajectory = value.trajectory()
     elif isinstance(value, dict):
         shots = value.get("screenshots")
