@@ -1,11 +1,13 @@
 """Live episodes (keyshot.infer.reward.miniwob): BrowserGym's MiniWoB tasks in Debian's Chromium, judged by
-keyshot against the fake judge and compared with MiniWoB's own reward. Slow tier; skipped where the browser
-set-up (make setup-browser) is missing."""
+keyshot against the fake judge and compared with MiniWoB's own reward. The live tests are in the slow tier
+and skip where the browser set-up (make setup-browser) is missing; the set-up's errors and the scripted
+agent's reading of a page are checked without a browser."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -13,39 +15,74 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 
-pytestmark = pytest.mark.slow
-
-pytest.importorskip("browsergym.miniwob", reason="the browser extra: make setup-browser")
-psutil = pytest.importorskip("psutil")
-
-from keyshot.infer.cli import main as keyshot  # noqa: E402
-from keyshot.infer.loaders import load_trajectories  # noqa: E402
-from keyshot.infer.protocol.verdicts import read_verdicts  # noqa: E402
-from keyshot.infer.reward import Episode, RewardModel  # noqa: E402
-from keyshot.infer.reward.miniwob import (  # noqa: E402
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.reward import Episode, RewardModel
+from keyshot.infer.reward.miniwob import (
+    CHROMIUM_ENV,
+    LivePage,
     MiniWoBBrowser,
     MiniWoBError,
     ScriptedAgent,
     prepare_browser,
+    random_action,
     record_failure,
     run_episode,
 )
-from keyshot.infer.testing.configs import fake_judge_config  # noqa: E402
-from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge  # noqa: E402
+from keyshot.infer.testing.configs import fake_judge_config
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 
 REPO = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
+ENTER_TEXT = """Goal: Enter "Kasie" into the text field and press Submit.
 
-try:
-    prepare_browser()
-except MiniWoBError as exc:  # no Chromium here
-    pytest.skip(str(exc), allow_module_level=True)
+Page structure:
+RootWebArea 'Enter Text Task', focused
+\t[14] textbox ''
+\t[16] button 'Submit'"""
+
+
+def test_a_missing_chromium_is_named_with_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv(CHROMIUM_ENV, str(tmp_path / "no-chromium"))
+    with pytest.raises(MiniWoBError) as caught:
+        prepare_browser()
+    message = str(caught.value)
+    assert "\n" not in message and str(tmp_path / "no-chromium") in message
+    assert f"from {CHROMIUM_ENV}" in message and "apt-get install chromium" in message
+
+
+def test_the_scripted_agent_types_then_submits_and_clicks_what_the_goal_names():
+    agent = ScriptedAgent()
+    page = LivePage(ENTER_TEXT, None, 0, False)
+    assert agent(page) == "fill('14', 'Kasie')"
+    assert agent(page) == "click('16')"  # filled: Submit
+    buttons = "Goal: Click on the \"no\" button.\n\nPage structure:\n\t[17] button 'yes'\n\t[19] button 'No'"
+    assert ScriptedAgent()(LivePage(buttons, None, 0, False)) == "click('19')"
+    assert ScriptedAgent()(LivePage(buttons, None, 1, True)) is None  # the page is done
+    rng = random.Random(0)
+    assert {random_action(LivePage(buttons, None, 0, False), rng) for _ in range(20)} == {
+        "click('17')",
+        "click('19')",
+    }
+    assert random_action(LivePage("Goal: x\n\nPage structure:\n", None, 0, False), rng) == "noop()"
 
 
 @pytest.fixture(scope="module")
-def config(tmp_path_factory):
+def live():
+    """The browser set-up, or a skip naming what is missing."""
+    pytest.importorskip("browsergym.miniwob", reason="the browser extra: make setup-browser")
+    try:
+        return prepare_browser()
+    except MiniWoBError as exc:  # no Chromium here
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory, live):
     """The fake server as judge and scorer; a failed call is a reward of None (on_failure: none)."""
     with FakeOpenAI(make_judge()) as judge:
         path = fake_judge_config(
@@ -77,6 +114,7 @@ def chromium_under(pid: int) -> list[int]:
     return [p.pid for p in psutil.Process(pid).children(recursive=True) if "chrom" in p.name()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["click-button", "enter-text"])
 def test_live_pages_reset_act_and_are_recorded(tmp_path, config, task):
     kept = tmp_path / "kept"
@@ -103,6 +141,7 @@ def test_live_pages_reset_act_and_are_recorded(tmp_path, config, task):
     assert result.error is None and result.reward in (0.0, 1.0)
 
 
+@pytest.mark.slow
 def test_a_browser_killed_mid_episode_is_not_rewarded_and_the_rest_are(config):
     with ThreadPoolExecutor(3) as pool:  # browsers side by side, one per thread
         browsers = list(pool.map(lambda seed: MiniWoBBrowser("click-button", seed=seed), (3, 4, 5)))
@@ -149,7 +188,8 @@ time.sleep(120)
 """
 
 
-def test_no_chromium_is_left_after_sigterm():
+@pytest.mark.slow
+def test_no_chromium_is_left_after_sigterm(live):
     holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
     try:
         pids = json.loads(holder.stdout.readline())
@@ -164,6 +204,7 @@ def test_no_chromium_is_left_after_sigterm():
     assert gone(every) == []
 
 
+@pytest.mark.slow
 def test_browsergym_experiment_loop_runs_are_judged_and_scored_against_miniwob(tmp_path, config):
     runs_root = tmp_path / "study"
     done = subprocess.run(
