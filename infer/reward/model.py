@@ -33,7 +33,7 @@ from keyshot.infer.common.config import ConfigError, config_from_data
 from keyshot.infer.common.errors import RunStopError
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.pipeline import WebJudge
-from keyshot.infer.judge.scorer_factory import build_scorer
+from keyshot.infer.judge.scorer_factory import build_scorer, describe_scorer
 from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.infer.protocol.parsing import split_key_points
 from keyshot.infer.protocol.verdicts import Verdict
@@ -242,6 +242,7 @@ class RewardModel:
         self.cfg = cfg
         self.settings = settings or RewardSettings()
         self.settings.check(cfg, cfg.out)
+        self.checkpoint = describe_scorer(cfg.scorer)  # read once, handed to every scorer built here
         self._tmp: tempfile.TemporaryDirectory | None = None
         if cfg.cache:
             cache_path = Path(cfg.cache)
@@ -280,7 +281,7 @@ class RewardModel:
                 endpoint = dataclasses.replace(
                     base, base_url=scorer_url or base.base_url, model=scorer_model or base.model
                 )
-            scorer = build_scorer(self.cfg, self.cache, self.ledger, endpoint)
+            scorer = build_scorer(self.cfg, self.cache, self.ledger, endpoint, self.checkpoint)
             self._pipelines[key] = WebJudge(self.judge_client, scorer, self.cfg.pipeline)
         return self._pipelines[key]
 
