@@ -338,8 +338,7 @@ def with_miniwob_reward(keyshot_reward):
             environments=environments, log_metric=log_metric, log_extra=keep, **kwargs
         )
         truth = [env.browser.reward for env in environments]
-        verdicts = fields.get("keyshot_success") or [float(r == 1.0) for r in rewards]
-        failed = fields.get("keyshot_failed") or [float(r is None) for r in rewards]
+        verdicts, failed = fields["keyshot_success"], fields["keyshot_failed"]  # logs.sample_logs' fields
         pairs = [(v, t) for v, t, f in zip(verdicts, truth, failed, strict=True) if t is not None and not f]
         if log_metric is not None:
             known = [t for t in truth if t is not None]
@@ -350,7 +349,7 @@ def with_miniwob_reward(keyshot_reward):
             log_extra("miniwob_reward", truth)
         return rewards
 
-    reward.__name__ = getattr(keyshot_reward, "__name__", "keyshot_environment_reward")  # rewards/<name>/mean
+    reward.__name__ = keyshot_reward.__name__  # the trainer logs rewards/<name>/mean
     return reward
 
 
