@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import dataclasses
 import logging
 import math
@@ -29,7 +28,7 @@ import yaml
 from keyshot.infer.client.cache import CallCache
 from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
 from keyshot.infer.client.usage import UsageLedger
-from keyshot.infer.common.config import ConfigError, config_from_data
+from keyshot.infer.common.config import ConfigError, config_from_data, load_config
 from keyshot.infer.common.errors import RunStopError
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.pipeline import WebJudge
@@ -212,20 +211,11 @@ def reward_config(
     """The judge config and reward settings :meth:`RewardModel.from_config` builds a model of (the same
     arguments), read without building it: ``keyshot reward serve --serve-scorer`` starts vLLM from them
     first and builds the model with the served endpoint."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping")
-    data = copy.deepcopy(data)
-    section = data.pop(REWARD_SECTION, None) or {}
     reward_kw, config_overrides = split_overrides(settings)
-    cfg = config_from_data(JudgeRunConfig, data, [*overrides, *config_overrides], where=str(path))
-    reward = config_from_data(RewardSettings, {**section, **reward_kw}, where=f"{path}: {REWARD_SECTION}")
+    cfg = load_config(JudgeRunConfig, path, [*overrides, *config_overrides])
+    reward = config_from_data(
+        RewardSettings, {**(cfg.reward or {}), **reward_kw}, where=f"{path}: {REWARD_SECTION}"
+    )
     reward.check(cfg, str(path))
     return cfg, reward
 
