@@ -129,7 +129,17 @@ def test_the_wheel_installs_one_import_name_and_the_command(tmp_path):
         [venv / "bin" / "keyshot", "--help"], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
     assert help_run.returncode == 0, help_run.stderr[-2000:]
-    for command in ("judge", "serve", "metrics", "merge", "report", "synth", "merge-lora", "tiny-model", "reward"):
+    for command in (
+        "judge",
+        "serve",
+        "metrics",
+        "merge",
+        "report",
+        "synth",
+        "merge-lora",
+        "tiny-model",
+        "reward",
+    ):
         assert command in help_run.stdout, command
     where = subprocess.run(
         [py, "-c", "import keyshot.infer.judge.command as m; print(m.__file__)"],
