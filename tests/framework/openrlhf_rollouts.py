@@ -151,7 +151,7 @@ def run_job(job: dict, processor) -> dict:
     from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
     from openrlhf.utils.agent import SingleTurnAgentExecutor
 
-    from keyshot.infer.reward.shared import CONFIG_ENV, reset_shared, shared_model
+    from keyshot.infer.reward.shared import CONFIG_ENV, reset_shared, shared_batcher, shared_model
 
     os.environ[CONFIG_ENV] = job["config"]
     tempfile.tempdir = job.get("tmp") or None
@@ -174,13 +174,15 @@ def run_job(job: dict, processor) -> dict:
     t0 = time.perf_counter()
     try:
         responses = asyncio.run(generate(actor, policy, prompts, labels, job.get("samples", 1), max_length))
+        seconds = time.perf_counter() - t0
+        rounds = shared_batcher().batches  # the rounds of calls the rollouts' rewards shared
     finally:
         reset_shared()  # each job's model (and its loop thread) ends with the job
-    seconds = time.perf_counter() - t0
     return {
         "executor": f"{type(executor).__module__}.{type(executor).__qualname__}",
         "executor_bases": [f"{b.__module__}.{b.__qualname__}" for b in type(executor).__mro__[1:3]],
         "seconds": seconds,
+        "reward_rounds": rounds,
         "responses": len(responses),
         "raw_rewards": [
             r["reward"].tolist() if hasattr(r["reward"], "tolist") else r["reward"] for r in responses
