@@ -38,7 +38,7 @@ fi
 stage "torchvision shim (where needed)" "$V/bin/python" "$HERE/install_tv_shim.py"
 stage "install keyshot's core dependencies" "${PIP[@]}" "${TORCH[@]}" "${KEYSHOT_DEPS[@]}"
 stage "link keyshot into $V" "${PIP[@]}" --no-deps -e "$ROOT"
-stage "check: import OpenRLHF's executors, samples generator and keyshot" "$V/bin/python" -c "
+stage "check: OpenRLHF's executors, samples generator, keyshot" "$V/bin/python" -c "
 import torch, transformers, vllm, keyshot.infer.reward.openrlhf
 from openrlhf.utils.agent import MultiTurnAgentExecutor, SingleTurnAgentExecutor
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
