@@ -14,8 +14,9 @@ Against a fake judge answering in ``--judge-latency`` s and a fake scorer (its o
 * faults: the same rollouts with half the judge's calls failing (500, timeouts, malformed bodies): each
   reward must equal the clean run's or be None with its reason; an all-failing judge must make /health
   say so and requests fail within a second.
-* episodes (issue 29): E_TASKS x E_GROUP Episodes through the TRL environment reward and through the
-  OpenRLHF agent (reset/step, the final step awaiting the process-wide batcher), against awaiting each
+* episodes (issue 29): E_TASKS x E_GROUP Episodes through the TRL environment reward and through
+  OpenRLHF 0.11.2's own multi-turn executor in its venv (``make setup-openrlhf``; each final step awaiting
+  the process-wide batcher; the row says "not run" without the venv), against awaiting each
   environment's reward in turn (what TRL does with ``get_reward``), measured on ``--naive`` episodes.
 * memory: ``--memory-episodes`` open episodes of ``--memory-steps`` 1280x720 screenshots, peak RSS above
   the process's baseline (a subprocess of its own).
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import logging
 import os
@@ -49,8 +49,6 @@ from pathlib import Path
 
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.reward import Episode, RewardModel
-from keyshot.infer.reward import shared as reward_shared
-from keyshot.infer.reward.openrlhf import KeyshotAgentInstance, Observation
 from keyshot.infer.reward.service import RewardService, ServiceLimits
 from keyshot.infer.reward.trl import environment_reward
 from keyshot.infer.testing.configs import fake_judge_config
@@ -263,22 +261,6 @@ class _Env:
         self.episode = episode
 
 
-class _ReplayAgent(KeyshotAgentInstance):
-    """An OpenRLHF agent whose environment replays a rollout's screenshots, one per step."""
-
-    async def start(self, label):
-        self.shots, self.at = label["screenshots"], 0
-        return label["task"], Observation("page 0", screenshot=self.shots[0])
-
-    async def act(self, action_text):
-        self.at += 1
-        await asyncio.sleep(0)
-        done = self.at == len(self.shots) - 1
-        return Observation(
-            f"page {self.at}", screenshot=self.shots[self.at], done=done, answer="done" if done else None
-        )
-
-
 def bench_values(args, work: Path, scorer_url: str) -> dict:
     """The same rollouts rewarded with each ``reward.value``: the fraction of GRPO groups whose rewards are
     all equal (zero variance, so zero advantage and no gradient). The judge here needs 1-3 key screenshots
@@ -331,13 +313,64 @@ def _trl_call(reward, envs: list[_Env]) -> list:
     )
 
 
-async def _openrlhf_episode(rollout: dict) -> float:
-    agent = _ReplayAgent()
-    await agent.reset({"label": rollout, "observation": rollout["task"]})
-    while True:
-        out = await agent.step({"action_text": "click", "sampling_params": None})
-        if out["done"]:
-            return float(out["rewards"][0])
+def openrlhf_python() -> Path:
+    """The OpenRLHF venv's python (``make setup-openrlhf``; ``$KEYSHOT_OPENRLHF_PYTHON``)."""
+    return Path(os.environ.get("KEYSHOT_OPENRLHF_PYTHON") or ROOT / ".venv-openrlhf" / "bin" / "python")
+
+
+def bench_openrlhf(work: Path, judge: FakeOpenAI, config: Path, batch: list[dict], serial_s: float) -> dict:
+    """The episodes through OpenRLHF 0.11.2's own executor in its venv: its rollout actor runs every episode
+    of the batch at once through the agent file's AgentExecutor (tests/framework/openrlhf_replay_agent.py;
+    a text-only policy and a fixed-action engine stand-in, so the clock holds the reward's side), each final
+    step awaiting the process-wide batcher. As in a trainer's process after its first batch, the process
+    has run a warm-up batch (another task, not counted) and built the model before the clock starts; the
+    measured batch gets a fresh model (no cache)."""
+    python = openrlhf_python()
+    if not python.exists():
+        print(f"[reward] OpenRLHF row skipped: no {python} (make setup-openrlhf)", flush=True)
+        return {"openrlhf_s": None, "openrlhf_judge_calls_per_episode": None, "openrlhf_ratio": None}
+    warmup = rollouts(work / "openrlhf-warmup", 1, 2, 3)
+    framework = ROOT / "tests" / "framework"
+    proc = subprocess.Popen(
+        [str(python), str(framework / "openrlhf_rollouts.py"), "--tiny", str(work / "tiny")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+    def run(labels: list[dict]) -> dict:
+        job = {
+            "mode": "agent",
+            "agent_file": str(framework / "openrlhf_replay_agent.py"),
+            "config": str(config),
+        }
+        job.update(labels=[json.dumps(r) for r in labels], tmp=str(work), text_policy=True, warm=True)
+        proc.stdin.write(json.dumps(job) + "\n")
+        proc.stdin.flush()
+        for line in proc.stdout:
+            if line.startswith("keyshot-openrlhf-result "):
+                answer = json.loads(line.split(" ", 1)[1])
+                if "error" in answer:
+                    raise SystemExit(f"the OpenRLHF run failed: {answer['error']}")
+                return answer
+        raise SystemExit(f"the OpenRLHF run ended without an answer (exit {proc.wait()})")
+
+    try:
+        run(warmup)
+        before = judge.stats.completions_served
+        measured = run(batch)
+        calls = judge.stats.completions_served - before
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    return {
+        "openrlhf_s": measured["seconds"],
+        "openrlhf_judge_calls_per_episode": calls / len(batch),
+        "openrlhf_failed": sum(measured["info"]["keyshot_failed"]),
+        "openrlhf_executor": measured["executor"],
+        "openrlhf_ratio": serial_s / measured["seconds"],
+    }
 
 
 def bench_episodes(args, work: Path, judge: FakeOpenAI, scorer_url: str) -> dict:
@@ -371,25 +404,7 @@ def bench_episodes(args, work: Path, judge: FakeOpenAI, scorer_url: str) -> dict
 
     agent_config = work / "agents.yaml"  # OpenRLHF needs a number: a failed call is a counted 0
     agent_config.write_text(config.read_text() + "reward:\n  on_failure: zero\n")
-    os.environ[reward_shared.CONFIG_ENV] = str(agent_config)
-    reward_shared.reset_shared()
-    # As in a trainer's process, where both exist before the first episode ends (and as the TRL run's
-    # model is built before its clock starts): the process-wide model, and torch for the reward tensors.
-    reward_shared.shared_model()
-    if importlib.util.find_spec("torch") is not None:
-        import torch  # noqa: F401
-    before = judge.stats.completions_served
-
-    async def all_agents():
-        return await asyncio.gather(*(_openrlhf_episode(r) for r in batch))
-
-    t0 = time.perf_counter()
-    asyncio.run(all_agents())
-    out["openrlhf_s"] = time.perf_counter() - t0
-    out["openrlhf_judge_calls_per_episode"] = (judge.stats.completions_served - before) / len(batch)
-    out["openrlhf_batches"] = reward_shared.shared_batcher().batches
-    out["openrlhf_ratio"] = out["serial_s_scaled"] / out["openrlhf_s"]
-    reward_shared.reset_shared()
+    out.update(bench_openrlhf(work, judge, agent_config, batch, out["serial_s_scaled"]))
     return out
 
 
@@ -543,11 +558,15 @@ def table(report: dict) -> str:
         ),
         ("TRL environment reward vs awaiting each environment in turn", f"{e['trl_ratio']:.1f}×", "≥ 8×"),
         (
-            "OpenRLHF agents: judge calls per episode",
-            f"{e['openrlhf_judge_calls_per_episode']:.3f}",
+            "OpenRLHF agents (OpenRLHF's own executor): judge calls per episode",
+            "not run" if e["openrlhf_ratio"] is None else f"{e['openrlhf_judge_calls_per_episode']:.3f}",
             "≤ 1.1 (same floor)",
         ),
-        ("OpenRLHF agents vs awaiting each in turn", f"{e['openrlhf_ratio']:.1f}×", "≥ 8×"),
+        (
+            "OpenRLHF agents vs awaiting each in turn",
+            "not run" if e["openrlhf_ratio"] is None else f"{e['openrlhf_ratio']:.1f}×",
+            "≥ 8×",
+        ),
         *(
             (
                 f"groups of {v['group']} with zero reward variance, reward.value {value} "
