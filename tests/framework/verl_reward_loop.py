@@ -10,7 +10,8 @@ stood in for: a case with ``router`` runs verl's own naive router in front of th
 and RewardModelManager (which would start vLLM on GPUs) just reports that router's address.
 
 The spec: ``{"workdir", "reward_file", "cases": [{"name", "keyshot_config", "samples": [{"trajectory",
-"index", "answer"}], "router": null | {"upstream": URL}}], "compose": [{"config_dir", "config_name",
+"index", "answer"}], "router": null | {"upstream": URL}, "warmup": optional samples scored first,
+as a trainer's earlier step}], "compose": [{"config_dir", "config_name",
 "overrides"}]}`` (``compose``: docs/reward.md's commands, composed by Hydra); the last stdout line is ``VERL_RESULT {...}``
 with, per case, the rm_scores row sums, the extra keys, their values, the validation metrics, the
 seconds in all and in ``compute_rm_score`` (``score_s``: the workers started, as in a trainer's step), or
@@ -136,6 +137,7 @@ def run_case(case: dict, tokenizer_dir: Path, tokenizer, reward_file: str) -> di
     started = time.perf_counter()
     try:
         manager = RewardLoopManager(config)
+        warm = manager.compute_rm_score(batch_of(case["warmup"], tokenizer)) if case.get("warmup") else None
         scoring = time.perf_counter()
         output = manager.compute_rm_score(data)
         score_s = time.perf_counter() - scoring
@@ -158,6 +160,7 @@ def run_case(case: dict, tokenizer_dir: Path, tokenizer, reward_file: str) -> di
         "extra": {k: output.non_tensor_batch[k].tolist() for k in keys},
         "extra_dtypes": {k: str(output.non_tensor_batch[k].dtype) for k in keys},
         "metrics": validation_metrics(output, data),
+        "warmup_judge_calls": float(sum(warm.non_tensor_batch["keyshot_judge_calls"])) if warm else 0.0,
     }
 
 
