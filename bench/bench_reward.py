@@ -415,8 +415,8 @@ def verl_python() -> Path:
 
 def bench_verl(args, work: Path, judge: FakeOpenAI, scorer_url: str, serial_s: float) -> dict:
     """E_TASKS x E_GROUP episodes, each kept as its own trajectory file (``extra_info["trajectory"]``),
-    through verl's reward loop: the seconds of ``compute_rm_score`` (its worker started, as in a trainer's
-    step) and the judge calls it paid per episode."""
+    through verl's reward loop: the seconds of ``compute_rm_score`` (its worker started and one episode of
+    another task scored first, as in a trainer's later step) and the judge calls it paid per episode."""
     python = verl_python()
     if args.quick or not python.exists():
         why = "--quick" if args.quick else f"no {python} (make setup-verl)"
@@ -424,7 +424,10 @@ def bench_verl(args, work: Path, judge: FakeOpenAI, scorer_url: str, serial_s: f
         return {"verl_s": None, "verl_judge_calls_per_episode": None, "verl_ratio": None}
     batch = rollouts(work / "verl-world", args.episode_tasks, args.episode_group, args.screenshots)
     samples = []
-    for rollout in batch:
+    # a trainer's earlier step (another task): the worker's reward model is built before the clock starts,
+    # as the TRL and OpenRLHF runs' are
+    warm = {**batch[0], "id": "t99-r0", "task": "Open the start page and read its title"}
+    for rollout in [warm, *batch]:
         task = rollout["id"].split("-")[0]
         episode = Episode(rollout["task"], task_id=task, keep_dir=work / "verl-episodes")
         for shot in rollout["screenshots"]:
@@ -438,7 +441,15 @@ def bench_verl(args, work: Path, judge: FakeOpenAI, scorer_url: str, serial_s: f
     spec = {
         "workdir": str(work / "verl"),
         "reward_file": str(ROOT / "keyshot" / "reward" / "verl.py"),
-        "cases": [{"name": "bench", "keyshot_config": str(config), "samples": samples, "router": None}],
+        "cases": [
+            {
+                "name": "bench",
+                "keyshot_config": str(config),
+                "samples": samples[1:],
+                "warmup": samples[:1],
+                "router": None,
+            }
+        ],
     }
     (work / "verl").mkdir()
     (work / "verl" / "spec.json").write_text(json.dumps(spec))
@@ -460,7 +471,8 @@ def bench_verl(args, work: Path, judge: FakeOpenAI, scorer_url: str, serial_s: f
     return {
         "verl_episodes": len(batch),
         "verl_s": run["score_s"],
-        "verl_judge_calls_per_episode": (judge.stats.completions_served - before) / len(batch),
+        "verl_judge_calls_per_episode": (judge.stats.completions_served - before - run["warmup_judge_calls"])
+        / len(batch),
         "verl_failed": sum(run["extra"]["keyshot_failed"]),
         "verl_ratio": serial_s / run["score_s"],
     }
