@@ -210,7 +210,14 @@ def verl_run(tmp_path_factory):
             "reward_file": str(REPO / "keyshot" / "reward" / "verl.py"),
             "cases": [
                 {"name": "column", "keyshot_config": str(healthy), "samples": column, "router": None},
-                {"name": "dead", "keyshot_config": str(dead), "samples": own, "router": None},
+                {
+                    "name": "dead",
+                    "keyshot_config": str(dead),
+                    "samples": own,
+                    "router": None,
+                    # the implementation's own file, loaded by path as well as the public name's
+                    "reward_file": str(REPO / "infer" / "reward" / "verl.py"),
+                },
                 {"name": "unset", "keyshot_config": str(unset), "samples": own[:1], "router": None},
                 {
                     "name": "routed",

@@ -11,7 +11,7 @@ and RewardModelManager (which would start vLLM on GPUs) just reports that router
 
 The spec: ``{"workdir", "reward_file", "cases": [{"name", "keyshot_config", "samples": [{"trajectory",
 "index", "answer"}], "router": null | {"upstream": URL}, "warmup": optional samples scored first,
-as a trainer's earlier step}], "compose": [{"config_dir", "config_name",
+as a trainer's earlier step, "reward_file": optional, else the spec's}], "compose": [{"config_dir", "config_name",
 "overrides"}]}`` (``compose``: docs/reward.md's commands, composed by Hydra); the last stdout line is ``VERL_RESULT {...}``
 with, per case, the rm_scores row sums, the extra keys, their values, the validation metrics, the
 seconds in all and in ``compute_rm_score`` (``score_s``: the workers started, as in a trainer's step), or
@@ -197,7 +197,8 @@ def main(spec_path: str) -> int:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
     try:
         results = {
-            c["name"]: run_case(c, tokenizer_dir, tokenizer, spec["reward_file"]) for c in spec["cases"]
+            c["name"]: run_case(c, tokenizer_dir, tokenizer, c.get("reward_file", spec["reward_file"]))
+            for c in spec["cases"]
         }
     finally:
         ray.shutdown()
