@@ -143,11 +143,13 @@ def test_every_sample_gets_the_same_numeric_keys_and_the_router_is_asked_for_its
     assert CONSTANT_WARNING not in caplog.text  # each sample scored its own folder
 
 
-def test_a_router_serving_several_models_is_refused_naming_them(tmp_path):
+def test_a_router_listing_no_model_is_refused_and_one_not_answering_is_a_counted_failure(tmp_path):
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as router:  # lists no model
         config = keyshot_config(tmp_path / "verl.yaml", judge.base_url, judge.base_url)
         with pytest.raises(verl_reward.RouterModelError, match="lists 0 models"):
             run_samples(config, copies(tmp_path, 1)[:1], router=f"127.0.0.1:{router.port}")
+        down = run_samples(config, copies(tmp_path / "down", 1)[:1], router="127.0.0.1:9")
+    assert (down[0]["score"], down[0]["keyshot_failed"]) == (0.0, 1.0)  # a router that does not answer
 
 
 def test_a_dataset_column_rollout_warns_once_and_a_dead_judge_is_a_counted_zero(tmp_path, caplog):

@@ -101,18 +101,20 @@ def served_model(address: str) -> str:
 _where = "verl compute_score"
 _constant_seen: list[tuple[str, Any]] = []
 _constant_done = False
+_constant_lock = threading.Lock()
 
 
 def _note_rollout(path: str, extra_info: dict) -> None:
     """Record which recorded rollout a sample scores, and warn once when every prompt's samples score the
     same one (a dataset column: GRPO's groups then have equal rewards)."""
     global _constant_done
-    if _constant_done:
-        return
-    _constant_seen.append((path, extra_info.get("index", path)))
-    del _constant_seen[:-4096]
-    paths, groups = zip(*_constant_seen, strict=True)
-    _constant_done = warn_constant_groups(list(paths), list(groups), _where, CONSTANT_FIX)
+    with _constant_lock:  # verl's samples are read in threads
+        if _constant_done:
+            return
+        _constant_seen.append((path, extra_info.get("index", path)))
+        del _constant_seen[:-4096]
+        paths, groups = zip(*_constant_seen, strict=True)
+        _constant_done = warn_constant_groups(list(paths), list(groups), _where, CONSTANT_FIX)
 
 
 def _rollout(solution_str: str, extra_info: dict) -> Any:
@@ -155,17 +157,29 @@ async def compute_score(
         )
     try:
         rollout = await asyncio.to_thread(_rollout, solution_str, dict(extra_info or {}))
-        scorer_url = scorer_model = None
-        if reward_router_address:
-            scorer_url = router_url(reward_router_address)
+    except RolloutError as exc:
+        return _reported(model.settle(RewardResult(id=str(data_source), error=f"input: {exc}")))
+    scorer_url = scorer_model = None
+    if reward_router_address:
+        scorer_url = router_url(reward_router_address)
+        try:
             scorer_model = await asyncio.to_thread(served_model, reward_router_address)
-    except (RolloutError, OSError) as exc:
-        kind = "input" if isinstance(exc, RolloutError) else "scorer"
-        result = model.settle(RewardResult(id=str(data_source), error=f"{kind}: {exc}"))
-    else:
-        result = await score_shared(
-            rollout, config=keyshot_config, scorer_url=scorer_url, scorer_model=scorer_model
-        )
+        except (OSError, RouterModelError) as exc:
+            if isinstance(rollout, Episode):
+                rollout.discard()
+            if isinstance(exc, RouterModelError):  # a set-up error: the run stops, naming it
+                raise
+            # the router did not answer: this sample has no verdict, the next one asks again
+            error = f"scorer: the reward router at {reward_router_address} did not list its model: {exc}"
+            return _reported(model.settle(RewardResult(id=str(data_source), error=error)))
+    result = await score_shared(
+        rollout, config=keyshot_config, scorer_url=scorer_url, scorer_model=scorer_model
+    )
+    return _reported(result)
+
+
+def _reported(result: RewardResult) -> dict[str, float]:
+    """What verl keeps of a result: the score and the shared log fields, all floats."""
     return {
         "score": float(result.reward),
         **{key: values[0] for key, values in sample_logs([result]).items()},
