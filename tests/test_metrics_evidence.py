@@ -1,6 +1,7 @@
 """Metrics count only verdicts built on evidence (issue 28): a trajectory without readable scores, or whose
 calls failed, is dropped with its reason, not counted as a failure; a finished run's verdict whose status
-could not be read still counts as a failure, as AgentRewardBench counts it."""
+could not be read still counts as a failure, as AgentRewardBench counts it. A reference-mode verdict judged
+without a readable score (issue 35) counts with the trajectories without readable scores."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def verdicts() -> list[Verdict]:
         Verdict("failed-call", "t", agent="A", error="judge call failed", incomplete=["outcome"]),
         # the judge answered in full, its status unreadable: a failure, as AgentRewardBench counts it
         Verdict("no-status", "t", agent="A", status_valid=False),
-        # reference mode judges without scores (the reference's behaviour): its verdict counts
+        # reference mode judges without scores (the reference's behaviour): the verdict is kept in the
+        # run, but it rests on no screenshot score, so metrics count it with the no-readable-scores ones
         Verdict(
             "reference",
             "t",
@@ -57,13 +59,13 @@ LABELS = {
 
 def test_verdicts_without_evidence_are_dropped_with_their_reason_not_counted_as_failures():
     report = compute_metrics(records_from_verdicts(verdicts(), human_labels=LABELS))
-    assert report.n_records == 6 and report.n_used == 4
-    assert report.dropped == {INCOMPLETE: 1, NO_READABLE_SCORES: 1}
+    assert report.n_records == 6 and report.n_used == 3
+    assert report.dropped == {INCOMPLETE: 1, NO_READABLE_SCORES: 2}
     overall = report.row("agreement", "Overall")
-    assert overall.n == 4 and overall.n_no_verdict == 1  # the unreadable status, counted as failure
-    assert overall.judge_sr == 0.5 and overall.human_sr == 1.0  # 2 successes of 4, not of 6
+    assert overall.n == 3 and overall.n_no_verdict == 1  # the unreadable status, counted as failure
+    assert overall.judge_sr == 1 / 3 and overall.human_sr == 1.0  # 1 success of 3, not of 6
     classification = report.row("classification", "Overall")
-    assert (classification.tp, classification.fn) == (2, 2)
+    assert (classification.tp, classification.fn) == (1, 2)
 
 
 def test_keyshot_metrics_names_the_dropped_reasons(tmp_path):
@@ -77,5 +79,6 @@ def test_keyshot_metrics_names_the_dropped_reasons(tmp_path):
     argv = [sys.executable, "-m", "keyshot.infer.cli", "metrics", str(path), "--human-labels", str(labels)]
     done = subprocess.run([*argv, "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert f"dropped: {INCOMPLETE} 1, {NO_READABLE_SCORES} 1" in done.stdout, done.stdout
-    assert "| **Overall** | 4 | 1 | 50.0 | 100.0 | 50.0 | 50.0 |" in done.stdout, done.stdout
+    assert f"dropped: {INCOMPLETE} 1, {NO_READABLE_SCORES} 2" in done.stdout, done.stdout
+    assert "| **Overall** | 3 | 1 | 33.3 | 100.0 | 33.3 | 66.7 |" in done.stdout, done.stdout
+    assert "1 judged anyway, parse_mode=reference" in done.stdout, done.stdout
