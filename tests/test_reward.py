@@ -355,6 +355,22 @@ def test_reward_filter_writes_accepted_ids_and_links_folders(tmp_path, servers):
     )
 
 
+def test_reward_filter_with_a_dead_judge_accepts_nothing_and_says_the_run_is_incomplete(tmp_path, capsys):
+    """on_failure: zero gives a trainer its number; a filter must not read it as a rejection."""
+    with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
+        config = write_config(tmp_path, judge, scorer, {"on_failure": "zero"})
+        out = tmp_path / "filtered"
+        rollouts = str(FIXTURES / "trajectories" / "online_mind2web_v1")
+        argv = ["reward", "filter", rollouts, "--config", str(config), "--min-reward", "0", "--out", str(out)]
+        assert keyshot(argv) == 3  # EXIT_INCOMPLETE: re-run when the judge is up
+    every = [json.loads(line) for line in (out / "rewards.jsonl").read_text().splitlines()]
+    assert len(every) == 2 and all(r["reward"] is None and r["error"] for r in every)
+    assert (out / "accepted.jsonl").read_text() == ""
+    captured = capsys.readouterr()
+    assert "0 of 2 rollouts accepted" in captured.out and "2 without a reward" in captured.out
+    assert "no verdict because a call failed" in captured.err
+
+
 def test_the_service_refuses_a_full_queue_and_ends_a_request_at_its_deadline(tmp_path, group):
     """429 with Retry-After while the queue is full, 504 at the deadline, and the next request served."""
     from keyshot.infer.reward.service import RewardService, ServiceLimits

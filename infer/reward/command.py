@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from keyshot.infer.common.config import split_paths_and_overrides
-from keyshot.infer.common.errors import EXIT_USAGE, KeyshotError
+from keyshot.infer.common.errors import EXIT_INCOMPLETE, EXIT_USAGE, KeyshotError
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.common.helptext import plain
 from keyshot.infer.judge.scorer_factory import start_served_scorer
@@ -55,7 +55,7 @@ def filter_record(t: Trajectory, r: RewardResult) -> dict:
         "task_id": t.task_id,
         "run": t.run,
         "source": str(t.source) if t.source else None,
-        "reward": r.reward,
+        "reward": None if r.failed else r.reward,  # on_failure's stand-in value is no reward to filter by
         "progress": r.progress,
         "error": r.error,
     }
@@ -111,7 +111,7 @@ def run_filter(args: argparse.Namespace) -> int:
     accepted = [
         (t, root)
         for (t, root), r in zip(found, results, strict=True)
-        if r.reward is not None and r.reward >= args.min_reward
+        if not r.failed and r.reward is not None and r.reward >= args.min_reward
     ]
     lines = lambda rows: "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)  # noqa: E731
     write_text_atomic(out / "rewards.jsonl", lines(records))
@@ -119,7 +119,8 @@ def run_filter(args: argparse.Namespace) -> int:
         out / "accepted.jsonl", lines([r for r in records if r["id"] in {t.uid for t, _ in accepted}])
     )
     not_linked = link_accepted(out, accepted) if args.link else []
-    failed = sum(r.reward is None for r in results) + len(errors)
+    failed_calls = sum(r.failed and not str(r.error).startswith("input:") for r in results)
+    failed = sum(r.failed for r in results) + len(errors)
     print(
         f"keyshot reward filter: {len(accepted)} of {len(records)} rollouts accepted (reward >= {args.min_reward:g}), "
         f"{failed} without a reward (see {out / 'rewards.jsonl'})"
@@ -129,6 +130,13 @@ def run_filter(args: argparse.Namespace) -> int:
     print(f"accepted: {out / 'accepted.jsonl'}")
     if args.link:
         print(f"linked: {out / 'accepted'} (keyshot judge {out / 'accepted'} --config ... reads them back)")
+    if failed_calls:
+        print(
+            f"keyshot reward filter: {failed_calls} rollout(s) got no verdict because a call failed (their errors "
+            "are in rewards.jsonl): they are neither accepted nor rejected; re-run when the endpoints are up",
+            file=sys.stderr,
+        )
+        return EXIT_INCOMPLETE
     return 0
 
 
