@@ -71,8 +71,11 @@ loop: setup setup-vllm
 	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python bench/loop.py --work runs/loop
 
 # Every benchmark; rewrites bench/RESULTS.md.
-bench: setup setup-vllm
-	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python bench/run_all.py --out bench/RESULTS.md
+bench: setup setup-vllm setup-openrlhf setup-verl setup-browser
+	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
+	KEYSHOT_OPENRLHF_PYTHON=$(CURDIR)/$(OPENRLHF_VENV)/bin/python \
+	KEYSHOT_VERL_PYTHON=$(CURDIR)/$(VERL_VENV)/bin/python \
+	$(BIN)/python bench/run_all.py --out bench/RESULTS.md
 
 # The GPU kit (bench/gpu.py): on a CUDA machine the 7B shape, random weights; writes bench/RESULTS-gpu.md.
 bench-gpu: setup
