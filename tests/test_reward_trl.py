@@ -431,7 +431,9 @@ def test_async_grpo_rollout_worker_pickles_the_rewards_and_scores_in_its_spawned
     samples = []
     worker.start()
     try:
-        while len({s.group_id for s in samples}) < 2 or len(samples) < 4:
+        while (
+            sum(s.group_id < 2 for s in samples) < 4
+        ):  # groups finish in any order; later ones may come first
             samples.append(worker.rollout_buffer.get(timeout=90))
     except queue.Empty:
         pytest.fail(f"the rollout worker produced {len(samples)} samples in 90 s")
