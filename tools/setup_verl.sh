@@ -23,7 +23,7 @@ VERL_DEPS=(
     "torchdata" "datasets" "peft" "cachetools" "fastapi" "uvicorn"
 )
 # keyshot's core dependencies (pyproject.toml [project].dependencies) and pytest for the tests' helpers.
-KEYSHOT_DEPS=("pillow>=10" "numpy>=1.26" "pyyaml>=6" "openai>=3.54,<4" "httpx2>=2.12" "tqdm>=4.66" "matplotlib>=3.8")
+mapfile -t KEYSHOT_DEPS < <(python3.11 "$HERE/pyproject_deps.py")
 if [ ! -x "$V/bin/python" ]; then
     stage "create $V" python3.11 -m venv "$V"
 fi
