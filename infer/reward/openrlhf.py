@@ -26,10 +26,9 @@ from typing import Any
 
 from keyshot.infer.reward.episode import Episode
 from keyshot.infer.reward.logs import sample_logs
-from keyshot.infer.reward.model import RewardModel, RewardResult
+from keyshot.infer.reward.model import RewardResult
 from keyshot.infer.reward.shared import (
-    CONFIG_ENV,
-    RewardConfigError,
+    require_number_on_failure,
     score_shared,
     score_shared_sync,
     shared_model,
@@ -60,14 +59,6 @@ def _tensor(values: list[float]) -> Any:
     return torch.tensor(values, dtype=torch.float32)
 
 
-def require_number_on_failure(rm: RewardModel) -> None:
-    if rm.settings.on_failure != "zero":
-        raise RewardConfigError(
-            f"${CONFIG_ENV} ({rm.cfg.out}): OpenRLHF needs a number for every sample; add "
-            "'reward: {on_failure: zero}' to the config so a failed judge call is a counted 0, not a crash"
-        )
-
-
 def label_rollout(label: Any) -> Any:
     """A label as a rollout: a JSON dict rollout, else a trajectory folder's path (an unreadable label is
     a failed sample, named in its result's error)."""
@@ -94,7 +85,7 @@ def openrlhf_logs(results: list[RewardResult], unfinished: bool | None = None) -
 def reward_func(queries: list[str], prompts: list[str], labels: list[Any]) -> dict[str, Any]:
     """OpenRLHF's custom reward function: one reward per (query, prompt, label); the label names the
     rollout (see the module docstring)."""
-    require_number_on_failure(shared_model())
+    require_number_on_failure(shared_model(), "OpenRLHF")
     results = score_shared_sync([label_rollout(label) for label in labels])
     rewards = _tensor([float(r.reward) for r in results])
     return {"rewards": rewards, "scores": rewards.clone(), "extra_logs": openrlhf_logs(results)}
@@ -168,7 +159,7 @@ class KeyshotAgentInstance(ABC):
 
     async def open(self, label: Any) -> Observation:
         """Start the environment and the Episode; the first page (its screenshot recorded)."""
-        require_number_on_failure(shared_model())
+        require_number_on_failure(shared_model(), "OpenRLHF")
         task, page = await self.start(label)
         spec = task if isinstance(task, dict) else {"task": task}
         self.episode = Episode(

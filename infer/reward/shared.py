@@ -44,6 +44,19 @@ def config_path(config: str | os.PathLike | None = None) -> str:
     return str(Path(path).resolve())
 
 
+def require_number_on_failure(
+    model: RewardModel, framework: str, config: str | os.PathLike | None = None
+) -> None:
+    """Refuse a config whose failed rollouts would have no number, for a framework that builds tensors from
+    every reward (OpenRLHF, verl): ``reward.on_failure: zero`` makes such a rollout a counted 0.0."""
+    if model.settings.on_failure != "zero":
+        raise RewardConfigError(
+            f"{config_path(config)}: {framework} needs a number for every sample and has no 'no reward' value; "
+            "set reward.on_failure: zero in the keyshot config (a sample without a verdict then scores 0.0 "
+            "and is counted in keyshot_failed)"
+        )
+
+
 def shared_model(config: str | os.PathLike | None = None) -> RewardModel:
     """The RewardModel of ``config`` (default ``$KEYSHOT_REWARD_CONFIG``), built once per process."""
     key = (os.getpid(), config_path(config))

@@ -39,7 +39,7 @@ from keyshot.infer.reward.episode import Episode
 from keyshot.infer.reward.logs import sample_logs, warn_constant_groups
 from keyshot.infer.reward.model import RewardResult
 from keyshot.infer.reward.rollouts import RolloutError, read_rollout
-from keyshot.infer.reward.shared import RewardConfigError, config_path, score_shared, shared_model
+from keyshot.infer.reward.shared import require_number_on_failure, score_shared, shared_model
 
 __all__ = ["RouterModelError", "compute_score", "router_url", "served_model"]
 
@@ -149,12 +149,7 @@ async def compute_score(
     :func:`~keyshot.infer.reward.logs.sample_logs`, every one a float. ``keyshot_config`` (verl's
     ``custom_reward_function.reward_kwargs``) names the keyshot config, else ``$KEYSHOT_REWARD_CONFIG``."""
     model = shared_model(keyshot_config)
-    if model.settings.on_failure != "zero":
-        raise RewardConfigError(
-            f"{config_path(keyshot_config)}: verl needs a number for every sample and has no 'no reward' "
-            "value; set reward.on_failure: zero in the keyshot config (a sample without a verdict then "
-            "scores 0.0 and is counted in keyshot_failed)"
-        )
+    require_number_on_failure(model, "verl", keyshot_config)
     try:
         rollout = await asyncio.to_thread(_rollout, solution_str, dict(extra_info or {}))
     except RolloutError as exc:
