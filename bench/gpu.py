@@ -227,7 +227,15 @@ class Phases:
 
 
 def train_bench(
-    kit: Kit, rows: list[dict], *, mode: str, batching: str, batch: int, steps: int, depth: int | None
+    kit: Kit,
+    rows: list[dict],
+    *,
+    mode: str,
+    batching: str,
+    batch: int,
+    steps: int,
+    depth: int | None,
+    workers: int = 0,
 ) -> dict:
     """Steps of the recipe's work at one setting: unsynchronised (rates, MFU), then profiled (phases)."""
     processor = kit.processor
@@ -246,7 +254,8 @@ def train_bench(
         data,
         batch_sampler=sampler,
         collate_fn=ScorerCollator(processor.tokenizer.pad_token_id, 8),
-        num_workers=0,
+        num_workers=workers,  # the 7B configs render in 8 workers (data.num_workers), as the recipe does
+        persistent_workers=workers > 0,
     )
     flops = FlopsModel.from_model(model, lora=mode == "lora", train_vision=False)
     meter = ThroughputMeter(flops, kit.peak_tflops, 1)
@@ -306,6 +315,7 @@ def train_bench(
         "mode": mode,
         "batching": batching,
         "micro_batch": batch,
+        "workers": workers,
         "depth": model_config(kit, depth).get_text_config().num_hidden_layers,
         "samples_per_s": rates["samples_per_s"],
         "tokens_per_s": rates["tokens_per_s"],
@@ -322,13 +332,24 @@ def train_bench(
     }
 
 
-def train_fitting(kit: Kit, rows: list[dict], *, mode: str, batching: str, batch: int, steps: int) -> dict:
+def train_fitting(
+    kit: Kit, rows: list[dict], *, mode: str, batching: str, batch: int, steps: int, workers: int = 0
+) -> dict:
     """:func:`train_bench` at full depth, else at half the decoder layers until it fits (said in the row)."""
     full = model_config(kit).get_text_config().num_hidden_layers
     depth = full
     while True:
         try:
-            row = train_bench(kit, rows, mode=mode, batching=batching, batch=batch, steps=steps, depth=depth)
+            row = train_bench(
+                kit,
+                rows,
+                mode=mode,
+                batching=batching,
+                batch=batch,
+                steps=steps,
+                depth=depth,
+                workers=workers,
+            )
             row["full_depth"] = full
             return row
         except torch.OutOfMemoryError:
@@ -340,6 +361,72 @@ def train_fitting(kit: Kit, rows: list[dict], *, mode: str, batching: str, batch
             return {"mode": mode, "batching": batching, "micro_batch": batch, "oom": True, "full_depth": full}
         logger.warning("%s at %d of %d layers does not fit: trying %d", mode, depth, full, depth // 2)
         depth //= 2
+
+
+# ----------------------------------------------------------------------------- the vision tower
+def vision_bench(kit: Kit, batch_sizes: list[int], reps: int) -> dict:
+    """The vision tower alone at the shape's size: transformers' per-window loop against keyshot's batched
+    windows (``use_batched_window_attention``), screenshots/s at each batch of 1280×720 screenshots, the
+    share of the peak on the tower's linear layers, and how far the two outputs are apart."""
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    from keyshot.infer.model.vision_attention import use_batched_window_attention
+
+    torch.manual_seed(0)
+    config = model_config(kit).vision_config
+    with torch.device(kit.device):
+        tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(
+            config, dtype=kit.dtype, attn_implementation="sdpa"
+        ).eval()
+    linear_params = sum(m.weight.numel() for m in tower.modules() if isinstance(m, torch.nn.Linear))
+    images = [img.pil() for img in screenshots(max(batch_sizes))]
+    inputs = kit.processor.image_processor(images=images, return_tensors="pt")
+    pixels = inputs["pixel_values"].to(kit.device, kit.dtype)
+    grid = inputs["image_grid_thw"].to(kit.device)
+    patches_per_image = int(grid[0].prod())
+
+    def run(n: int) -> torch.Tensor:
+        rows = int(grid[:n].prod(dim=-1).sum())
+        return tower(pixels[:rows], grid_thw=grid[:n])
+
+    def unwrap(out):
+        return out.pooler_output if hasattr(out, "pooler_output") else out
+
+    def rate(n: int) -> float:
+        with torch.inference_mode():
+            run(n)  # warm-up
+            kit.sync()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                run(n)
+            kit.sync()
+        return n * reps / (time.perf_counter() - t0)
+
+    result: dict = {"patches_per_image": patches_per_image, "rows": []}
+    with torch.inference_mode():
+        reference = unwrap(run(min(2, max(batch_sizes)))).float()
+    loop_rates = {n: rate(n) for n in batch_sizes}
+    patched = use_batched_window_attention(tower)
+    with torch.inference_mode():
+        batched_out = unwrap(run(min(2, max(batch_sizes)))).float()
+    result["max_abs_diff"] = float((batched_out - reference).abs().max())
+    result["ref_abs_max"] = float(reference.abs().max())
+    result["patched_layers"] = patched
+    for n in batch_sizes:
+        batched = rate(n)
+        flops = 2 * linear_params * patches_per_image
+        result["rows"].append(
+            {
+                "batch": n,
+                "loop_screenshots_per_s": loop_rates[n],
+                "batched_screenshots_per_s": batched,
+                "speedup": batched / loop_rates[n],
+                "linear_mfu": batched * flops / (kit.peak_tflops * 1e12),
+            }
+        )
+    if kit.device.type == "cuda":
+        result["peak_mem_gib"] = torch.cuda.max_memory_allocated(kit.device) / 2**30
+    return result
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -476,7 +563,15 @@ def vllm_row(kit: Kit, model, enabled: bool, n: int, tmp: Path) -> str:
 
 
 # ----------------------------------------------------------------------------- report
-def markdown(kit: Kit, info: dict, train_rows: list[dict], scoring: dict | None, command: str) -> str:
+def markdown(
+    kit: Kit,
+    info: dict,
+    train_rows: list[dict],
+    scoring: dict | None,
+    command: str,
+    vision: dict | None = None,
+    errors: dict[str, str] | None = None,
+) -> str:
     lines = [
         "# keyshot GPU benchmark kit (bench/gpu.py)",
         "",
@@ -552,6 +647,26 @@ def markdown(kit: Kit, info: dict, train_rows: list[dict], scoring: dict | None,
             f"Train/serve parity on {info['device']}: token ids {'identical' if p['token_ids_equal'] else 'DIFFER'}, "
             f"pixel tensors {'identical' if p['pixels_equal'] else 'DIFFER'} ({p['tokens']:,} tokens).",
         ]
+    if vision:
+        lines += [
+            "",
+            "## Vision tower alone (1280×720 screenshots, the shape's tower, inference)",
+            "",
+            f"{vision['patches_per_image']:,} patches per screenshot; batched windows against transformers' loop: "
+            f"largest |difference| {vision['max_abs_diff']:.3g} (outputs up to {vision['ref_abs_max']:.3g}), "
+            f"{vision['patched_layers']} attention layers patched.",
+            "",
+            "| batch | transformers' per-window loop, screenshots/s | batched windows, screenshots/s | speed-up | linear-layer MFU (batched) |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        for r in vision["rows"]:
+            lines.append(
+                f"| {r['batch']} | {r['loop_screenshots_per_s']:.2f} | {r['batched_screenshots_per_s']:.2f} | "
+                f"{r['speedup']:.2f}× | {100 * r['linear_mfu']:.1f}% |"
+            )
+    if errors:
+        lines += ["", "## Sections that failed", ""]
+        lines += [f"- {name}: `{message}`" for name, message in errors.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -564,13 +679,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=4, help="micro-batch (the paper recipe: 4 per GPU)")
     ap.add_argument("--modes", default="full,lora")
     ap.add_argument("--batchings", default="length_grouped,random")
-    ap.add_argument("--score-batches", default="1,8,32")
+    ap.add_argument("--score-batches", default="1,8,16,32")
     ap.add_argument("--score-reps", type=int, default=3)
     ap.add_argument("--peak", type=float, help="device peak TFLOP/s (default: from the device name)")
     ap.add_argument(
         "--cpu-peak", type=float, default=0.2, help="nominal CPU TFLOP/s for the tiny shape's MFU"
     )
     ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--vision-batches", default="1,8,16", help="vision tower alone ('' to skip)")
+    ap.add_argument(
+        "--workers", type=int, help="DataLoader workers (default: 8 on CUDA as the 7B configs, else 0)"
+    )
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS-gpu.md")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -580,6 +699,41 @@ def main(argv: list[str] | None = None) -> int:
     shape = args.shape or ("7b" if device.type == "cuda" else "tiny")
     peak, source = (args.peak, "--peak") if args.peak else device_peak(device, args.cpu_peak)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    workers = args.workers if args.workers is not None else (8 if device.type == "cuda" else 0)
+    command = "python bench/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    train_rows: list[dict] = []
+    scoring: dict | None = None
+    vision: dict | None = None
+    errors: dict[str, str] = {}
+
+    def save() -> None:
+        """Written after every section: a run cut short by its time limit keeps what it measured."""
+        text = markdown(kit, info, train_rows, scoring, command.strip(), vision, errors)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        if args.json:
+            data = {
+                "info": info,
+                "training": train_rows,
+                "scoring": scoring,
+                "vision": vision,
+                "errors": errors,
+            }
+            args.json.write_text(json.dumps(data, indent=2, default=str))
+
+    def section(name: str, work) -> object:
+        try:
+            return work()
+        except Exception as exc:  # noqa: BLE001 (one section's failure is reported; the others still run)
+            logger.exception("%s failed", name)
+            errors[name] = f"{type(exc).__name__}: {exc}"[:500]
+            return None
+        finally:
+            gc.collect()  # the section's model and optimizer (peft makes reference cycles)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            save()
+
     with tempfile.TemporaryDirectory(prefix="keyshot-gpu-kit-") as tmp:
         from transformers import AutoProcessor
 
@@ -592,32 +746,42 @@ def main(argv: list[str] | None = None) -> int:
             if device.type == "cuda"
             else platform.processor() or "CPU",
             "versions": versions(),
+            "workers": workers,
         }
+        if args.vision_batches:
+            logger.info("vision tower")
+            vision_sizes = [int(b) for b in args.vision_batches.split(",")]
+            vision = section("vision tower", lambda: vision_bench(kit, vision_sizes, args.score_reps))
         rows = list(scorer_rows(args.rows, seed=0, agent="bench", sizes=SIZES))
-        train_rows = []
         for mode in args.modes.split(","):
             for batching in args.batchings.split(","):
                 logger.info("training: %s, %s, micro-batch %d", mode, batching, args.batch)
-                train_rows.append(
-                    train_fitting(kit, rows, mode=mode, batching=batching, batch=args.batch, steps=args.steps)
+                row = section(
+                    f"training {mode} {batching}",
+                    lambda mode=mode, batching=batching: train_fitting(
+                        kit,
+                        rows,
+                        mode=mode,
+                        batching=batching,
+                        batch=args.batch,
+                        steps=args.steps,
+                        workers=workers,
+                    ),
                 )
-                gc.collect()  # the setting's model and optimizer (peft makes reference cycles)
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+                if row is not None:
+                    train_rows.append(row)
         logger.info("scoring")
         batches = [int(b) for b in args.score_batches.split(",")]
-        scoring, model = scorer_bench(kit, batches, args.score_reps)
-        scoring["vllm"] = vllm_row(kit, model, not args.no_vllm, max(batches), Path(tmp))
-    command = "python bench/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = markdown(kit, info, train_rows, scoring, command.strip())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
-    if args.json:
-        args.json.write_text(
-            json.dumps({"info": info, "training": train_rows, "scoring": scoring}, indent=2, default=str)
-        )
-    return 0
+
+        def score_all() -> dict:
+            result, model = scorer_bench(kit, batches, args.score_reps)
+            result["vllm"] = vllm_row(kit, model, not args.no_vllm, max(batches), Path(tmp))
+            return result
+
+        scoring = section("scoring", score_all)
+    save()
+    print(args.out.read_text())
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

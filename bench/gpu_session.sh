@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One packed run on a lent GPU machine (docs/contributing.md, "GPU"): the CUDA tests, then the kit.
+#
+#   bash bench/gpu_session.sh OUT_DIR [kit options...]
+#
+# The machine has torch, transformers, peft and accelerate but not keyshot's other needs (openai,
+# httpx2, datasets, ...) and no registry: carry them as wheels in .whl/ (bench/RESULTS-gpu.md says how).
+# keyshot is not installed there: its three floors are linked under keyshot/ so that `keyshot.infer`,
+# `keyshot.train` and `keyshot.data_synth` import from the checkout, as the editable install does here.
+# Every step has its own time limit and writes into OUT_DIR as it goes, so a run cut short keeps its figures.
+set -uo pipefail
+out=${1:?usage: bench/gpu_session.sh OUT_DIR [kit options...]}
+shift
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if ! python3 -c 'import keyshot.infer' 2>/dev/null; then
+  for floor in infer train data_synth; do
+    [ -e "keyshot/$floor" ] || ln -s "../$floor" "keyshot/$floor"
+  done
+fi
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  python3 -c 'import torch, transformers, peft, accelerate; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "peft", peft.__version__, "accelerate", accelerate.__version__)'
+  python3 -c 'import keyshot.infer.judge.local_scorer, keyshot.train.recipe; print("keyshot imports")'
+} 2>&1 | tee "$out/env.txt"
+
+started=$(date +%s)
+timeout "${GPU_TEST_TIMEOUT:-200}" python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 \
+  | tee "$out/tests.txt"
+echo "tests: rc ${PIPESTATUS[0]} in $(( $(date +%s) - started )) s" | tee -a "$out/tests.txt"
+
+started=$(date +%s)
+timeout "${GPU_KIT_TIMEOUT:-420}" python3 bench/gpu.py --no-vllm --out "$out/RESULTS-gpu.md" --json "$out/gpu.json" "$@" \
+  >"$out/kit.log" 2>&1
+echo "kit: rc $? in $(( $(date +%s) - started )) s" | tee -a "$out/kit.log"
+tail -n 60 "$out/kit.log"
