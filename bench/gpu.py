@@ -370,7 +370,11 @@ def vision_bench(kit: Kit, batch_sizes: list[int], reps: int) -> dict:
     share of the peak on the tower's linear layers, and how far the two outputs are apart."""
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-    from keyshot.infer.model.vision_attention import use_batched_window_attention
+    from keyshot.infer.model.vision_attention import (
+        use_batched_window_attention,
+        use_linear_patch_embed,
+        use_padded_vision_mlp,
+    )
 
     torch.manual_seed(0)
     config = model_config(kit).vision_config
@@ -402,28 +406,41 @@ def vision_bench(kit: Kit, batch_sizes: list[int], reps: int) -> dict:
             kit.sync()
         return n * reps / (time.perf_counter() - t0)
 
-    result: dict = {"patches_per_image": patches_per_image, "rows": []}
+    result: dict = {"patches_per_image": patches_per_image, "rows": [], "variants": []}
+    probe = min(2, max(batch_sizes))
     with torch.inference_mode():
-        reference = unwrap(run(min(2, max(batch_sizes)))).float()
-    loop_rates = {n: rate(n) for n in batch_sizes}
-    patched = use_batched_window_attention(tower)
-    with torch.inference_mode():
-        batched_out = unwrap(run(min(2, max(batch_sizes)))).float()
-    result["max_abs_diff"] = float((batched_out - reference).abs().max())
-    result["ref_abs_max"] = float(reference.abs().max())
-    result["patched_layers"] = patched
-    for n in batch_sizes:
-        batched = rate(n)
-        flops = 2 * linear_params * patches_per_image
-        result["rows"].append(
+        reference = unwrap(run(probe)).float()
+    flops = 2 * linear_params * patches_per_image
+
+    def measure(name: str) -> None:
+        with torch.inference_mode():
+            out = unwrap(run(probe)).float()
+        rates = {n: rate(n) for n in batch_sizes}
+        result["variants"].append(
             {
-                "batch": n,
-                "loop_screenshots_per_s": loop_rates[n],
-                "batched_screenshots_per_s": batched,
-                "speedup": batched / loop_rates[n],
-                "linear_mfu": batched * flops / (kit.peak_tflops * 1e12),
+                "name": name,
+                "max_abs_diff": float((out - reference).abs().max()),
+                "rates": rates,
+                "linear_mfu": {n: r * flops / (kit.peak_tflops * 1e12) for n, r in rates.items()},
             }
         )
+
+    measure("transformers' per-window loop")
+    result["patched_layers"] = use_batched_window_attention(tower)
+    measure("batched windows")
+    use_linear_patch_embed(tower)
+    measure("+ patch embedding as one matrix product")
+    use_padded_vision_mlp(tower)
+    measure("+ MLP padded to 128, gate and up in one product")
+    result["ref_abs_max"] = float(reference.abs().max())
+    if kit.device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run(max(batch_sizes))
+            kit.sync()
+        result["profile"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=18)
+        logger.info("vision tower profile (last variant, batch %d):\n%s", max(batch_sizes), result["profile"])
     if kit.device.type == "cuda":
         result["peak_mem_gib"] = torch.cuda.max_memory_allocated(kit.device) / 2**30
     return result
@@ -648,22 +665,31 @@ def markdown(
             f"pixel tensors {'identical' if p['pixels_equal'] else 'DIFFER'} ({p['tokens']:,} tokens).",
         ]
     if vision:
+        sizes = list(vision["variants"][0]["rates"]) if vision.get("variants") else []
         lines += [
             "",
             "## Vision tower alone (1280×720 screenshots, the shape's tower, inference)",
             "",
-            f"{vision['patches_per_image']:,} patches per screenshot; batched windows against transformers' loop: "
-            f"largest |difference| {vision['max_abs_diff']:.3g} (outputs up to {vision['ref_abs_max']:.3g}), "
-            f"{vision['patched_layers']} attention layers patched.",
+            f"{vision['patches_per_image']:,} patches per screenshot; each row adds one change to the row above; "
+            f"|difference| is the largest against transformers' output (which reaches {vision['ref_abs_max']:.3g}).",
             "",
-            "| batch | transformers' per-window loop, screenshots/s | batched windows, screenshots/s | speed-up | linear-layer MFU (batched) |",
-            "|---:|---:|---:|---:|---:|",
+            "| variant | |difference| | "
+            + " | ".join(f"batch {n}: screenshots/s (linear-layer MFU)" for n in sizes)
+            + " |",
+            "|---|---:|" + "---:|" * len(sizes),
         ]
-        for r in vision["rows"]:
-            lines.append(
-                f"| {r['batch']} | {r['loop_screenshots_per_s']:.2f} | {r['batched_screenshots_per_s']:.2f} | "
-                f"{r['speedup']:.2f}× | {100 * r['linear_mfu']:.1f}% |"
-            )
+        for v in vision.get("variants", []):
+            cells = " | ".join(f"{v['rates'][n]:.2f} ({100 * v['linear_mfu'][n]:.1f}%)" for n in sizes)
+            lines.append(f"| {v['name']} | {v['max_abs_diff']:.3g} | {cells} |")
+        if vision.get("profile"):
+            lines += [
+                "",
+                "Kernels of the last variant (torch.profiler, CUDA time):",
+                "",
+                "```",
+                vision["profile"],
+                "```",
+            ]
     if errors:
         lines += ["", "## Sections that failed", ""]
         lines += [f"- {name}: `{message}`" for name, message in errors.items()]

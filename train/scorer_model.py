@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.model.vision_attention import use_batched_window_attention
+from keyshot.infer.model.vision_attention import use_fast_vision_tower
 from keyshot.train.train_config import ModelSettings, OptimSettings
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def prepare_for_training(model, settings: ModelSettings):
     """Set a loaded (or freshly built: bench/gpu.py) Qwen2.5-VL up as the recipe trains it: no KV cache,
     batched vision windows, frozen vision tower, activation checkpointing, LoRA."""
     model.config.get_text_config().use_cache = False  # no KV cache while training (checkpointing)
-    use_batched_window_attention(model)  # without flash-attn: each layer's windows in a few batched calls
+    use_fast_vision_tower(model)  # batched windows, matrix-product patch embedding, padded frozen MLPs
     freeze(model, settings)
     if settings.gradient_checkpointing:
         kwargs = {"use_reentrant": False}
@@ -70,8 +70,9 @@ def prepare_for_training(model, settings: ModelSettings):
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if settings.lora.enabled:
-        if settings.gradient_checkpointing:
-            model.enable_input_require_grads()
+        # No enable_input_require_grads(): non-reentrant checkpointing needs no input that asks for a
+        # gradient, and transformers' hook also marks the vision tower's patch embedding, so the frozen
+        # tower was recorded, recomputed and back-propagated through (bench/RESULTS-gpu.md).
         model = add_lora(model, settings)
     log_trainable(model)
     return model

@@ -123,7 +123,7 @@ class TransformersScorer(KeyScreenshotScorer):
     ) -> None:
         import torch
 
-        from keyshot.infer.model.vision_attention import use_batched_window_attention
+        from keyshot.infer.model.vision_attention import use_fast_vision_tower
         from keyshot.infer.protocol.chat_template import ScorerRenderer
 
         if batch_size < 1:
@@ -141,7 +141,7 @@ class TransformersScorer(KeyScreenshotScorer):
             processor, policy, max_length=model.config.get_text_config().max_position_embeddings
         )
         self.model = model
-        use_batched_window_attention(self.model)  # without flash-attn: windows in batched SDPA calls
+        use_fast_vision_tower(self.model)  # batched windows, matrix-product patch embedding, padded MLPs
         self.model.eval()
         gen = self.model.generation_config
         eos = gen.eos_token_id if gen.eos_token_id is not None else self.processor.tokenizer.eos_token_id

@@ -75,3 +75,74 @@ def use_batched_window_attention(model: torch.nn.Module) -> int:
     if patched:
         logger.info("vision attention: %d layers run their windows as batched SDPA calls", patched)
     return patched
+
+
+def _linear_patch_embed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    # Conv3d with kernel == stride over one patch each is a matrix product over the flattened patch.
+    weight = self.proj.weight
+    return F.linear(
+        hidden_states.to(weight.dtype).reshape(-1, weight[0].numel()), weight.reshape(weight.shape[0], -1)
+    )
+
+
+def use_linear_patch_embed(model: torch.nn.Module) -> int:
+    """Run Qwen2.5-VL's patch embedding (a Conv3d whose kernel is its stride) as the matrix product it is."""
+    try:
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionPatchEmbed
+    except ImportError:
+        return 0
+    patched = 0
+    for module in model.modules():
+        if isinstance(module, Qwen2_5_VisionPatchEmbed):
+            module.forward = types.MethodType(_linear_patch_embed_forward, module)
+            patched += 1
+    return patched
+
+
+def _padded_mlp_forward(self, hidden_state: torch.Tensor) -> torch.Tensor:
+    gate, up, down = self.gate_proj, self.up_proj, self.down_proj
+    if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+        return self._unpadded_forward(hidden_state)
+    key = (gate.weight.device, gate.weight.dtype, *(p._version for p in self.parameters()))
+    if getattr(self, "_padded_key", None) != key:
+        n, multiple = gate.out_features, self._pad_multiple
+        padded = -(-n // multiple) * multiple
+        with torch.no_grad():
+            w = gate.weight.new_zeros(2, padded, gate.in_features)
+            w[0, :n], w[1, :n] = gate.weight, up.weight
+            b = gate.weight.new_zeros(2, padded)
+            if gate.bias is not None:
+                b[0, :n], b[1, :n] = gate.bias, up.bias
+            d = down.weight.new_zeros(down.out_features, padded)
+            d[:, :n] = down.weight
+        self._padded = (w.reshape(2 * padded, -1), b.reshape(-1), d)
+        self._padded_key = key
+    w, b, d = self._padded
+    g, u = F.linear(hidden_state, w, b).chunk(2, dim=-1)
+    return F.linear(self.act_fn(g) * u, d, down.bias)
+
+
+def use_padded_vision_mlp(model: torch.nn.Module, multiple: int = 128) -> int:
+    """Run the vision MLPs (intermediate 3,420 in the 7B: no multiple of 16) as one gate+up product and one
+    down product over an intermediate padded with zeros to ``multiple``, where no gradient is asked of them."""
+    try:
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLMLP
+    except ImportError:
+        return 0
+    visual = getattr(getattr(model, "model", model), "visual", model)
+    patched = 0
+    for module in visual.modules():
+        if isinstance(module, Qwen2_5_VLMLP):
+            module._unpadded_forward = module.forward
+            module._pad_multiple = multiple
+            module.forward = types.MethodType(_padded_mlp_forward, module)
+            patched += 1
+    return patched
+
+
+def use_fast_vision_tower(model: torch.nn.Module) -> None:
+    """Every change above, each equal to transformers' output within the dtype's rounding: batched windows,
+    the patch embedding as a matrix product, padded vision MLPs (where the tower asks no gradient)."""
+    use_batched_window_attention(model)
+    use_linear_patch_embed(model)
+    use_padded_vision_mlp(model)
