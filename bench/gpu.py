@@ -68,7 +68,7 @@ from keyshot.infer.protocol.prompts import load_prompt_set  # noqa: E402
 from keyshot.infer.testing.scorer_data import scorer_rows  # noqa: E402
 from keyshot.train.batches import ScorerCollator, build_batch_sampler  # noqa: E402
 from keyshot.train.scorer_model import parameter_groups, prepare_for_training  # noqa: E402
-from keyshot.train.throughput import FlopsModel, ThroughputMeter, log_totals  # noqa: E402
+from keyshot.train.throughput import FlopsModel, ThroughputMeter, batch_shape_stats, log_totals  # noqa: E402
 from keyshot.train.train_config import LoraSettings, ModelSettings, OptimSettings  # noqa: E402
 
 logger = logging.getLogger("bench.gpu")
@@ -274,13 +274,18 @@ def train_bench(
 
     stream = batches()
     losses: list[torch.Tensor] = []
+    # The recipe's Accelerator(mixed_precision="bf16") runs the forward under autocast (peft keeps the
+    # adapters in float32: without autocast their products would run in float32).
+    autocast = torch.autocast(kit.device.type, dtype=torch.bfloat16, enabled=kit.device.type == "cuda")
+    llm_only = dataclasses.replace(flops, vision_factor=0.0, merger_factor=0.0)
+    llm_flops = [0.0]
 
     def step() -> None:
         with phases.phase("data wait"):
             cpu_batch = next(stream)
         with phases.phase("host→device copy"):
             batch_ = {k: v.to(kit.device, non_blocking=True) for k, v in cpu_batch.items()}
-        with phases.phase("forward"):
+        with phases.phase("forward"), autocast:
             loss = model(**batch_).loss
         with phases.phase("backward"):
             loss.backward()
@@ -291,6 +296,8 @@ def train_bench(
         with phases.phase("logging"):
             losses.append(loss.detach().float())
             meter.add_batch(cpu_batch)
+            if phases.on:
+                llm_flops[0] += llm_only.batch_flops(*batch_shape_stats(cpu_batch)[:2])
             log_totals(losses, meter, kit.device).cpu()
             losses.clear()
 
@@ -311,6 +318,7 @@ def train_bench(
     shares = {k: v / profiled for k, v in phases.total.items()}
     shares["language-model forward"] = shares.pop("forward", 0.0) - shares.get("vision forward", 0.0)
     shares["unaccounted"] = 1.0 - sum(shares.values())
+    llm_seconds = (shares["language-model forward"] + shares.get("backward", 0.0)) * profiled
     return {
         "mode": mode,
         "batching": batching,
@@ -327,6 +335,8 @@ def train_bench(
         if kit.device.type == "cuda"
         else None,
         "phases": shares,
+        # the language model's counted FLOPs over its forward and the backward (recompute included)
+        "llm_mfu": llm_flops[0] / max(llm_seconds, 1e-9) / (kit.peak_tflops * 1e12),
         "vision_calls_per_step": phases.vision_calls / steps,
         "profiled_step_s": profiled / steps,
     }
@@ -632,14 +642,19 @@ def markdown(
         "logging",
         "unaccounted",
     ]
-    lines.append("| mode | batching | " + " | ".join(names) + " | profiled step s | vision forwards/step |")
-    lines.append("|---|---|" + "---:|" * (len(names) + 2))
+    lines.append(
+        "| mode | batching | "
+        + " | ".join(names)
+        + " | profiled step s | vision forwards/step | LM fwd+bwd MFU |"
+    )
+    lines.append("|---|---|" + "---:|" * (len(names) + 3))
     for r in train_rows:
         if r.get("oom"):
             continue
         cells = " | ".join(f"{100 * r['phases'].get(n, 0.0):.1f}%" for n in names)
         lines.append(
-            f"| {r['mode']} | {r['batching']} | {cells} | {r['profiled_step_s']:.3f} | {r['vision_calls_per_step']:.1f} |"
+            f"| {r['mode']} | {r['batching']} | {cells} | {r['profiled_step_s']:.3f} | {r['vision_calls_per_step']:.1f} "
+            f"| {100 * r['llm_mfu']:.1f}% |"
         )
     if scoring:
         lines += [
@@ -797,14 +812,15 @@ def main(argv: list[str] | None = None) -> int:
                 if row is not None:
                     train_rows.append(row)
         logger.info("scoring")
-        batches = [int(b) for b in args.score_batches.split(",")]
+        batches = [int(b) for b in args.score_batches.split(",") if b]
 
         def score_all() -> dict:
             result, model = scorer_bench(kit, batches, args.score_reps)
             result["vllm"] = vllm_row(kit, model, not args.no_vllm, max(batches), Path(tmp))
             return result
 
-        scoring = section("scoring", score_all)
+        if batches:
+            scoring = section("scoring", score_all)
     save()
     print(args.out.read_text())
     return 1 if errors else 0
