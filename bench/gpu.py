@@ -236,14 +236,26 @@ def train_bench(
     steps: int,
     depth: int | None,
     workers: int = 0,
+    variant: str = "default",
 ) -> dict:
-    """Steps of the recipe's work at one setting: unsynchronised (rates, MFU), then profiled (phases)."""
+    """Steps of the recipe's work at one setting: unsynchronised (rates, MFU), then profiled (phases).
+
+    ``variant`` (LoRA only, to find what LoRA's step costs): ``no-dropout`` (lora.dropout 0),
+    ``no-checkpointing`` (model.gradient_checkpointing false), ``bf16-adapters`` (adapters in bfloat16,
+    where peft keeps them in float32)."""
     processor = kit.processor
     renderer = ScorerRenderer(processor, image_policy_for(processor), max_length=4096)
     data = Rendered(rows, renderer)
-    lora = LoraSettings(enabled=mode == "lora", r=64, alpha=128, dropout=0.05)
-    settings = ModelSettings(name_or_path="(random)", gradient_checkpointing=True, lora=lora)
+    dropout = 0.0 if variant == "no-dropout" else 0.05
+    lora = LoraSettings(enabled=mode == "lora", r=64, alpha=128, dropout=dropout)
+    settings = ModelSettings(
+        name_or_path="(random)", gradient_checkpointing=variant != "no-checkpointing", lora=lora
+    )
     model = prepare_for_training(build_model(kit, depth), settings)
+    if variant == "bf16-adapters":
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.data = param.data.to(kit.dtype)
     model.train()
     optim = OptimSettings(lr=1e-5 if mode == "full" else 1e-4)
     fused = {"fused": True} if kit.device.type == "cuda" else {}
@@ -320,7 +332,7 @@ def train_bench(
     shares["unaccounted"] = 1.0 - sum(shares.values())
     llm_seconds = (shares["language-model forward"] + shares.get("backward", 0.0)) * profiled
     return {
-        "mode": mode,
+        "mode": mode if variant == "default" else f"{mode} ({variant})",
         "batching": batching,
         "micro_batch": batch,
         "workers": workers,
@@ -343,7 +355,15 @@ def train_bench(
 
 
 def train_fitting(
-    kit: Kit, rows: list[dict], *, mode: str, batching: str, batch: int, steps: int, workers: int = 0
+    kit: Kit,
+    rows: list[dict],
+    *,
+    mode: str,
+    batching: str,
+    batch: int,
+    steps: int,
+    workers: int = 0,
+    variant: str = "default",
 ) -> dict:
     """:func:`train_bench` at full depth, else at half the decoder layers until it fits (said in the row)."""
     full = model_config(kit).get_text_config().num_hidden_layers
@@ -359,6 +379,7 @@ def train_fitting(
                 steps=steps,
                 depth=depth,
                 workers=workers,
+                variant=variant,
             )
             row["full_depth"] = full
             return row
@@ -727,6 +748,9 @@ def main(argv: list[str] | None = None) -> int:
         "--cpu-peak", type=float, default=0.2, help="nominal CPU TFLOP/s for the tiny shape's MFU"
     )
     ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument(
+        "--lora-variants", default="", help="extra LoRA rows: no-dropout, no-checkpointing, bf16-adapters"
+    )
     ap.add_argument("--vision-batches", default="1,8,16", help="vision tower alone ('' to skip)")
     ap.add_argument(
         "--workers", type=int, help="DataLoader workers (default: 8 on CUDA as the 7B configs, else 0)"
@@ -811,6 +835,23 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 if row is not None:
                     train_rows.append(row)
+        for variant in [v for v in args.lora_variants.split(",") if v]:
+            logger.info("training: lora (%s)", variant)
+            row = section(
+                f"training lora {variant}",
+                lambda variant=variant: train_fitting(
+                    kit,
+                    rows,
+                    mode="lora",
+                    batching=args.batchings.split(",")[0],
+                    batch=args.batch,
+                    steps=args.steps,
+                    workers=workers,
+                    variant=variant,
+                ),
+            )
+            if row is not None:
+                train_rows.append(row)
         logger.info("scoring")
         batches = [int(b) for b in args.score_batches.split(",") if b]
 
