@@ -130,3 +130,40 @@ _FLOPS_ARGS = dict(
     vision_factor=1.0,
     merger_factor=3.0,
 )
+
+
+def test_lora_keeps_bf16_activations_under_autocast_and_float32_adapters(tiny_model_dir):
+    """Under the recipe's autocast a LoRA layer's input is not copied to float32 (the H200 finding), the
+    adapters stay float32 and get gradients, and the loss is peft's own within bf16 rounding; outside
+    autocast peft's cast still applies (a bf16 model with float32 adapters runs)."""
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    settings = ModelSettings(
+        name_or_path=str(tiny_model_dir),
+        dtype="bfloat16",
+        attn_implementation="sdpa",
+        lora=LoraSettings(enabled=True, r=4, alpha=8, dropout=0.0),
+    )
+    model = load_scorer_model(settings)
+    assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if "lora_" in n)
+    seen: list[torch.dtype] = []
+    layer = next(m for m in model.modules() if isinstance(m, LoraLinear))
+    handle = next(iter(layer.lora_A.values())).register_forward_pre_hook(
+        lambda _m, a: seen.append(a[0].dtype)
+    )
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert seen and set(seen) == {torch.bfloat16}  # peft alone would have cast it to float32
+    grads = [p.grad for n, p in model.named_parameters() if "lora_B" in n]
+    assert grads and all(g is not None and g.dtype == torch.float32 for g in grads)
+    handle.remove()
+    for module in model.modules():  # peft's own cast, for the reference loss
+        module.__dict__.pop("_cast_input_dtype", None)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = model(input_ids=ids, labels=ids).loss
+    torch.testing.assert_close(loss.detach().float(), reference.float(), rtol=2e-2, atol=2e-2)
+    with torch.no_grad():  # no autocast: the input is cast to the adapters' float32 as peft does
+        assert torch.isfinite(load_scorer_model(settings)(input_ids=ids, labels=ids).loss)
