@@ -14,13 +14,12 @@ if [ ! -x "$V/bin/python" ]; then
     exit 2
 fi
 
-install_chromium() {
-    DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
-}
+# stage.sh runs its command in a process of its own: the install is a command line, not a shell function
+INSTALL_CHROMIUM='DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium'
 if command -v chromium >/dev/null 2>&1 || [ -n "${KEYSHOT_CHROMIUM:-}" ]; then
     printf '%-58s %s\n' "chromium (Debian package)" "found: ${KEYSHOT_CHROMIUM:-$(command -v chromium)}"
 elif [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-    stage "chromium (Debian package): apt-get install chromium" install_chromium
+    stage "chromium (Debian package): apt-get install chromium" bash -c "$INSTALL_CHROMIUM"
 else
     echo "setup-browser: Chromium is missing: install Debian's package (sudo apt-get install chromium), or set KEYSHOT_CHROMIUM to a Chromium executable" >&2
     exit 1
