@@ -34,12 +34,12 @@ from pathlib import Path
 
 import psutil
 
-from keyshot.infer.reward import RewardModel
-from keyshot.infer.reward import shared as reward_shared
-from keyshot.infer.reward.logs import paid_calls
-from keyshot.infer.reward.miniwob import MiniWoBBrowser, ScriptedAgent, prepare_browser, run_episode
+from keyshot.env.miniwob.browser import MiniWoBBrowser, ScriptedAgent, prepare_browser, run_episode
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import spawn_fake_openai
+from keyshot.reward import RewardModel
+from keyshot.reward import shared as reward_shared
+from keyshot.reward.logs import paid_calls
 
 MODES = ("batched", "one_at_a_time")
 

@@ -48,12 +48,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from keyshot.infer.loaders import load_trajectories
-from keyshot.infer.reward import Episode, RewardModel
-from keyshot.infer.reward.service import RewardService, ServiceLimits
-from keyshot.infer.reward.trl import environment_reward
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge, spawn_fake_openai
 from keyshot.infer.testing.worlds import synthetic_trajectories
+from keyshot.reward import Episode, RewardModel
+from keyshot.reward.service import RewardService, ServiceLimits
+from keyshot.reward.trl import environment_reward
 
 ROOT = Path(__file__).resolve().parents[1]
 HALF_FAULTS = {"500": 0.25, "timeout": 0.1, "malformed": 0.15}

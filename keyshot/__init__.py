@@ -40,9 +40,9 @@ _EXPORTS = {
     "WebJudge": "keyshot.infer.judge.pipeline",
     "PipelineConfig": "keyshot.infer.judge.pipeline",
     "compute_metrics": "keyshot.infer.metrics.compute",
-    "RewardModel": "keyshot.infer.reward",
-    "RewardResult": "keyshot.infer.reward",
-    "Episode": "keyshot.infer.reward",
+    "RewardModel": "keyshot.reward",
+    "RewardResult": "keyshot.reward",
+    "Episode": "keyshot.reward",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -33,23 +33,20 @@ BELOW = {
         "judge",
     },
     "testing": {"common", "protocol", "loaders", "testing"},
-    "reward": {
-        "common",
-        "protocol",
-        "loaders",
-        "model",
-        "client",
-        "runs",
-        "metrics",
-        "serve",
-        "report",
-        "judge",
-        "testing",
-        "reward",
-    },
 }
 #: floor -> the floors of keyshot it may import
-FLOORS = {"infer": {"infer"}, "data_synth": {"infer", "data_synth"}, "train": {"infer", "train"}}
+FLOORS = {
+    "infer": {"infer"},
+    "reward": {"infer", "reward"},
+    "env": {"infer", "reward", "env"},
+    "data_synth": {"infer", "data_synth"},
+    "train": {"infer", "train"},
+}
+#: floor -> the only modules it may import of a floor above the ground (the environment floor touches the
+#: reward only through the episode it records)
+ONLY = {"env": {"reward": {"keyshot.reward.episode"}}}
+#: floors that may not import keyshot.infer's test room (fake servers, synthetic worlds)
+NO_TESTING = {"reward", "env"}
 
 
 def imported(path: Path) -> set[str]:
@@ -72,7 +69,7 @@ def violations(repo: Path) -> list[str]:
             room = parts[0] if floor == "infer" and len(parts) > 1 else None
             for name in sorted(imported(path)):
                 top = name.split(".")
-                if top[0] in ("infer", "train", "data_synth", "tests", "bench"):
+                if top[0] in (*FLOORS, "tests", "bench"):
                     found.append(f"{path.relative_to(repo)}: imports {name} (import keyshot.{name})")
                     continue
                 if top[0] != "keyshot" or len(top) < 2:
@@ -80,6 +77,15 @@ def violations(repo: Path) -> list[str]:
                 if top[1] not in allowed:
                     found.append(
                         f"{path.relative_to(repo)}: imports {name} (floor {floor} is below {top[1]})"
+                    )
+                elif top[1] in ONLY.get(floor, {}) and name not in ONLY[floor][top[1]]:
+                    found.append(
+                        f"{path.relative_to(repo)}: imports {name} (floor {floor} may import only "
+                        f"{', '.join(sorted(ONLY[floor][top[1]]))} of {top[1]})"
+                    )
+                elif floor in NO_TESTING and top[1:3] == ["infer", "testing"]:
+                    found.append(
+                        f"{path.relative_to(repo)}: imports {name} (the test room is for tests and bench)"
                     )
                 elif room and top[1] == "infer" and len(top) > 2 and top[2] in set(BELOW) - BELOW[room]:
                     found.append(f"{path.relative_to(repo)}: imports {name} (room {room} is below {top[2]})")
@@ -104,9 +110,16 @@ def test_a_planted_upward_import_is_found(tmp_path):
     )
     (tmp_path / "infer" / "cli.py").write_text("import keyshot.data_synth.cli\n")
     (tmp_path / "train" / "recipe.py").write_text("from infer.protocol import parsing\n")
-    assert violations(tmp_path) == [
+    (tmp_path / "env" / "page.py").write_text("from keyshot.reward.model import RewardModel\n")
+    (tmp_path / "reward" / "model.py").write_text(
+        "import keyshot.env.replay\nimport keyshot.infer.testing.worlds\n"
+    )
+    assert sorted(violations(tmp_path)) == [
+        "env/page.py: imports keyshot.reward.model (floor env may import only keyshot.reward.episode of reward)",
         "infer/cli.py: imports keyshot.data_synth.cli (floor infer is below data_synth)",
         "infer/protocol/parsing.py: imports keyshot.infer.judge.pipeline (room protocol is below judge)",
+        "reward/model.py: imports keyshot.env.replay (floor reward is below env)",
+        "reward/model.py: imports keyshot.infer.testing.worlds (the test room is for tests and bench)",
         "train/recipe.py: imports infer.protocol (import keyshot.infer.protocol)",
     ]
 

@@ -1,4 +1,4 @@
-"""Live episodes (keyshot.infer.reward.miniwob): BrowserGym's MiniWoB tasks in Debian's Chromium, judged by
+"""Live episodes (keyshot.env.miniwob.browser): BrowserGym's MiniWoB tasks in Debian's Chromium, judged by
 keyshot against the fake judge and compared with MiniWoB's own reward. The live tests are in the slow tier
 and skip where the browser set-up (make setup-browser) is missing; the set-up's errors and the scripted
 agent's reading of a page are checked without a browser."""
@@ -18,11 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from keyshot.infer.cli import main as keyshot
-from keyshot.infer.loaders import load_trajectories
-from keyshot.infer.protocol.verdicts import read_verdicts
-from keyshot.infer.reward import Episode, RewardModel
-from keyshot.infer.reward.miniwob import (
+from keyshot.env.miniwob.browser import (
     CHROMIUM_ENV,
     LivePage,
     MiniWoBBrowser,
@@ -33,8 +29,12 @@ from keyshot.infer.reward.miniwob import (
     record_failure,
     run_episode,
 )
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+from keyshot.reward import Episode, RewardModel
 
 REPO = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -180,7 +180,7 @@ def test_a_browser_killed_mid_episode_is_not_rewarded_and_the_rest_are(config):
 
 HOLDER = """
 import json, sys, time
-from keyshot.infer.reward.miniwob import MiniWoBBrowser
+from keyshot.env.miniwob.browser import MiniWoBBrowser
 browser = MiniWoBBrowser("click-test", seed=0)
 browser.reset()
 print(json.dumps([browser.process.pid, *browser.pids]), flush=True)

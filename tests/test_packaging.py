@@ -67,9 +67,9 @@ def test_the_wheel_holds_what_the_package_reads_at_run_time(tmp_path):
     packaged = {Path(n).parent.as_posix() for n in names if n.endswith("/__init__.py")}
     folders = {
         "keyshot/" + p.parent.relative_to(REPO).as_posix()
-        for floor in ("infer", "train", "data_synth")
+        for floor in ("infer", "reward", "env", "train", "data_synth")
         for p in (REPO / floor).rglob("__init__.py")
-    } | {"keyshot", "keyshot/reward"}
+    } | {"keyshot"}
     assert packaged == folders, "pyproject.toml's package list and the package folders differ"
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
@@ -153,8 +153,8 @@ def test_the_wheel_installs_one_import_name_and_the_command(tmp_path):
 
 def test_every_name_of_the_facade_resolves_to_its_room():
     import keyshot
-    from keyshot.infer.reward.episode import Episode
-    from keyshot.infer.reward.model import RewardModel
+    from keyshot.reward.episode import Episode
+    from keyshot.reward.model import RewardModel
 
     for name in keyshot.__all__:
         assert getattr(keyshot, name).__name__ == name

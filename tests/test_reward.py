@@ -14,13 +14,13 @@ import pytest
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.protocol.verdicts import read_verdicts
-from keyshot.infer.reward import Episode, RewardModel
-from keyshot.infer.reward import shared as reward_shared
-from keyshot.infer.reward.openrlhf import reward_func
-from keyshot.infer.reward.trl import EpisodeRecorder, environment_reward, reward_function
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
 from keyshot.infer.testing.worlds import synthetic_trajectories
+from keyshot.reward import Episode, RewardModel
+from keyshot.reward import shared as reward_shared
+from keyshot.reward.openrlhf import reward_func
+from keyshot.reward.trl import EpisodeRecorder, environment_reward, reward_function
 
 FIXTURES = Path(__file__).parent / "fixtures"
 OM2W_V1 = sorted((FIXTURES / "trajectories" / "online_mind2web_v1").iterdir())
@@ -265,7 +265,7 @@ def test_openrlhf_reward_func(tmp_path, servers, monkeypatch):
 AGENT_FILE = """
 from pathlib import Path
 from keyshot.infer.loaders import load_trajectory
-from keyshot.infer.reward.openrlhf import KeyshotAgentInstance, Observation
+from keyshot.reward.openrlhf import KeyshotAgentInstance, Observation
 
 class AgentInstance(KeyshotAgentInstance):
     async def start(self, label):
@@ -373,7 +373,7 @@ def test_reward_filter_with_a_dead_judge_accepts_nothing_and_says_the_run_is_inc
 
 def test_the_service_refuses_a_full_queue_and_ends_a_request_at_its_deadline(tmp_path, group):
     """429 with Retry-After while the queue is full, 504 at the deadline, and the next request served."""
-    from keyshot.infer.reward.service import RewardService, ServiceLimits
+    from keyshot.reward.service import RewardService, ServiceLimits
 
     with FakeOpenAI(make_judge(), latency_s=0.6) as judge, FakeOpenAI(make_judge()) as scorer:
         rm = RewardModel.from_config(write_config(tmp_path, judge, scorer), allow_root=str(tmp_path))
@@ -397,7 +397,7 @@ def test_the_service_refuses_a_full_queue_and_ends_a_request_at_its_deadline(tmp
 
 
 def test_an_all_failing_judge_fails_requests_fast_and_health_says_so(tmp_path, group):
-    from keyshot.infer.reward.service import RewardService, ServiceLimits
+    from keyshot.reward.service import RewardService, ServiceLimits
 
     with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
         config = write_config(tmp_path, judge, scorer)

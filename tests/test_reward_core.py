@@ -16,11 +16,11 @@ import pytest
 from PIL import Image
 
 from keyshot.infer.common.config import ConfigError
-from keyshot.infer.reward import shared as reward_shared
-from keyshot.infer.reward.logs import SAMPLE_KEYS, batch_metrics, sample_logs, warn_constant_groups
-from keyshot.infer.reward.model import RewardResult
-from keyshot.infer.reward.rollouts import RolloutError, read_rollout
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from keyshot.reward import shared as reward_shared
+from keyshot.reward.logs import SAMPLE_KEYS, batch_metrics, sample_logs, warn_constant_groups
+from keyshot.reward.model import RewardResult
+from keyshot.reward.rollouts import RolloutError, read_rollout
 from tests.test_reward import OM2W_V1, write_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,16 +48,15 @@ def test_keyshot_reward_is_the_public_name_and_its_adapter_files_load_by_path():
     import keyshot.reward
     import keyshot.reward.trl
     import keyshot.reward.verl
-    from keyshot.infer.reward.model import RewardModel
+    from keyshot.reward.model import RewardModel
 
     assert keyshot.reward.RewardModel is RewardModel
     assert callable(keyshot.reward.verl.compute_score) and callable(keyshot.reward.trl.environment_reward)
-    for path in (REPO / "keyshot" / "reward" / "openrlhf.py", REPO / "infer" / "reward" / "openrlhf.py"):
-        # OpenRLHF's loader: a spec from the file, no sys.modules entry, exec_module
-        spec = importlib.util.spec_from_file_location("reward_func", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        assert callable(module.reward_func)
+    # OpenRLHF's loader: a spec from the file, no sys.modules entry, exec_module
+    spec = importlib.util.spec_from_file_location("reward_func", REPO / "reward" / "openrlhf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert callable(module.reward_func)
 
 
 # ---------------------------------------------------------------------------- the reward value
@@ -190,7 +189,7 @@ def test_log_fields_have_the_same_keys_and_numbers_only_whatever_the_results():
 
 
 def test_constant_groups_are_named_once(caplog):
-    with caplog.at_level(logging.WARNING, logger="keyshot.infer.reward.logs"):
+    with caplog.at_level(logging.WARNING, logger="keyshot.reward.logs"):
         assert warn_constant_groups(["f1", "f1", "f2", "f2"], [0, 0, 1, 1], "test-where", "record episodes")
         assert warn_constant_groups(["f1", "f1"], [0, 0], "test-where", "record episodes")
         assert not warn_constant_groups(["e1", "e2", "e3", "e4"], [0, 0, 1, 1], "other", "x")

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from keyshot.infer.reward import RewardModel
-from keyshot.infer.reward import shared as reward_shared
-from keyshot.infer.reward.replay import ReplayBrowser, ReplayError
-from keyshot.infer.reward.trl import environment_reward
+from keyshot.env.replay import ReplayBrowser, ReplayError
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from keyshot.reward import RewardModel
+from keyshot.reward import shared as reward_shared
+from keyshot.reward.trl import environment_reward
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "reward"
@@ -238,7 +238,7 @@ def test_trl_example_trains_one_grpo_step_on_the_tiny_model(tmp_path, config):
 @pytest.mark.slow
 def test_trl_example_trains_one_grpo_step_on_live_miniwob_pages(tmp_path, config):
     pytest.importorskip("browsergym.miniwob", reason="the browser extra: make setup-browser")
-    from keyshot.infer.reward.miniwob import MiniWoBError, prepare_browser
+    from keyshot.env.miniwob.browser import MiniWoBError, prepare_browser
 
     try:
         prepare_browser()
@@ -265,7 +265,7 @@ def test_trl_example_trains_one_grpo_step_on_live_miniwob_pages(tmp_path, config
 @pytest.mark.slow
 def test_openrlhf_agent_file_plays_a_live_miniwob_label(tmp_path, config, monkeypatch):
     pytest.importorskip("browsergym.miniwob", reason="the browser extra: make setup-browser")
-    from keyshot.infer.reward.miniwob import MiniWoBError, ScriptedAgent, prepare_browser
+    from keyshot.env.miniwob.browser import MiniWoBError, ScriptedAgent, prepare_browser
 
     try:
         prepare_browser()

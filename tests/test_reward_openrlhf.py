@@ -21,18 +21,18 @@ from pathlib import Path
 
 import pytest
 
-from keyshot.infer.reward.logs import SAMPLE_KEYS
-from keyshot.infer.reward.model import RewardModel
-from keyshot.infer.reward.openrlhf import UNFINISHED_KEY
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, identify_step, make_judge
+from keyshot.reward.logs import SAMPLE_KEYS
+from keyshot.reward.model import RewardModel
+from keyshot.reward.openrlhf import UNFINISHED_KEY
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "framework" / "openrlhf_rollouts.py"
 RESULT = "keyshot-openrlhf-result "  # the driver's answer lines
 OPENRLHF_PYTHON = os.environ.get("KEYSHOT_OPENRLHF_PYTHON") or str(REPO / ".venv-openrlhf" / "bin" / "python")
 OM2W_V1 = sorted((REPO / "tests" / "fixtures" / "trajectories" / "online_mind2web_v1").iterdir())
-REWARD_FILES = [REPO / "infer" / "reward" / "openrlhf.py", REPO / "keyshot" / "reward" / "openrlhf.py"]
+REWARD_FILE = REPO / "reward" / "openrlhf.py"
 AGENT_FILE = REPO / "examples" / "reward" / "openrlhf_agent.py"
 
 if not Path(OPENRLHF_PYTHON).exists():
@@ -146,12 +146,8 @@ def check_tensors(out: dict, n: int, extra: tuple[str, ...] = ()) -> None:
 LABELS = [str(f) for f in OM2W_V1]
 
 
-@pytest.mark.parametrize(
-    "reward_file", REWARD_FILES, ids=["infer.reward.openrlhf", "keyshot.reward.openrlhf"]
-)
-def test_single_turn_executor_loads_the_reward_file_by_path(
-    reward_file, tmp_path, servers, openrlhf, one_process
-):
+def test_single_turn_executor_loads_the_reward_file_by_path(tmp_path, servers, openrlhf, one_process):
+    reward_file = REWARD_FILE
     config = write_config(tmp_path / "reward.yaml", *servers)
     out = openrlhf.run(tmp_path, config, mode="single", reward=str(reward_file), labels=LABELS)
     assert out["executor"] == "openrlhf.utils.agent.SingleTurnAgentExecutor"
@@ -164,9 +160,7 @@ def test_per_sample_threads_pay_what_one_process_pays(tmp_path, servers, openrlh
     """64 samples of 2 tasks (32 copies of each folder), one reward_func call per sample on OpenRLHF's
     threads, cost the judge and the scorer what scoring the two folders once costs."""
     config = write_config(tmp_path / "reward.yaml", *servers)
-    out = openrlhf.run(
-        tmp_path, config, mode="single", reward=str(REWARD_FILES[0]), labels=LABELS, samples=32
-    )
+    out = openrlhf.run(tmp_path, config, mode="single", reward=str(REWARD_FILE), labels=LABELS, samples=32)
     check_tensors(out, 64)
     assert out["rewards"] == [one_process[0][0]] * 32 + [one_process[0][1]] * 32
     assert calls(*servers) == one_process[1]
@@ -179,9 +173,7 @@ def test_per_sample_threads_pay_what_one_process_pays(tmp_path, servers, openrlh
 def test_single_turn_with_a_dead_judge_gets_counted_zeros(tmp_path, openrlhf):
     with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
         config = write_config(tmp_path / "reward.yaml", judge, scorer)
-        out = openrlhf.run(
-            tmp_path, config, mode="single", reward=str(REWARD_FILES[0]), labels=LABELS, samples=2
-        )
+        out = openrlhf.run(tmp_path, config, mode="single", reward=str(REWARD_FILE), labels=LABELS, samples=2)
     check_tensors(out, 4)
     assert out["rewards"] == [0.0] * 4 and out["info"]["keyshot_failed"] == [1.0] * 4
     assert out["info_means"]["keyshot_failed"] == 1.0 and out["info_means"]["keyshot_success"] == 0.0

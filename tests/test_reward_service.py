@@ -19,10 +19,10 @@ import pytest
 from PIL import Image
 
 from keyshot.infer.loaders import load_trajectories
-from keyshot.infer.reward.logs import SAMPLE_KEYS
-from keyshot.infer.reward.service import Metrics
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge
+from keyshot.reward.logs import SAMPLE_KEYS
+from keyshot.reward.service import Metrics
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -209,7 +209,7 @@ def test_the_latency_histogram_is_cumulative():
 
 
 def test_the_service_does_not_import_the_openrlhf_adapter():
-    code = "import sys, keyshot.infer.reward.service; print('keyshot.infer.reward.openrlhf' in sys.modules)"
+    code = "import sys, keyshot.reward.service; print('keyshot.reward.openrlhf' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
 

@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from keyshot.infer.reward import RewardModel, logs
-from keyshot.infer.reward import shared as reward_shared
-from keyshot.infer.reward.replay import ReplayBrowser
-from keyshot.infer.reward.trl import (
+from keyshot.env.replay import ReplayBrowser
+from keyshot.infer.testing.configs import fake_judge_config
+from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from keyshot.reward import RewardModel, logs
+from keyshot.reward import shared as reward_shared
+from keyshot.reward.trl import (
     EpisodeRecorder,
     KeyshotEnvironment,
     KeyshotEnvironmentReward,
@@ -30,8 +32,6 @@ from keyshot.infer.reward.trl import (
     TrlRewardError,
     environment_reward,
 )
-from keyshot.infer.testing.configs import fake_judge_config
-from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
 
 pytest.importorskip("trl", reason="trl is in the dev extra: pip install -e '.[dev]'")
 

@@ -1,4 +1,4 @@
-"""keyshot's verl reward (infer/reward/verl.py, keyshot/reward/verl.py).
+"""keyshot's verl reward (reward/verl.py).
 
 In .venv: ``compute_score`` called as verl's reward manager calls it (one call per sample, concurrently).
 In the verl venv (tools/setup_verl.sh; ``$KEYSHOT_VERL_PYTHON``, default .venv-verl): verl 0.9.1's own
@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from keyshot.infer.reward import logs as reward_logs
-from keyshot.infer.reward import shared as reward_shared
-from keyshot.infer.reward import verl as verl_reward
-from keyshot.infer.reward.verl import compute_score
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from keyshot.reward import logs as reward_logs
+from keyshot.reward import shared as reward_shared
+from keyshot.reward import verl as verl_reward
+from keyshot.reward.verl import compute_score
 
 REPO = Path(__file__).resolve().parents[1]
 OM2W_V1 = sorted((REPO / "tests" / "fixtures" / "trajectories" / "online_mind2web_v1").iterdir())
@@ -43,7 +43,7 @@ def documented_verl_commands() -> list[dict]:
     name (verl's own ppo_trainer when none) and their overrides, with this checkout for ``$PWD`` and the
     installed keyshot.reward.verl file for the ``$(python -c ...)``; placeholders (``...``) left out."""
     text = (REPO / "docs" / "reward.md").read_text()
-    reward_file = str(REPO / "keyshot" / "reward" / "verl.py")
+    reward_file = str(REPO / "reward" / "verl.py")
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for command in block.replace("\\\n", " ").splitlines():
@@ -209,7 +209,7 @@ def verl_run(tmp_path_factory):
         spec = {
             "compose": documented_verl_commands(),
             "workdir": str(tmp),
-            "reward_file": str(REPO / "keyshot" / "reward" / "verl.py"),
+            "reward_file": str(REPO / "reward" / "verl.py"),
             "cases": [
                 {"name": "column", "keyshot_config": str(healthy), "samples": column, "router": None},
                 {
@@ -217,8 +217,6 @@ def verl_run(tmp_path_factory):
                     "keyshot_config": str(dead),
                     "samples": own,
                     "router": None,
-                    # the implementation's own file, loaded by path as well as the public name's
-                    "reward_file": str(REPO / "infer" / "reward" / "verl.py"),
                 },
                 {"name": "unset", "keyshot_config": str(unset), "samples": own[:1], "router": None},
                 {
@@ -293,10 +291,7 @@ def test_the_documented_verl_commands_compose_with_verls_own_config(verl_run):
     assert len(commands) == 2, "docs/reward.md: one verl command in its section, one in the cluster examples"
     for composed in commands:
         assert "error" not in composed, composed
-        assert (
-            composed["path"] == str(REPO / "keyshot" / "reward" / "verl.py")
-            and composed["name"] == "compute_score"
-        )
+        assert composed["path"] == str(REPO / "reward" / "verl.py") and composed["name"] == "compute_score"
         assert composed["reward_kwargs"] == {"keyshot_config": str(REPO / "configs" / "reward" / "verl.yaml")}
         assert composed["enable"] is True and composed["model_path"] and composed["rollout"] == "vllm"
 

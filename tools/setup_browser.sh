@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Live episodes (keyshot.infer.reward.miniwob): Debian's Chromium, and the `browser` extra (playwright,
+# Live episodes (keyshot.env.miniwob.browser): Debian's Chromium, and the `browser` extra (playwright,
 # BrowserGym's MiniWoB, the miniwob package's pages, pinned in pyproject.toml) in an existing keyshot venv.
 # No browser is downloaded: playwright is pointed at the system Chromium. Safe to run again.
 # usage: [SETUP_LOG=runs/setup.log] tools/setup_browser.sh [VENV=.venv]
@@ -27,4 +27,4 @@ fi
 # the extra's pins, read from pyproject.toml (keyshot's own install is left as it is)
 mapfile -t PINS < <("$V/bin/python" "$HERE/pyproject_deps.py" browser)
 stage "browser extra (pins of pyproject.toml)" "$V/bin/pip" install -q -c "$ROOT/.ci/constraints-cpu.txt" "${PINS[@]}"
-stage "check: a scripted MiniWoB episode in Chromium" "$V/bin/python" -m keyshot.infer.reward.miniwob click-button
+stage "check: a scripted MiniWoB episode in Chromium" "$V/bin/python" -m keyshot.env.miniwob.browser click-button

@@ -39,7 +39,7 @@ stage "torchvision shim (where needed)" "$V/bin/python" "$HERE/install_tv_shim.p
 stage "install keyshot's core dependencies" "${PIP[@]}" "${TORCH[@]}" "${KEYSHOT_DEPS[@]}"
 stage "link keyshot into $V" "${PIP[@]}" --no-deps -e "$ROOT"
 stage "check: OpenRLHF's executors, samples generator, keyshot" "$V/bin/python" -c "
-import torch, transformers, vllm, keyshot.infer.reward.openrlhf
+import torch, transformers, vllm, keyshot.reward.openrlhf
 from openrlhf.utils.agent import MultiTurnAgentExecutor, SingleTurnAgentExecutor
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from openrlhf.trainer.ray.vllm_engine import _load_agent_executor

@@ -28,10 +28,10 @@ import asyncio
 import json
 import sys
 
+from keyshot.env.miniwob.browser import MiniWoBBrowser, ScriptedAgent, record_failure
+from keyshot.env.replay import ReplayBrowser
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.reward.miniwob import MiniWoBBrowser, ScriptedAgent, record_failure
 from keyshot.reward.openrlhf import KeyshotAgentInstance, Observation, keyshot_agent_executor
-from keyshot.reward.replay import ReplayBrowser
 
 try:
     from openrlhf.utils.agent import AgentInstanceBase

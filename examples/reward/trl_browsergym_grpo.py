@@ -40,10 +40,10 @@ from pathlib import Path
 from datasets import Dataset
 from PIL import Image
 
+from keyshot.env.miniwob.browser import MiniWoBBrowser, prepare_browser, record_failure
+from keyshot.env.replay import ReplayBrowser
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.reward import shared_model
-from keyshot.reward.miniwob import MiniWoBBrowser, prepare_browser, record_failure
-from keyshot.reward.replay import ReplayBrowser
 from keyshot.reward.trl import EpisodeRecorder, KeyshotEnvironmentReward
 
 SYSTEM_PROMPT = """You control a web browser to complete tasks.
@@ -226,7 +226,7 @@ class ReplayEnv(WebEnv):
 
 
 class MiniWoBEnv(WebEnv):
-    """A live MiniWoB page in headless Chromium (keyshot.infer.reward.miniwob): the dataset row names the
+    """A live MiniWoB page in headless Chromium (keyshot.env.miniwob.browser): the dataset row names the
     task and its seed. At the episode's end ``browser.reward`` is MiniWoB's own reward."""
 
     opened: list[MiniWoBEnv] = []  # every environment TRL made, closed at the end of the run

@@ -151,7 +151,7 @@ def run_job(job: dict, processor) -> dict:
     from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
     from openrlhf.utils.agent import SingleTurnAgentExecutor
 
-    from keyshot.infer.reward.shared import CONFIG_ENV, reset_shared, shared_batcher, shared_model
+    from keyshot.reward.shared import CONFIG_ENV, reset_shared, shared_batcher, shared_model
 
     os.environ[CONFIG_ENV] = job["config"]
     tempfile.tempdir = job.get("tmp") or None

@@ -1,5 +1,5 @@
 """BrowserGym's own experiment loop (browsergym-experiments' ExpArgs.run) on a MiniWoB task, with a scripted
-agent that clicks what the goal names (keyshot.infer.reward.miniwob.ScriptedAgent) or one that clicks at
+agent that clicks what the goal names (keyshot.env.miniwob.browser.ScriptedAgent) or one that clicks at
 random; each run is an AgentLab-format folder (screenshot_step_N.png, step_N.pkl.gz, summary_info.json).
 
     python tests/support/browsergym_loop.py ROOT TASK AGENT:SEED[,SEED] [AGENT:SEED ...]   (AGENT: named | random)
@@ -20,7 +20,7 @@ from pathlib import Path
 from browsergym.experiments.agent import Agent, AgentInfo
 from browsergym.experiments.loop import AbstractAgentArgs, EnvArgs, ExpArgs
 
-from keyshot.infer.reward.miniwob import LivePage, ScriptedAgent, prepare_browser, random_action
+from keyshot.env.miniwob.browser import LivePage, ScriptedAgent, prepare_browser, random_action
 
 
 def _page(obs: dict) -> LivePage:

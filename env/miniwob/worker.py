@@ -1,6 +1,6 @@
-"""One MiniWoB browser in a process of its own (started by :class:`keyshot.infer.reward.miniwob.MiniWoBBrowser`):
+"""One MiniWoB browser in a process of its own (started by :class:`keyshot.env.miniwob.browser.MiniWoBBrowser`):
 
-    python -I infer/reward/miniwob_worker.py TASK CHROMIUM MAX_TEXT_CHARS
+    python -I env/miniwob/worker.py TASK CHROMIUM MAX_TEXT_CHARS
 
 Why a process: playwright reads the Python call stack at every call it makes (``inspect.stack()``), which
 costs seconds per page in a trainer's process holding thousands of modules (torch, transformers, trl); here

@@ -36,9 +36,9 @@ from keyshot.infer.judge.scorer_factory import build_scorer, describe_scorer
 from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.infer.protocol.parsing import split_key_points
 from keyshot.infer.protocol.verdicts import Verdict
-from keyshot.infer.reward.episode import Episode
-from keyshot.infer.reward.loop_thread import LoopThread
-from keyshot.infer.reward.rollouts import RolloutError, read_rollout
+from keyshot.reward.episode import Episode
+from keyshot.reward.loop_thread import LoopThread
+from keyshot.reward.rollouts import RolloutError, read_rollout
 
 logger = logging.getLogger(__name__)
 
@@ -305,7 +305,7 @@ class RewardModel:
         """One result per rollout, in order. Never raises for a rollout: a rollout that cannot be read
         or judged gets ``reward=None`` (or 0.0 with ``on_failure="zero"``) and ``error``. Episodes are
         discarded (their temporary files removed) once scored. Awaitable from any event loop: the calls
-        run on the model's own loop (:mod:`keyshot.infer.reward.loop_thread`)."""
+        run on the model's own loop (:mod:`keyshot.reward.loop_thread`)."""
         return await self._loop.run(self._score(list(rollouts), scorer_url, scorer_model))
 
     def score_sync(self, rollouts: Sequence[Any], **kwargs: Any) -> list[RewardResult]:

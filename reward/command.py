@@ -31,7 +31,7 @@ from keyshot.infer.judge.scorer_factory import start_served_scorer
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.model.checkpoint import model_folder_problem
-from keyshot.infer.reward.model import RewardModel, RewardResult, reward_config
+from keyshot.reward.model import RewardModel, RewardResult, reward_config
 
 
 class RewardCommandError(KeyshotError):
@@ -148,7 +148,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise RewardCommandError(
             "keyshot reward serve needs fastapi and uvicorn: pip install 'keyshot[reward]'"
         ) from None
-    from keyshot.infer.reward.service import ServiceLimits, run_service
+    from keyshot.reward.service import ServiceLimits, run_service
 
     allow_root = Path(args.allow_root)
     if not allow_root.is_dir():

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.reward.model import RewardModel, RewardResult
+from keyshot.reward.model import RewardModel, RewardResult
 
 CONFIG_ENV = "KEYSHOT_REWARD_CONFIG"
 WINDOW_ENV = "KEYSHOT_REWARD_WINDOW_S"

@@ -11,7 +11,7 @@
   so every sample of a prompt scores the same rollout: it says so at the first call.
 
 The reward callables hold a config path and options only, and build the process-wide RewardModel of that
-config (:func:`keyshot.infer.reward.shared.shared_model`) in the process that calls them: they pickle into
+config (:func:`keyshot.reward.shared.shared_model`) in the process that calls them: they pickle into
 AsyncGRPOTrainer's spawned rollout worker. TRL names a reward's log keys after its ``__name__``
 (``rewards/keyshot_environment_reward/mean``). Rewards are ``float | None``: TRL takes None as "no reward
 for this sample" (left out of the group's baseline, advantage 0), and ``keyshot/failed`` counts them.
@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.reward import logs, shared
-from keyshot.infer.reward.episode import Episode
-from keyshot.infer.reward.model import RewardModel, RewardResult
+from keyshot.reward import logs, shared
+from keyshot.reward.episode import Episode
+from keyshot.reward.model import RewardModel, RewardResult
 
 __all__ = [
     "EpisodeRecorder",

@@ -6,7 +6,7 @@
   [...]}`` → ``{"rewards": [...], "scores": [...], "extra_logs": {...}}``; a label is a trajectory folder's
   path or a JSON dict rollout. OpenRLHF turns every reward into a tensor and has no "no reward", so this
   route always answers numbers: a rollout without a verdict is 0.0 there, flagged in
-  ``extra_logs.keyshot_failed`` (the log fields of :func:`~keyshot.infer.reward.logs.sample_logs`), counted
+  ``extra_logs.keyshot_failed`` (the log fields of :func:`~keyshot.reward.logs.sample_logs`), counted
   in ``/metrics`` and logged, whatever ``reward.on_failure`` says (``/v1/reward`` keeps None);
 - ``GET /health``: the judge's and scorer's breaker state and the queue; 503 when an endpoint is down;
 - ``GET /metrics``: Prometheus text.
@@ -27,9 +27,9 @@ from typing import Any
 
 from keyshot.infer.loaders.common import InputScope
 from keyshot.infer.loaders.trajectory import Trajectory
-from keyshot.infer.reward.logs import sample_logs
-from keyshot.infer.reward.model import RewardModel, RewardResult
-from keyshot.infer.reward.rollouts import RolloutError, read_rollout
+from keyshot.reward.logs import sample_logs
+from keyshot.reward.model import RewardModel, RewardResult
+from keyshot.reward.rollouts import RolloutError, read_rollout
 
 logger = logging.getLogger(__name__)
 

@@ -9,11 +9,28 @@
   agent base), ``verl`` (``compute_score``);
 - ``command`` (``keyshot reward filter|serve``) and ``service`` (the HTTP service, FastAPI).
 
-This room may import every room of keyshot.infer below it, never data_synth or train.
+This floor imports keyshot.infer (never its test room), never env, data_synth or train.
+
+    from keyshot.reward import RewardModel, Episode
+    rm = RewardModel.from_config("configs/reward/trl.yaml")
+    results = rm.score_sync(rollouts)
 """
 
-from keyshot.infer.reward.episode import Episode
-from keyshot.infer.reward.model import RewardModel, RewardResult, RewardSettings
-from keyshot.infer.reward.rollouts import RolloutError
+from keyshot.reward.episode import Episode
+from keyshot.reward.logs import batch_metrics, sample_logs
+from keyshot.reward.model import RewardModel, RewardResult, RewardSettings
+from keyshot.reward.rollouts import RolloutError
+from keyshot.reward.shared import score_shared, score_shared_sync, shared_model
 
-__all__ = ["Episode", "RewardModel", "RewardResult", "RewardSettings", "RolloutError"]
+__all__ = [
+    "Episode",
+    "RewardModel",
+    "RewardResult",
+    "RewardSettings",
+    "RolloutError",
+    "batch_metrics",
+    "sample_logs",
+    "score_shared",
+    "score_shared_sync",
+    "shared_model",
+]

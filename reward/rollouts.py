@@ -1,7 +1,7 @@
 """What a reward model scores: a rollout, read into a :class:`~keyshot.infer.loaders.trajectory.Trajectory`.
 
 A rollout is a trajectory folder or JSONL file (any format ``keyshot judge`` reads), a ``Trajectory``, an
-:class:`~keyshot.infer.reward.episode.Episode`, or a dict::
+:class:`~keyshot.reward.episode.Episode`, or a dict::
 
     {"task": "...", "screenshots": [PNG/JPEG bytes | base64 | data URL | path | PIL image, ...],
      "actions": ["click(...)", ...], "final_answer": "...", "task_id": "...", "id": "..."}

@@ -8,11 +8,11 @@ reward into a tensor and has no "no reward": the config must say ``reward: {on_f
 sample without a verdict is counted in ``extra_logs`` (``keyshot_failed``) and logged, never a silent 0.
 
 ``reward_func`` is called once per sample, each call on a thread of its own (``asyncio.to_thread``); the
-calls meet in the process-wide model's batches (:func:`~keyshot.infer.reward.shared.score_shared_sync`),
+calls meet in the process-wide model's batches (:func:`~keyshot.reward.shared.score_shared_sync`),
 so key points are asked once per task and no call is paid twice.
 
 A label is a trajectory folder's path, or JSON: ``{"task": ..., "screenshots": [...], ...}`` (a dict
-rollout, see :mod:`keyshot.infer.reward.rollouts`) for ``reward_func``; for the agent, whatever its
+rollout, see :mod:`keyshot.reward.rollouts`) for ``reward_func``; for the agent, whatever its
 ``start`` opens.
 """
 
@@ -24,10 +24,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from keyshot.infer.reward.episode import Episode
-from keyshot.infer.reward.logs import sample_logs
-from keyshot.infer.reward.model import RewardResult
-from keyshot.infer.reward.shared import (
+from keyshot.reward.episode import Episode
+from keyshot.reward.logs import sample_logs
+from keyshot.reward.model import RewardResult
+from keyshot.reward.shared import (
     require_number_on_failure,
     score_shared,
     score_shared_sync,
@@ -47,7 +47,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: The per-sample field an agent adds to :func:`~keyshot.infer.reward.logs.sample_logs`: 1.0 for an
+#: The per-sample field an agent adds to :func:`~keyshot.reward.logs.sample_logs`: 1.0 for an
 #: episode OpenRLHF stopped at its token budget (no ``done`` step), judged on what it recorded.
 UNFINISHED_KEY = "keyshot_unfinished"
 

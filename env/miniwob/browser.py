@@ -23,7 +23,7 @@ BrowserGym at the system Chromium, makes playwright find it where it looks for i
 ``PLAYWRIGHT_BROWSERS_PATH`` holding a link at the revision playwright names; BrowserGym's chat window
 launches a second browser without our arguments), serves MiniWoB's pages from ``file://`` through
 ``MINIWOB_URL`` and gives tiktoken (BrowserGym's experiment loop counts tokens with it) its encoding from
-a package instead of a download. ``python -m keyshot.infer.reward.miniwob [TASK]`` checks the set-up with
+a package instead of a download. ``python -m keyshot.env.miniwob.browser [TASK]`` checks the set-up with
 one scripted episode.
 """
 
@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from keyshot.env.replay import ReplayPage
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.reward.episode import Episode
-from keyshot.infer.reward.replay import ReplayPage
+from keyshot.reward.episode import Episode
 
 __all__ = [
     "BrowserSetup",
@@ -67,7 +67,7 @@ __all__ = [
 CHROMIUM_ENV = "KEYSHOT_CHROMIUM"
 HOME_ENV = "KEYSHOT_BROWSER_HOME"
 BROWSER_PACKAGES = "pip install 'keyshot[browser]' (make setup-browser)"
-WORKER = Path(__file__).with_name("miniwob_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 _TIKTOKEN_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 
 
@@ -195,7 +195,7 @@ class LivePage(ReplayPage):
 
 class MiniWoBBrowser:
     """One MiniWoB++ task (``task``: its name, e.g. ``click-button``) in headless Chromium through
-    BrowserGym, run in a process of its own (``miniwob_worker.py``); ``seed`` picks the task's instance
+    BrowserGym, run in a process of its own (``worker.py``); ``seed`` picks the task's instance
     (its goal and page), ``max_steps`` ends an episode MiniWoB has not ended, ``timeout_s`` is how long a
     page may take before the browser counts as failed. Browsers run side by side, one per thread."""
 

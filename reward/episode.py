@@ -25,7 +25,7 @@ from PIL import Image
 from keyshot.infer.loaders.jsonl import write_jsonl
 from keyshot.infer.loaders.trajectory import Screenshot, Trajectory
 from keyshot.infer.protocol.images import sniff_image_type
-from keyshot.infer.reward.rollouts import RolloutError, encoded_image, is_path_like, task_key
+from keyshot.reward.rollouts import RolloutError, encoded_image, is_path_like, task_key
 
 _counter = itertools.count()
 

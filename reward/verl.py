@@ -3,7 +3,7 @@
 
     reward:
       custom_reward_function:
-        path: <this file, or keyshot/reward/verl.py>
+        path: <this file, or reward/verl.py>
         name: compute_score
         reward_kwargs: {keyshot_config: configs/reward/verl.yaml}   # else $KEYSHOT_REWARD_CONFIG
 
@@ -15,7 +15,7 @@ rollout is ``extra_info["episode"]`` (an :class:`Episode` the environment record
 verl builds its reward tensor with ``new_tensor(scores)`` and has no "no reward" value, so the config must
 say ``reward: {on_failure: zero}`` (the first call refuses any other): a sample without a verdict scores
 0.0, is counted in ``keyshot_failed`` and logged. Every returned dict has the same keys, all numbers
-(:func:`keyshot.infer.reward.logs.sample_logs`), as verl's ``np.array`` of each extra key and its
+(:func:`keyshot.reward.logs.sample_logs`), as verl's ``np.array`` of each extra key and its
 validation metrics need.
 
 With ``reward_router_address`` (``host:port``: verl serves ``reward.reward_model.model_path`` itself) the
@@ -35,11 +35,11 @@ import urllib.request
 from typing import Any
 
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.reward.episode import Episode
-from keyshot.infer.reward.logs import sample_logs, warn_constant_groups
-from keyshot.infer.reward.model import RewardResult
-from keyshot.infer.reward.rollouts import RolloutError, read_rollout
-from keyshot.infer.reward.shared import require_number_on_failure, score_shared, shared_model
+from keyshot.reward.episode import Episode
+from keyshot.reward.logs import sample_logs, warn_constant_groups
+from keyshot.reward.model import RewardResult
+from keyshot.reward.rollouts import RolloutError, read_rollout
+from keyshot.reward.shared import require_number_on_failure, score_shared, shared_model
 
 __all__ = ["RouterModelError", "compute_score", "router_url", "served_model"]
 
@@ -146,7 +146,7 @@ async def compute_score(
 ) -> dict[str, float]:
     """``{"score": reward, "keyshot_failed": 0.0 | 1.0, ...}``: the reward (``reward.value`` of the config;
     0.0 for a sample given no verdict, flagged by ``keyshot_failed``) and the fields of
-    :func:`~keyshot.infer.reward.logs.sample_logs`, every one a float. ``keyshot_config`` (verl's
+    :func:`~keyshot.reward.logs.sample_logs`, every one a float. ``keyshot_config`` (verl's
     ``custom_reward_function.reward_kwargs``) names the keyshot config, else ``$KEYSHOT_REWARD_CONFIG``."""
     model = shared_model(keyshot_config)
     require_number_on_failure(model, "verl", keyshot_config)

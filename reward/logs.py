@@ -14,7 +14,7 @@ import statistics
 from collections import Counter
 from collections.abc import Hashable, Sequence
 
-from keyshot.infer.reward.model import RewardResult
+from keyshot.reward.model import RewardResult
 
 logger = logging.getLogger(__name__)
 
