@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Live episodes (keyshot.env.miniwob.browser): Debian's Chromium, and the `browser` extra (playwright,
-# BrowserGym's MiniWoB, the miniwob package's pages, pinned in pyproject.toml) in an existing keyshot venv.
+# BrowserGym's MiniWoB, the miniwob package's pages, pinned in pyproject.toml) and AgentLab in an existing
+# keyshot venv.
 # No browser is downloaded: playwright is pointed at the system Chromium. Safe to run again.
 # usage: [SETUP_LOG=runs/setup.log] tools/setup_browser.sh [VENV=.venv]
 # One line per stage with its time (tools/stage.sh); the installers' output goes to SETUP_LOG.
@@ -27,4 +28,8 @@ fi
 # the extra's pins, read from pyproject.toml (keyshot's own install is left as it is)
 mapfile -t PINS < <("$V/bin/python" "$HERE/pyproject_deps.py" browser)
 stage "browser extra (pins of pyproject.toml)" "$V/bin/pip" install -q -c "$ROOT/.ci/constraints-cpu.txt" "${PINS[@]}"
+# AgentLab's experiment loop and result loading (its studies in tests/test_agentlab_study.py): its release
+# requires ray, torch, gradio and litellm, which neither its loop nor its result loading imports; what they
+# do import comes with the extra above (and pandas with keyshot's own datasets)
+stage "AgentLab 0.4.2 (without its dependencies)" "$V/bin/pip" install -q --no-deps agentlab==0.4.2
 stage "check: a scripted MiniWoB episode in Chromium" "$V/bin/python" -m keyshot.env.miniwob.browser click-button

@@ -7,6 +7,7 @@
     keyshot judge data/om2w/SeeAct --config configs/judge/reference_gpt4o.yaml \\
         --resume-from SeeAct/WebJudge_Online_Mind2Web_eval_gpt-4o_score_threshold_3_auto_eval_results.json
     keyshot judge data/om2w/SeeAct --config configs/judge/webjudge7b.yaml --dry-run   # what and what cost; no call
+    keyshot judge ~/agentlab_results/STUDY --config configs/judge/reference_gpt4o.yaml --agentlab-summary
 
 Writes ``OUT/verdicts.jsonl`` (one line per trajectory, appended atomically), ``OUT/summary.md`` and
 ``OUT/summary.json``, and keeps every judge/scorer answer in ``OUT/calls.sqlite``. Re-running the same
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import sys
 import time
@@ -43,6 +45,7 @@ from keyshot.infer.common.errors import (
 from keyshot.infer.common.helptext import plain
 from keyshot.infer.common.redaction import redact_config
 from keyshot.infer.common.text import count_of
+from keyshot.infer.judge.agentlab_summary import report_lines, write_agentlab_summaries
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.judge.estimate import ANSWER_TOKENS, estimate_run, estimate_table
 from keyshot.infer.judge.fingerprint import protocol_fingerprint
@@ -279,10 +282,12 @@ def run_judge(
     allow_outside: tuple[str, ...] = (),
     shard: ShardSpec | None = None,
     append: bool = False,
+    agentlab_summary: bool = False,
 ) -> dict:
     """The whole ``keyshot judge`` run; returns the summary (also written to OUT, or with ``shard`` to
     ``OUT/shard-I-of-N``: join the shards with ``keyshot merge OUT``). An OUT holding verdicts of other
-    trajectories is refused unless ``append``."""
+    trajectories is refused unless ``append``. ``agentlab_summary``: each AgentLab run's verdict also goes
+    into its summary_info.json (:mod:`keyshot.infer.judge.agentlab_summary`)."""
     t0 = time.perf_counter()
     out = run_folder(cfg, shard)
     if cfg.scorer.backend == "transformers":
@@ -304,6 +309,7 @@ def run_judge(
             progress=progress,
             shard=shard,
             append=append,
+            agentlab_summary=agentlab_summary,
         )
 
 
@@ -320,6 +326,7 @@ def _judge_locked(
     progress: bool,
     shard: ShardSpec | None,
     append: bool,
+    agentlab_summary: bool = False,
 ) -> dict:
     trajectories = inputs.trajectories
     verdicts_path = out / VERDICTS_FILE
@@ -375,6 +382,7 @@ def _judge_locked(
     final = latest_verdicts(read_verdicts(verdicts_path))
     if final or stop_error is None:  # a finished run (a shard that owns nothing too) is of this protocol
         check_fingerprint(out, fingerprint)
+    summaries = write_agentlab_summaries(trajectories, final, fingerprint) if agentlab_summary else None
     summary = summarize(
         final,
         run={
@@ -395,6 +403,7 @@ def _judge_locked(
             "cut_answers": cut_answers,
             "ledger": ledger.as_dict(),
             "config": redact_config(config_to_dict(cfg)),
+            **({"agentlab_summary": dataclasses.asdict(summaries)} if summaries else {}),
         },
     )
     summary["markdown"] = write_summary(out, summary, ledger.table_if_used())
@@ -453,6 +462,12 @@ def add_parser(subparsers) -> None:
         "--report", action="store_true", help="build the HTML report (keyshot report OUT) at the end"
     )
     p.add_argument(
+        "--agentlab-summary",
+        action="store_true",
+        help="also put each AgentLab run's verdict into its summary_info.json (keyshot_success, "
+        "keyshot_p_success, keyshot_protocol), where AgentLab's result table and agent-xray show it",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="load every trajectory, say what would be judged and why not the rest, estimate calls, tokens "
@@ -497,6 +512,8 @@ def run(args: argparse.Namespace) -> int:
                 append=args.append,
             )
             print(plan, flush=True)
+            if args.agentlab_summary:
+                print("--agentlab-summary: a dry run writes no summary_info.json")
             return check_endpoints_after_plan(cfg, args.serve_scorer)
         summary = run_judge(
             paths,
@@ -508,6 +525,7 @@ def run(args: argparse.Namespace) -> int:
             allow_outside=tuple(args.allow_outside),
             shard=shard,
             append=args.append,
+            agentlab_summary=args.agentlab_summary,
         )
     except KeyshotError as exc:
         print(f"keyshot judge: {exc}", file=sys.stderr)
@@ -528,9 +546,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"report: {index}")
     else:
         print(f"browse it: keyshot report {cfg.out}")
-    for line in run_warnings(summary):
+    written, unwritten = (
+        report_lines(summary["run"]["agentlab_summary"]) if args.agentlab_summary else ([], [])
+    )
+    for line in written:
+        print(line)
+    for line in run_warnings(summary) + unwritten:
         print(f"keyshot judge: {line}", file=sys.stderr)
-    return exit_code(summary)
+    return exit_code(summary) or (EXIT_USAGE if unwritten else 0)
 
 
 def check_endpoints_after_plan(cfg: JudgeRunConfig, serve_scorer: str | None) -> int:

@@ -14,7 +14,13 @@ from typing import Any
 
 from keyshot.infer.common.config import ConfigError
 from keyshot.infer.loaders.agentlab import FORMAT as AGENTLAB
-from keyshot.infer.loaders.agentlab import is_agentlab_run, load_agentlab, parse_experiment_analysis
+from keyshot.infer.loaders.agentlab import (
+    is_agentlab_run,
+    is_study_file,
+    load_agentlab,
+    parse_experiment_analysis,
+    superseded_reason,
+)
 from keyshot.infer.loaders.common import InputScope, account_for, read_json
 from keyshot.infer.loaders.human_labels import (
     HumanLabels,
@@ -99,6 +105,24 @@ def _subfolders(folder: Path) -> list[Path]:
     return [c for c in _entries(folder) if c.is_dir()]
 
 
+def _study_entries(folder: Path) -> list[Path]:
+    """The entries of a folder of trajectories, less an AgentLab study's own files (results tables, the
+    pickled study, logs: part of the study, not inputs), which are named in one line."""
+    entries = _entries(folder)
+    study_files = [c for c in entries if is_study_file(c)]
+    if not study_files or not any(is_agentlab_run(c) for c in entries if c.is_dir()):
+        return entries
+    logger.info(
+        "%s: AgentLab's study files, not trajectories: %s", folder, ", ".join(c.name for c in study_files)
+    )
+    return [c for c in entries if c not in study_files]
+
+
+def _superseded(entry: Path) -> str | None:
+    """Why an AgentLab run folder inside the input is not judged: AgentLab relaunched it; else None."""
+    return superseded_reason(entry) if entry.is_dir() else None
+
+
 def _skip_reason(entry: Path, fmt: str) -> str:
     """Why an entry of an input folder that is neither a folder nor a JSONL file read is not judged."""
     name = entry.name.lower()
@@ -142,8 +166,10 @@ def _nested_jobs(
     A subfolder that is neither a trajectory nor holds one becomes a job that fails with the reason; a
     file there, one that reports it skipped."""
     jobs: list[Job] = []
-    for child in _entries(folder):
-        if not child.is_dir():
+    for child in _study_entries(folder):
+        if why := _superseded(child):
+            jobs.append((child, _skipped(child, why)))
+        elif not child.is_dir():
             reason = _skip_reason(child, fmt)
             if child.is_file() and child.name.lower().endswith(JSONL_SUFFIXES):
                 reason = "a JSONL file inside a folder of trajectory folders is not read: pass it as an input"
@@ -301,7 +327,7 @@ def _folder_jobs(
     entry that is reported skipped with the reason."""
     jobs: list[Job] = []
     skipped: list[Job] = []
-    children = _entries(folder)
+    children = _study_entries(folder)
     # Beside JSONL files, a subfolder that is no trajectory holds their screenshots; elsewhere it is an error.
     has_jsonl = any(c.is_file() and c.suffix.lower() in JSONL_SUFFIXES for c in children)
     for child in children:
@@ -311,6 +337,8 @@ def _folder_jobs(
             )
         elif child.is_dir() and fmt == JSONL:
             logger.debug("%s: %s is a folder, not read with format jsonl (screenshots?)", folder, child.name)
+        elif why := _superseded(child):
+            skipped.append((child, _skipped(child, why)))
         elif (
             child.is_dir() and not _is_trajectory_folder(child) and _holds_trajectories(child, MAX_DEPTH - 1)
         ):

@@ -7,18 +7,29 @@ reward) and ``experiment_analysis.md``, AgentLab's text rendering of the run: ``
 agent's thought and, in a triple-backtick span, its action (``No next action available`` on the last
 step). A run without the analysis (AgentLab writes it only when asked) is read from its own step records
 ``step_N.pkl.gz`` and ``exp_args.pkl``, unpickled inertly (:mod:`keyshot.infer.loaders.agentlab_records`).
+
+A study folder holds its runs beside study files (:data:`STUDY_FILES`: results tables, the pickled
+study, logs), which are not inputs. A run AgentLab relaunched was moved aside as ``_<name>``
+(``_move_old_exp``) and AgentLab's own results skip it: so does keyshot, listing it with the reason
+(:func:`superseded_reason`).
 """
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import logging
 import re
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from keyshot.infer.loaders.agentlab_records import STEP_RECORD, AnalysisSteps, read_step_records
+from keyshot.infer.loaders.agentlab_records import (
+    EXP_ARGS_FILE,
+    STEP_RECORD,
+    AnalysisSteps,
+    read_step_records,
+)
 from keyshot.infer.loaders.common import (
     InputScope,
     check_counts,
@@ -42,6 +53,26 @@ _GOAL = re.compile(r"^\s*[*-]\s*\*\*(?:Derived )?Goal\*\*\s*:?\s*(?P<rest>.*)$")
 _BULLET_FIELD = re.compile(r"^\s*[*-]\s*\*\*(?P<key>[^*]+)\*\*\s*:\s*(?P<value>.*)$")
 _INSTANCE_STEP = re.compile(r"^InstanceStep(?P<n>\d+)$")
 _INLINE_CODE = re.compile(r"```(?P<code>.+?)```", re.DOTALL)
+_UNSAFE = re.compile(r"[\\/:*?<>|]")  # what AgentLab replaces with "_" in a run folder's name
+
+
+#: What AgentLab 0.4.2 writes at a study's top, beside its runs: ``Study.save`` (study.pkl.gz),
+#: ``Study.get_results`` (result_df / summary_df / error_report, with a ``_trial_i_of_n`` suffix while it
+#: relaunches), agent-xray (summary_df.csv), ``get_study_summary`` (study_summary.csv and its
+#: _last_modification_times.json), the archiver (reason_to_archive.txt); and what users keep beside them
+#: (a launch script's ``*.log``, a ``study.json``).
+STUDY_FILES = (
+    "study.pkl.gz",
+    "study.json",
+    "result_df*.csv",
+    "summary_df*.csv",
+    "error_report*.md",
+    "study_summary.csv",
+    "_last_modification_times.json",
+    "reason_to_archive.txt",
+    "*.log",
+)
+SUPERSEDED = "_"  # AgentLab's prefix of a run folder moved aside by a relaunch
 
 
 def is_agentlab_run(folder: Path) -> bool:
@@ -49,6 +80,35 @@ def is_agentlab_run(folder: Path) -> bool:
     if (folder / ANALYSIS_FILE).is_file() or (folder / SUMMARY_FILE).is_file():
         return True
     return any(_SCREENSHOT.match(p.name) or STEP_RECORD.match(p.name) for p in folder.iterdir())
+
+
+def is_study_file(path: Path) -> bool:
+    """A file AgentLab writes at a study's top (:data:`STUDY_FILES`); the caller knows the folder holds runs."""
+    return path.is_file() and any(fnmatch.fnmatch(path.name, pattern) for pattern in STUDY_FILES)
+
+
+def superseded_reason(folder: Path) -> str | None:
+    """Why a run folder of a study is not judged when AgentLab moved it aside for a relaunch (``_<name>``:
+    its results loaders skip it), naming the run that replaced it; None for any other folder."""
+    name = folder.name
+    if not name.startswith(SUPERSEDED) or not ((folder / EXP_ARGS_FILE).is_file() or is_agentlab_run(folder)):
+        return None
+    return (
+        f"superseded by a relaunch: AgentLab moved this run aside as {SUPERSEDED}<name> when it ran the "
+        f"experiment again, and its own results skip such folders; {_relaunch_of(folder)} (pass this "
+        "folder itself to judge it anyway)"
+    )
+
+
+def _relaunch_of(superseded: Path) -> str:
+    """Which sibling run replaced a superseded one: the same agent on the same task, run later."""
+    old = _RUN_NAME.match(superseded.name.lstrip(SUPERSEDED))
+    later = []
+    for sibling in superseded.parent.iterdir():
+        new = _RUN_NAME.match(sibling.name)
+        if old and new and sibling.is_dir() and (new["agent"], new["task"]) == (old["agent"], old["task"]):
+            later += [sibling.name] if new["stamp"] >= old["stamp"] else []
+    return f"its relaunch {max(later)} is judged" if later else "its relaunch is not in this folder"
 
 
 @dataclass(frozen=True)
@@ -204,6 +264,21 @@ def _message_of(action: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def agent_name_of(named: str, model_name: str | None) -> str:
+    """The agent's name from the run folder's (``named``) and the run's model.
+
+    AgentRewardBench's released runs are named after the agent's AgentArgs class (``DemoAgentArgs``):
+    the agent is ``<class>-<model>``, as AgentRewardBench names it (``DemoAgent-gpt-4o``). AgentLab names
+    agents itself, usually ``<Agent>-<model>`` (``GenericAgent-gpt-4o-mini``, ``/`` made ``_``): a name
+    that holds the model already is kept as it is; another name gets the model appended."""
+    base = named[: -len("Args")] if named.endswith("Args") else named
+    if not model_name:
+        return named
+    if re.search(rf"(?:^|[-_]){re.escape(_UNSAFE.sub('_', model_name))}(?:$|[-_])", base):
+        return base
+    return f"{base}-{model_name.replace('/', '_')}"
+
+
 def load_agentlab(
     run_dir: Path, *, agent: str | None = None, benchmark: str | None = None, scope: InputScope | None = None
 ) -> Trajectory:
@@ -230,14 +305,11 @@ def load_agentlab(
         logger.warning("%s: %d steps but %d screenshots", steps_source, steps.num_steps, len(screenshots))
     check_counts(steps.actions, screenshots, steps_source)
 
-    name_match = _RUN_NAME.match(run_dir.name)
+    name_match = _RUN_NAME.match(run_dir.name.lstrip(SUPERSEDED))  # a superseded run passed by itself
     task_id = name_match.group("task") if name_match else run_dir.name
     agent_name = agent
     if name_match:
-        agent_args = name_match.group("agent")
-        agent_class = agent_args[: -len("Args")] if agent_args.endswith("Args") else agent_args
-        # AgentRewardBench names agents "<AgentClass>-<model>" (e.g. GenericAgent-gpt-4o-2024-11-20).
-        agent_name = f"{agent_class}-{steps.model_name.replace('/', '_')}" if steps.model_name else agent_args
+        agent_name = agent_name_of(name_match.group("agent"), steps.model_name)
     elif agent_name is None and steps.model_name:
         agent_name = steps.model_name.replace("/", "_")
     bench = task_id.split(".", 1)[0] if name_match and "." in task_id else benchmark
@@ -249,6 +321,9 @@ def load_agentlab(
     extra = {"run": run_dir.name}
     if steps.model_name:
         extra["model_name"] = steps.model_name
+    if steps.goal_images:
+        extra["goal_images"] = steps.goal_images
+        logger.info("%s: the goal holds %d image(s); the judge reads its text", run_dir, steps.goal_images)
     if summary.get("err_msg"):
         extra["err_msg"] = str(summary["err_msg"])
     return Trajectory(

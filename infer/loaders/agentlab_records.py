@@ -2,7 +2,10 @@
 
 BrowserGym saves every step as ``step_N.pkl.gz`` (a pickled ``StepInfo``: ``obs`` with the ``goal`` or
 ``goal_object``, the ``action`` taken, ``agent_info`` with the agent's ``think``) and the run's arguments
-as ``exp_args.pkl`` (``agent_args.chat_model_args.model_name``). Unpickling an untrusted file normally
+as ``exp_args.pkl`` (``agent_args.chat_model_args.model_name``). AgentLab's loop moves the goal object
+(OpenAI-style content parts: text and images) to ``goal_object.pkl.gz``, once per run; the task is its
+text parts, and ``obs["goal"]`` only where there is no goal object (for a goal with an image BrowserGym
+writes a warning sentence there, not the goal). Unpickling an untrusted file normally
 runs whatever it names, so these are read by :class:`RecordUnpickler`: every class or function a record
 names becomes an inert :class:`Opaque` placeholder that keeps the arguments and state it is given and
 calls nothing; only plain containers and numbers are built as themselves. Decompressed records are
@@ -27,6 +30,7 @@ from keyshot.infer.loaders.trajectory import TrajectoryError
 
 STEP_RECORD = re.compile(r"^step_(?P<n>\d+)\.pkl(?:\.gz)?$")
 EXP_ARGS_FILE = "exp_args.pkl"
+GOAL_OBJECT_FILE = "goal_object.pkl.gz"
 MAX_RECORD_BYTES = 256 * 1024 * 1024  # a step record without its screenshot is a few MiB
 
 _BUILT_AS_THEMSELVES = {
@@ -45,6 +49,8 @@ class AnalysisSteps:
     actions: list[str]
     thoughts: list[str]
     num_steps: int
+    #: images in the goal (its goal object's image parts), which the judge is not shown
+    goal_images: int = 0
 
 
 class Opaque:
@@ -151,15 +157,38 @@ def _text(value: object) -> str | None:
     return value.strip() if isinstance(value, str) and value.strip() else None
 
 
-def _goal(obs: object) -> str | None:
-    goal = _text(_get(obs, "goal"))
-    if goal:
-        return goal
-    parts = _get(obs, "goal_object")  # [{"type": "text", "text": ...}, {"type": "image_url", ...}]
-    if isinstance(parts, list):
+@dataclass(frozen=True)
+class _Goal:
+    text: str | None
+    images: int = 0
+
+
+def _goal_object(obs: object, run_dir: Path) -> tuple[object, Path | None]:
+    """The goal object of a step: in its ``obs``, or (AgentLab's loop: ``obs["goal_object"]`` is None)
+    in the run's ``goal_object.pkl.gz``; with the file it came from."""
+    parts = _get(obs, "goal_object")
+    if isinstance(parts, (list, tuple)):
+        return parts, None
+    path = run_dir / GOAL_OBJECT_FILE
+    if path.exists() or path.is_symlink():
+        return load_record(path), path
+    return None, None
+
+
+def _goal(obs: object, run_dir: Path) -> _Goal:
+    """The task: the goal object's text parts, else ``obs["goal"]``."""
+    parts, path = _goal_object(obs, run_dir)
+    if isinstance(parts, (list, tuple)):  # [{"type": "text", "text": ...}, {"type": "image_url", ...}]
         texts = [_text(_get(p, "text")) for p in parts if _get(p, "type") in (None, "text")]
-        return "\n".join(t for t in texts if t) or None
-    return None
+        images = sum(_get(p, "type") not in (None, "text") for p in parts)
+        if any(texts):
+            return _Goal("\n".join(t for t in texts if t), images)
+        if images:
+            raise TrajectoryError(
+                path or run_dir,
+                f"the goal is {images} image(s) and no text: WebJudge judges a task given in words",
+            )
+    return _Goal(_text(_get(obs, "goal")))
 
 
 def _model_name(run_dir: Path) -> str | None:
@@ -188,12 +217,12 @@ def read_step_records(run_dir: Path, screenshot_steps: Iterable[int] = ()) -> An
             f"step record missing{more}: the run's step {missing[0]} (its action and thought) is read "
             "from it; copy the run folder whole",
         )
-    goal = None
+    goal = _Goal(None)
     actions: list[str] = []
     thoughts: list[str] = []
     for position, (_, path) in enumerate(files):
         record = load_record(path)
-        goal = goal or _goal(_get(record, "obs"))
+        goal = goal if goal.text else _goal(_get(record, "obs"), run_dir)
         action = _text(_get(record, "action"))
         if action is None:
             if position != len(files) - 1:
@@ -201,8 +230,15 @@ def read_step_records(run_dir: Path, screenshot_steps: Iterable[int] = ()) -> An
             continue  # the last step observes the final page; it takes no action
         actions.append(action)
         thoughts.append(_text(_get(_get(record, "agent_info"), "think")) or "")
-    if not goal:
-        raise TrajectoryError(files[0][1], "no task goal in the step records (obs.goal or obs.goal_object)")
+    if not goal.text:
+        raise TrajectoryError(
+            files[0][1], f"no task goal in the step records (obs.goal, obs.goal_object or {GOAL_OBJECT_FILE})"
+        )
     return AnalysisSteps(
-        goal=goal, model_name=_model_name(run_dir), actions=actions, thoughts=thoughts, num_steps=len(files)
+        goal=goal.text,
+        model_name=_model_name(run_dir),
+        actions=actions,
+        thoughts=thoughts,
+        num_steps=len(files),
+        goal_images=goal.images,
     )

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -215,6 +216,16 @@ class Verdict:
     def finished(self) -> bool:
         """True when every call went through (the verdict itself may still be unreadable)."""
         return self.error is None and not self.incomplete
+
+    @property
+    def p_success(self) -> float | None:
+        """P(success) read at the outcome calls' status words: the one call's, or the product over the key
+        points' calls (taken as independent); None when a call gave none (no log-probabilities asked for
+        or returned) or there was no outcome call."""
+        calls = self.outcome_calls
+        if not calls or any(c.p_success is None for c in calls):
+            return None
+        return math.prod(c.p_success for c in calls)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
