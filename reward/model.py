@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import tempfile
 import time
@@ -88,16 +87,13 @@ STATUS_TOKEN = "the status word's token at 'Status:', P(success) over success/fa
 
 def p_success_of(verdict: Verdict, asked: bool) -> tuple[float | None, str]:
     """P(success) from the outcome calls' status tokens, and where it came from (or why there is none)."""
-    calls = verdict.outcome_calls
     if not asked:
         return None, NO_LOGPROBS
-    if not calls or any(c.p_success is None for c in calls):
+    if (value := verdict.p_success) is None:
         return None, "not available: the judge's answer gave no log-probabilities at its status word"
-    if len(calls) == 1:
-        return calls[0].p_success, STATUS_TOKEN
-    return math.prod(c.p_success for c in calls), (
-        f"{STATUS_TOKEN}, multiplied over the {len(calls)} key points (taken as independent)"
-    )
+    if len(calls := verdict.outcome_calls) == 1:
+        return value, STATUS_TOKEN
+    return value, f"{STATUS_TOKEN}, multiplied over the {len(calls)} key points (taken as independent)"
 
 
 @dataclass
