@@ -120,8 +120,12 @@ def test_an_image_goal_is_read_from_goal_object(study):
         pickle.dump(tuple(p for p in parts if p["type"] == "image_url"), fh)
     with pytest.raises(TrajectoryError, match=rf"{GOAL_OBJECT_FILE}: the goal is 1 image\(s\) and no text"):
         load_trajectory(run)
-    (run / GOAL_OBJECT_FILE).unlink()  # no goal object: obs["goal"], as before AgentLab moved it
-    assert load_trajectory(run).task == step["goal"]
+    (run / GOAL_OBJECT_FILE).unlink()  # the goal lost: BrowserGym's warning is never taken for it
+    with pytest.raises(TrajectoryError, match=rf"{GOAL_OBJECT_FILE}: missing: .* copy the run folder whole"):
+        load_trajectory(run)
+    other = study / RELAUNCHED
+    (other / GOAL_OBJECT_FILE).unlink()  # a goal of text only: obs["goal"] says it (before AgentLab moved it)
+    assert load_trajectory(other).task == 'Click on the "cancel" button.'
 
 
 def test_study_files_are_part_of_the_study_not_inputs(study, capsys, caplog):

@@ -5,7 +5,7 @@ BrowserGym saves every step as ``step_N.pkl.gz`` (a pickled ``StepInfo``: ``obs`
 as ``exp_args.pkl`` (``agent_args.chat_model_args.model_name``). AgentLab's loop moves the goal object
 (OpenAI-style content parts: text and images) to ``goal_object.pkl.gz``, once per run; the task is its
 text parts, and ``obs["goal"]`` only where there is no goal object (for a goal with an image BrowserGym
-writes a warning sentence there, not the goal). Unpickling an untrusted file normally
+writes a warning sentence there, not the goal: such a run without its goal object is an error). Unpickling an untrusted file normally
 runs whatever it names, so these are read by :class:`RecordUnpickler`: every class or function a record
 names becomes an inert :class:`Opaque` placeholder that keeps the arguments and state it is given and
 calls nothing; only plain containers and numbers are built as themselves. Decompressed records are
@@ -31,6 +31,8 @@ from keyshot.infer.loaders.trajectory import TrajectoryError
 STEP_RECORD = re.compile(r"^step_(?P<n>\d+)\.pkl(?:\.gz)?$")
 EXP_ARGS_FILE = "exp_args.pkl"
 GOAL_OBJECT_FILE = "goal_object.pkl.gz"
+#: how BrowserGym's obs["goal"] starts where the goal has an image (the goal object holds the goal)
+NO_TEXT_GOAL = "WARNING: This goal cannot be converted to a text-only goal format"
 MAX_RECORD_BYTES = 256 * 1024 * 1024  # a step record without its screenshot is a few MiB
 
 _BUILT_AS_THEMSELVES = {
@@ -188,7 +190,14 @@ def _goal(obs: object, run_dir: Path) -> _Goal:
                 path or run_dir,
                 f"the goal is {images} image(s) and no text: WebJudge judges a task given in words",
             )
-    return _Goal(_text(_get(obs, "goal")))
+    goal = _text(_get(obs, "goal"))
+    if goal and NO_TEXT_GOAL in goal:
+        raise TrajectoryError(
+            run_dir / GOAL_OBJECT_FILE,
+            f"missing: the steps' obs.goal is BrowserGym's stand-in for a goal with images ({NO_TEXT_GOAL}...), "
+            "the goal itself is in this file: copy the run folder whole",
+        )
+    return _Goal(goal)
 
 
 def _model_name(run_dir: Path) -> str | None:
