@@ -90,7 +90,7 @@ def rollouts(root: Path, tasks: int, group: int, screenshots: int) -> list[dict]
 
 
 def paid(results, role: str = "judge") -> int:
-    return sum(r.calls.get(role, 0) - r.cached_calls.get(role, 0) for r in results)
+    return sum(r.paid_calls.get(role, 0) for r in results)
 
 
 def post(url: str, body: dict) -> tuple[float, dict]:
@@ -132,6 +132,7 @@ def bench_rollouts(args, work: Path, judge: FakeOpenAI, scorer_url: str) -> dict
     batch = rollouts(work / "world", args.tasks, args.group, args.screenshots)
     groups = [batch[g * args.group : (g + 1) * args.group] for g in range(args.tasks)]
     config = write_config(work / "reward.yaml", judge.base_url, scorer_url, args.scorer_slots)
+    config.write_text(config.read_text() + "reward:\n  on_failure: zero\n")  # the service needs a number
 
     proc, base = start_service(config, work)
     try:
@@ -156,7 +157,7 @@ def bench_rollouts(args, work: Path, judge: FakeOpenAI, scorer_url: str) -> dict
             t0 = time.perf_counter()
             await rm.score(groups[0])
             times.append(time.perf_counter() - t0)
-        await rm.aclose_clients()
+        await rm.aclose()
         return results, times
 
     api_results, cached_api = asyncio.run(in_process())
@@ -170,7 +171,7 @@ def bench_rollouts(args, work: Path, judge: FakeOpenAI, scorer_url: str) -> dict
         naive_times.append(time.perf_counter() - t0)
         one.close()
     naive_s = statistics.mean(naive_times) * len(batch)
-    judge_paid = sum(r["calls"].get("judge", 0) - r["cached_calls"].get("judge", 0) for r in served)
+    judge_paid = sum(r["paid_calls"].get("judge", 0) for r in served)
     return {
         "rollouts": len(batch),
         "screenshots": args.screenshots,

@@ -32,6 +32,7 @@ from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.model.checkpoint import model_folder_problem
 from keyshot.reward.model import RewardModel, RewardResult, reward_config
+from keyshot.reward.shared import require_number_on_failure
 
 
 class RewardCommandError(KeyshotError):
@@ -58,6 +59,7 @@ def filter_record(t: Trajectory, r: RewardResult) -> dict:
         "reward": None if r.failed else r.reward,  # on_failure's stand-in value is no reward to filter by
         "progress": r.progress,
         "error": r.error,
+        "kind": r.kind,
     }
 
 
@@ -105,7 +107,14 @@ def run_filter(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     records = [filter_record(t, r) for t, r in zip(trajectories, results, strict=True)]
     records += [
-        {"id": None, "source": str(e.path), "reward": None, "progress": None, "error": f"input: {e}"}
+        {
+            "id": None,
+            "source": str(e.path),
+            "reward": None,
+            "progress": None,
+            "error": f"input: {e}",
+            "kind": "input",
+        }
         for e in errors
     ]
     accepted = [
@@ -119,7 +128,7 @@ def run_filter(args: argparse.Namespace) -> int:
         out / "accepted.jsonl", lines([r for r in records if r["id"] in {t.uid for t, _ in accepted}])
     )
     not_linked = link_accepted(out, accepted) if args.link else []
-    failed_calls = sum(r.failed and not str(r.error).startswith("input:") for r in results)
+    failed_calls = sum(r.failed and r.kind != "input" for r in results)
     failed = sum(r.failed for r in results) + len(errors)
     print(
         f"keyshot reward filter: {len(accepted)} of {len(records)} rollouts accepted (reward >= {args.min_reward:g}), "
@@ -156,6 +165,8 @@ def run_serve(args: argparse.Namespace) -> int:
     cfg, settings = reward_config(
         args.config, *args.overrides, *args.set_overrides, allow_root=str(allow_root.resolve())
     )
+    # /get_reward answers OpenRLHF, which needs a number for every sample: refused before anything starts
+    require_number_on_failure(settings, "the service's /get_reward (OpenRLHF's remote reward)", args.config)
     limits = ServiceLimits(
         allow_root=str(allow_root.resolve()),
         max_body_bytes=args.max_body_mb * 1024 * 1024,

@@ -8,6 +8,10 @@ that ``keyshot judge`` and ``keyshot report`` read as it is::
     KEEP_DIR/<episode id>/step_000.png   the screenshots, in step order
 
 so ``keyshot judge KEEP_DIR --config ...`` judges every kept episode (each its own ``run``).
+
+An environment records through the episode's methods only: :meth:`Episode.add_step` (a screenshot, an
+action, or both), :meth:`Episode.fail` (the environment failed: no reward, the reason named) and
+:meth:`Episode.finish`. ``screenshots``, ``actions``, ``thoughts`` and ``problems`` are read-only views.
 """
 
 from __future__ import annotations
@@ -58,34 +62,65 @@ class Episode:
         self.root = self.keep_dir or Path(tempfile.mkdtemp(prefix="keyshot-episode-"))
         self.folder = self.root / self.id
         self.folder.mkdir()
-        self.screenshots: list[Path] = []
-        self.actions: list[str] = []
-        self.thoughts: list[str] = []
+        self._screenshots: list[Path] = []
+        self._actions: list[str] = []
+        self._thoughts: list[str] = []
+        self._problems: list[str] = []  # what could not be recorded, or failed: the episode is not scored
+        self._shots_seen = 0  # screenshots offered to add_step, recorded or not (their file numbers)
         self.final_answer: str | None = None
         self.finished = False
-        self.problems: list[str] = []  # steps that could not be recorded: the episode is not scored
 
     def __repr__(self) -> str:
-        return f"Episode({self.id!r}, steps={len(self.screenshots)}, finished={self.finished})"
+        return f"Episode({self.id!r}, steps={len(self._screenshots)}, finished={self.finished})"
+
+    @property
+    def screenshots(self) -> tuple[Path, ...]:
+        """The recorded screenshots' files, in step order (record them with :meth:`add_step`)."""
+        return tuple(self._screenshots)
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        """The recorded actions, in step order (record them with :meth:`add_step`)."""
+        return tuple(self._actions)
+
+    @property
+    def thoughts(self) -> tuple[str, ...]:
+        """The thought of each recorded action ("" where none was given)."""
+        return tuple(self._thoughts)
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Why the episode cannot be scored: screenshots that were not images, and :meth:`fail` reasons."""
+        return tuple(self._problems)
 
     @property
     def jsonl_path(self) -> Path:
         return self.root / f"{self.id}.jsonl"
 
-    def add_step(self, screenshot: Any, action: str | None = None, thought: str | None = None) -> None:
-        """Record one step: the screenshot (PIL image, PNG/JPEG bytes, base64 or a path) is written to
-        disk now; ``action`` (and its ``thought``) is what the agent did on that page. A screenshot that is
-        not an image is recorded as a problem (the episode gets a None reward naming it), not raised."""
-        step = len(self.screenshots) + len(self.problems)
-        try:
-            path = self._spill(screenshot, step)
-        except (RolloutError, OSError) as exc:
-            self.problems.append(f"step {step}: {exc}")
-            return
-        self.screenshots.append(path)
+    def add_step(self, screenshot: Any = None, action: str | None = None, thought: str | None = None) -> None:
+        """Record one step: the page the agent saw and what it did there, either of which may be missing.
+
+        ``screenshot`` (PIL image, PNG/JPEG bytes, base64 or a path; None: no page was shown) is written
+        to disk now; one that is not an image is recorded as a problem (the episode's reward is then None,
+        naming it), never raised. ``action`` (and its ``thought``) is recorded whenever given, with or
+        without a screenshot.
+        """
         if action is not None:
-            self.actions.append(str(action))
-            self.thoughts.append(str(thought or ""))
+            self._actions.append(str(action))
+            self._thoughts.append(str(thought or ""))
+        if screenshot is None:
+            return
+        step = self._shots_seen
+        self._shots_seen += 1
+        try:
+            self._screenshots.append(self._spill(screenshot, step))
+        except (RolloutError, OSError) as exc:
+            self._problems.append(f"step {step}: {exc}")
+
+    def fail(self, reason: str) -> None:
+        """Mark the episode as not scoreable (the environment failed: a browser that died, a page that
+        did not load): its reward is None with ``reason``, and the rest of its batch is scored."""
+        self._problems.append(f"episode {self.id}: {reason}")
 
     def _spill(self, screenshot: Any, step: int) -> Path:
         what = f"episode {self.id}: step {step}"
@@ -115,9 +150,9 @@ class Episode:
         """Why this episode cannot be scored, or None."""
         if not self.task or not self.task.strip():
             return f"episode {self.id}: no task"
-        if self.problems:
-            return "; ".join(self.problems)
-        if not self.screenshots:
+        if self._problems:
+            return "; ".join(self._problems)
+        if not self._screenshots:
             return f"episode {self.id}: no screenshots (call add_step with each page the agent saw)"
         return None
 
@@ -125,9 +160,9 @@ class Episode:
         return Trajectory(
             task_id=self.task_id,
             task=self.task,
-            actions=list(self.actions),
-            thoughts=list(self.thoughts) if any(self.thoughts) else None,
-            screenshots=[Screenshot(path=p, index=i) for i, p in enumerate(self.screenshots)],
+            actions=list(self._actions),
+            thoughts=list(self._thoughts) if any(self._thoughts) else None,
+            screenshots=[Screenshot(path=p, index=i) for i, p in enumerate(self._screenshots)],
             agent="episode",
             final_answer=self.final_answer,
             extra={"start_url": self.start_url} if self.start_url else {},

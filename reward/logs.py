@@ -32,8 +32,10 @@ SAMPLE_KEYS = (
 
 
 def paid_calls(result: RewardResult, role: str) -> float:
-    """Calls of ``role`` ('judge' or 'scorer') this result paid for (cache hits excluded)."""
-    return float(result.calls.get(role, 0) - result.cached_calls.get(role, 0))
+    """Calls of ``role`` ('judge' or 'scorer') this result sent to an endpoint: ``RewardResult.paid_calls``,
+    the ``sent`` of :func:`keyshot.infer.runs.counts.call_split` (cache hits and identical screenshots
+    scored once excluded)."""
+    return float(result.paid_calls.get(role, 0))
 
 
 def sample_logs(results: Sequence[RewardResult]) -> dict[str, list[float]]:

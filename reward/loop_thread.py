@@ -6,78 +6,103 @@ HTTP clients, the in-flight coalescing of identical requests and the batcher are
 so a reward model runs every round of calls on its own loop: calls from everywhere meet there, share
 batches, and nothing is asked twice because it was asked from another thread.
 
-The thread is started on first use and again after a fork (a forked child has no copy of it).
+The owner starts the thread (:meth:`LoopThread.start`, in its ``__init__``) and stops it (:meth:`stop`,
+from its ``close`` and its exit finaliser); nothing starts on first use. A forked child has no copy of the
+thread: the owner :meth:`abandon`\\ s it there (``os.register_at_fork``), and a later call says so instead
+of hanging.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
-import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+#: How long :meth:`LoopThread.stop` waits for the loop's tasks to end and its thread to join.
+STOP_TIMEOUT_S = 5.0
+
 
 class LoopThread:
-    """One event loop on a daemon thread; :meth:`run` (async) and :meth:`run_sync` submit coroutines."""
+    """One event loop on a daemon thread: :meth:`start` it, submit coroutines with :meth:`run` (async) or
+    :meth:`run_sync`, :meth:`stop` it."""
 
     def __init__(self, name: str = "keyshot-reward-loop"):
         self.name = name
-        self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._pid: int | None = None
+        self._unusable = "not started (LoopThread.start())"
+
+    def start(self) -> LoopThread:
+        """Start the loop's thread and return once the loop runs."""
+        if self._thread is not None:
+            raise RuntimeError(f"{self.name}: already started")
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            loop.run_forever()
+
+        thread = threading.Thread(target=serve, name=self.name, daemon=True)
+        thread.start()
+        ready.wait()
+        self._loop, self._thread = loop, thread
+        return self
 
     @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The loop, started if needed (and restarted in a forked child)."""
-        with self._lock:
-            if self._loop is None or self._pid != os.getpid() or not self._thread.is_alive():
-                loop = asyncio.new_event_loop()
-                ready = threading.Event()
-
-                def serve() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
-                    loop.run_forever()
-
-                self._thread = threading.Thread(target=serve, name=self.name, daemon=True)
-                self._thread.start()
-                ready.wait()
-                self._loop, self._pid = loop, os.getpid()
-            return self._loop
-
-    @property
-    def started(self) -> bool:
-        """Whether this process has a running loop here (nothing is started by asking)."""
-        return self._loop is not None and self._pid == os.getpid() and self._thread.is_alive()
+    def running(self) -> bool:
+        """Whether the loop's thread runs (asking starts nothing)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def owns_current(self) -> bool:
         """Whether the caller runs on this loop's thread."""
         return self._thread is not None and threading.current_thread() is self._thread
 
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        loop = self._loop
+        if loop is None:
+            coro.close()
+            raise RuntimeError(f"{self.name}: {self._unusable}")
+        return asyncio.run_coroutine_threadsafe(coro, loop)
+
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await ``coro`` on this loop from another loop (cancelling the await cancels it there)."""
+        """Await ``coro`` on this loop from any loop (cancelling the await cancels it there)."""
         if self.owns_current():
             return await coro
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+        return await asyncio.wrap_future(self._submit(coro))
 
-    def run_sync(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on this loop and wait for it (from any thread but this loop's own)."""
+    def run_sync(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on this loop and wait for it (from any thread but this loop's own); past
+        ``timeout`` seconds it is cancelled and ``TimeoutError`` raised."""
         if self.owns_current():
             coro.close()
-            raise RuntimeError("run_sync() called on the reward loop itself; await the coroutine instead")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+            raise RuntimeError(
+                f"{self.name}: run_sync() called on the loop itself; await the coroutine instead"
+            )
+        future = self._submit(coro)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"{self.name}: no result within {timeout} s") from None
+
+    def abandon(self, why: str) -> None:
+        """Forget the thread without stopping it (a forked child has no copy of it); later calls raise
+        RuntimeError saying ``why``."""
+        self._loop = self._thread = None
+        self._unusable = why
 
     def stop(self) -> None:
-        """Stop the loop and join its thread (pending work is cancelled)."""
-        with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is None or thread is None or self._pid != os.getpid():
+        """Cancel the loop's pending work, stop it and join its thread (a no-op once stopped)."""
+        loop, thread = self._loop, self._thread
+        self.abandon("stopped")
+        if loop is None or thread is None:
             return
         if thread is threading.current_thread():
             loop.call_soon(loop.stop)
@@ -90,9 +115,9 @@ class LoopThread:
             await asyncio.gather(*tasks, return_exceptions=True)
 
         if loop.is_running():
-            with contextlib.suppress(Exception):  # best effort at shutdown
-                asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout=5)
+            with contextlib.suppress(Exception):  # best effort: the loop may be gone at interpreter exit
+                asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout=STOP_TIMEOUT_S)
             loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=5)
+        thread.join(timeout=STOP_TIMEOUT_S)
         if not loop.is_running():
             loop.close()

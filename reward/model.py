@@ -6,17 +6,24 @@ their scorer calls are in flight together (bounded by the scorer endpoint's ``ma
 rollouts of one task share one key-point call, within a batch (the judge client sends identical requests
 in flight once) and across batches (the call cache). A failed call is never a reward of 0: the reward
 is None with the reason, unless ``on_failure="zero"`` (recorded in the result as ``on_failure_applied``).
+
+A RewardModel starts its own event loop (:mod:`keyshot.reward.loop_thread`) when it is built and ends it in
+:meth:`RewardModel.close`, or at exit if nobody closed it; a forked child cannot use its parent's model
+(it has no copy of the loop's thread) and builds its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
+import functools
 import logging
 import os
+import shutil
 import tempfile
+import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +42,7 @@ from keyshot.infer.judge.scorer_factory import build_scorer, describe_scorer
 from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.infer.protocol.parsing import split_key_points
 from keyshot.infer.protocol.verdicts import Verdict
+from keyshot.infer.runs.counts import call_split
 from keyshot.reward.episode import Episode
 from keyshot.reward.loop_thread import LoopThread
 from keyshot.reward.rollouts import RolloutError, read_rollout
@@ -45,10 +53,29 @@ OnFailure = Literal["none", "zero"]
 ON_FAILURE = ("none", "zero")
 RewardValue = Literal["binary", "p_success", "progress"]
 REWARD_VALUES = ("binary", "p_success", "progress")
+#: Why a rollout got no verdict (``RewardResult.kind``): ``input`` (the rollout cannot be read), ``stopped``
+#: (an endpoint is down or a budget spent), ``judge`` (a key-point or outcome call failed, or the judge's
+#: verdict could not be read), ``scorer`` (the screenshot scores: a call failed, none could be read, or the
+#: scorer's endpoint did not answer), ``value`` (a verdict without the configured ``reward.value``).
+FailureKind = Literal["input", "stopped", "judge", "scorer", "value"]
 #: The config's own section for the reward model (``keyshot judge`` ignores it): ``reward: {on_failure: zero}``.
 REWARD_SECTION = "reward"
-#: How long a tripped endpoint breaker stays down before a later batch tries the endpoint again.
-BREAKER_COOLDOWN_S = 30.0
+#: The batch window's documented fallback when the config sets no ``reward.batch_window_s``.
+WINDOW_ENV = "KEYSHOT_REWARD_WINDOW_S"
+DEFAULT_WINDOW_S = 0.05
+
+
+def _default_window_s() -> float:
+    """``$KEYSHOT_REWARD_WINDOW_S`` (seconds), else :data:`DEFAULT_WINDOW_S`."""
+    raw = os.environ.get(WINDOW_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_WINDOW_S
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(
+            f"${WINDOW_ENV}={raw!r} is not a number of seconds: unset it or set reward.batch_window_s"
+        ) from None
 
 
 @dataclass
@@ -60,12 +87,22 @@ class RewardSettings:
     #: what the reward is: the verdict (1.0/0.0), P(success) at the status word, or the fraction of key
     #: points met. A binary reward makes a GRPO group whose rollouts all fail (or all succeed) equal.
     value: RewardValue = "binary"
+    #: the shared model's batch window: rollouts submitted within it of the first share one round of calls
+    #: (:mod:`keyshot.reward.shared`); unset: ``$KEYSHOT_REWARD_WINDOW_S``, else 0.05 s.
+    batch_window_s: float | None = None
+    #: how long a tripped endpoint breaker stays down before a later batch tries the endpoint again.
+    breaker_cooldown_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.on_failure not in ON_FAILURE:
             raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
         if self.value not in REWARD_VALUES:
             raise ValueError(f"reward.value must be one of {REWARD_VALUES}, got {self.value!r}")
+        if self.batch_window_s is None:
+            self.batch_window_s = _default_window_s()
+        for name in ("batch_window_s", "breaker_cooldown_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"reward.{name} must be >= 0, got {getattr(self, name)!r}")
 
     def check(self, cfg: JudgeRunConfig, where: str) -> None:
         """Refuse a value the judge config cannot produce, naming the keys to set."""
@@ -101,13 +138,16 @@ class RewardResult:
     """The reward of one rollout.
 
     ``reward``: the configured value (``reward.value``: the verdict 1.0/0.0 by default, or ``p_success``
-    or ``progress``), or None (no verdict: ``error`` says why). ``success`` is always the verdict. ``p_success``: the
+    or ``progress``), or None (no verdict: ``error`` says why in words, ``kind`` which kind of failure it
+    is, :data:`FailureKind`). ``success`` is always the verdict. ``p_success``: the
     probability of success read at the status token, when the outcome call asks for log-probabilities
     (``pipeline.outcome_logprobs``) and the judge returns them; ``p_success_source`` says how it was read,
     or why there is none. ``progress``: the
     fraction of key points judged met, when the outcome was judged key point by key point
     (``outcome_mode: key_point`` or ``combined``), else None. ``step_scores``: the scorer's 1-5 score per
-    screenshot (None where it gave none); ``kept``: the indices of the key screenshots.
+    screenshot (None where it gave none); ``kept``: the indices of the key screenshots. ``calls``: each
+    role's answers, ``paid_calls`` those sent to its endpoint, ``cached_calls`` the others (from the call
+    cache, or an identical screenshot scored once): :func:`keyshot.infer.runs.counts.call_split`.
     """
 
     id: str
@@ -122,9 +162,11 @@ class RewardResult:
     kept: list[int] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=dict)
     cached_calls: dict[str, int] = field(default_factory=dict)
+    paid_calls: dict[str, int] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=dict)
     cost_usd: float = 0.0
     error: str | None = None
+    kind: FailureKind | None = None
     on_failure_applied: bool = False
     seconds: float = 0.0
 
@@ -149,6 +191,15 @@ def rollout_id(rollout: Any, trajectory: Trajectory | None, position: int) -> st
     return str(position)
 
 
+def failure_kind(verdict: Verdict) -> FailureKind:
+    """Which part of a verdict without a success/failure failed: the screenshot scores (a scorer call
+    failed, or none of its answers could be read) or the judge (key points, outcome, an unreadable
+    verdict)."""
+    if verdict.no_evidence is not None or any(s.call_failed for s in verdict.screenshots):
+        return "scorer"
+    return "judge"
+
+
 def result_of(rid: str, verdict: Verdict, seconds: float, logprobs_asked: bool = False) -> RewardResult:
     """A verdict read as a reward."""
     error = verdict.error
@@ -156,6 +207,7 @@ def result_of(rid: str, verdict: Verdict, seconds: float, logprobs_asked: bool =
         error = "outcome: the judge's verdict could not be read" + (
             f" ({verdict.errors[-1]})" if verdict.errors else ""
         )
+    splits = {role: call_split(verdict, role) for role in verdict.usage}
     progress = None
     if verdict.config.get("outcome_mode_used") == "key_point" and verdict.outcome_calls:
         met = sum(bool(c.valid and c.success) for c in verdict.outcome_calls)
@@ -176,14 +228,16 @@ def result_of(rid: str, verdict: Verdict, seconds: float, logprobs_asked: bool =
         key_points=split_key_points(verdict.key_points or ""),
         step_scores=[r.score for r in verdict.screenshots],
         kept=list(verdict.kept),
-        calls={role: u.calls for role, u in verdict.usage.items()},
-        cached_calls={role: u.cached for role, u in verdict.usage.items()},
+        calls={role: split.answers for role, split in splits.items()},
+        cached_calls={role: split.cache_hits + split.same_image for role, split in splits.items()},
+        paid_calls={role: split.sent for role, split in splits.items()},
         tokens={
             "prompt": sum(u.prompt_tokens for u in verdict.usage.values()),
             "completion": sum(u.completion_tokens for u in verdict.usage.values()),
         },
         cost_usd=sum(u.cost_usd for u in verdict.usage.values()),
         error=error,
+        kind=None if error is None else failure_kind(verdict),
         seconds=seconds,
     )
 
@@ -229,20 +283,31 @@ class RewardModel:
         self.settings = settings or RewardSettings()
         self.settings.check(cfg, cfg.out)
         self.checkpoint = describe_scorer(cfg.scorer)  # read once, handed to every scorer built here
-        self._tmp: tempfile.TemporaryDirectory | None = None
-        if cfg.cache:
-            cache_path = Path(cfg.cache)
-        else:
-            self._tmp = tempfile.TemporaryDirectory(prefix="keyshot-reward-")
-            cache_path = Path(self._tmp.name) / "calls.sqlite"
-        self.cache = CallCache(cache_path)
+        tmp = None if cfg.cache else tempfile.mkdtemp(prefix="keyshot-reward-")
+        try:
+            self.cache = CallCache(Path(cfg.cache) if cfg.cache else Path(tmp) / "calls.sqlite")
+        except BaseException:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         self.ledger = UsageLedger()
         self.judge_client = JudgeClient(cfg.judge, self.cache, self.ledger)
         self._pipelines: dict[tuple[str | None, str | None], WebJudge] = {}
-        self._loop = LoopThread()  # every round of calls runs here, whoever asks (see loop_thread)
         self._down_since: dict[int, float] = {}
         self.failures = 0  # rollouts given no verdict (any cause), for metrics and logs
         self.applied_on_failure = 0
+        #: every round of calls runs on this loop, whoever asks (:mod:`keyshot.reward.loop_thread`)
+        self.loop = LoopThread().start()
+        # the one way this model's resources are released: close(), or at exit / when it is collected
+        self._release = weakref.finalize(
+            self,
+            _release,
+            self.loop,
+            functools.partial(_close_clients, self.judge_client, self._pipelines),
+            self.cache,
+            tmp,
+        )
+        _live_models.add(self)
 
     @classmethod
     def from_config(cls, path: str | os.PathLike, *overrides: str, **settings: Any) -> RewardModel:
@@ -272,7 +337,7 @@ class RewardModel:
         return self._pipelines[key]
 
     def _revive(self, webjudge: WebJudge) -> None:
-        """Give a tripped endpoint another chance once it has been down for BREAKER_COOLDOWN_S."""
+        """Give a tripped endpoint another chance once it has been down for ``reward.breaker_cooldown_s``."""
         clients = [webjudge.judge_client, getattr(webjudge.scorer, "client", None)]
         for client in filter(None, clients):
             breaker = getattr(client, "breaker", None)
@@ -280,7 +345,7 @@ class RewardModel:
                 self._down_since.pop(id(client), None)
                 continue
             since = self._down_since.setdefault(id(client), time.monotonic())
-            if time.monotonic() - since >= BREAKER_COOLDOWN_S:
+            if time.monotonic() - since >= self.settings.breaker_cooldown_s:
                 breaker.reset()
                 self._down_since.pop(id(client), None)
         webjudge.stop_error = None
@@ -302,11 +367,11 @@ class RewardModel:
         or judged gets ``reward=None`` (or 0.0 with ``on_failure="zero"``) and ``error``. Episodes are
         discarded (their temporary files removed) once scored. Awaitable from any event loop: the calls
         run on the model's own loop (:mod:`keyshot.reward.loop_thread`)."""
-        return await self._loop.run(self._score(list(rollouts), scorer_url, scorer_model))
+        return await self.loop.run(self._score(list(rollouts), scorer_url, scorer_model))
 
     def score_sync(self, rollouts: Sequence[Any], **kwargs: Any) -> list[RewardResult]:
         """:meth:`score` from synchronous code, in any thread (not from inside the model's own loop)."""
-        return self._loop.run_sync(
+        return self.loop.run_sync(
             self._score(list(rollouts), kwargs.get("scorer_url"), kwargs.get("scorer_model"))
         )
 
@@ -335,10 +400,12 @@ class RewardModel:
                     )
                 )
             except (RolloutError, RunStopError) as exc:
+                kind = "input" if isinstance(exc, RolloutError) else "stopped"
                 result = RewardResult(
                     id=rollout_id(rollout, trajectory, position),
                     task_id=trajectory.task_id if trajectory else None,
-                    error=f"{'input' if isinstance(exc, RolloutError) else 'stopped'}: {exc}",
+                    error=f"{kind}: {exc}",
+                    kind=kind,
                     seconds=time.perf_counter() - t0,
                 )
             finally:
@@ -357,7 +424,7 @@ class RewardModel:
         else:
             value, why = result.progress, "reward.value progress: the outcome gave no per-key-point verdicts"
         if value is None:
-            result.reward, result.error = None, why
+            result.reward, result.error, result.kind = None, why, "value"
         else:
             result.reward = float(value)
         return result
@@ -373,28 +440,57 @@ class RewardModel:
             )
         return result
 
-    async def aclose_clients(self) -> None:
-        await self._loop.run(self._close_clients())
-
-    async def _close_clients(self) -> None:
-        for webjudge in self._pipelines.values():
-            await webjudge.scorer.aclose()
-        await self.judge_client.aclose()
+    def close(self) -> None:
+        """Close the clients, stop the model's loop, close the call cache and remove its temporary folder:
+        the model cannot score after this. Idempotent and safe from any thread; called on the model's own
+        loop, it hands the work to a thread of its own and returns."""
+        if self.loop.owns_current():
+            threading.Thread(target=self._release, name="keyshot-reward-close").start()
+            return
+        self._release()
 
     async def aclose(self) -> None:
-        """Close the clients and the cache (the RewardModel cannot score after this)."""
-        await self.aclose_clients()
-        self.close()
+        """:meth:`close` for async code: the caller's event loop keeps running meanwhile."""
+        await asyncio.to_thread(self.close)
 
-    def close(self) -> None:
-        """Close the clients, stop the model's loop and close the cache."""
-        if self._loop.owns_current():
-            raise RuntimeError("close() called on the reward loop itself; await aclose() instead")
-        if self._loop.started:
-            with contextlib.suppress(RuntimeError):  # the loop is gone (interpreter shutdown)
-                self._loop.run_sync(self._close_clients())
-        self._loop.stop()
-        self.cache.close()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+
+#: How long closing waits for the clients to close on the model's loop.
+CLOSE_TIMEOUT_S = 10.0
+
+
+async def _close_clients(judge_client: JudgeClient, pipelines: dict[Any, WebJudge]) -> None:
+    for webjudge in list(pipelines.values()):
+        await webjudge.scorer.aclose()
+    await judge_client.aclose()
+
+
+def _release(loop: LoopThread, close_clients: Any, cache: CallCache, tmp: str | None) -> None:
+    """Release a RewardModel's resources (its finaliser: it holds no reference to the model)."""
+    try:
+        if loop.running:
+            loop.run_sync(close_clients(), timeout=CLOSE_TIMEOUT_S)
+    except (RuntimeError, TimeoutError) as exc:  # a stuck endpoint or interpreter shutdown: stop anyway
+        logger.warning("reward model: its clients did not close cleanly (%s)", exc)
+    finally:
+        loop.stop()
+        cache.close()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+_live_models: weakref.WeakSet[RewardModel] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: the models' loop threads did not come along, and their cache and folders are the
+    parent's. Each model there becomes unusable (its calls say so) and releases nothing."""
+    for model in list(_live_models):
+        model._release.detach()
+        model.loop.abandon(
+            f"this RewardModel was built in process {os.getppid()}, before a fork; build one in this process "
+            "(RewardModel.from_config, or keyshot.reward.shared_model)"
+        )
+    _live_models.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

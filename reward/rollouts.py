@@ -16,6 +16,7 @@ import base64
 import binascii
 import hashlib
 import io
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,24 @@ def from_dict(record: dict, where: str, allow_root: Path | str | None = None) ->
         final_answer=answer,
         run=str(record["id"]) if record.get("id") is not None else None,
     )
+
+
+def label_rollout(label: Any, position: int = 0) -> Any:
+    """An OpenRLHF label (``reward_func``'s ``labels``, the service's ``/get_reward``) as a rollout: a dict
+    as it is; text that starts like JSON (``{`` or ``[``) is parsed, never read as a path; other text is a
+    trajectory folder's path. Raises RolloutError naming label ``position`` when such text is not JSON."""
+    if not isinstance(label, str):
+        return label
+    text = label.strip()
+    if not text.startswith(("{", "[")):
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RolloutError(
+            f"label {position}: {_shown(text)} starts like JSON but is not JSON ({exc.msg} at character "
+            f"{exc.pos}); a label is a trajectory folder's path or a JSON dict rollout"
+        ) from None
 
 
 def read_rollout(

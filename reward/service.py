@@ -4,16 +4,21 @@
   ``{"results": [RewardResult.to_dict(), ...]}`` (or a rollout may be a trajectory folder's path);
 - ``POST /get_reward``: OpenRLHF's ``--reward.remote_url``: ``{"query": [...], "prompts": [...], "labels":
   [...]}`` → ``{"rewards": [...], "scores": [...], "extra_logs": {...}}``; a label is a trajectory folder's
-  path or a JSON dict rollout. OpenRLHF turns every reward into a tensor and has no "no reward", so this
-  route always answers numbers: a rollout without a verdict is 0.0 there, flagged in
-  ``extra_logs.keyshot_failed`` (the log fields of :func:`~keyshot.reward.logs.sample_logs`), counted
-  in ``/metrics`` and logged, whatever ``reward.on_failure`` says (``/v1/reward`` keeps None);
+  path or a JSON dict rollout (:func:`~keyshot.reward.rollouts.label_rollout`). OpenRLHF turns every reward
+  into a tensor and has no "no reward", so ``keyshot reward serve``, like the OpenRLHF and verl adapters,
+  refuses at start a config without ``reward: {on_failure: zero}`` (:mod:`keyshot.reward.command` calls
+  :func:`~keyshot.reward.shared.require_number_on_failure`): a rollout without a verdict is the model's
+  counted 0.0 on both routes (``error``, ``kind`` and ``on_failure_applied`` in ``/v1/reward``'s results;
+  ``extra_logs.keyshot_failed``, the log fields of :func:`~keyshot.reward.logs.sample_logs`, in
+  ``/get_reward``'s), counted in ``/metrics`` and logged;
 - ``GET /health``: the judge's and scorer's breaker state and the queue; 503 when an endpoint is down;
 - ``GET /metrics``: Prometheus text.
 
 Every bad request is a 4xx with one ``{"error": "..."}`` line; the service keeps serving. Screenshot and
 trajectory paths must lie inside ``--allow-root``. At most ``queue_size`` requests are admitted at once
 (the others get 429 with ``Retry-After``); SIGTERM stops accepting and finishes the requests in flight.
+The service prints one line once it listens (its port bound, its signal handlers in place) and one when a
+signal stops it.
 """
 
 import asyncio
@@ -29,7 +34,7 @@ from keyshot.infer.loaders.common import InputScope
 from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.reward.logs import sample_logs
 from keyshot.reward.model import RewardModel, RewardResult
-from keyshot.reward.rollouts import RolloutError, read_rollout
+from keyshot.reward.rollouts import RolloutError, label_rollout, read_rollout
 
 logger = logging.getLogger(__name__)
 
@@ -75,21 +80,28 @@ class Metrics:
     latency: dict[str, LatencyHistogram] = field(default_factory=dict)
     rollouts: int = 0
     failures: int = 0
+    on_failure_applied: int = 0
     calls: dict[str, int] = field(default_factory=dict)
     cached: dict[str, int] = field(default_factory=dict)
+    paid: dict[str, int] = field(default_factory=dict)
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests[(route, status)] = self.requests.get((route, status), 0) + 1
         self.latency.setdefault(route, LatencyHistogram()).observe(seconds)
 
     def count(self, results: list[RewardResult]) -> None:
+        """Add the results' rollouts, failures and calls (each result's own counts, summed per role)."""
         self.rollouts += len(results)
-        self.failures += sum(r.error is not None for r in results)
+        self.failures += sum(r.failed for r in results)
+        self.on_failure_applied += sum(r.on_failure_applied for r in results)
         for r in results:
-            for role, n in r.calls.items():
-                self.calls[role] = self.calls.get(role, 0) + n
-            for role, n in r.cached_calls.items():
-                self.cached[role] = self.cached.get(role, 0) + n
+            for total, counts in (
+                (self.calls, r.calls),
+                (self.cached, r.cached_calls),
+                (self.paid, r.paid_calls),
+            ):
+                for role, n in counts.items():
+                    total[role] = total.get(role, 0) + n
 
     def text(self, queue_depth: int) -> str:
         lines = ["# TYPE keyshot_reward_requests_total counter"]
@@ -111,13 +123,13 @@ class Metrics:
         lines += [
             "# TYPE keyshot_reward_failures_total counter",
             f"keyshot_reward_failures_total {self.failures}",
+            "# TYPE keyshot_reward_on_failure_applied_total counter",
+            f"keyshot_reward_on_failure_applied_total {self.on_failure_applied}",
         ]
-        lines.append("# TYPE keyshot_reward_calls_total counter")
-        for role, n in sorted(self.calls.items()):
-            lines.append(f'keyshot_reward_calls_total{{role="{role}"}} {n}')
-        lines.append("# TYPE keyshot_reward_cache_hits_total counter")
-        for role, n in sorted(self.cached.items()):
-            lines.append(f'keyshot_reward_cache_hits_total{{role="{role}"}} {n}')
+        for name, totals in (("calls", self.calls), ("paid_calls", self.paid), ("cache_hits", self.cached)):
+            lines.append(f"# TYPE keyshot_reward_{name}_total counter")
+            for role, n in sorted(totals.items()):
+                lines.append(f'keyshot_reward_{name}_total{{role="{role}"}} {n}')
         lines += ["# TYPE keyshot_reward_queue_depth gauge", f"keyshot_reward_queue_depth {queue_depth}"]
         return "\n".join(lines) + "\n"
 
@@ -154,9 +166,12 @@ class RewardService:
             raise BadRequest(400, "the body must be a JSON object")
         return data
 
-    def rollout(self, value: Any, position: int) -> Trajectory:
-        """One rollout of a request, read and checked (a 4xx naming it otherwise)."""
+    def rollout(self, value: Any, position: int, labels: bool = False) -> Trajectory:
+        """One rollout of a request (``labels``: an OpenRLHF label), read and checked (a 4xx naming it
+        otherwise)."""
         try:
+            if labels:
+                value = label_rollout(value, position)
             return read_rollout(
                 value, position, scope=self.scope, max_screenshots=self.limits.max_screenshots
             )
@@ -164,11 +179,12 @@ class RewardService:
             raise BadRequest(exc.status, str(exc)) from None
 
     def rollouts(self, values: Any, what: str) -> list[Trajectory]:
+        """The rollouts of a request's list ``what`` ('rollouts', or OpenRLHF's 'labels')."""
         if not isinstance(values, list) or not values:
             raise BadRequest(422, f"'{what}' must be a non-empty list")
         if len(values) > self.limits.max_rollouts:
             raise BadRequest(413, f"{len(values):,} rollouts, over the limit of {self.limits.max_rollouts}")
-        return [self.rollout(v, i) for i, v in enumerate(values)]
+        return [self.rollout(v, i, labels=what == "labels") for i, v in enumerate(values)]
 
     # ------------------------------------------------------------------ handling
     async def admitted(
@@ -219,22 +235,11 @@ class RewardService:
         queries = data.get("query")
         if queries is not None and (not isinstance(queries, list) or len(queries) != len(labels)):
             raise BadRequest(422, f"'query' must be a list as long as 'labels' ({len(labels)})")
-        rollouts = [self.label(label, i) for i, label in enumerate(labels)]
-        trajectories = await asyncio.to_thread(self.rollouts, rollouts, "labels")
+        trajectories = await asyncio.to_thread(self.rollouts, labels, "labels")
         results = await self.rm.score(trajectories)
         self.metrics.count(results)
-        rewards = [r.reward if r.reward is not None else 0.0 for r in results]  # counted in keyshot_failed
+        rewards = [r.reward for r in results]  # numbers: the service runs with on_failure: zero
         return {"rewards": rewards, "scores": rewards, "extra_logs": sample_logs(results)}
-
-    @staticmethod
-    def label(label: Any, position: int) -> Any:
-        """An OpenRLHF label as a rollout: JSON text is a dict rollout, other text a trajectory path."""
-        if isinstance(label, str) and label.lstrip().startswith("{"):
-            try:
-                return json.loads(label)
-            except json.JSONDecodeError as exc:
-                raise BadRequest(422, f"label {position}: not a JSON rollout ({exc})") from None
-        return label
 
     def health(self) -> tuple[int, dict]:
         state = self.rm.health()
@@ -298,23 +303,31 @@ def run_service(rm: RewardModel, limits: ServiceLimits, host: str, port: int) ->
     """Serve until SIGTERM/SIGINT (uvicorn stops accepting and finishes the requests in flight)."""
     import uvicorn
 
+    app = create_app(rm, limits)
+    service: RewardService = app.state.service
+    where = f"http://{host}:{port} (allow root {Path(limits.allow_root).resolve()})"
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, saying when it listens and when it stops."""
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:  # bound, and serve() put its signal handlers in place before startup
+                print(f"keyshot reward serve: listening on {where}", flush=True)
+
+        async def shutdown(self, sockets=None) -> None:
+            print(
+                f"keyshot reward serve: stopping: no new requests; answering the {service.in_flight} in flight",
+                flush=True,
+            )
+            await super().shutdown(sockets)
+
     config = uvicorn.Config(
-        create_app(rm, limits),
+        app,
         host=host,
         port=port,
         log_level="warning",
         timeout_graceful_shutdown=int(limits.deadline_s),
         lifespan="on",
     )
-    server = uvicorn.Server(config)
-    print(
-        f"keyshot reward serve: listening on http://{host}:{port} (allow root {Path(limits.allow_root).resolve()})",
-        flush=True,
-    )
-    if rm.settings.on_failure != "zero":
-        print(
-            "keyshot reward serve: reward.on_failure is 'none': /v1/reward answers None for a rollout without a "
-            "verdict; /get_reward (OpenRLHF needs a number) answers 0.0 with extra_logs.keyshot_failed 1.0",
-            flush=True,
-        )
-    server.run()
+    Server(config).run()

@@ -3,9 +3,13 @@ at about the same time share one round of calls.
 
 Frameworks load an adapter file with no arguments, so the adapters find their ``keyshot judge`` config
 through the environment variable ``KEYSHOT_REWARD_CONFIG`` (or a picklable reward names its config path).
-Each config gets one :class:`RewardModel` per process; its batcher runs on the model's own event loop, so
-rollouts submitted from any thread or loop (OpenRLHF's per-sample threads, verl's reward loop, TRL's
-trainer) meet in one batch, ask key points once per task and never pay a call twice.
+Each config gets one :class:`RewardModel` and one :class:`RewardBatcher` per process; the batcher runs on
+the model's own event loop, so rollouts submitted from any thread or loop (OpenRLHF's per-sample threads,
+verl's reward loop, TRL's trainer) meet in one batch, ask key points once per task and never pay a call
+twice. The batch window is the config's ``reward.batch_window_s``.
+
+A forked child does not inherit the parent's models (their loop threads stay behind): it builds its own on
+its first call (``os.register_at_fork``).
 """
 
 from __future__ import annotations
@@ -18,19 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.reward.model import RewardModel, RewardResult
+from keyshot.reward.model import RewardModel, RewardResult, RewardSettings
 
 CONFIG_ENV = "KEYSHOT_REWARD_CONFIG"
-WINDOW_ENV = "KEYSHOT_REWARD_WINDOW_S"
-DEFAULT_WINDOW_S = 0.05
 
 _lock = threading.Lock()
-_models: dict[tuple[int, str], RewardModel] = {}
-_batchers: dict[tuple[int, str], RewardBatcher] = {}
+_models: dict[str, RewardModel] = {}  # config path -> its model in this process
+_batchers: dict[str, RewardBatcher] = {}
 
 
 class RewardConfigError(KeyshotError):
-    """The adapters' config cannot be found."""
+    """The adapters' config cannot be found, or cannot give a framework the number it needs."""
 
 
 def config_path(config: str | os.PathLike | None = None) -> str:
@@ -45,11 +47,13 @@ def config_path(config: str | os.PathLike | None = None) -> str:
 
 
 def require_number_on_failure(
-    model: RewardModel, framework: str, config: str | os.PathLike | None = None
+    model: RewardModel | RewardSettings, framework: str, config: str | os.PathLike | None = None
 ) -> None:
     """Refuse a config whose failed rollouts would have no number, for a framework that builds tensors from
-    every reward (OpenRLHF, verl): ``reward.on_failure: zero`` makes such a rollout a counted 0.0."""
-    if model.settings.on_failure != "zero":
+    every reward (OpenRLHF, verl, the service's ``/get_reward``): ``reward.on_failure: zero`` makes such a
+    rollout a counted 0.0. ``model``: the model, or the settings it is built from."""
+    settings = model if isinstance(model, RewardSettings) else model.settings
+    if settings.on_failure != "zero":
         raise RewardConfigError(
             f"{config_path(config)}: {framework} needs a number for every sample and has no 'no reward' value; "
             "set reward.on_failure: zero in the keyshot config (a sample without a verdict then scores 0.0 "
@@ -57,23 +61,20 @@ def require_number_on_failure(
         )
 
 
+def shared_batcher(config: str | os.PathLike | None = None) -> RewardBatcher:
+    """The batcher of ``config`` (default ``$KEYSHOT_REWARD_CONFIG``) in this process, over its model; both
+    built on the first call."""
+    path = config_path(config)
+    with _lock:
+        if path not in _batchers:
+            model = RewardModel.from_config(path)
+            _models[path], _batchers[path] = model, RewardBatcher(model)
+        return _batchers[path]
+
+
 def shared_model(config: str | os.PathLike | None = None) -> RewardModel:
     """The RewardModel of ``config`` (default ``$KEYSHOT_REWARD_CONFIG``), built once per process."""
-    key = (os.getpid(), config_path(config))
-    with _lock:
-        if key not in _models:
-            _models[key] = RewardModel.from_config(key[1])
-        return _models[key]
-
-
-def shared_batcher(config: str | os.PathLike | None = None) -> RewardBatcher:
-    """The process-wide batcher over :func:`shared_model`."""
-    model = shared_model(config)
-    key = (os.getpid(), config_path(config))
-    with _lock:
-        if key not in _batchers or _batchers[key].model is not model:
-            _batchers[key] = RewardBatcher(model, float(os.environ.get(WINDOW_ENV, DEFAULT_WINDOW_S)))
-        return _batchers[key]
+    return shared_batcher(config).model
 
 
 async def score_shared(
@@ -85,8 +86,7 @@ async def score_shared(
 ) -> RewardResult:
     """Score one rollout with the shared model, batched with the rollouts that arrive with it; awaitable
     from any event loop in any thread."""
-    batcher = shared_batcher(config)
-    return await batcher.model._loop.run(batcher.score(rollout, scorer_url, scorer_model))
+    return await shared_batcher(config).score(rollout, scorer_url, scorer_model)
 
 
 def score_shared_sync(
@@ -97,32 +97,40 @@ def score_shared_sync(
     scorer_model: str | None = None,
 ) -> list[RewardResult]:
     """:func:`score_shared` for a list, from synchronous code in any thread (OpenRLHF's per-sample calls)."""
-    batcher = shared_batcher(config)
-
-    async def each() -> list[RewardResult]:
-        return list(await asyncio.gather(*(batcher.score(r, scorer_url, scorer_model) for r in rollouts)))
-
-    return batcher.model._loop.run_sync(each())
+    return shared_batcher(config).score_sync(rollouts, scorer_url, scorer_model)
 
 
 def reset_shared() -> None:
-    """Forget the process-wide models (tests; a changed ``$KEYSHOT_REWARD_CONFIG``)."""
+    """Close and forget this process's shared models (tests; a changed ``$KEYSHOT_REWARD_CONFIG``)."""
     with _lock:
-        models = [m for (pid, _), m in _models.items() if pid == os.getpid()]
+        models = list(_models.values())
         _models.clear()
         _batchers.clear()
     for model in models:
         model.close()
 
 
-class RewardBatcher:
-    """Rollouts submitted within ``window_s`` of the first are scored in one :meth:`RewardModel.score`
-    round (per scorer URL and model): their key points and scorer calls go out together. Runs on the
-    model's loop (:func:`score_shared` takes callers there)."""
+def _forget_after_fork() -> None:
+    """In a forked child: the parent's models are not usable here (their loop threads stayed behind);
+    forget them, so that the child's first call builds its own."""
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
+    _models.clear()
+    _batchers.clear()
 
-    def __init__(self, model: RewardModel, window_s: float = DEFAULT_WINDOW_S):
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+class RewardBatcher:
+    """Rollouts submitted within ``window_s`` of the first (default: the model's ``reward.batch_window_s``)
+    are scored in one :meth:`RewardModel.score` round (per scorer URL and model): their key points and
+    scorer calls go out together. :meth:`score` and :meth:`score_sync` take callers from any thread or loop
+    to the model's loop, where the batches are kept."""
+
+    def __init__(self, model: RewardModel, window_s: float | None = None):
         self.model = model
-        self.window_s = window_s
+        self.window_s = model.settings.batch_window_s if window_s is None else window_s
         self._pending: dict[tuple[str | None, str | None], list[tuple[Any, asyncio.Future]]] = {}
         self.batches = 0
         self._tasks: set[asyncio.Task] = set()
@@ -130,8 +138,24 @@ class RewardBatcher:
     async def score(
         self, rollout: Any, scorer_url: str | None = None, scorer_model: str | None = None
     ) -> RewardResult:
+        """One rollout's result, scored in the batch it arrives with; awaitable from any loop."""
+        return await self.model.loop.run(self._join(rollout, (scorer_url, scorer_model)))
+
+    def score_sync(
+        self, rollouts: Sequence[Any], scorer_url: str | None = None, scorer_model: str | None = None
+    ) -> list[RewardResult]:
+        """The rollouts' results, in order, each joining the batch it arrives with; from any thread but the
+        model's loop."""
+
+        async def each() -> list[RewardResult]:
+            key = (scorer_url, scorer_model)
+            return list(await asyncio.gather(*(self._join(r, key) for r in rollouts)))
+
+        return self.model.loop.run_sync(each())
+
+    async def _join(self, rollout: Any, key: tuple[str | None, str | None]) -> RewardResult:
+        """On the model's loop: add ``rollout`` to the pending batch of ``key`` and await its result."""
         loop = asyncio.get_running_loop()
-        key = (scorer_url, scorer_model)
         future: asyncio.Future = loop.create_future()
         batch = self._pending.setdefault(key, [])
         batch.append((rollout, future))

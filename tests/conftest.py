@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny random Qwen2.5-VL built offline once per session."""
+"""Shared fixtures: a tiny random Qwen2.5-VL built offline once per session, the shared vLLM scorer, and
+the reward tests' fake servers and reset of the process-wide models (tests/support/reward.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
+
+# The reward tests' fake judge and scorer, and the reset of the process-wide reward models.
+from tests.support.reward import no_shared_model, servers  # noqa: F401
 
 # The shared vLLM scorer server (one per session) and its checkpoint, for every test module.
 from tests.support.vllm import scorer_checkpoint, vllm_server  # noqa: F401

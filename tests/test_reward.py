@@ -14,41 +14,19 @@ import pytest
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.protocol.verdicts import read_verdicts
-from keyshot.infer.testing.configs import fake_judge_config
-from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, identify_step, make_judge
 from keyshot.infer.testing.worlds import synthetic_trajectories
 from keyshot.reward import Episode, RewardModel
 from keyshot.reward import shared as reward_shared
 from keyshot.reward.openrlhf import reward_func
 from keyshot.reward.trl import EpisodeRecorder, environment_reward, reward_function
+from tests.support.reward import FIXTURES, OM2W_V1, write_config
 
-FIXTURES = Path(__file__).parent / "fixtures"
-OM2W_V1 = sorted((FIXTURES / "trajectories" / "online_mind2web_v1").iterdir())
-FAST_JUDGE = {"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": 5}
+pytestmark = pytest.mark.usefixtures("no_shared_model")
 
 
 def steps(server: FakeOpenAI) -> list[str]:
     return [identify_step(r) for r in server.requests]
-
-
-def write_config(tmp_path: Path, judge: FakeOpenAI, scorer: FakeOpenAI, reward: dict | None = None) -> Path:
-    path = fake_judge_config(
-        tmp_path / "reward.yaml",
-        judge.base_url,
-        {"endpoint": {"base_url": scorer.base_url, "model": "webjudge-7b", "api_key_env": None}},
-        judge=FAST_JUDGE,
-    )
-    text = path.read_text()
-    if reward:
-        text += "reward:\n" + "".join(f"  {k}: {v}\n" for k, v in reward.items())
-    path.write_text(text)
-    return path
-
-
-@pytest.fixture
-def servers():
-    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
-        yield judge, scorer
 
 
 @pytest.fixture
@@ -66,27 +44,26 @@ def group(tmp_path):
     ]
 
 
-@pytest.fixture(autouse=True)
-def no_shared_model(monkeypatch):
-    monkeypatch.delenv(reward_shared.CONFIG_ENV, raising=False)
-    yield
-    reward_shared.reset_shared()
-
-
-def test_a_group_of_eight_sends_one_key_point_request_and_keeps_order(tmp_path, servers, group):
-    judge, scorer = servers
-    rm = RewardModel.from_config(write_config(tmp_path, judge, scorer), allow_root=str(tmp_path))
-    results = rm.score_sync(group)
+def test_a_group_of_eight_sends_one_key_point_request_and_keeps_order(tmp_path, group):
+    # the scorer takes a moment per answer, as a real one does: its calls' overlap is then observable
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge(), latency_s=0.2) as scorer:
+        rm = RewardModel.from_config(
+            write_config(tmp_path / "reward.yaml", judge, scorer), allow_root=str(tmp_path)
+        )
+        results = rm.score_sync(group)
+        rm.score_sync(group[:2])  # a later batch of the same task: everything from the cache
+        rm.close()
     assert [r.id for r in results] == [f"r{i}" for i in range(8)]
     assert all(r.reward in (0.0, 1.0) and r.error is None for r in results)
     assert steps(judge).count("key_points") == 1 and steps(judge).count("outcome") == 8
     assert len(scorer.requests) == 24 and scorer.stats.max_in_flight > 1  # the batch's scorer calls together
+    # the calls each result paid for add up to the requests the endpoints received
+    assert sum(r.paid_calls["judge"] for r in results) == len(judge.requests) == 9  # the later batch: none
+    assert sum(r.paid_calls["scorer"] for r in results) == 24
+    assert all(r.paid_calls[k] + r.cached_calls[k] == r.calls[k] for r in results for k in r.calls)
     assert results[0].key_points == ["Find the page number 3", "Open its settings"]
     assert len(results[0].step_scores) == 3 and results[0].progress is None  # cot: no key-point progress
     assert results[0].p_success is None and "logprobs" in results[0].p_success_source
-    # a later batch of the same task: key points from the cache, no new request
-    rm.score_sync(group[:2])
-    assert steps(judge).count("key_points") == 1
     assert set(results[0].to_dict()) >= {
         "reward",
         "p_success",
@@ -97,13 +74,15 @@ def test_a_group_of_eight_sends_one_key_point_request_and_keeps_order(tmp_path, 
         "tokens",
         "cost_usd",
         "error",
+        "kind",
     }
-    rm.close()
 
 
 def test_rollout_kinds_and_progress_in_key_point_mode(tmp_path, servers):
     judge, scorer = servers
-    rm = RewardModel.from_config(write_config(tmp_path, judge, scorer), pipeline__outcome_mode="key_point")
+    rm = RewardModel.from_config(
+        write_config(tmp_path / "reward.yaml", judge, scorer), pipeline__outcome_mode="key_point"
+    )
     trajectory = next(load_trajectories(OM2W_V1[0]))
     shot = trajectory.screenshots[0].read_bytes()
     import base64
@@ -127,21 +106,37 @@ def test_rollout_kinds_and_progress_in_key_point_mode(tmp_path, servers):
 
 def test_a_failing_judge_gives_none_never_zero_unless_on_failure_zero(tmp_path, group):
     with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
-        rm = RewardModel.from_config(write_config(tmp_path, judge, scorer), allow_root=str(tmp_path))
+        rm = RewardModel.from_config(
+            write_config(tmp_path / "reward.yaml", judge, scorer), allow_root=str(tmp_path)
+        )
         results = rm.score_sync(group[:3])
         assert [r.reward for r in results] == [None, None, None]
-        assert all("key points" in r.error and not r.on_failure_applied for r in results)
+        assert all(
+            "key points" in r.error and r.kind == "judge" and not r.on_failure_applied for r in results
+        )
         zero = RewardModel.from_config(
-            write_config(tmp_path, judge, scorer, {"on_failure": "zero"}), allow_root=str(tmp_path)
+            write_config(tmp_path / "reward.yaml", judge, scorer, on_failure="zero"), allow_root=str(tmp_path)
         )
         results = zero.score_sync(group[:2])
         assert [r.reward for r in results] == [0.0, 0.0]
-        assert all(r.on_failure_applied and r.error for r in results)
+        assert all(r.on_failure_applied and r.error and r.kind == "judge" for r in results)
+    # a scorer whose answers hold no score: no evidence, so no verdict; a dead one: its endpoint is down
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(lambda request: "**Score**: unsure") as scorer:
+        unreadable = RewardModel.from_config(
+            write_config(tmp_path / "scorer.yaml", judge, scorer), allow_root=str(tmp_path)
+        )
+        results = unreadable.score_sync(group[:2])
+        assert [r.reward for r in results] == [None, None] and [r.kind for r in results] == ["scorer"] * 2
+        scorer.faults = FaultPlan({"500": 1.0})
+        results = unreadable.score_sync(group[2:4])
+    assert [r.reward for r in results] == [None, None] and [r.kind for r in results] == ["stopped"] * 2
 
 
 def test_bad_rollouts_get_none_with_the_reason_and_the_rest_is_scored(tmp_path, servers, group):
     judge, scorer = servers
-    rm = RewardModel.from_config(write_config(tmp_path, judge, scorer), allow_root=str(tmp_path))
+    rm = RewardModel.from_config(
+        write_config(tmp_path / "reward.yaml", judge, scorer), allow_root=str(tmp_path)
+    )
     shot = next(load_trajectories(OM2W_V1[0])).screenshots[0].path  # outside the allowed root
     bad = [
         {"screenshots": [b"\x89PNG"]},
@@ -153,12 +148,12 @@ def test_bad_rollouts_get_none_with_the_reason_and_the_rest_is_scored(tmp_path, 
     assert results[0].reward is not None
     assert "'task'" in results[1].error and "not an image" in results[2].error
     assert "outside the allowed root" in results[3].error and "no screenshots" in results[4].error
-    assert all(r.reward is None for r in results[1:])
+    assert all(r.reward is None and r.kind == "input" for r in results[1:]) and results[0].kind is None
 
 
 def test_episode_spills_to_disk_is_removed_once_scored_and_kept_for_keyshot_judge(tmp_path, servers):
     judge, scorer = servers
-    config = write_config(tmp_path, judge, scorer)
+    config = write_config(tmp_path / "reward.yaml", judge, scorer)
     rm = RewardModel.from_config(config)
     trajectory = next(load_trajectories(OM2W_V1[0]))
     temporary = Episode(trajectory.task, start_url="https://example.com")
@@ -203,7 +198,7 @@ class ReplayEnv(EpisodeRecorder):
 
 def test_trl_environment_reward_scores_every_environment_concurrently(tmp_path, servers):
     judge, scorer = servers
-    rm = RewardModel.from_config(write_config(tmp_path, judge, scorer))
+    rm = RewardModel.from_config(write_config(tmp_path / "reward.yaml", judge, scorer))
     envs = [ReplayEnv(OM2W_V1[i % 2]) for i in range(4)]
     for env in envs:
         env.reset()
@@ -232,7 +227,7 @@ def test_trl_environment_reward_scores_every_environment_concurrently(tmp_path, 
 
 def test_trl_reward_function_reads_the_dataset_columns(tmp_path, servers):
     judge, scorer = servers
-    rm = RewardModel.from_config(write_config(tmp_path, judge, scorer))
+    rm = RewardModel.from_config(write_config(tmp_path / "reward.yaml", judge, scorer))
     reward = reward_function(rm)
     rewards = asyncio.run(
         reward(
@@ -255,7 +250,7 @@ def test_openrlhf_needs_its_config_variable(tmp_path):
 def test_openrlhf_reward_func(tmp_path, servers, monkeypatch):
     judge, scorer = servers
     monkeypatch.setenv(
-        "KEYSHOT_REWARD_CONFIG", str(write_config(tmp_path, judge, scorer, {"on_failure": "zero"}))
+        "KEYSHOT_REWARD_CONFIG", str(write_config(tmp_path / "reward.yaml", judge, scorer, on_failure="zero"))
     )
     out = reward_func(["q0", "q1"], ["p0", "p1"], [str(p) for p in OM2W_V1])
     assert set(out) == {"rewards", "scores", "extra_logs"} and len(out["rewards"]) == 2
@@ -304,9 +299,9 @@ async def drive(agent_cls, labels: list[str]) -> list[dict]:
 
 def test_openrlhf_agent_file_driven_through_reset_and_step(tmp_path, servers, monkeypatch):
     judge, scorer = servers
-    monkeypatch.setenv(
-        "KEYSHOT_REWARD_CONFIG", str(write_config(tmp_path, judge, scorer, {"on_failure": "zero"}))
-    )
+    # a batch window wide enough for the four episodes finishing together on a busy machine
+    config = write_config(tmp_path / "reward.yaml", judge, scorer, on_failure="zero", batch_window_s=2)
+    monkeypatch.setenv("KEYSHOT_REWARD_CONFIG", str(config))
     finals = asyncio.run(drive(load_agent_file(tmp_path), [str(OM2W_V1[0])] * 3 + [str(OM2W_V1[1])]))
     assert all(float(f["rewards"][0]) in (0.0, 1.0) for f in finals)
     assert all(float(f["extra_logs"]["keyshot_failed"][0]) == 0.0 for f in finals)
@@ -317,7 +312,8 @@ def test_openrlhf_agent_file_driven_through_reset_and_step(tmp_path, servers, mo
 def test_openrlhf_agent_with_a_failing_judge_returns_the_counted_on_failure_value(tmp_path, monkeypatch):
     with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
         monkeypatch.setenv(
-            "KEYSHOT_REWARD_CONFIG", str(write_config(tmp_path, judge, scorer, {"on_failure": "zero"}))
+            "KEYSHOT_REWARD_CONFIG",
+            str(write_config(tmp_path / "reward.yaml", judge, scorer, on_failure="zero")),
         )
         finals = asyncio.run(drive(load_agent_file(tmp_path), [str(OM2W_V1[0])] * 2))
     assert [float(f["rewards"][0]) for f in finals] == [0.0, 0.0]
@@ -329,7 +325,7 @@ def test_openrlhf_agent_with_a_failing_judge_returns_the_counted_on_failure_valu
 
 def test_reward_filter_writes_accepted_ids_and_links_folders(tmp_path, servers):
     judge, scorer = servers
-    config = write_config(tmp_path, judge, scorer)
+    config = write_config(tmp_path / "reward.yaml", judge, scorer)
     out = tmp_path / "filtered"
     rollouts = str(FIXTURES / "trajectories" / "online_mind2web_v1")
     argv = [
@@ -358,13 +354,13 @@ def test_reward_filter_writes_accepted_ids_and_links_folders(tmp_path, servers):
 def test_reward_filter_with_a_dead_judge_accepts_nothing_and_says_the_run_is_incomplete(tmp_path, capsys):
     """on_failure: zero gives a trainer its number; a filter must not read it as a rejection."""
     with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
-        config = write_config(tmp_path, judge, scorer, {"on_failure": "zero"})
+        config = write_config(tmp_path / "reward.yaml", judge, scorer, on_failure="zero")
         out = tmp_path / "filtered"
         rollouts = str(FIXTURES / "trajectories" / "online_mind2web_v1")
         argv = ["reward", "filter", rollouts, "--config", str(config), "--min-reward", "0", "--out", str(out)]
         assert keyshot(argv) == 3  # EXIT_INCOMPLETE: re-run when the judge is up
     every = [json.loads(line) for line in (out / "rewards.jsonl").read_text().splitlines()]
-    assert len(every) == 2 and all(r["reward"] is None and r["error"] for r in every)
+    assert len(every) == 2 and all(r["reward"] is None and r["error"] and r["kind"] == "judge" for r in every)
     assert (out / "accepted.jsonl").read_text() == ""
     captured = capsys.readouterr()
     assert "0 of 2 rollouts accepted" in captured.out and "2 without a reward" in captured.out
@@ -376,13 +372,21 @@ def test_the_service_refuses_a_full_queue_and_ends_a_request_at_its_deadline(tmp
     from keyshot.reward.service import RewardService, ServiceLimits
 
     with FakeOpenAI(make_judge(), latency_s=0.6) as judge, FakeOpenAI(make_judge()) as scorer:
-        rm = RewardModel.from_config(write_config(tmp_path, judge, scorer), allow_root=str(tmp_path))
+        rm = RewardModel.from_config(
+            write_config(tmp_path / "reward.yaml", judge, scorer), allow_root=str(tmp_path)
+        )
         service = RewardService(rm, ServiceLimits(allow_root=str(tmp_path), queue_size=1, deadline_s=0.3))
         body = json.dumps({"rollouts": group[:2]}).encode()
 
         async def two_at_once():
-            first = asyncio.create_task(service.admitted("/v1/reward", None, body, service.reward))
-            await asyncio.sleep(0.05)
+            admitted = asyncio.Event()
+
+            async def first_request(data: dict) -> dict:
+                admitted.set()  # the first request holds the queue's one place
+                return await service.reward(data)
+
+            first = asyncio.create_task(service.admitted("/v1/reward", None, body, first_request))
+            await admitted.wait()
             second = await service.admitted("/v1/reward", None, body, service.reward)
             return await first, second
 
@@ -400,7 +404,7 @@ def test_an_all_failing_judge_fails_requests_fast_and_health_says_so(tmp_path, g
     from keyshot.reward.service import RewardService, ServiceLimits
 
     with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
-        config = write_config(tmp_path, judge, scorer)
+        config = write_config(tmp_path / "reward.yaml", judge, scorer)
         rm = RewardModel.from_config(
             config, "judge.breaker_failures=2", "judge.breaker_window_s=0", allow_root=str(tmp_path)
         )
@@ -424,7 +428,7 @@ def test_half_the_judge_calls_failing_gives_no_wrong_reward(tmp_path, group):
     (tmp_path / "faulty").mkdir()
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
         clean = RewardModel.from_config(
-            write_config(tmp_path / "clean", judge, scorer), allow_root=str(tmp_path)
+            write_config(tmp_path / "clean" / "reward.yaml", judge, scorer), allow_root=str(tmp_path)
         )
         expected = {r.id: r.reward for r in clean.score_sync(group)}
     faults = {"500": 0.2, "timeout": 0.1, "malformed": 0.1, "disconnect": 0.1}
@@ -432,7 +436,7 @@ def test_half_the_judge_calls_failing_gives_no_wrong_reward(tmp_path, group):
         FakeOpenAI(make_judge(), faults=faults, timeout_sleep_s=0.5) as judge,
         FakeOpenAI(make_judge()) as scorer,
     ):
-        config = write_config(tmp_path / "faulty", judge, scorer)
+        config = write_config(tmp_path / "faulty" / "reward.yaml", judge, scorer)
         rm = RewardModel.from_config(config, "judge.timeout_s=0.3", allow_root=str(tmp_path))
         results = rm.score_sync(group)
     assert all(v is not None for v in expected.values())
@@ -444,7 +448,7 @@ def test_half_the_judge_calls_failing_gives_no_wrong_reward(tmp_path, group):
 def test_p_success_is_read_at_the_status_token_when_the_outcome_asks_for_logprobs(tmp_path, servers, group):
     """The fake judge offers 0.8 on the status word it wrote and 0.2 on the other one."""
     judge, scorer = servers
-    config = write_config(tmp_path, judge, scorer)
+    config = write_config(tmp_path / "reward.yaml", judge, scorer)
     rm = RewardModel.from_config(config, pipeline__outcome_logprobs=5, allow_root=str(tmp_path))
     results = rm.score_sync(group[:4])
     assert all(r.error is None for r in results)

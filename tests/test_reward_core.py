@@ -7,8 +7,10 @@ import asyncio
 import base64
 import importlib.util
 import io
+import json
 import logging
 import math
+import os
 import threading
 from pathlib import Path
 
@@ -16,27 +18,18 @@ import pytest
 from PIL import Image
 
 from keyshot.infer.common.config import ConfigError
-from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge, user_parts
+from keyshot.infer.testing.worlds import synthetic_trajectories
 from keyshot.reward import shared as reward_shared
 from keyshot.reward.logs import SAMPLE_KEYS, batch_metrics, sample_logs, warn_constant_groups
 from keyshot.reward.model import RewardResult
 from keyshot.reward.rollouts import RolloutError, read_rollout
-from tests.test_reward import OM2W_V1, write_config
+from tests.support.reward import OM2W_V1, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 
-
-@pytest.fixture
-def servers():
-    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
-        yield judge, scorer
-
-
-@pytest.fixture(autouse=True)
-def no_shared_model(monkeypatch):
-    monkeypatch.delenv(reward_shared.CONFIG_ENV, raising=False)
-    yield
-    reward_shared.reset_shared()
+pytestmark = pytest.mark.usefixtures("no_shared_model")
 
 
 def count(server: FakeOpenAI, step: str) -> int:
@@ -62,7 +55,7 @@ def test_keyshot_reward_is_the_public_name_and_its_adapter_files_load_by_path():
 # ---------------------------------------------------------------------------- the reward value
 def test_reward_value_p_success_and_progress_and_the_configs_that_cannot_give_them(tmp_path, servers):
     judge, scorer = servers
-    config = write_config(tmp_path, judge, scorer)
+    config = write_config(tmp_path / "reward.yaml", judge, scorer)
     with pytest.raises(ConfigError, match="pipeline.outcome_logprobs"):
         reward_shared.RewardModel.from_config(config, value="p_success")
     with pytest.raises(ConfigError, match="outcome_mode: key_point"):
@@ -73,16 +66,33 @@ def test_reward_value_p_success_and_progress_and_the_configs_that_cannot_give_th
     p.close()
     assert all(r.error is None for r in results)
     assert [r.reward for r in results] == [pytest.approx(0.8 if r.success else 0.2) for r in results]
-    k = reward_shared.RewardModel.from_config(config, value="progress", pipeline__outcome_mode="key_point")
-    results = k.score_sync(rollouts)
-    k.close()
-    assert all(r.reward == r.progress and 0.0 <= r.reward <= 1.0 for r in results)
-    assert any(0.0 < r.reward < 1.0 for r in results) or all(r.reward in (0.0, 1.0) for r in results)
+    # progress: a judge that needs 1-3 key screenshots per key point (each key point its own number), so a
+    # rollout can meet some of its three key points; the judge's own answers say how many each one met
+    shots = [
+        [str(s.path) for s in t.screenshots]
+        for t in load_trajectories(synthetic_trajectories(tmp_path, 4, 4))
+    ]
+    tasks = [f"Open page {i}, find its settings and save the form" for i in range(4)]
+    graded = make_judge("evidence")
+    with FakeOpenAI(graded) as judge:
+        config = write_config(tmp_path / "graded.yaml", judge, scorer)
+        k = reward_shared.RewardModel.from_config(
+            config, value="progress", pipeline__outcome_mode="key_point", allow_root=str(tmp_path)
+        )
+        results = k.score_sync([{"task": t, "screenshots": s} for t, s in zip(tasks, shots, strict=True)])
+        k.close()
+    assert all(r.error is None for r in results)
+    for task, r in zip(tasks, results, strict=True):
+        asked = [q for q in judge.requests if identify_step(q) == "outcome" and task in user_parts(q)[0]]
+        met = sum('Status: "success"' in graded(q) for q in asked)
+        assert len(asked) == len(r.key_points) == 3
+        assert r.reward == r.progress == pytest.approx(met / 3)
+    assert any(0.0 < r.reward < 1.0 for r in results)  # some key points met, not all
 
 
 def test_a_verdict_without_the_chosen_value_is_a_failure_not_a_zero(tmp_path, servers):
     judge, scorer = servers
-    config = write_config(tmp_path, judge, scorer, {"on_failure": "zero"})
+    config = write_config(tmp_path / "reward.yaml", judge, scorer, on_failure="zero")
     rm = reward_shared.RewardModel.from_config(config, value="p_success", pipeline__outcome_logprobs=5)
     why = "not available: the judge's answer gave no log-probabilities at its status word"
     r = rm.settle(rm.valued(RewardResult(id="x", reward=1.0, success=True, p_success_source=why)))
@@ -98,7 +108,7 @@ def test_per_sample_calls_from_many_threads_share_one_batch_and_pay_nothing_twic
     """OpenRLHF calls its reward once per sample, each in a thread of its own: 16 samples of 2 tasks cost
     what one process scoring the two folders costs."""
     judge, scorer = servers
-    monkeypatch.setenv(reward_shared.CONFIG_ENV, str(write_config(tmp_path, judge, scorer)))
+    monkeypatch.setenv(reward_shared.CONFIG_ENV, str(write_config(tmp_path / "reward.yaml", judge, scorer)))
     folders = [str(OM2W_V1[0]), str(OM2W_V1[1])]
     once = reward_shared.shared_model().score_sync(folders)
     alone = {"key_points": count(judge, "key_points"), "outcome": count(judge, "outcome")}
@@ -126,7 +136,7 @@ def test_per_sample_calls_from_many_threads_share_one_batch_and_pay_nothing_twic
 
 def test_score_shared_is_awaitable_from_several_event_loops_at_once(tmp_path, servers, monkeypatch):
     judge, scorer = servers
-    monkeypatch.setenv(reward_shared.CONFIG_ENV, str(write_config(tmp_path, judge, scorer)))
+    monkeypatch.setenv(reward_shared.CONFIG_ENV, str(write_config(tmp_path / "reward.yaml", judge, scorer)))
     out: list[float | None] = []
 
     def loop_in_thread() -> None:
@@ -173,7 +183,9 @@ def test_the_reader_confines_folders_to_the_scope_with_its_status(tmp_path):
 # ---------------------------------------------------------------------------- log fields
 def test_log_fields_have_the_same_keys_and_numbers_only_whatever_the_results():
     results = [
-        RewardResult(id="a", reward=1.0, success=True, progress=0.5, calls={"judge": 2}, cached_calls={}),
+        RewardResult(
+            id="a", reward=1.0, success=True, progress=0.5, calls={"judge": 2}, paid_calls={"judge": 2}
+        ),
         RewardResult(id="b", error="outcome: down", calls={"judge": 1}, cached_calls={"judge": 1}),
         RewardResult(id="c", reward=0.0, success=False, p_success=0.2),
     ]
@@ -195,3 +207,123 @@ def test_constant_groups_are_named_once(caplog):
         assert not warn_constant_groups(["e1", "e2", "e3", "e4"], [0, 0, 1, 1], "other", "x")
     warned = [r for r in caplog.records if "test-where" in r.getMessage()]
     assert len(warned) == 1 and "record episodes" in warned[0].getMessage()
+
+
+# ---------------------------------------------------------------------------- OpenRLHF labels
+def test_an_openrlhf_label_that_looks_like_json_is_json_never_a_path(tmp_path):
+    from keyshot.reward.rollouts import label_rollout
+
+    assert label_rollout(' {"task": "t", "screenshots": []}', 0) == {"task": "t", "screenshots": []}
+    assert label_rollout({"task": "t"}, 0) == {"task": "t"}
+    assert label_rollout(f" {OM2W_V1[0]}\n", 0) == str(OM2W_V1[0])
+    for malformed in ('{"task": "t", "screenshots": [', "[1, 2"):
+        with pytest.raises(RolloutError) as info:
+            label_rollout(malformed, 7)
+        assert str(info.value).startswith("label 7: ") and "is not JSON" in str(info.value)
+        assert info.value.status == 422
+
+
+# ---------------------------------------------------------------------------- the episode recorder
+def test_an_episode_keeps_every_action_records_failures_and_lets_nobody_append(tmp_path):
+    from keyshot.reward import Episode
+
+    shot = next(load_trajectories(synthetic_trajectories(tmp_path, 1, 1))).screenshots[0].path
+    episode = Episode("Open the settings", keep_dir=tmp_path / "kept")
+    episode.add_step(shot)  # the first page
+    episode.add_step(action="scroll('down')", thought="look further")  # no page shown after it
+    episode.add_step(shot, action="click('3')")
+    assert episode.actions == ("scroll('down')", "click('3')") and len(episode.screenshots) == 2
+    assert episode.thoughts == ("look further", "")
+    for view in (episode.actions, episode.screenshots, episode.thoughts, episode.problems):
+        with pytest.raises(AttributeError):
+            view.append("x")  # read-only: recorded through the methods only
+    episode.finish("done")
+    assert episode.trajectory().actions == ["scroll('down')", "click('3')"] and episode.problem() is None
+    episode.fail("the browser died")
+    assert episode.problems == (f"episode {episode.id}: the browser died",)
+    with pytest.raises(RolloutError, match="the browser died"):
+        episode.trajectory()
+
+
+# ---------------------------------------------------------------------------- the model's life
+def test_the_model_starts_its_loop_when_built_and_closes_once_from_any_thread(tmp_path, servers):
+    judge, scorer = servers
+    config = write_config(tmp_path / "reward.yaml", judge, scorer)
+    rm = reward_shared.RewardModel.from_config(config)
+    assert rm.loop.running  # started by the constructor, not by a first call
+    folder = rm.cache.path.parent
+    assert rm.score_sync([str(OM2W_V1[0])])[0].error is None
+    closers = [threading.Thread(target=rm.close) for _ in range(3)]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join(30)
+    rm.close()  # once more: nothing left to do
+    assert not rm.loop.running and not folder.exists()
+    with pytest.raises(RuntimeError, match="stopped"):
+        rm.score_sync([str(OM2W_V1[0])])
+
+    # on the model's own loop close() hands the work to a thread of its own; aclose() from another loop
+    on_loop = reward_shared.RewardModel.from_config(config)
+
+    async def close_here() -> None:
+        on_loop.close()
+
+    on_loop.loop.run_sync(close_here(), timeout=30)
+    another = reward_shared.RewardModel.from_config(config)
+
+    async def from_a_loop() -> bool:
+        ticks = asyncio.create_task(asyncio.sleep(0))  # the caller's loop keeps running meanwhile
+        await another.aclose()
+        return ticks.done()
+
+    assert asyncio.run(from_a_loop())
+    assert not another.loop.running
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_builds_its_own_shared_model_and_leaves_the_parents_alone(
+    tmp_path, servers, monkeypatch
+):
+    judge, scorer = servers
+    monkeypatch.setenv(reward_shared.CONFIG_ENV, str(write_config(tmp_path / "reward.yaml", judge, scorer)))
+    parent = reward_shared.shared_model()
+    assert parent.score_sync([str(OM2W_V1[0])])[0].error is None
+    folder = parent.cache.path.parent
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it saw, then leave without running the parent's exit handlers
+        try:
+            report = {}
+            try:
+                parent.score_sync([str(OM2W_V1[0])])
+            except RuntimeError as exc:
+                report["parent_model"] = str(exc)
+            own = reward_shared.shared_model()
+            report["own_is_new"] = own is not parent
+            report["own_reward"] = own.score_sync([str(OM2W_V1[1])])[0].reward
+            del parent, own
+            reward_shared.reset_shared()
+            os.write(write, json.dumps(report).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        report = json.loads(pipe.read() or "{}")
+    os.waitpid(pid, 0)
+    assert "before a fork" in report["parent_model"] and report["own_is_new"]
+    assert report["own_reward"] in (0.0, 1.0)
+    assert folder.is_dir() and parent.loop.running  # the child released nothing of the parent's
+    assert parent.score_sync([str(OM2W_V1[1])])[0].reward == report["own_reward"]
+
+
+def test_the_batch_window_is_a_config_key_with_the_documented_variable_as_its_fallback(monkeypatch):
+    from keyshot.reward.model import DEFAULT_WINDOW_S, WINDOW_ENV, RewardSettings
+
+    monkeypatch.delenv(WINDOW_ENV, raising=False)
+    assert RewardSettings().batch_window_s == DEFAULT_WINDOW_S
+    monkeypatch.setenv(WINDOW_ENV, "0.5")
+    assert RewardSettings().batch_window_s == 0.5 and RewardSettings(batch_window_s=2).batch_window_s == 2
+    monkeypatch.setenv(WINDOW_ENV, "soon")
+    with pytest.raises(ConfigError, match=WINDOW_ENV):
+        RewardSettings()

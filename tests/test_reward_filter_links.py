@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,7 @@ import pytest
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.protocol.verdicts import read_verdicts
-from keyshot.infer.testing.configs import fake_judge_config
-from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+from tests.support.reward import OutputLines, write_config
 
 TRAJECTORIES = Path(__file__).parent / "fixtures" / "trajectories"
 AGENTLAB_RUN = next((TRAJECTORIES / "agentlab").iterdir())
@@ -43,10 +41,8 @@ def rollouts(tmp_path) -> Path:
 
 
 @pytest.fixture
-def config(tmp_path):
-    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
-        endpoint = {"base_url": scorer.base_url, "model": "webjudge-7b", "api_key_env": None}
-        yield fake_judge_config(tmp_path / "reward.yaml", judge.base_url, {"endpoint": endpoint})
+def config(tmp_path, servers):
+    return write_config(tmp_path / "reward.yaml", *servers, on_failure="zero")  # the service needs a number
 
 
 def test_accepted_links_judge_back_with_their_agent_task_and_run(tmp_path, rollouts, config, capsys):
@@ -120,16 +116,13 @@ def test_a_stopped_service_says_it_stopped_not_that_it_can_resume(tmp_path, conf
     argv = [sys.executable, "-m", "keyshot.infer.cli", "reward", "serve", "--config", str(config)]
     argv += ["--port", str(_free_port()), "--allow-root", str(tmp_path), "concurrency=2"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = OutputLines(proc)
     try:
-        lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if "listening on" in line:
-                break
-        assert any("listening on" in line for line in lines), "".join(lines)
-        time.sleep(0.3)  # uvicorn's handlers in place
+        output.wait_for("listening on")  # printed once uvicorn's signal handlers are in place
         proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=30)
+        proc.wait(30)
+        output.wait_for("stopped by SIGTERM")
+        rest = output.text()
     finally:
         if proc.poll() is None:
             proc.kill()

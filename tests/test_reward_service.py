@@ -10,24 +10,21 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from keyshot.infer.loaders import load_trajectories
-from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge
 from keyshot.reward.logs import SAMPLE_KEYS
 from keyshot.reward.service import Metrics
+from tests.support.reward import FIXTURES, OutputLines, write_config
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-FIXTURES = Path(__file__).parent / "fixtures"
 TOKEN = "s3cret-token"
 
 
@@ -67,12 +64,7 @@ def service(tmp_path_factory):
         subprocess.run(["cp", "-r", str(folder), str(target)], check=True)
         folders.append(target)
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
-        config = fake_judge_config(
-            root / "reward.yaml",
-            judge.base_url,
-            {"endpoint": {"base_url": scorer.base_url, "model": "webjudge-7b", "api_key_env": None}},
-            judge={"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": 5},
-        )
+        config = write_config(root / "reward.yaml", judge, scorer, timeout_s=5, on_failure="zero")
         port = free_port()
         env = {**os.environ, "KEYSHOT_TEST_TOKEN": TOKEN}
         proc = subprocess.Popen(
@@ -98,25 +90,16 @@ def service(tmp_path_factory):
             stderr=subprocess.STDOUT,
             text=True,
         )
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if call(f"{base}/health")[0] == 200:
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the service did not start"
-            time.sleep(0.1)
-        yield base, proc, folders, judge
+        output = OutputLines(proc)
+        output.wait_for("listening on")  # printed once the port is bound and the signal handlers are in place
+        yield f"http://127.0.0.1:{port}", proc, folders, judge, output
         if proc.poll() is None:
             proc.kill()
             proc.wait()
 
 
 def test_openrlhf_request_and_response(service):
-    base, _, folders, judge = service
+    base, _, folders, judge, _ = service
     status, body, _ = call(
         f"{base}/get_reward",
         {"query": ["q0", "q1"], "prompts": ["p0", "p1"], "labels": [str(f) for f in folders]},
@@ -128,7 +111,7 @@ def test_openrlhf_request_and_response(service):
 
 
 def test_native_batch(service):
-    base, _, folders, _ = service
+    base, _, folders, _, _ = service
     trajectory = next(load_trajectories(folders[0]))
     shot = base64.b64encode(trajectory.screenshots[0].read_bytes()).decode()
     rollouts = [
@@ -142,7 +125,7 @@ def test_native_batch(service):
 
 
 def test_bad_requests_get_one_clear_4xx_each_and_the_service_keeps_serving(service, tmp_path):
-    base, proc, folders, _ = service
+    base, proc, folders, _, _ = service
     png = base64.b64encode(next(load_trajectories(folders[0])).screenshots[0].read_bytes()).decode()
     tiny = io.BytesIO()
     Image.new("RGB", (2, 2)).save(tiny, format="PNG")
@@ -178,12 +161,14 @@ def test_bad_requests_get_one_clear_4xx_each_and_the_service_keeps_serving(servi
     assert status == 200 and health["status"] == "ok" and health["judge"]["down"] is None
 
 
-def test_get_reward_answers_numbers_with_the_judge_down_and_no_on_failure(service):
-    """OpenRLHF turns every reward into a tensor: with a config without on_failure and the judge down, the
-    answer is still numbers, each failure flagged in the same log fields every adapter reports."""
-    base, _, folders, judge = service
+def test_get_reward_answers_the_counted_on_failure_number_with_the_judge_down(service):
+    """OpenRLHF turns every reward into a tensor: with the judge down the answer is the config's
+    on_failure number, each failure flagged in the same log fields every adapter reports and counted as
+    the adapters count it (on_failure_applied)."""
+    base, _, folders, judge, _ = service
     shots = [str(s.path) for s in next(load_trajectories(folders[0])).screenshots]
     label = json.dumps({"task": "A task this service never judged", "screenshots": shots})
+    _, before, _ = call(f"{base}/metrics")
     judge.faults = FaultPlan({"500": 1.0})
     try:
         status, body, _ = call(f"{base}/get_reward", {"query": ["q"], "prompts": ["p"], "labels": [label]})
@@ -194,7 +179,41 @@ def test_get_reward_answers_numbers_with_the_judge_down_and_no_on_failure(servic
     assert set(body["extra_logs"]) == set(SAMPLE_KEYS) and body["extra_logs"]["keyshot_failed"] == [1.0]
     assert all(v is not None for values in body["extra_logs"].values() for v in values)
     status, metrics, _ = call(f"{base}/metrics")
+    assert "keyshot_reward_on_failure_applied_total 0" in before
     assert "keyshot_reward_failures_total 1" in metrics
+    assert "keyshot_reward_on_failure_applied_total 1" in metrics
+
+
+def test_a_malformed_json_label_is_a_422_naming_it_never_a_path(service):
+    base, _, folders, _, _ = service
+    labels = [str(folders[0]), '{"task": "t", "screenshots": [']
+    status, body, _ = call(
+        f"{base}/get_reward", {"query": ["q0", "q1"], "prompts": ["p0", "p1"], "labels": labels}
+    )
+    assert status == 422 and body["error"].startswith("label 1: ") and "is not JSON" in body["error"], body
+
+
+def test_a_config_without_a_number_for_get_reward_is_refused_at_start(tmp_path, capsys):
+    """The service answers OpenRLHF, which needs a number for every sample: as the adapters do, it refuses a
+    config whose failed rollouts would have none, in one line naming the key, before it starts anything."""
+    from keyshot.infer.cli import main as keyshot
+
+    with FakeOpenAI(make_judge()) as judge:
+        config = write_config(tmp_path / "reward.yaml", judge)
+        argv = [
+            "reward",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(free_port()),
+            "--allow-root",
+            str(tmp_path),
+        ]
+        assert keyshot(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and str(config) in err and "set reward.on_failure: zero" in err, err
+    assert judge.requests == []
 
 
 def test_the_latency_histogram_is_cumulative():
@@ -215,20 +234,38 @@ def test_the_service_does_not_import_the_openrlhf_adapter():
 
 
 def test_sigterm_drains_and_leaves_no_process(service):
-    base, proc, folders, _ = service
+    """A request in flight when SIGTERM comes is answered before the process ends: the judge holds its
+    first call until the service has said it is stopping."""
+    base, proc, folders, judge, output = service
     import threading
 
+    asked, release = threading.Event(), threading.Event()
+    answer = judge.responder
+
+    def held(request: dict) -> str:
+        asked.set()
+        release.wait(60)
+        return answer(request)
+
+    judge.responder = held
     answers = []
+    shots = [str(s.path) for s in next(load_trajectories(folders[1])).screenshots]
+    label = json.dumps({"task": "A task judged while the service stops", "screenshots": shots})
     thread = threading.Thread(
         target=lambda: answers.append(
-            call(f"{base}/get_reward", {"query": ["q"], "prompts": ["p"], "labels": [str(folders[1])]})
+            call(f"{base}/get_reward", {"query": ["q"], "prompts": ["p"], "labels": [label]})
         )
     )
-    thread.start()
-    time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    thread.join(30)
-    assert proc.wait(30) in (0, 143, -signal.SIGTERM)  # uvicorn re-raises the signal once drained
+    try:
+        thread.start()
+        assert asked.wait(60), "the request never reached the judge"
+        proc.send_signal(signal.SIGTERM)
+        assert "answering the 1 in flight" in output.wait_for("stopping")
+    finally:
+        release.set()
+        judge.responder = answer
+    thread.join(60)
+    assert proc.wait(60) in (0, 143, -signal.SIGTERM)  # uvicorn re-raises the signal once drained
     assert answers and answers[0][0] == 200 and len(answers[0][1]["rewards"]) == 1  # drained, not dropped
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         call(f"{base}/health")
