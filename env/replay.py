@@ -13,12 +13,9 @@ records every page it was shown is the recorded trajectory again, so its reward 
 
 from __future__ import annotations
 
-import io
-from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image
-
+from keyshot.env.page import Page
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.loaders import load_trajectory
 
@@ -27,32 +24,9 @@ class ReplayError(KeyshotError):
     """The replayed folder cannot be replayed, or the replay is used past its end."""
 
 
-@dataclass
-class ReplayPage:
-    """One page the replay shows: its text, its screenshot (a file path, or the encoded image when the
-    trajectory embeds it), its 0-based step, whether it is the last page, and the recorded final answer
-    on the last page."""
-
-    text: str
-    screenshot: Path | bytes | None
-    step: int
-    done: bool
-    answer: str | None = None
-
-    def image(self, max_side: int = 0) -> Image.Image | None:
-        """The screenshot decoded (for a VLM policy), shrunk to fit ``max_side`` pixels when given."""
-        if self.screenshot is None:
-            return None
-        source = self.screenshot if isinstance(self.screenshot, Path) else io.BytesIO(self.screenshot)
-        with Image.open(source) as opened:
-            image = opened.convert("RGB")
-        if max_side > 0:
-            image.thumbnail((max_side, max_side))
-        return image
-
-
 class ReplayBrowser:
-    """Replays one recorded trajectory (``source``: its folder or JSONL file)."""
+    """Replays one recorded trajectory (``source``: its folder or JSONL file); a
+    :class:`~keyshot.env.page.Browser`."""
 
     def __init__(self, source: str | Path):
         self.source = Path(source)
@@ -77,28 +51,31 @@ class ReplayBrowser:
     def last_step(self) -> int:
         return len(self.trajectory.screenshots) - 1
 
-    def reset(self) -> ReplayPage:
+    def reset(self) -> Page:
         """Start over: the first recorded page."""
         self.step = 0
         return self._page()
 
-    def act(self, action: str) -> ReplayPage:
+    def act(self, action: str) -> Page:
         """Take ``action`` (recorded by the caller, ignored by the replay): the next recorded page. A
         one-screenshot trajectory ends at its first action with no new page."""
         if self.step >= self.last_step:
             if self.last_step == 0 and self.step == 0:
                 self.step = 1
-                return ReplayPage(self._text("no more pages"), None, 1, True, self.trajectory.final_answer)
+                return Page(self._text("no more pages"), None, 1, True, self.trajectory.final_answer)
             raise ReplayError(f"{self.source}: the replay is over (its last page was shown); call reset()")
         self.step += 1
         return self._page()
 
-    def _page(self) -> ReplayPage:
+    def close(self) -> None:
+        """Nothing to give back (the replay holds no process); here so that every Browser closes alike."""
+
+    def _page(self) -> Page:
         shot = self.trajectory.screenshots[self.step]
         done = self.step == self.last_step and self.last_step > 0
         recorded = self.trajectory.actions[self.step] if self.step < len(self.trajectory.actions) else None
         text = self._text(f"recorded next action: {recorded}" if recorded else "no recorded action")
-        return ReplayPage(
+        return Page(
             text,
             shot.data if shot.data is not None else shot.path,
             self.step,

@@ -1,4 +1,5 @@
-"""One MiniWoB browser in a process of its own (started by :class:`keyshot.env.miniwob.browser.MiniWoBBrowser`):
+"""One MiniWoB browser in a process of its own (started by :class:`keyshot.env.miniwob.client.MiniWoBBrowser`
+with the set-up's variables in its environment):
 
     python -I env/miniwob/worker.py TASK CHROMIUM MAX_TEXT_CHARS
 
@@ -8,10 +9,17 @@ it holds a few hundred. It also lets browsers run side by side. It ends with the
 it: that process's end closes the worker's stdin, and the worker then closes its browsers and exits.
 
 Requests are JSON lines on stdin, answers JSON lines on the stdout it was given (anything the libraries
-print goes to stderr): ``{"op": "reset", "seed": N}``, ``{"op": "step", "action": "click('12')"}``,
-``{"op": "close"}``. An answer holds the goal, URL, the page's text (goal, last action's error,
-accessibility tree), its screenshot (PNG, base64), MiniWoB's reward and whether the task is over, or
-``{"error": "..."}`` when the browser failed. Imports nothing of keyshot (it runs by path).
+print goes to stderr): ``{"op": "reset", "seed": N, "task": "click-button"}`` (``task`` optional: the
+last one), ``{"op": "step", "action": "click('12')"}``, ``{"op": "close"}``. An answer holds the goal, URL,
+the page's text (goal, last action's error, accessibility tree), its screenshot (PNG, base64), MiniWoB's
+reward and whether the task is over, or ``{"error": "..."}`` when the browser failed. A reset's answer
+also holds the browsers' process ids and whether they were launched for it (``relaunched``).
+
+The first reset launches BrowserGym's browsers (the page's and its chat window's Chromium); every later
+one starts a new MiniWoB episode in the same page (the task's page loaded again with the new seed, as
+BrowserGym's own reset sets a task up), so a browser serves episode after episode without a launch. A
+browser found dead (a crashed or killed Chromium) is closed, its processes killed, and launched again.
+Imports nothing of keyshot (it runs by path).
 """
 
 from __future__ import annotations
@@ -21,7 +29,9 @@ import contextlib
 import io
 import json
 import os
+import signal
 import sys
+import time
 
 
 def _browser_pid(browser) -> int | None:
@@ -38,21 +48,80 @@ def _browser_pid(browser) -> int | None:
 class Worker:
     def __init__(self, task: str, chromium: str, text_chars: int):
         import browsergym.miniwob  # noqa: F401  (registers the browsergym/miniwob.* environments)
+
+        self.chromium = chromium
+        self.text_chars = text_chars
+        self.task = task
+        self.entrypoints: dict[str, object] = {}
+        self.env = self._make(task)
+        self.pids: list[int] = []
+
+    def _make(self, task: str):
+        """BrowserGym's environment of ``task`` (nothing launched until its reset)."""
         import gymnasium as gym
 
-        self.task = task
-        self.text_chars = text_chars
-        self.env = gym.make(
+        env = gym.make(
             f"browsergym/miniwob.{task}",
             disable_env_checker=True,
-            pw_chromium_kwargs={"executable_path": chromium},
+            pw_chromium_kwargs={"executable_path": self.chromium},
         )
+        self.entrypoints[task] = env.unwrapped.task_entrypoint
+        return env
 
-    def reset(self, seed: int) -> dict:
-        obs, _ = self.env.reset(seed=seed)
+    def _entrypoint(self, task: str):
+        if task not in self.entrypoints:
+            self._make(task).close()  # nothing was launched: closes nothing
+        return self.entrypoints[task]
+
+    def reset(self, seed: int, task: str | None) -> dict:
+        task = task or self.task
+        entrypoint = self._entrypoint(task)  # an unknown task fails here, before anything is touched
         core = self.env.unwrapped
-        pids = [pid for pid in (_browser_pid(core.browser), _browser_pid(core.chat.browser)) if pid]
-        return {**self._page(obs, reward=0.0, done=False), "pids": pids}
+        relaunched = core.task is None
+        if not relaunched:
+            try:
+                obs = self._new_episode(core, entrypoint, seed)
+            except Exception:  # the browser died since the last episode: launch it again
+                self._discard()
+                relaunched = True
+                self.env = self._make(task)
+        elif task != self.task:  # nothing launched yet: the environment of the task asked for
+            self.env = self._make(task)
+        if relaunched:
+            obs, _ = self.env.reset(seed=seed)
+            core = self.env.unwrapped
+            self.pids = [p for p in (_browser_pid(core.browser), _browser_pid(core.chat.browser)) if p]
+        self.task = task
+        return {**self._page(obs, reward=0.0, done=False), "pids": self.pids, "relaunched": relaunched}
+
+    @staticmethod
+    def _new_episode(core, entrypoint, seed: int) -> dict:
+        """A new MiniWoB episode in the page BrowserGym opened (what its reset does after the launch)."""
+        if len(core.context.pages) != 1 or core.page.is_closed() or not core.chat.browser.is_connected():
+            raise RuntimeError("the page is not the one BrowserGym opened")
+        core.task.teardown()
+        core.task_entrypoint = entrypoint
+        core.task = entrypoint(seed=seed, **core.task_kwargs)
+        goal, _ = core.task.setup(page=core.page)
+        core.goal_object = [{"type": "text", "text": goal}] if isinstance(goal, str) else list(goal)
+        core.chat.messages.clear()
+        for message in core.goal_object:
+            if message["type"] == "text":
+                core.chat.add_message(role="user", msg=message["text"])
+        core._wait_dom_loaded()
+        core._active_page_check()
+        core.start_time = time.time()
+        core.last_action, core.last_action_error, core.infeasible_message_received = "", "", False
+        return core._get_obs()
+
+    def _discard(self) -> None:
+        """Close a broken environment as far as it closes, then kill what is left of its browsers."""
+        with contextlib.suppress(Exception):
+            self.env.close()
+        for pid in self.pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self.pids = []
 
     def step(self, action: str) -> dict:
         obs, reward, terminated, truncated, _ = self.env.step(action)
@@ -78,8 +147,12 @@ class Worker:
         }
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):  # a dead browser's close raises; its processes are gone
-            self.env.close()
+        self._discard()  # a dead browser's close raises; its processes are killed
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def main(argv: list[str]) -> int:
@@ -93,7 +166,7 @@ def main(argv: list[str]) -> int:
     try:
         worker = Worker(task, chromium, text_chars)
     except Exception as exc:
-        answer({"error": f"{type(exc).__name__}: {exc}"})
+        answer({"error": _first_line(exc)})
         return 1
     answer({"ready": True})
     for line in sys.stdin:
@@ -101,15 +174,12 @@ def main(argv: list[str]) -> int:
         if request["op"] == "close":
             break
         try:
-            answer(
-                worker.reset(request["seed"]) if request["op"] == "reset" else worker.step(request["action"])
-            )
+            if request["op"] == "reset":
+                answer(worker.reset(request["seed"], request.get("task")))
+            else:
+                answer(worker.step(request["action"]))
         except Exception as exc:  # the browser died or stopped answering: said, not raised
-            answer(
-                {
-                    "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-                }
-            )
+            answer({"error": _first_line(exc)})
     worker.close()
     answer({"closed": True})
     return 0

@@ -1,12 +1,13 @@
 """BrowserGym's own experiment loop (browsergym-experiments' ExpArgs.run) on a MiniWoB task, with a scripted
-agent that clicks what the goal names (keyshot.env.miniwob.browser.ScriptedAgent) or one that clicks at
+agent that clicks what the goal names (keyshot.env.miniwob.agents.ScriptedAgent) or one that clicks at
 random; each run is an AgentLab-format folder (screenshot_step_N.png, step_N.pkl.gz, summary_info.json).
 
     python tests/support/browsergym_loop.py ROOT TASK AGENT:SEED[,SEED] [AGENT:SEED ...]   (AGENT: named | random)
 
 Run by path in a process of its own (playwright is slow where many modules are loaded); prints the run
 folders as a JSON list. The loop's own environment launches Chromium without keyshot's arguments, and
-counts tokens with tiktoken: keyshot's prepare_browser makes both work here.
+counts tokens with tiktoken: keyshot's prepare_browser (the set-up exported into this process) makes both
+work here.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from pathlib import Path
 from browsergym.experiments.agent import Agent, AgentInfo
 from browsergym.experiments.loop import AbstractAgentArgs, EnvArgs, ExpArgs
 
-from keyshot.env.miniwob.browser import LivePage, ScriptedAgent, prepare_browser, random_action
+from keyshot.env.miniwob.agents import ScriptedAgent, random_action
+from keyshot.env.miniwob.setup import prepare_browser
+from keyshot.env.page import Page
 
 
-def _page(obs: dict) -> LivePage:
-    return LivePage(f"Goal: {obs['goal']}\n\nPage structure:\n{obs['axtree_txt']}", None, 0, False)
+def _page(obs: dict) -> Page:
+    return Page(f"Goal: {obs['goal']}\n\nPage structure:\n{obs['axtree_txt']}", None, 0, False)
 
 
 class NamedTargetAgent(Agent):
