@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Live episodes (keyshot.env.miniwob.browser): Debian's Chromium, and the `browser` extra (playwright,
+# Live episodes (keyshot.env.miniwob): Debian's Chromium, and the `browser` extra (playwright,
 # BrowserGym's MiniWoB, the miniwob package's pages, pinned in pyproject.toml) and AgentLab in an existing
 # keyshot venv.
 # No browser is downloaded: playwright is pointed at the system Chromium. Safe to run again.
@@ -32,4 +32,4 @@ stage "browser extra (pins of pyproject.toml)" "$V/bin/pip" install -q -c "$ROOT
 # requires ray, torch, gradio and litellm, which neither its loop nor its result loading imports; what they
 # do import comes with the extra above (and pandas with keyshot's own datasets)
 stage "AgentLab 0.4.2 (without its dependencies)" "$V/bin/pip" install -q --no-deps agentlab==0.4.2
-stage "check: a scripted MiniWoB episode in Chromium" "$V/bin/python" -m keyshot.env.miniwob.browser click-button
+stage "check: a scripted MiniWoB episode in Chromium" "$V/bin/python" -m keyshot.env.miniwob click-button
