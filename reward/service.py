@@ -32,6 +32,8 @@ from typing import Any
 
 from keyshot.infer.loaders.common import InputScope
 from keyshot.infer.loaders.trajectory import Trajectory
+from keyshot.infer.protocol.decode import ImageError, ImageTooLarge
+from keyshot.infer.protocol.images import check_screenshot
 from keyshot.reward.logs import sample_logs
 from keyshot.reward.model import RewardModel, RewardResult
 from keyshot.reward.rollouts import RolloutError, label_rollout, read_rollout
@@ -50,6 +52,8 @@ class ServiceLimits:
     queue_size: int = 64
     deadline_s: float = 600.0
     token_env: str | None = None
+    #: pixels all the screenshots of one request may decode (2^34: ~18,000 screenshots of 1280×720)
+    max_decoded_pixels: int = 1 << 34
 
 
 class BadRequest(Exception):
@@ -184,7 +188,30 @@ class RewardService:
             raise BadRequest(422, f"'{what}' must be a non-empty list")
         if len(values) > self.limits.max_rollouts:
             raise BadRequest(413, f"{len(values):,} rollouts, over the limit of {self.limits.max_rollouts}")
-        return [self.rollout(v, i, labels=what == "labels") for i, v in enumerate(values)]
+        trajectories = [self.rollout(v, i, labels=what == "labels") for i, v in enumerate(values)]
+        self.check_pixels(trajectories)
+        return trajectories
+
+    def check_pixels(self, trajectories: list[Trajectory]) -> None:
+        """413 for a screenshot larger than a screenshot can be, or for a request whose screenshots
+        decode more than ``max_decoded_pixels`` in all: read from their headers, nothing is decoded
+        (under keyshot's default policy; preparing each screenshot checks it again under the scorer's).
+        An unreadable screenshot is left to the judge, which lists it with its reason."""
+        total = 0
+        for trajectory in trajectories:
+            for shot in trajectory.screenshots:
+                try:
+                    total += check_screenshot(shot.data if shot.data is not None else shot.path)[1]
+                except ImageTooLarge as exc:
+                    raise BadRequest(413, f"{shot.name}: {exc.problem}") from None
+                except ImageError:
+                    continue
+        if total > self.limits.max_decoded_pixels:
+            raise BadRequest(
+                413,
+                f"the request's screenshots decode {total:,} pixels, over the limit of "
+                f"{self.limits.max_decoded_pixels:,} per request: send fewer rollouts per request",
+            )
 
     # ------------------------------------------------------------------ handling
     async def admitted(

@@ -7,7 +7,10 @@ The policy, in order:
 
 1. **Decode** any PIL mode to 8-bit RGB. Alpha (RGBA, LA, PA, P/L/RGB with a transparency key) is
    composited on white. 16-bit images are scaled to 8 bits (``v * 255 / 65535``), never clipped.
-   32-bit integer and float images are scaled by their value range (see :func:`to_rgb`).
+   32-bit integer and float images are scaled by their value range (see :func:`to_rgb`). The header
+   is read first: a screenshot whose decode would be larger than a screenshot can be is refused
+   before any pixel is decoded, and every decode draws from a process-wide pixel budget
+   (:mod:`keyshot.infer.protocol.decode`).
 2. **Tall-page rule.** A full-page screenshot taller than ``max_aspect × width`` is cropped from the
    top to ``floor(max_aspect × width)`` rows: what an agent saw first is kept, the footer is dropped.
    A page wider than ``max_aspect × height`` is cropped from the left the same way.
@@ -16,11 +19,13 @@ The policy, in order:
    whole 28 px steps, so preparing an already prepared image changes nothing.
 3. **Pixel bounds in Qwen2.5-VL terms** (:func:`smart_resize`): both sides are rounded to multiples of
    28 px and the area is kept within ``[min_pixels, max_pixels]``. Qwen2.5-VL spends one visual token per
-   28×28 px (14 px patches merged 2×2). With ``resize=True`` the image is resized (bicubic, as the
-   processor) to exactly those dimensions before encoding, so the processor finds nothing left to
-   resize and training and serving see identical pixels. ``resize=False`` sends the (cropped) image at
+   28×28 px (14 px patches merged 2×2). With ``resize=True`` the image is resized to exactly those
+   dimensions before encoding (OpenCV, :func:`fit`: bicubic up to 1.25× smaller, bilinear below,
+   an integer box reduction first beyond 2×), so the processor finds nothing left to resize and
+   training and serving see identical pixels. ``resize=False`` sends the (cropped) image at
    its own size, as the reference implementation did; the processor then resizes it.
-4. **JPEG** at ``jpeg_quality`` (75, PIL's default, as the reference), sent as ``data:image/jpeg``.
+4. **JPEG** at ``jpeg_quality`` (75, PIL's default, as the reference; OpenCV's libjpeg-turbo writes
+   the same bytes as PIL for the same pixels), sent as ``data:image/jpeg``.
 """
 
 from __future__ import annotations
@@ -29,16 +34,24 @@ import base64
 import io
 import logging
 import math
-import struct
-import zlib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 from PIL import Image
 
-from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.protocol.decode import (
+    DECODE_BUDGET,
+    Header,
+    ImageError,
+    check_size,
+    decode_rgb,
+    decoded_extent,
+    read_header,
+)
+from keyshot.infer.protocol.decode import to_rgb as to_rgb  # any PIL mode → RGB, part of the policy's API
 
 logger = logging.getLogger(__name__)
 
@@ -47,29 +60,8 @@ PATCH_SIZE = 14
 MERGE_SIZE = 2
 TOKEN_PIXELS = PATCH_SIZE * MERGE_SIZE  # 28: one visual token per 28×28 px
 MAX_PROCESSOR_ASPECT = 200.0  # the Qwen2.5-VL processor refuses more elongated images
-
-WHITE = (255, 255, 255)
-_ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
-_SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
-# What a broken or hostile file can make PIL raise while opening or decoding.
-_DECODE_ERRORS = (
-    OSError,
-    SyntaxError,
-    ValueError,
-    EOFError,
-    struct.error,
-    zlib.error,
-    Image.DecompressionBombError,
-)
-
-
-class ImageError(KeyshotError, ValueError):
-    """A screenshot that cannot be decoded or turned into a scorer image; the message names its source."""
-
-    def __init__(self, source: str, problem: str):
-        super().__init__(f"{source}: {problem}")
-        self.source = source
-        self.problem = problem
+#: Up to this much smaller, :func:`fit` resamples bicubic; beyond it bilinear (no ringing, less aliasing).
+CUBIC_UP_TO = 1.25
 
 
 @dataclass(frozen=True)
@@ -251,53 +243,6 @@ def processor_tokens(width: int, height: int, *, min_pixels: int, max_pixels: in
     return (new_h // TOKEN_PIXELS) * (new_w // TOKEN_PIXELS)
 
 
-def _open(src: Path | str | bytes | Image.Image) -> tuple[Image.Image, str]:
-    if isinstance(src, Image.Image):
-        return src, "<PIL image>"
-    if isinstance(src, (bytes, bytearray, memoryview)):
-        data = bytes(src)
-        name = f"<{len(data)} bytes>"
-    elif isinstance(src, (str, Path)):
-        name = str(src)
-        try:
-            data = Path(src).read_bytes()
-        except OSError as exc:
-            raise ImageError(name, f"cannot read file: {exc.strerror or exc}") from exc
-    else:
-        raise TypeError(f"prepare_image takes a path, bytes or a PIL image, not {type(src).__name__}")
-    if not data:
-        raise ImageError(name, "empty file (0 bytes), not an image")
-    try:
-        return Image.open(io.BytesIO(data)), name
-    except Image.UnidentifiedImageError as exc:
-        raise ImageError(name, "not an image file (PIL cannot identify its format)") from exc
-    except Image.DecompressionBombError:
-        return _open_tall(data, name), name  # a full-page screenshot: read its top, as the policy says
-    except _DECODE_ERRORS as exc:
-        raise ImageError(name, f"cannot open image: {exc}") from exc
-
-
-#: The tallest part of an over-sized image keyshot decodes: the policy never keeps more than
-#: ``max_aspect`` (≤ this) heights of width from the top of a page.
-_TALL_DECODE_ASPECT = 8.0
-
-
-def _open_tall(data: bytes, name: str) -> Image.Image:
-    """Open (header only) an image larger than PIL's decompression-bomb limit when it is a tall page
-    whose top part fits the limit; only that part is ever decoded (:func:`prepare_image` bounds the
-    decode). Anything else stays refused: a wide or square image that large is no screenshot."""
-    img = open_header(data)
-    width, height = img.size
-    if img.format != "PNG" or len(img.tile) != 1 or img.info.get("interlace"):
-        raise ImageError(
-            name, f"image of {width}×{height} pixels is too large to decode (not a sequential PNG)"
-        )
-    if width * math.ceil(width * _TALL_DECODE_ASPECT) > (Image.MAX_IMAGE_PIXELS or 0) * 2:
-        raise ImageError(name, f"image of {width}×{height} pixels is too large to decode, even cropped")
-    img.info["keyshot_tall_page"] = True
-    return img
-
-
 def sniff_image_type(data: bytes) -> tuple[str, str]:
     """(MIME type, file extension) of encoded image bytes, from their signature; bytes of no known
     image type give ``("application/octet-stream", ".img")``."""
@@ -313,103 +258,78 @@ def sniff_image_type(data: bytes) -> tuple[str, str]:
 
 
 def open_header(src: Path | str | bytes) -> Image.Image:
-    """An image opened for its header (size, format) without PIL's decompression-bomb check: nothing
-    is decoded, so the check's memory concern does not arise. Raises ImageError if no format fits."""
-    data = Path(src).read_bytes()[: 1 << 20] if isinstance(src, (str, Path)) else bytes(src)
-    Image.preinit()
-    Image.init()
-    prefix = data[:16]
-    for fmt, (factory, accept) in Image.OPEN.items():
-        if accept is None or accept(prefix):
-            try:
-                img = factory(io.BytesIO(data), "")
-            except _DECODE_ERRORS:
-                continue
-            img.format = img.format or fmt
-            return img
-    raise ImageError(
-        str(src)[:80] if not isinstance(src, bytes) else f"<{len(data)} bytes>", "not an image file"
-    )
+    """An image opened for its header (size, format) only: nothing is decoded (see
+    :func:`keyshot.infer.protocol.decode.read_header`). Raises ImageError if no format fits."""
+    return read_header(src).image
 
 
-def _bound_tall_decode(img: Image.Image, rows: int) -> None:
-    """Make a tall PNG decode only its first ``rows`` rows (the policy's crop) on ``load()``."""
-    if not img.info.get("keyshot_tall_page") or rows >= img.size[1]:
-        return
-    tile = img.tile[0]
-    img._size = (img.size[0], rows)
-    img.tile = [tile._replace(extents=(0, 0, img.size[0], rows))]
+def decoded_pixels(header: Header, policy: ImagePolicy = DEFAULT_POLICY) -> int:
+    """How many pixels preparing this screenshot under ``policy`` decodes: the policy's crop for a PNG
+    read in row order, the whole image for other formats (a JPEG at its reduced scale)."""
+    width, height = header.size
+    try:
+        plan = plan_image(width, height, policy)
+    except ValueError as exc:
+        raise ImageError(header.name, str(exc)) from exc
+    w, h = decoded_extent(header, (plan.crop_width, plan.crop_height), (plan.width, plan.height))
+    return w * h
+
+
+def check_screenshot(
+    src: Path | str | bytes | Image.Image, policy: ImagePolicy = DEFAULT_POLICY
+) -> tuple[Header, int]:
+    """A screenshot's header and the pixels preparing it under ``policy`` decodes, from its header alone:
+    :class:`~keyshot.infer.protocol.decode.ImageTooLarge` beyond what a screenshot can be,
+    :class:`ImageError` if it is no readable image."""
+    header = read_header(src)
+    pixels = decoded_pixels(header, policy)
+    check_size(header, pixels)
+    return header, pixels
 
 
 def decode_image(src: Path | str | bytes | Image.Image) -> Image.Image:
-    """Open and fully decode an image (any format PIL reads); errors become :class:`ImageError`."""
-    img, name = _open(src)
-    _load(img, name)
+    """Open and fully decode an image (any format PIL reads) after checking its size from its header,
+    within the decode budget; errors (a refused size included) become :class:`ImageError`."""
+    header = read_header(src)
+    if header.data is None:
+        return header.image
+    pixels = header.size[0] * header.size[1]
+    check_size(header, pixels)
+    with DECODE_BUDGET.hold(pixels):
+        try:
+            img = Image.open(io.BytesIO(header.data))
+            img.load()
+        except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
+            raise ImageError(header.name, f"corrupt or truncated image: {exc}") from exc
     return img
 
 
-def _load(img: Image.Image, name: str) -> None:
-    try:
-        img.load()
-    except _DECODE_ERRORS as exc:
-        raise ImageError(name, f"corrupt or truncated image: {exc}") from exc
+def fit(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
+    """An RGB array resized to ``width×height`` (OpenCV): bicubic when it shrinks at most
+    :data:`CUBIC_UP_TO` times (or grows), bilinear beyond; more than 2× smaller, an exact box
+    reduction by a whole factor first (a column or row short of a multiple is dropped at the right
+    or bottom), so that no source pixel is skipped."""
+    h, w = pixels.shape[:2]
+    if (w, h) == (width, height):
+        return pixels
+    factor = math.ceil(min(w / width, h / height) / 2)
+    if factor >= 2:
+        h, w = h - h % factor, w - w % factor
+        pixels = cv2.resize(pixels[:h, :w], (w // factor, h // factor), interpolation=cv2.INTER_AREA)
+        h, w = pixels.shape[:2]
+    shrink = max(w / width, h / height)
+    method = cv2.INTER_CUBIC if shrink <= CUBIC_UP_TO else cv2.INTER_LINEAR
+    return cv2.resize(pixels, (width, height), interpolation=method)
 
 
-def _scaled_to_uint8(values: np.ndarray) -> np.ndarray:
-    """Map single-channel values to 0..255 by their range: 8-bit, 16-bit, [0, 1] floats, else min-max."""
-    arr = np.nan_to_num(values.astype(np.float64, copy=False), nan=0.0, posinf=0.0, neginf=0.0)
-    lo, hi = (float(arr.min()), float(arr.max())) if arr.size else (0.0, 0.0)
-    if lo >= 0.0 and hi <= 1.0 and values.dtype.kind == "f":
-        scaled = arr * 255.0
-    elif lo >= 0.0 and hi <= 255.0:
-        scaled = arr
-    elif lo >= 0.0 and hi <= 65535.0:
-        scaled = arr * (255.0 / 65535.0)
-    else:
-        scaled = (arr - lo) * (255.0 / (hi - lo))
-    return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
-
-
-def _has_transparency(img: Image.Image) -> bool:
-    return img.mode in _ALPHA_MODES or (img.mode in {"P", "L", "RGB"} and "transparency" in img.info)
-
-
-def _composite_on_white(img: Image.Image) -> Image.Image:
-    rgba = img if img.mode == "RGBA" else img.convert("RGBA")
-    alpha = rgba.getchannel("A")
-    if alpha.getextrema() == (255, 255):
-        return rgba.convert("RGB")
-    background = Image.new("RGB", rgba.size, WHITE)
-    background.paste(rgba.convert("RGB"), mask=alpha)
-    return background
-
-
-def to_rgb(img: Image.Image, source: str = "<image>") -> Image.Image:
-    """Any PIL mode → 8-bit RGB (returns ``img`` itself when it already is RGB without transparency).
-
-    Alpha is composited on white. ``I;16*`` is scaled ``v·255/65535``. ``I`` and ``F`` are scaled by
-    their range: values within [0, 1] (float only) → ×255, within [0, 255] → as is, within [0, 65535]
-    → ×255/65535, anything else (negative, larger) → min-max stretched.
-    """
-    mode = img.mode
-    if mode == "RGB" and "transparency" not in img.info:
-        return img
-    if _has_transparency(img):
-        if mode == "La":
-            img = img.convert("LA")
-        elif mode == "RGBa":
-            img = img.convert("RGBA")
-        return _composite_on_white(img)
-    if mode in _SIXTEEN_BIT_MODES:
-        arr = np.asarray(img).astype(np.uint32)
-        gray = ((arr * 255 + 32767) // 65535).astype(np.uint8)
-        return Image.fromarray(gray, mode="L").convert("RGB")
-    if mode in {"I", "F"}:
-        return Image.fromarray(_scaled_to_uint8(np.asarray(img)), mode="L").convert("RGB")
-    try:
-        return img.convert("RGB")
-    except ValueError as exc:
-        raise ImageError(source, f"unsupported image mode {mode!r}: {exc}") from exc
+def encode_jpeg(pixels: np.ndarray, quality: int) -> bytes:
+    """An RGB array as a baseline JPEG (libjpeg-turbo through OpenCV: PIL's bytes for the same pixels)."""
+    ok, encoded = cv2.imencode(
+        ".jpg", cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality]
+    )
+    if not ok:
+        raise ImageError("<encoder>", f"OpenCV could not encode a {pixels.shape} image as JPEG")
+    return encoded.tobytes()
 
 
 def prepare_image(
@@ -417,43 +337,24 @@ def prepare_image(
 ) -> PreparedImage:
     """Turn a screenshot (a path, encoded bytes or a PIL image) into the scorer's JPEG under ``policy``.
 
-    Raises :class:`ImageError` naming the source for unreadable, empty, corrupt or truncated files.
+    The one function every screenshot is decoded through (judging, synthesis, datasets, rewards): its
+    header is read first and a decode larger than a screenshot can be is refused; the decode, resize
+    and encode hold their pixels in the process-wide budget. Raises :class:`ImageError` naming the
+    source for unreadable, empty, corrupt, truncated or over-sized files.
     """
-    img, name = _open(src)
-    src_w, src_h = img.size
-    try:
-        plan = plan_image(src_w, src_h, policy)
-    except ValueError as exc:
-        raise ImageError(name, str(exc)) from exc
-    out_w, out_h = plan.width, plan.height
-
-    # A JPEG that will be shrunk at least 2× decodes faster at a reduced DCT scale (never below target).
-    owned = not isinstance(src, Image.Image)  # never change the mode/scale of a caller's image
-    if owned and img.format == "JPEG" and out_w * 2 <= plan.crop_width and out_h * 2 <= plan.crop_height:
-        img.draft(
-            None, (math.ceil(src_w * out_w / plan.crop_width), math.ceil(src_h * out_h / plan.crop_height))
-        )
-    _bound_tall_decode(img, plan.crop_height)
-    _load(img, name)
-
-    cropped = (plan.crop_width, plan.crop_height) != (src_w, src_h)
-    if cropped:
-        # Crop in the decoded image's coordinates (a JPEG draft may have scaled it).
-        box_w = max(1, round(plan.crop_width * img.size[0] / src_w))
-        box_h = max(1, round(plan.crop_height * img.size[1] / src_h))
-        img = img.crop((0, 0, box_w, box_h))
-    rgb = to_rgb(img, name)
-    if rgb.size != (out_w, out_h):
-        rgb = rgb.resize((out_w, out_h), Image.Resampling.BICUBIC)
-
-    buffer = io.BytesIO()
-    rgb.save(buffer, format="JPEG", quality=policy.jpeg_quality)
+    header, pixels = check_screenshot(src, policy)
+    src_w, src_h = header.size
+    plan = plan_image(src_w, src_h, policy)
+    crop, out = (plan.crop_width, plan.crop_height), (plan.width, plan.height)
+    with DECODE_BUDGET.hold(pixels):
+        rgb = fit(decode_rgb(header, crop, out), *out)
+        jpeg = encode_jpeg(rgb, policy.jpeg_quality)
     return PreparedImage(
-        jpeg=buffer.getvalue(),
-        width=out_w,
-        height=out_h,
+        jpeg=jpeg,
+        width=plan.width,
+        height=plan.height,
         visual_tokens=plan.visual_tokens,
         source_width=src_w,
         source_height=src_h,
-        cropped=cropped,
+        cropped=crop != (src_w, src_h),
     )

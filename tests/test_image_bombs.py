@@ -1,0 +1,233 @@
+"""Decompression bombs: screenshots refused from their header, before anything is decoded.
+
+The real ``keyshot reward serve`` (a uvicorn process, fake judge and scorer) is sent eight 13000×13000
+1-bit PNGs of about 20 KiB each: the request is answered 413 naming the screenshot, and the service's
+peak RSS (the kernel's VmHWM) stays where it was; a tall full-page screenshot still scores. The one
+function that decodes a screenshot holds a process-wide pixel budget while it decodes.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from keyshot.infer.protocol.decode import MAX_DECODED_PIXELS, PixelBudget, read_header
+from keyshot.infer.protocol.images import (
+    DEFAULT_POLICY,
+    REFERENCE_POLICY,
+    ImageError,
+    decoded_pixels,
+    plan_image,
+    prepare_image,
+)
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+from tests.support.reward import OutputLines, write_config
+
+BOMB_SIDE = 13_000
+
+
+@pytest.fixture(scope="module")
+def bomb() -> bytes:
+    """A 13000×13000 1-bit PNG: about 20 KiB on the wire, 169 M pixels (507 MB as RGB) decoded."""
+    buffer = io.BytesIO()
+    Image.new("1", (BOMB_SIDE, BOMB_SIDE), 1).save(buffer, format="PNG")
+    data = buffer.getvalue()
+    assert len(data) < 64 * 1024
+    return data
+
+
+def _png(width: int, height: int, color=(240, 240, 240)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """The kernel's high-water mark of a process's resident memory (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
+
+
+# ---------------------------------------------------------------------------------------------- the guard
+def test_a_bomb_is_refused_from_its_header_naming_it_and_what_a_screenshot_can_be(bomb, tmp_path):
+    path = tmp_path / "bomb.png"
+    path.write_bytes(bomb)
+    header = read_header(path)
+    assert header.size == (BOMB_SIDE, BOMB_SIDE)
+    assert decoded_pixels(header, DEFAULT_POLICY) == BOMB_SIDE**2 > MAX_DECODED_PIXELS
+    before = peak_rss_bytes(os.getpid())
+    with pytest.raises(ImageError) as caught:
+        prepare_image(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: image of 13000×13000 pixels")
+    assert "a screenshot at most" in message and "\n" not in message
+    with pytest.raises(ImageError, match=r"^<\d+ bytes>: image of 13000×13000 pixels"):
+        prepare_image(bomb)
+    assert peak_rss_bytes(os.getpid()) - before < 64 * 2**20  # nothing was decoded
+
+
+def test_a_tall_full_page_is_decoded_only_down_to_the_policys_crop(tmp_path):
+    """1280×30000: 38 M pixels as a page, 6.5 M decoded under the 4:1 crop (the reference policy, which
+    sends the page whole, decodes it whole and is still within the limit)."""
+    tall = tmp_path / "tall.png"
+    tall.write_bytes(_png(1280, 30_000))
+    header = read_header(tall)
+    crop_rows = plan_image(1280, 30_000).crop_height
+    assert crop_rows <= 4 * 1280 and decoded_pixels(header, DEFAULT_POLICY) == 1280 * crop_rows
+    assert decoded_pixels(header, REFERENCE_POLICY) == 1280 * 30_000 <= MAX_DECODED_PIXELS
+    prepared = prepare_image(tall)
+    assert prepared.cropped and (prepared.source_width, prepared.source_height) == (1280, 30_000)
+    assert prepared.height / prepared.width == pytest.approx(4.0, rel=0.02)
+
+
+def test_a_jpeg_that_decodes_whole_counts_its_whole_size():
+    """A JPEG cannot stop at the crop: a 1280×60000 one decodes its whole height (at half scale under
+    keyshot's policy, which shrinks it more than 2×; whole, 77 M pixels, under the reference policy,
+    which is refused), while a PNG of that size decodes the crop's rows only."""
+    buffer = io.BytesIO()
+    Image.new("L", (1280, 60_000), 200).save(buffer, format="JPEG")
+    header = read_header(buffer.getvalue())
+    assert decoded_pixels(header, DEFAULT_POLICY) == 640 * 30_000
+    assert decoded_pixels(header, REFERENCE_POLICY) == 1280 * 60_000 > MAX_DECODED_PIXELS
+    with pytest.raises(ImageError, match=r"image of 1280×60000 pixels .*\(a JPEG image decodes whole\)"):
+        prepare_image(buffer.getvalue(), REFERENCE_POLICY)
+    rows = plan_image(1280, 60_000).crop_height
+    assert decoded_pixels(read_header(_png(1280, 60_000)), DEFAULT_POLICY) == 1280 * rows
+
+
+def test_pil_keeps_its_own_limit_as_a_second_line():
+    assert Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS > 0
+
+
+def test_the_pixel_budget_holds_decodes_beyond_it_until_one_is_released():
+    budget = PixelBudget(100)
+    order: list[str] = []
+    first = budget.hold(80)
+    first.__enter__()
+    started = threading.Event()
+
+    def second() -> None:
+        started.set()
+        with budget.hold(50):  # 80 + 50 > 100: waits for the first
+            order.append("second")
+
+    worker = threading.Thread(target=second)
+    worker.start()
+    assert started.wait(5)
+    assert budget.wait_for_waiters(1, timeout=5)  # the second decode is blocked on the budget
+    assert order == [] and budget.in_use == 80
+    order.append("first released")
+    first.__exit__(None, None, None)
+    worker.join(5)
+    assert order == ["first released", "second"] and budget.in_use == 0
+    with budget.hold(10_000):  # more than the whole budget: waits for it to be free, then runs alone
+        assert budget.in_use == 100
+
+
+# ------------------------------------------------------------------------------------- the real service
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    root = tmp_path_factory.mktemp("bombs")
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
+        config = write_config(root / "reward.yaml", judge, scorer, timeout_s=20, on_failure="zero")
+        port = _free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keyshot.infer.cli", "reward", "serve", "--config", str(config)]
+            + ["--port", str(port), "--allow-root", str(root)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            OutputLines(proc).wait_for("listening on")  # the port is bound
+            yield f"http://127.0.0.1:{port}", proc
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def _rollout(screenshots: list[bytes], rid: str) -> dict:
+    return {
+        "id": rid,
+        "task": "Find the price of the cheapest laptop",
+        "screenshots": [base64.b64encode(s).decode() for s in screenshots],
+        "actions": ["click('12')"] * len(screenshots),
+    }
+
+
+@pytest.mark.slow
+def test_the_service_refuses_eight_bombs_with_413_and_its_memory_stays_flat(service, bomb):
+    base, proc = service
+    warm = _png(1280, 720)
+    assert _post(f"{base}/v1/reward", {"rollouts": [_rollout([warm], "warm")]})[0] == 200
+    before = peak_rss_bytes(proc.pid)
+    status, body = _post(f"{base}/v1/reward", {"rollouts": [_rollout([warm] + [bomb] * 8, "bombs")]})
+    grown = peak_rss_bytes(proc.pid) - before
+    print(f"8 bombs: status {status}, peak RSS +{grown / 2**20:.0f} MiB")
+    assert status == 413, body
+    assert body["error"].startswith("rollout 0#screenshot1: image of 13000×13000 pixels")
+    assert "\n" not in body["error"]
+    assert grown < 200 * 2**20, f"peak RSS grew {grown / 2**20:.0f} MiB"
+
+
+@pytest.mark.slow
+def test_the_service_scores_a_tall_full_page_screenshot(service):
+    base, _ = service
+    status, body = _post(
+        f"{base}/v1/reward", {"rollouts": [_rollout([_png(1280, 720), _png(1280, 30_000)], "tall")]}
+    )
+    assert status == 200, body
+    (result,) = body["results"]
+    assert result["id"] == "tall" and result["error"] is None and result["reward"] in (0.0, 1.0)
+
+
+def test_a_request_whose_screenshots_decode_too_much_in_all_is_refused(tmp_path, servers):
+    """The per-request bound: screenshots each fine, too many pixels together (413, one line)."""
+    pytest.importorskip("fastapi")
+    from keyshot.reward.model import RewardModel
+    from keyshot.reward.service import BadRequest, RewardService, ServiceLimits
+
+    judge, scorer = servers
+    rm = RewardModel.from_config(write_config(tmp_path / "reward.yaml", judge, scorer, on_failure="zero"))
+    try:
+        shot = _png(1280, 720)  # 1288×728 after the policy, 921,600 pixels decoded
+        service = RewardService(rm, ServiceLimits(allow_root=str(tmp_path), max_decoded_pixels=2_000_000))
+        assert len(service.rollouts([_rollout([shot, shot], "two")], "rollouts")) == 1
+        with pytest.raises(BadRequest) as caught:
+            service.rollouts([_rollout([shot, shot], "a"), _rollout([shot], "b")], "rollouts")
+        assert caught.value.status == 413
+        assert caught.value.message.startswith("the request's screenshots decode 2,764,800 pixels, over")
+    finally:
+        rm.close()
