@@ -6,15 +6,18 @@ import io
 import random
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 from PIL import Image
 
+from keyshot.infer.protocol.decode import decode_rgb, read_header
 from keyshot.infer.protocol.images import (
     DEFAULT_POLICY,
     REFERENCE_POLICY,
     ImageError,
     ImagePolicy,
+    fit,
     prepare_image,
     smart_resize,
     sniff_image_type,
@@ -341,3 +344,132 @@ def test_image_type_is_read_from_the_bytes(fmt, expected):
     Image.new("RGB", (4, 4), "red").save(buf, format=fmt)
     assert sniff_image_type(buf.getvalue()) == expected
     assert sniff_image_type(b"not an image") == ("application/octet-stream", ".img")
+
+
+# ------------------------------------------------------------------------ the decoders and the resize
+def _encoded(img: Image.Image, fmt: str, **params) -> bytes:
+    buffer = io.BytesIO()
+    img.save(buffer, format=fmt, **params)
+    return buffer.getvalue()
+
+
+def _pil_pixels(data: bytes) -> np.ndarray:
+    return np.asarray(to_rgb(Image.open(io.BytesIO(data))))
+
+
+@pytest.mark.parametrize(
+    "mode", ["RGB", "L", "P", "RGBA", "RGBA-opaque", "P-keyed", "RGB-keyed", "1", "I;16"]
+)
+def test_the_fast_png_decoder_gives_pils_pixels(mode):
+    """libspng (8-bit RGB, gray, palette, RGBA) decodes the very pixels PIL does; transparency keys,
+    1-bit and 16-bit go through PIL: every path ends in the same RGB array."""
+    base = _image_in_mode("RGBA" if mode.startswith("RGBA") else mode.split("-")[0], 301, 203)
+    if mode == "RGBA":
+        alpha = np.asarray(base.getchannel("A")).copy()
+        alpha[:, :100] = 0
+        alpha[:, 100:200] = 128
+        base.putalpha(Image.fromarray(alpha))
+    elif mode == "RGBA-opaque":
+        base.putalpha(255)
+    params = {"transparency": 3} if mode == "P-keyed" else {}
+    if mode == "RGB-keyed":
+        params = {"transparency": (0, 255, 0)}
+    data = _encoded(base, "PNG", **params)
+    header = read_header(data)
+    assert np.array_equal(decode_rgb(header, header.size, header.size), _pil_pixels(data)), mode
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_the_fast_jpeg_decoder_gives_pils_pixels_at_full_and_reduced_scale(mode):
+    rng = np.random.default_rng(3)
+    tiles = np.kron(rng.integers(0, 255, (12, 16, 3), dtype=np.uint8), np.ones((50, 50, 1), dtype=np.uint8))
+    data = _encoded(Image.fromarray(tiles).convert(mode), "JPEG", quality=90)  # 800×600
+    header = read_header(data)
+    assert np.array_equal(decode_rgb(header, (800, 600), (800, 600)), _pil_pixels(data))
+    reduced = decode_rgb(header, (800, 600), (200, 150))  # 4× smaller: decoded at a quarter scale
+    img = Image.open(io.BytesIO(data))
+    img.draft(img.mode, (200, 150))
+    assert reduced.shape[:2] == (150, 200) and np.array_equal(reduced, np.asarray(to_rgb(img)))
+
+
+def test_fit_shrinking_more_than_twice_skips_no_source_pixel():
+    """One-pixel black and white stripes shrunk 3×: every output pixel averages both colours (a plain
+    bilinear resample would sample one stripe in three and draw false stripes)."""
+    stripes = np.zeros((900, 1500, 3), dtype=np.uint8)
+    stripes[:, ::2] = 255
+    out = fit(stripes, 500, 300).astype(int)
+    assert abs(out.mean() - 127.5) < 3 and out.std() < 12
+    naive = cv2.resize(stripes, (500, 300), interpolation=cv2.INTER_LINEAR).astype(int)
+    assert naive.std() > 60  # what the box reduction prevents
+
+
+def test_fit_stays_close_to_pils_bicubic_on_a_real_screenshot():
+    """The 1280×720 fixture at 2× (as a HiDPI screenshot) shrunk to the policy's size: within ~40 dB
+    of PIL's antialiased bicubic (what the Qwen2.5-VL processor would do), and so is the 1× case."""
+    real = Image.open(REAL_PNG).convert("RGB")
+    for source in (real, real.resize((2560, 1440), Image.Resampling.LANCZOS)):
+        width, height = target_size(*source.size)
+        ref = np.asarray(source.resize((width, height), Image.Resampling.BICUBIC), dtype=np.float64)
+        got = fit(np.asarray(source), width, height).astype(np.float64)
+        psnr = 10 * np.log10(255**2 / np.mean((got - ref) ** 2))
+        assert psnr > 38, (source.size, psnr)
+
+
+def test_the_judge_sends_the_dataset_rows_image_bytes(tmp_path):
+    """Training and serving see the same pixels: the scorer request's data URL for each screenshot is
+    the dataset row's image, byte for byte (both made by prepare_image under the same policy)."""
+    import asyncio
+    import base64
+
+    from datasets import Image as ImageFeature
+    from datasets import load_from_disk
+
+    from keyshot.data_synth.labelling_run import run_synth
+    from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
+    from keyshot.infer.judge.pipeline import WebJudge
+    from keyshot.infer.judge.scorers import OpenAIScorer
+    from keyshot.infer.loaders import load_trajectories
+    from keyshot.infer.protocol.prompts import load_prompt_set
+    from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge, make_teacher
+    from keyshot.infer.testing.fake_requests import identify_step, user_parts
+    from tests.support.synth_env import RULES, synth_config, teacher_set
+
+    source = [{"path": str(AGENTLAB_RUN.parent)}]
+    (trajectory,) = load_trajectories(AGENTLAB_RUN.parent)
+    with FakeOpenAI(make_teacher(RULES["bright"])) as bright, FakeOpenAI(make_teacher(RULES["dark"])) as dark:
+        teachers = teacher_set({"bright": bright.base_url, "dark": dark.base_url})
+        cfg = synth_config(
+            tmp_path / "synth.yaml",
+            tmp_path / "run",
+            teachers,
+            sources=source,
+            build={"splits": {"agents": {"train": [trajectory.agent]}}},
+        )
+        report = run_synth(cfg)
+    rows = load_from_disk(str(report.dataset.path))["train"].cast_column("image", ImageFeature(decode=False))
+    dataset_urls = {
+        row["step"]: "data:image/jpeg;base64," + base64.b64encode(row["image"]["bytes"]).decode()
+        for row in rows
+        if row["uid"] == trajectory.uid
+    }
+    assert sorted(dataset_urls) == list(range(trajectory.num_screenshots))
+
+    def client(server: FakeOpenAI, model: str) -> JudgeClient:
+        return JudgeClient(
+            EndpointConfig(base_url=server.base_url, model=model, api_key_env=None, timeout_s=5)
+        )
+
+    async def judge() -> None:
+        webjudge = WebJudge(
+            client(server, "fake-judge"), OpenAIScorer(client(server, "fake-scorer"), load_prompt_set())
+        )
+        try:
+            await webjudge.judge(trajectory)
+        finally:
+            await webjudge.aclose()
+
+    with FakeOpenAI(make_judge("any_image", "brightness")) as server:
+        asyncio.run(judge())
+    sent = [user_parts(r)[1] for r in server.requests if identify_step(r) == "key_screenshot"]
+    assert all(len(images) == 1 for images in sent) and len(sent) == len(set(dataset_urls.values()))
+    assert sorted(images[0] for images in sent) == sorted(set(dataset_urls.values()))
