@@ -14,7 +14,7 @@ STAGE := tools/stage.sh $(SETUP_LOG)
 # `make demo DEMO_ARGS="--samples DIR --agent NAME"`: the stand-in run on your own folders (README).
 DEMO_ARGS ?=
 
-.PHONY: setup setup-vllm setup-openrlhf setup-verl setup-browser test test-fast lint demo loop bench bench-gpu clean
+.PHONY: setup setup-vllm setup-openrlhf setup-verl setup-browser setup-openenv test test-fast lint demo loop bench bench-gpu clean
 
 $(BIN)/keyshot: pyproject.toml .ci/constraints-cpu.txt
 	@echo "make setup: $(VENV) (installer output: $(SETUP_LOG))"
@@ -51,11 +51,21 @@ setup-verl: $(VERL_VENV)/bin/python
 setup-browser: setup
 	@SETUP_LOG="$(SETUP_LOG)" tools/setup_browser.sh $(VENV)
 
+# OpenEnv (keyshot reward env) in its own venv: its gradio pins an older pillow than the training stack's.
+# Rebuilt when pyproject.toml changes (keyshot's dependencies and entry points are installed from it).
+OPENENV_VENV := .venv-openenv
+$(OPENENV_VENV)/bin/keyshot: pyproject.toml tools/setup_openenv.sh
+	@SETUP_LOG="$(SETUP_LOG)" tools/setup_openenv.sh $(OPENENV_VENV)
+	@touch $@
+
+setup-openenv: $(OPENENV_VENV)/bin/keyshot
+
 # The test command (README): every tier that runs on a CPU machine, vLLM servers included.
-test: setup setup-vllm setup-openrlhf setup-verl setup-browser
+test: setup setup-vllm setup-openrlhf setup-verl setup-browser setup-openenv
 	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
 	KEYSHOT_OPENRLHF_PYTHON=$(CURDIR)/$(OPENRLHF_VENV)/bin/python \
 	KEYSHOT_VERL_PYTHON=$(CURDIR)/$(VERL_VENV)/bin/python \
+	KEYSHOT_OPENENV_PYTHON=$(CURDIR)/$(OPENENV_VENV)/bin/python \
 	$(BIN)/pytest -q tests
 
 test-fast: setup

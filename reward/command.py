@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from keyshot.infer.common.config import split_paths_and_overrides
@@ -33,6 +35,10 @@ from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.model.checkpoint import model_folder_problem
 from keyshot.reward.model import RewardModel, RewardResult, reward_config
 from keyshot.reward.shared import require_number_on_failure
+
+#: Entry-point group of ``keyshot reward``'s subcommands that live on other floors (``env``: keyshot.env.openenv),
+#: each a module with ``add_parser(subparsers)`` that sets its own ``func``: this floor never imports them.
+SUBCOMMANDS_GROUP = "keyshot.reward.commands"
 
 
 class RewardCommandError(KeyshotError):
@@ -256,6 +262,8 @@ def add_parser(subparsers) -> None:
     _set_option(s)
     # a signal ends the service once the requests in flight are answered: there is nothing to resume
     s.set_defaults(func=run, on_stop="the service answered the requests in flight and stopped")
+    for entry in entry_points(group=SUBCOMMANDS_GROUP):
+        importlib.import_module(entry.value).add_parser(sub)
 
 
 def _set_option(parser: argparse.ArgumentParser) -> None:

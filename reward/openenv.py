@@ -1,0 +1,235 @@
+"""keyshot's reward inside an OpenEnv environment: :class:`KeyshotRubric`, an OpenEnv ``TrajectoryRubric``.
+
+In OpenEnv the reward lives in the environment, as a rubric its ``step()`` applies to each ``(action,
+observation)`` pair. KeyshotRubric records the pairs of an episode as keyshot's :class:`Episode` (each
+page's screenshot with the action taken on it) and, on the pair whose observation is ``done``, scores it
+with keyshot's reward through the process-wide batched model of its config
+(:func:`keyshot.reward.shared.score_shared_sync`): the sessions of one server that end together are judged
+as one batch and share one key-point call per task. Its return value is the reward: None until the
+episode ends (``intermediate_reward``), then keyshot's reward, or None when no verdict could be had. The
+final observation's ``metadata`` gets the result (:func:`result_metadata`): ``keyshot_reward``,
+``keyshot_error`` (why there is no verdict; None with one), the key points, the scorer's step scores and
+the per-sample log fields of :func:`keyshot.reward.logs.sample_logs` (``keyshot_failed``, ...). A failed
+call is never a silent 0: the reward is None with the reason there, or, with ``reward.on_failure: zero``,
+0.0 with ``keyshot_failed`` 1.0.
+
+The pairs are BrowserGym-style observations (OpenEnv's BrowserGym wire format; a pydantic observation or
+its dict): ``goal`` (the task judged), ``url``, ``screenshot`` (a nested H×W×C list of 0-255 integers as
+OpenEnv sends it, PNG/JPEG bytes, base64 or a PIL image), ``metadata.task_id`` (optional); the action is
+BrowserGym's action string (``action_str`` of the action, or the string itself). An environment passes
+its reset observation as ``(None, observation)``, so the page the episode starts on is judged with the
+first action taken on it (``keyshot.env.openenv`` does); otherwise the episode starts at the first step's
+page. A step without a screenshot (a browser that failed) leaves the episode without a verdict, saying so.
+
+Screenshots are written to disk as they arrive (nothing decoded stays in memory); the pairs kept in
+``trajectory`` leave the screenshot out. Runs where OpenEnv is installed (``make setup-openenv``)::
+
+    from keyshot.reward.openenv import KeyshotRubric
+    env = MyBrowserEnvironment(rubric=KeyshotRubric("configs/reward/trl.yaml"))
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from openenv.core.rubrics import TrajectoryRubric
+from PIL import Image
+
+from keyshot.infer.protocol.decode import MAX_DECODED_PIXELS, ImageError, to_rgb
+from keyshot.reward import shared
+from keyshot.reward.episode import Episode
+from keyshot.reward.logs import sample_logs
+from keyshot.reward.model import RewardResult
+from keyshot.reward.rollouts import RolloutError
+
+__all__ = ["KeyshotRubric", "action_string", "image_of_pixels", "result_metadata", "screenshot_of"]
+
+_CHANNELS = (1, 3, 4)  # gray, RGB, RGBA
+
+
+def _field(observation: Any, name: str, default: Any = None) -> Any:
+    if isinstance(observation, dict):
+        return observation.get(name, default)
+    return getattr(observation, name, default)
+
+
+def action_string(action: Any) -> str | None:
+    """BrowserGym's action string of an OpenEnv action (``action_str``), a dict of one, or a string."""
+    if action is None or isinstance(action, str):
+        return action
+    text = _field(action, "action_str")
+    return None if text is None else str(text)
+
+
+def image_of_pixels(pixels: Any) -> Image.Image:
+    """An H×W×C array (or nested list) of 0-255 integers, C = 1, 3 or 4 (H×W: gray), as an RGB image under
+    keyshot's image policy (at most :data:`~keyshot.infer.protocol.decode.MAX_DECODED_PIXELS` pixels;
+    :func:`~keyshot.infer.protocol.decode.to_rgb`: alpha on white). Raises RolloutError saying what is
+    wrong with the array."""
+    try:
+        array = np.asarray(pixels)
+    except ValueError:
+        raise RolloutError("screenshot: not an H×W×C array of pixels (its rows differ in length)") from None
+    if array.ndim == 2:
+        array = array[..., None]
+    if array.ndim != 3 or array.shape[2] not in _CHANNELS or not array.shape[0] or not array.shape[1]:
+        raise RolloutError(f"screenshot: an array of shape {array.shape} is not H×W×C pixels (C = 1, 3 or 4)")
+    if array.shape[0] * array.shape[1] > MAX_DECODED_PIXELS:
+        raise RolloutError(
+            f"screenshot: {array.shape[1]}×{array.shape[0]} pixels, more than a screenshot can be "
+            f"({MAX_DECODED_PIXELS:,}, the image policy's limit)"
+        )
+    if array.dtype.kind not in "iu":
+        raise RolloutError(f"screenshot: pixels must be integers 0-255 (got {array.dtype} values)")
+    if array.min() < 0 or array.max() > 255:
+        raise RolloutError(f"screenshot: pixels must be 0-255 (got {array.min()} to {array.max()})")
+    data = array.astype(np.uint8)
+    return to_rgb(Image.fromarray(data[..., 0] if data.shape[2] == 1 else data), "screenshot")
+
+
+def screenshot_of(value: Any) -> Image.Image | bytes | str:
+    """A screenshot as OpenEnv sends it, in a form :meth:`Episode.add_step` records: encoded bytes, base64
+    text and PIL images as they are (Episode checks them; the scorer decodes them under the image policy),
+    pixel arrays as an image (:func:`image_of_pixels`)."""
+    if isinstance(value, Image.Image):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value
+    return image_of_pixels(value)
+
+
+def result_metadata(result: RewardResult) -> dict[str, Any]:
+    """What an observation's metadata says of keyshot's reward: the reward (None: no verdict), why there
+    is none, the key points, the scorer's step scores and the per-sample log fields."""
+    logs = {key: values[0] for key, values in sample_logs([result]).items()}
+    return {
+        "keyshot_reward": result.reward,
+        "keyshot_error": result.error,
+        "keyshot_key_points": result.key_points,
+        "keyshot_step_scores": result.step_scores,
+        **logs,
+    }
+
+
+class _Recorder:
+    """The pairs of one episode written into an :class:`Episode` as they arrive: each page's screenshot
+    is held (converted) until the next pair brings the action taken on it."""
+
+    def __init__(self, keep_dir: str | os.PathLike | None):
+        self.keep_dir = keep_dir
+        self.episode: Episode | None = None
+        self.pending: Any = None  # the last page's screenshot, waiting for the action taken on it
+        self.steps = 0
+
+    def add(self, action: Any, observation: Any) -> None:
+        step, self.steps = self.steps, self.steps + 1
+        if self.episode is None:
+            metadata = _field(observation, "metadata") or {}
+            self.episode = Episode(
+                str(_field(observation, "goal") or ""),
+                start_url=_field(observation, "url") or None,
+                task_id=metadata.get("task_id"),
+                keep_dir=self.keep_dir,
+            )
+        if self.pending is not None:
+            self.episode.add_step(self.pending, action=action_string(action))
+            self.pending = None
+        screenshot = _field(observation, "screenshot")
+        if screenshot is None:
+            error = _field(observation, "error")
+            self.episode.fail(f"step {step} has no screenshot" + (f" ({error})" if error else ""))
+            return
+        try:
+            self.pending = screenshot_of(screenshot)
+        except (RolloutError, ImageError) as exc:
+            self.episode.fail(f"step {step}: {exc}")
+
+    def finish(self) -> Episode:
+        if self.episode is None:
+            self.episode = Episode("", keep_dir=self.keep_dir)
+        if self.pending is not None:
+            self.episode.add_step(self.pending)
+            self.pending = None
+        self.episode.finish(None)
+        return self.episode
+
+    def discard(self) -> None:
+        if self.episode is not None and not self.episode.finished:
+            self.episode.discard()
+
+
+def _without_pixels(observation: Any) -> Any:
+    """The observation as the trajectory keeps it: its screenshot is on disk, in the episode."""
+    if isinstance(observation, dict):
+        return {**observation, "screenshot": None}
+    if hasattr(observation, "model_copy") and _field(observation, "screenshot") is not None:
+        return observation.model_copy(update={"screenshot": None})
+    return observation
+
+
+class KeyshotRubric(TrajectoryRubric):
+    """keyshot's reward as an OpenEnv rubric (see the module's docstring).
+
+    Args:
+        config: a ``keyshot judge`` config (default ``$KEYSHOT_REWARD_CONFIG``); its model is built now,
+            once per process and config, so a config that cannot be used fails here.
+        keep_dir: keep each scored episode there (a folder ``keyshot judge`` reads).
+        intermediate_reward: the reward of a step before the episode ends (None: not known yet).
+    """
+
+    def __init__(
+        self,
+        config: str | os.PathLike | None = None,
+        *,
+        keep_dir: str | os.PathLike | None = None,
+        intermediate_reward: float | None = None,
+    ):
+        super().__init__(intermediate_reward=intermediate_reward)
+        self.config = shared.config_path(config)
+        shared.shared_model(self.config)
+        self.keep_dir = keep_dir
+        self.result: RewardResult | None = None
+        self._recorder = _Recorder(keep_dir)
+
+    def forward(self, action: Any, observation: Any) -> float | None:
+        """Record the pair; score the episode when ``observation`` is done."""
+        self._recorder.add(action, observation)
+        self._trajectory.append((action, _without_pixels(observation)))
+        if not _field(observation, "done", False):
+            return self.intermediate_reward
+        return self._score(self._recorder, observation)
+
+    def score_trajectory(self, trajectory: Sequence[tuple[Any, Any]]) -> float | None:
+        """keyshot's reward of a whole trajectory given at once (pairs with their screenshots); the final
+        observation's metadata gets the result."""
+        recorder = _Recorder(self.keep_dir)
+        for action, observation in trajectory:
+            recorder.add(action, observation)
+        return self._score(recorder, trajectory[-1][1] if trajectory else None)
+
+    def _score(self, recorder: _Recorder, final: Any) -> float | None:
+        [result] = shared.score_shared_sync([recorder.finish()], config=self.config)
+        self.result = result
+        if isinstance(final, dict):
+            final.setdefault("metadata", {}).update(result_metadata(result))
+        elif final is not None:
+            final.metadata.update(result_metadata(result))
+        return result.reward
+
+    def compute_step_rewards(self) -> list[float | None]:
+        """The episode's reward for every step once it is scored (the judge's verdict is about the whole
+        episode), the intermediate reward before."""
+        value = self.result.reward if self.result is not None else self.intermediate_reward
+        return [value] * len(self._trajectory)
+
+    def reset(self) -> None:
+        """A new episode: an unscored one's files are removed."""
+        self._recorder.discard()
+        self._recorder = _Recorder(self.keep_dir)
+        self.result = None
+        super().reset()
