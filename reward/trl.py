@@ -273,7 +273,7 @@ class _Reward:
     absolute path here so a spawned process finds it; or a model built by the caller, which cannot be
     pickled), the scorer endpoint override, the name TRL logs it under, and the report of each call."""
 
-    def __init__(self, source: RewardSource, scorer_url: str | None, scorer_model: str | None, name: str):
+    def __init__(self, source: RewardSource, *, scorer_url: str | None, scorer_model: str | None, name: str):
         self.__name__ = name
         if isinstance(source, RewardModel):
             self.model, self.config = source, None
@@ -326,15 +326,9 @@ class _Reward:
 class _ColumnReward(_Reward):
     _factory = "reward_function"
 
-    def __init__(
-        self,
-        source: RewardSource,
-        rollout: Callable[[int, Any, dict], Any],
-        scorer_url: str | None,
-        scorer_model: str | None,
-        name: str,
-    ):
-        super().__init__(source, scorer_url, scorer_model, name)
+    def __init__(self, source: RewardSource, rollout: Callable[[int, Any, dict], Any], **common: Any):
+        super().__init__(source, **common)
+        name = self.__name__
         if not callable(rollout):
             raise TrlRewardError(f"{name}: rollout= is a function (index, completion, columns) -> rollout")
         self.rollout = rollout
@@ -363,15 +357,9 @@ class _ColumnReward(_Reward):
 class _EnvironmentReward(_Reward):
     _factory = "environment_reward"
 
-    def __init__(
-        self,
-        source: RewardSource,
-        episode: str | Callable[[Any], Episode | None],
-        scorer_url: str | None,
-        scorer_model: str | None,
-        name: str,
-    ):
-        super().__init__(source, scorer_url, scorer_model, name)
+    def __init__(self, source: RewardSource, episode: str | Callable[[Any], Episode | None], **common: Any):
+        super().__init__(source, **common)
+        name = self.__name__
         if not (isinstance(episode, str) or callable(episode)):
             raise TrlRewardError(
                 f"{name}: episode= is an attribute name or a function (environment) -> Episode"
@@ -415,11 +403,10 @@ class _CompletionReward(_Reward):
         keep_dir: str | os.PathLike | None,
         environment: str | Sequence[str] | None,
         task: Callable[[Any], str],
-        scorer_url: str | None,
-        scorer_model: str | None,
-        name: str,
+        **common: Any,
     ):
-        super().__init__(source, scorer_url, scorer_model, name)
+        super().__init__(source, **common)
+        name = self.__name__
         if isinstance(environment, str):
             environment = (environment,)
         if environment is not None and (not environment or not all(isinstance(e, str) for e in environment)):
@@ -489,7 +476,7 @@ def reward_function(
 
     ``source``: a keyshot config path (default ``$KEYSHOT_REWARD_CONFIG``) or a RewardModel you built
     (GRPOTrainer only: a built model cannot be pickled)."""
-    return _ColumnReward(source, rollout, scorer_url, scorer_model, name)
+    return _ColumnReward(source, rollout, scorer_url=scorer_url, scorer_model=scorer_model, name=name)
 
 
 def environment_reward(
@@ -508,7 +495,7 @@ def environment_reward(
         GRPOTrainer(..., environment_factory=BrowserEnv,
                     reward_funcs=[environment_reward("configs/reward/trl.yaml")])
     """
-    return _EnvironmentReward(source, episode, scorer_url, scorer_model, name)
+    return _EnvironmentReward(source, episode, scorer_url=scorer_url, scorer_model=scorer_model, name=name)
 
 
 def completion_reward(
@@ -533,7 +520,9 @@ def completion_reward(
     the names of its browser environments (the other samples get None, not counted); without it, a sample
     whose prompt and tool responses show no image is taken for another environment's. ``task(prompt)``: the
     task text (default :func:`task_from_prompt`; a function of your own must be module-level to pickle)."""
-    return _CompletionReward(source, keep_dir, environment, task, scorer_url, scorer_model, name)
+    return _CompletionReward(
+        source, keep_dir, environment, task, scorer_url=scorer_url, scorer_model=scorer_model, name=name
+    )
 
 
 # --------------------------------------------------------------------------- environments
