@@ -1,16 +1,21 @@
 """keyshot's reward inside OpenRLHF 0.11.2's own released code.
 
-Each test runs tests/framework/openrlhf_rollouts.py in the OpenRLHF venv (``make setup-openrlhf``;
+Each slow test runs tests/framework/openrlhf_rollouts.py in the OpenRLHF venv (``make setup-openrlhf``;
 ``$KEYSHOT_OPENRLHF_PYTHON``), where OpenRLHF's executors load keyshot's files by path, its rollout actor
 calls them, its VLM utilities load the images, and its samples generator turns every response into the
 tensors a trainer builds (only the vLLM engine is a stand-in answering a fixed action). The fake judge and
 scorer and ``keyshot reward serve`` run here; what reaches OpenRLHF is checked against one process scoring
-the same folders.
+the same folders. Every way an agent's episode ends (done, the token budget, an exception, the batch
+cancelled) is checked to close its environment once; on the budget path with live MiniWoB pages, no
+browser process of the episodes is left.
 """
 
+import functools
+import importlib.util
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,27 +26,22 @@ from pathlib import Path
 
 import pytest
 
-from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, identify_step, make_judge
+from keyshot.reward import shared as reward_shared
 from keyshot.reward.logs import SAMPLE_KEYS
 from keyshot.reward.model import RewardModel
 from keyshot.reward.openrlhf import UNFINISHED_KEY
+from tests.support import reward as support
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "framework" / "openrlhf_rollouts.py"
 RESULT = "keyshot-openrlhf-result "  # the driver's answer lines
 OPENRLHF_PYTHON = os.environ.get("KEYSHOT_OPENRLHF_PYTHON") or str(REPO / ".venv-openrlhf" / "bin" / "python")
-OM2W_V1 = sorted((REPO / "tests" / "fixtures" / "trajectories" / "online_mind2web_v1").iterdir())
+OM2W_V1 = support.OM2W_V1
 REWARD_FILE = REPO / "reward" / "openrlhf.py"
 AGENT_FILE = REPO / "examples" / "reward" / "openrlhf_agent.py"
-
-if not Path(OPENRLHF_PYTHON).exists():
-    pytest.skip(
-        f"no OpenRLHF venv at {OPENRLHF_PYTHON}: run `make setup-openrlhf` (or set KEYSHOT_OPENRLHF_PYTHON)",
-        allow_module_level=True,
-    )
-
-pytestmark = pytest.mark.slow
+REPLAY_AGENT_FILE = REPO / "tests" / "framework" / "openrlhf_replay_agent.py"
+slow = pytest.mark.slow  # every test that runs the OpenRLHF driver
 
 
 class OpenRLHFRunner:
@@ -90,27 +90,17 @@ class OpenRLHFRunner:
 
 @pytest.fixture(scope="module")
 def openrlhf(tmp_path_factory):
+    if not Path(OPENRLHF_PYTHON).exists():
+        pytest.skip(
+            f"no OpenRLHF venv at {OPENRLHF_PYTHON}: run `make setup-openrlhf` (or set KEYSHOT_OPENRLHF_PYTHON)"
+        )
     runner = OpenRLHFRunner(tmp_path_factory.mktemp("openrlhf"))
     yield runner
     runner.close()
 
 
-@pytest.fixture
-def servers():
-    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
-        yield judge, scorer
-
-
-def write_config(path: Path, judge: FakeOpenAI, scorer: FakeOpenAI, on_failure: str | None = "zero") -> Path:
-    fake_judge_config(
-        path,
-        judge.base_url,
-        {"endpoint": {"base_url": scorer.base_url, "model": "webjudge-7b", "api_key_env": None}},
-        judge={"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": 5},
-    )
-    if on_failure:
-        path.write_text(path.read_text() + f"reward:\n  on_failure: {on_failure}\n")
-    return path
+#: the configs here (``servers``: tests/conftest.py): OpenRLHF needs a number for every sample
+write_config = functools.partial(support.write_config, timeout_s=5, on_failure="zero")
 
 
 def calls(judge: FakeOpenAI, scorer: FakeOpenAI) -> dict[str, int]:
@@ -146,6 +136,7 @@ def check_tensors(out: dict, n: int, extra: tuple[str, ...] = ()) -> None:
 LABELS = [str(f) for f in OM2W_V1]
 
 
+@slow
 def test_single_turn_executor_loads_the_reward_file_by_path(tmp_path, servers, openrlhf, one_process):
     reward_file = REWARD_FILE
     config = write_config(tmp_path / "reward.yaml", *servers)
@@ -156,6 +147,7 @@ def test_single_turn_executor_loads_the_reward_file_by_path(tmp_path, servers, o
     assert out["info"]["reward"] == out["rewards"]
 
 
+@slow
 def test_per_sample_threads_pay_what_one_process_pays(tmp_path, servers, openrlhf, one_process):
     """64 samples of 2 tasks (32 copies of each folder), one reward_func call per sample on OpenRLHF's
     threads, cost the judge and the scorer what scoring the two folders once costs."""
@@ -170,6 +162,7 @@ def test_per_sample_threads_pay_what_one_process_pays(tmp_path, servers, openrlh
     )  # each call counted once, by the sample that paid it
 
 
+@slow
 def test_single_turn_with_a_dead_judge_gets_counted_zeros(tmp_path, openrlhf):
     with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
         config = write_config(tmp_path / "reward.yaml", judge, scorer)
@@ -177,6 +170,47 @@ def test_single_turn_with_a_dead_judge_gets_counted_zeros(tmp_path, openrlhf):
     check_tensors(out, 4)
     assert out["rewards"] == [0.0] * 4 and out["info"]["keyshot_failed"] == [1.0] * 4
     assert out["info_means"]["keyshot_failed"] == 1.0 and out["info_means"]["keyshot_success"] == 0.0
+
+
+@slow
+def test_a_malformed_label_is_one_counted_failure_named_and_never_read_as_a_path(
+    tmp_path, servers, openrlhf, one_process
+):
+    bad = '{"task": "Find a flight", "screenshots": ["a.png"]'  # JSON cut short
+    config = write_config(tmp_path / "reward.yaml", *servers)
+    out = openrlhf.run(tmp_path, config, mode="single", reward=str(REWARD_FILE), labels=[bad, LABELS[0]])
+    check_tensors(out, 2)
+    assert out["rewards"] == [0.0, one_process[0][0]] and out["info"]["keyshot_failed"] == [1.0, 0.0]
+    named = [w for w in out["warnings"] if "Find a flight" in w]
+    assert len(named) == 1 and "label 0" in named[0] and "not JSON" in named[0], out["warnings"]
+    assert "exist" not in named[0] and "not found" not in named[0]  # not looked up as a folder
+
+
+def load_reward_file(name: str):
+    """reward/openrlhf.py as OpenRLHF loads it: a spec from the file, no sys.modules entry."""
+    spec = importlib.util.spec_from_file_location(name, REWARD_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_reward_file_loaded_by_path_twice_keeps_one_model(tmp_path, servers, monkeypatch):
+    """Two copies of the file (OpenRLHF's load beside a normal import) score through one process-wide
+    model: the second copy's samples are paid by nobody, and both copies' rounds are that model's."""
+    judge, scorer = servers
+    monkeypatch.setenv(reward_shared.CONFIG_ENV, str(write_config(tmp_path / "reward.yaml", judge, scorer)))
+    first, second = load_reward_file("reward_func"), load_reward_file("reward_func_again")
+    assert first is not second and first.reward_func is not second.reward_func
+    try:
+        a = first.reward_func(["q"], ["p"], [LABELS[0]])
+        paid = calls(judge, scorer)
+        b = second.reward_func(["q"], ["p"], [LABELS[0]])
+        assert calls(judge, scorer) == paid and paid["key_points"] == 1  # one model: nothing paid twice
+        assert a["rewards"].tolist() == b["rewards"].tolist()
+        assert b["extra_logs"]["keyshot_judge_calls"].tolist() == [0.0]
+        assert reward_shared.shared_batcher().batches == 2  # the rounds of both copies, in one batcher
+    finally:
+        reward_shared.reset_shared()
 
 
 # ---------------------------------------------------------------------------- keyshot reward serve
@@ -200,16 +234,8 @@ def start_service(config: Path, root: Path) -> tuple[subprocess.Popen, str]:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            get(f"{base}/health")
-            return proc, base
-        except OSError:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the service did not start"
-            time.sleep(0.2)
+    support.OutputLines(proc).wait_for("listening on")  # printed once the port is bound
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def histogram(metrics: str, route: str) -> list[int]:
@@ -217,11 +243,12 @@ def histogram(metrics: str, route: str) -> list[int]:
     return [int(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(prefix)]
 
 
+@slow
 def test_two_reward_services_answer_numbers_healthy_and_with_the_judge_down(tmp_path, servers, openrlhf):
-    """Two `keyshot reward serve` URLs (a config without on_failure): OpenRLHF's executor shares the samples
-    between them; with the judge down every answer is still a number, each counted as failed."""
+    """Two `keyshot reward serve` URLs: OpenRLHF's executor shares the samples between them; with the judge
+    down every answer is still a number, each counted as failed."""
     judge, scorer = servers
-    config = write_config(tmp_path / "reward.yaml", judge, scorer, on_failure=None)
+    config = write_config(tmp_path / "reward.yaml", judge, scorer)
     services = [start_service(config, REPO / "tests" / "fixtures") for _ in range(2)]
     try:
         urls = ",".join(f"{base}/get_reward" for _, base in services)
@@ -252,6 +279,7 @@ def test_two_reward_services_answer_numbers_healthy_and_with_the_judge_down(tmp_
 
 
 # ---------------------------------------------------------------------------- the multi-turn agent file
+@slow
 def test_multi_turn_agent_file_shows_the_policy_every_page_and_returns_the_folders_rewards(
     tmp_path, servers, openrlhf, one_process
 ):
@@ -266,9 +294,10 @@ def test_multi_turn_agent_file_shows_the_policy_every_page_and_returns_the_folde
     assert out["rewards"] == [one_process[0][0]] * 2 + [one_process[0][1]] * 2
     assert out["info"][UNFINISHED_KEY] == [0.0] * 4 and out["info"]["keyshot_failed"] == [0.0] * 4
     assert calls(*servers) == one_process[1]  # 4 episodes of 2 tasks: what 2 folders cost
-    assert out["episode_folders_left"] == 0
+    assert out["episode_folders_left"] == 0 and out["closes"] == [1] * 4  # each environment closed once
 
 
+@slow
 def test_an_episode_stopped_by_the_token_budget_is_judged_counted_and_removed(tmp_path, servers, openrlhf):
     config = write_config(tmp_path / "reward.yaml", *servers)
     out = openrlhf.run(
@@ -284,9 +313,95 @@ def test_an_episode_stopped_by_the_token_budget_is_judged_counted_and_removed(tm
     assert out["steps"] == [1, 1]  # stopped long before the folder's last page: no done step
     assert out["info"][UNFINISHED_KEY] == [1.0, 1.0] and out["info"]["keyshot_failed"] == [0.0, 0.0]
     assert calls(*servers)["outcome"] == 1  # judged (both episodes show the same pages)
-    assert out["episode_folders_left"] == 0
+    assert out["episode_folders_left"] == 0 and out["closes"] == [1, 1]
 
 
+def replay_label(folder: Path, **extra) -> str:
+    """A label of tests/framework/openrlhf_replay_agent.py: the folder's pages as a JSON dict rollout."""
+    shots = [str(p) for p in sorted((folder / "trajectory").iterdir())]
+    return json.dumps({"task": f"Replay {folder.name}", "screenshots": shots, **extra})
+
+
+@slow
+def test_an_episode_whose_environment_raises_is_closed_once_and_removed(tmp_path, servers, openrlhf):
+    config = write_config(tmp_path / "reward.yaml", *servers)
+    label = replay_label(OM2W_V1[1], raise_at=1)
+    out = openrlhf.run(
+        tmp_path,
+        config,
+        mode="agent",
+        agent_file=str(REPLAY_AGENT_FILE),
+        labels=[label],
+        samples=2,
+        expect_error=True,
+    )
+    assert out["raised"] == "RuntimeError: the replayed environment failed at step 1"
+    assert out["closes"] == [1, 1] and out["closed_unstarted"] == 0
+    assert out["episode_folders_left"] == 0 and calls(*servers)["outcome"] == 0  # never judged
+
+
+@slow
+def test_a_cancelled_batch_closes_every_environment_once(tmp_path, servers, openrlhf):
+    """The batch cancelled while its rollouts wait for the policy (as a torn-down engine's tasks are):
+    each rollout's environment is closed once and its episode removed."""
+    config = write_config(tmp_path / "reward.yaml", *servers)
+    labels = [replay_label(folder) for folder in OM2W_V1]
+    out = openrlhf.run(
+        tmp_path,
+        config,
+        mode="agent",
+        agent_file=str(REPLAY_AGENT_FILE),
+        labels=labels,
+        samples=2,
+        cancel_after=4,
+    )
+    assert out["cancelled"] and len(out["engine_requests"]) >= 4
+    assert out["closes"] == [1] * 4 and out["episode_folders_left"] == 0
+
+
+def live_browser_missing() -> str | None:
+    """Why the OpenRLHF venv cannot open a live MiniWoB page here, or None."""
+    if not (os.environ.get("KEYSHOT_CHROMIUM") or shutil.which("chromium")):
+        return "no Chromium: make setup-browser (or set KEYSHOT_CHROMIUM)"
+    if not Path(OPENRLHF_PYTHON).exists():
+        return None  # the openrlhf fixture says so
+    found = subprocess.run(
+        [OPENRLHF_PYTHON, "-c", "import browsergym.miniwob, miniwob"], capture_output=True, timeout=120
+    )
+    return None if found.returncode == 0 else "the OpenRLHF venv has no browser extra: make setup-openrlhf"
+
+
+@slow
+def test_live_episodes_stopped_by_the_token_budget_give_their_browser_back_and_leave_no_process(
+    tmp_path, servers, openrlhf
+):
+    """MiniWoB pages in Chromium through the agent file and OpenRLHF's executor, stopped by the token
+    budget long before MiniWoB's 10 steps, two batches one after the other: each episode is judged and
+    gives its browser back to the executor's pool once (the second batch opens none), and once the
+    executor is closed none of the worker or Chromium processes is left."""
+    if why := live_browser_missing():
+        pytest.skip(why)
+    config = write_config(tmp_path / "reward.yaml", *servers)
+    out = openrlhf.run(
+        tmp_path,
+        config,
+        mode="agent",
+        agent_file=str(AGENT_FILE),
+        labels=["miniwob:click-button:1"],
+        samples=2,
+        rounds=2,
+        max_length=1000,  # room for the first page (about 480 tokens) and one or two more
+        watch_browsers=True,
+    )
+    check_tensors(out, 4, (UNFINISHED_KEY,))
+    assert all(1 <= n <= 2 for n in out["steps"]) and out["info"][UNFINISHED_KEY] == [1.0] * 4
+    assert out["info"]["keyshot_failed"] == [0.0] * 4 and out["closes"] == [1] * 4
+    assert out["browsers_opened"] == 2  # the second batch took the browsers the first gave back
+    assert out["browsers_seen"] >= 4  # two workers and their Chromium at least, seen while they ran
+    assert out["browsers_left"] == [] and out["episode_folders_left"] == 0
+
+
+@slow
 def test_multi_turn_agent_with_a_dead_judge_gets_counted_zeros(tmp_path, openrlhf):
     with FakeOpenAI(make_judge(), faults={"500": 1.0}) as judge, FakeOpenAI(make_judge()) as scorer:
         config = write_config(tmp_path / "reward.yaml", judge, scorer)

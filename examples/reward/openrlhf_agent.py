@@ -4,12 +4,12 @@ Modeled on OpenRLHF's ``examples/python/vlm_multiturn_agent.py``: OpenRLHF loads
 arguments and builds ``AgentExecutor``; each rollout gets its own ``AgentInstance``. keyshot's
 ``KeyshotAgentInstance`` does the reward part (an Episode per rollout, every page's screenshot recorded and
 shown to the policy, the final step's reward awaited through one process-wide batcher) and
-``keyshot_agent_executor`` shows the policy the first page and judges an episode that OpenRLHF stops at its
-token budget; this file writes only the environment part and where a page goes in the chat. The
-environment here is a live MiniWoB page in headless Chromium for a label ``miniwob:TASK:SEED`` (e.g.
-``miniwob:click-button:3``; ``make setup-browser``), else the replay stand-in: the label is a recorded
-trajectory folder, replayed one screenshot per step until its last. Put your browser in ``start`` / ``act``
-for real training.
+``KeyshotAgentExecutor`` shows the policy the first page, judges an episode that OpenRLHF stops at its
+token budget and ends every rollout, whichever way it ends, with one ``close``; this file writes only the
+environment part and where a page goes in the chat. The environment here is a live MiniWoB page in
+headless Chromium for a label ``miniwob:TASK:SEED`` (e.g. ``miniwob:click-button:3``; ``make
+setup-browser``), else the replay stand-in: the label is a recorded trajectory folder, replayed one
+screenshot per step until its last. Put your browser in ``start`` / ``act`` / ``close`` for real training.
 
 On a cluster (docs/reward.md)::
 
@@ -25,18 +25,25 @@ Here, without OpenRLHF: the file drives its own instances through reset/step, as
 """
 
 import asyncio
+import functools
 import json
 import sys
 
-from keyshot.env.miniwob.browser import MiniWoBBrowser, ScriptedAgent, record_failure
+from keyshot.env.miniwob.agents import ScriptedAgent
+from keyshot.env.miniwob.budget import BrowserBudget
+from keyshot.env.miniwob.client import MiniWoBBrowser
+from keyshot.env.miniwob.pool import BrowserPool
+from keyshot.env.play import record_failure
 from keyshot.env.replay import ReplayBrowser
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.reward.openrlhf import KeyshotAgentInstance, Observation, keyshot_agent_executor
+from keyshot.reward.openrlhf import KeyshotAgentInstance, Observation
 
 try:
     from openrlhf.utils.agent import AgentInstanceBase
+
+    from keyshot.reward.openrlhf_executor import KeyshotAgentExecutor
 except ImportError:  # tried here without OpenRLHF: __main__ below drives the instances itself
-    AgentInstanceBase = None
+    AgentInstanceBase = KeyshotAgentExecutor = None
 
 # Qwen-style turn markers and image placeholder, as in OpenRLHF's VLM example (adjust for your model)
 USER_START = "\n<|im_start|>user\n"
@@ -45,15 +52,24 @@ IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
 class AgentInstance(KeyshotAgentInstance, *([AgentInstanceBase] if AgentInstanceBase else [])):
-    """The environment part: open the label's page, act, show the next page."""
+    """The environment part: open the label's page, act, show the next page, give the browser back."""
+
+    def __init__(self, pool=None):
+        super().__init__()
+        self.pool = (
+            pool  # the executor's BrowserPool; without one (driven here) a live page opens its own browser
+        )
+        self.browser = None
 
     async def start(self, label):
         if str(label).startswith("miniwob:"):  # a live page: miniwob:TASK:SEED (its own thread: it blocks)
             _, task, seed = str(label).split(":")
-            self.browser = await asyncio.to_thread(MiniWoBBrowser, task, int(seed))
+            opened = self.pool.acquire if self.pool is not None else functools.partial(MiniWoBBrowser, task)
+            self.browser = await asyncio.to_thread(opened)
+            self.page = page = await asyncio.to_thread(self.browser.reset, int(seed), task)
         else:
             self.browser = ReplayBrowser(label)
-        self.page = page = await asyncio.to_thread(self.browser.reset)
+            self.page = page = self.browser.reset()
         spec = {
             "task": self.browser.task,
             "start_url": self.browser.start_url,
@@ -63,13 +79,18 @@ class AgentInstance(KeyshotAgentInstance, *([AgentInstanceBase] if AgentInstance
 
     async def act(self, action_text):
         self.page = page = await asyncio.to_thread(self.browser.act, action_text)
-        if isinstance(self.browser, MiniWoBBrowser):
-            record_failure(self.episode, page)  # a browser that died: no reward, the reason logged
-            if page.done:
-                await asyncio.to_thread(self.browser.close)
+        record_failure(self.episode, page)  # a browser that died: no reward, the reason logged
         if page.done:  # the episode is over: no turn of the policy's follows (the page is judged, not shown)
             return Observation("\n<|im_end|>\n", page.screenshot, done=True, answer=page.answer)
         return Observation(f"{USER_START}{self._page_text(page)}{USER_END}", page.screenshot)
+
+    async def close(self):
+        """keyshot calls this once, however the episode ended (done, the token budget, an error): the
+        browser back to the pool (closed there if it failed), or closed."""
+        if self.pool is not None and isinstance(self.browser, MiniWoBBrowser):
+            await asyncio.to_thread(self.pool.release, self.browser)
+        elif self.browser is not None:
+            await asyncio.to_thread(self.browser.close)
 
     def first_prompt(self, prompt, page):
         """The first page inside the dataset prompt's user turn (before the assistant's), else its own turn."""
@@ -83,8 +104,23 @@ class AgentInstance(KeyshotAgentInstance, *([AgentInstanceBase] if AgentInstance
         return f"{image}{page.text}\nWhat should we do next?"
 
 
-if AgentInstanceBase is not None:
-    AgentExecutor = keyshot_agent_executor(AgentInstance)  # the name OpenRLHF's vLLM engine loads
+if KeyshotAgentExecutor is not None:
+
+    class AgentExecutor(KeyshotAgentExecutor):  # the name OpenRLHF's vLLM engine loads
+        """Live pages come from one BrowserPool per engine, opened at the first live label within the
+        machine's browser budget: a rollout takes a browser, each reset a new episode in its page."""
+
+        agent_instance_cls = AgentInstance
+        pool = None
+
+        def new_agent(self, label):
+            if self.pool is None and str(label).startswith("miniwob:"):
+                self.pool = BrowserPool(BrowserBudget.for_machine(), str(label).split(":")[1])
+            return AgentInstance(self.pool)
+
+        def close(self):
+            if self.pool is not None:
+                self.pool.close()
 
 
 async def drive(label: str, action: str = "click('next')") -> dict:
