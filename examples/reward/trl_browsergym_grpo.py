@@ -3,7 +3,7 @@
 Modeled on TRL's ``examples/scripts/openenv/browsergym.py``: one environment per rollout whose tool
 methods (click, fill, send_keys, scroll, noop) return the page's screenshot with its text. Open-web tasks
 have no programmatic reward, so the reward is keyshot's: every environment records its episode
-(``EpisodeRecorder``) and ``keyshot.reward.trl.KeyshotEnvironmentReward`` scores the whole batch at once
+(``EpisodeRecorder``) and ``keyshot.reward.trl.environment_reward`` scores the whole batch at once
 (key points once per task, all scorer calls in flight together) instead of one ``get_reward`` after another.
 
 On a cluster (BrowserGym through OpenEnv, a judge API and a served keyshot scorer; docs/reward.md)::
@@ -28,6 +28,7 @@ With no browser, a recorded trajectory replayed stands in for the pages::
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -38,13 +39,15 @@ from datetime import datetime
 from pathlib import Path
 
 from datasets import Dataset
-from PIL import Image
 
-from keyshot.env.miniwob.browser import MiniWoBBrowser, prepare_browser, record_failure
+from keyshot.env.miniwob.budget import BrowserBudget
+from keyshot.env.miniwob.pool import BrowserPool
+from keyshot.env.miniwob.setup import browser_setup
+from keyshot.env.page import Page
 from keyshot.env.replay import ReplayBrowser
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.reward import shared_model
-from keyshot.reward.trl import EpisodeRecorder, KeyshotEnvironmentReward
+from keyshot.reward.trl import EpisodeRecorder, environment_reward
 
 SYSTEM_PROMPT = """You control a web browser to complete tasks.
 
@@ -85,6 +88,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(e.g. click-button,enter-text); the dataset's rows are their seeds",
     )
     parser.add_argument(
+        "--max-browsers",
+        type=int,
+        default=None,
+        help="with --miniwob: live pages this machine may hold at once (default: half the memory available "
+        "at start, at 512 MiB per browser); a generation batch needing more refuses at start",
+    )
+    parser.add_argument(
         "--space-url", default="https://openenv-browsergym-env.hf.space", help="OpenEnv BrowserGym server"
     )
     parser.add_argument("--task-name", default="click-test", help="BrowserGym task name passed to reset()")
@@ -115,19 +125,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class WebEnv(EpisodeRecorder, ABC):
-    """The tools the policy calls; a subclass connects them to a browser (``_open`` and ``_do``).
-    Each page the policy is shown is recorded into the episode keyshot scores."""
+    """The tools the policy calls; a subclass connects them to a browser (``_open`` and ``_do``, each
+    giving a :class:`keyshot.env.page.Page`). Each page the policy is shown is recorded into the episode
+    keyshot scores; a page with an ``error`` (the browser failed) ends the episode and fails it: its
+    reward is None with that reason, counted in ``keyshot/failed``."""
 
     max_steps = 10
     image_size = 512
 
     def reset(self, **row) -> str:
-        task, start_url, task_id, text, screenshot = self._open(row)
+        (task, start_url, task_id), page = self._open(row)
         self._start_episode(task, start_url=start_url, task_id=task_id)
-        self._record(screenshot)
-        self.done = False
         self.step_count = 0
-        return text
+        self.done = False
+        self._show(page)
+        return page.text
 
     def click(self, bid: str) -> list:
         """Click an element on the page.
@@ -186,29 +198,33 @@ class WebEnv(EpisodeRecorder, ABC):
         if self.done:
             raise ValueError("The episode is over: reply with your final answer.")
         self.step_count += 1
-        text, screenshot, done = self._do(action)
-        self.done = done or self.step_count >= self.max_steps
-        content = [{"type": "text", "text": text}]
-        if screenshot is not None:
-            self._record(screenshot, action=action)
-            content.insert(0, {"type": "image", "image": self._for_policy(screenshot)})
+        page = self._do(action)
+        content = [{"type": "text", "text": page.text}]
+        if page.screenshot is not None:
+            content.insert(0, {"type": "image", "image": page.image(self.image_size)})
+        self._show(page, action)
         return content
 
-    def _for_policy(self, screenshot) -> Image.Image:
-        if isinstance(screenshot, bytes):
-            screenshot = io.BytesIO(screenshot)
-        image = screenshot if isinstance(screenshot, Image.Image) else Image.open(screenshot).convert("RGB")
-        if self.image_size > 0:
-            image.thumbnail((self.image_size, self.image_size), Image.LANCZOS)
-        return image
+    def _show(self, page: Page, action: str | None = None) -> None:
+        """Record the page (its screenshot, after ``action``); a failed page fails the episode; a last
+        page ends it."""
+        self._record(page.screenshot, action=action)  # the action is kept without a screenshot too
+        if page.error:
+            self.episode.fail(page.error)
+        self.done = page.done or page.error is not None or self.step_count >= self.max_steps
+        if self.done:
+            self._episode_over()
+
+    def _episode_over(self) -> None:
+        """The episode ended (its last page was shown): give back what it held."""
 
     @abstractmethod
-    def _open(self, row: dict) -> tuple[str, str | None, str | None, str, object]:
-        """Open the page of a dataset row: task, start URL, task id, first text, first screenshot."""
+    def _open(self, row: dict) -> tuple[tuple[str, str | None, str | None], Page]:
+        """Open the page of a dataset row: (task, start URL, task id) and the first page."""
 
     @abstractmethod
-    def _do(self, action: str) -> tuple[str, object, bool]:
-        """Carry out an action: the page's text, its screenshot, whether the episode is over."""
+    def _do(self, action: str) -> Page:
+        """Carry out an action: the page after it."""
 
 
 class ReplayEnv(WebEnv):
@@ -218,39 +234,54 @@ class ReplayEnv(WebEnv):
         self.browser = ReplayBrowser(row["trajectory"])
         page = self.browser.reset()
         b = self.browser
-        return b.task, b.start_url, b.task_id, f"Goal: {b.task}\n\n{page.text}", page.screenshot
+        page.text = f"Goal: {b.task}\n\n{page.text}"
+        return (b.task, b.start_url, b.task_id), page
 
-    def _do(self, action: str):
-        page = self.browser.act(action)
-        return page.text, page.screenshot, page.done
+    def _do(self, action: str) -> Page:
+        return self.browser.act(action)
 
 
 class MiniWoBEnv(WebEnv):
-    """A live MiniWoB page in headless Chromium (keyshot.env.miniwob.browser): the dataset row names the
-    task and its seed. At the episode's end ``browser.reward`` is MiniWoB's own reward."""
+    """A live MiniWoB page in headless Chromium (keyshot.env.miniwob): the dataset row names the task and
+    its seed. The run's browsers are a :class:`~keyshot.env.miniwob.pool.BrowserPool` (``pool``, set by
+    ``main`` within the machine's browser budget, opened ahead): an environment takes one at its first
+    reset, keeps it while its episodes follow one another (each reset a new MiniWoB episode in the same
+    page) and gives it back when an episode ends (MiniWoB ends it, or the reward is computed), so no more
+    browsers are open than a generation batch needs at once. A page that does not open, or a browser
+    that dies, fails that episode (reward None with the reason) and the pool replaces the browser; the run
+    goes on. ``miniwob_reward`` is MiniWoB's own reward of the last episode (None when it failed)."""
 
-    opened: list[MiniWoBEnv] = []  # every environment TRL made, closed at the end of the run
+    pool: BrowserPool | None = None
 
-    def __init__(self):
+    def __init__(self, *, keep_dir: str | None = None):
+        super().__init__(keep_dir=keep_dir)
         self.browser = None
-        MiniWoBEnv.opened.append(self)
+        self.miniwob_reward: float | None = None
 
     def _open(self, row: dict):
-        if self.browser is None or self.browser.task_name != row["miniwob_task"]:
-            self._close_browser()
-            self.browser = MiniWoBBrowser(row["miniwob_task"], max_steps=self.max_steps)
-        page = self.browser.reset(seed=row["seed"])
+        task, seed = row["miniwob_task"], row["seed"]
+        self.miniwob_reward = None
+        try:
+            if self.browser is None:
+                self.browser = self.pool.acquire()
+            page = self.browser.reset(seed=seed, task=task)
+        except KeyshotError as exc:  # this episode fails with the reason; the pool replaces the browser
+            self._episode_over()
+            failure = str(exc)
+            return (f"MiniWoB {task} (seed {seed})", None, f"miniwob.{task}.{seed}"), Page(
+                f"Error: {failure}", None, 0, True, error=failure
+            )
         b = self.browser
-        return b.task, b.start_url, b.task_id, page.text, page.screenshot
+        return (b.task, b.start_url, b.task_id), page
 
-    def _do(self, action: str):
-        page = self.browser.act(action)
-        record_failure(self.episode, page)
-        return page.text, page.screenshot, page.done
+    def _do(self, action: str) -> Page:
+        return self.browser.act(action)
 
-    def _close_browser(self) -> None:
+    def _episode_over(self) -> None:
+        """MiniWoB's reward kept; the browser back to the pool (closed and replaced there if it failed)."""
         if self.browser is not None:
-            self.browser.close()
+            self.miniwob_reward = self.browser.reward
+            self.pool.release(self.browser)
             self.browser = None
 
 
@@ -261,36 +292,42 @@ class BrowserGymWebEnv(WebEnv):
     space_url = "https://openenv-browsergym-env.hf.space"
     task_name = "click-test"
 
-    def __init__(self):
+    def __init__(self, *, keep_dir: str | None = None):
         from browsergym_env import BrowserGymEnv
+
+        super().__init__(keep_dir=keep_dir)
 
         self.client = BrowserGymEnv(base_url=self.space_url)
 
     def _open(self, row: dict):
         obs = self.client.reset(task_name=self.task_name).observation
         task = obs.goal or row["prompt"][-1]["content"]
-        return task, obs.url or None, None, self._text(obs), self._image(obs)
+        return (task, obs.url or None, None), self._page(obs, False)
 
-    def _do(self, action: str):
+    def _do(self, action: str) -> Page:
         from browsergym_env import BrowserGymAction
 
         result = self.client.step(BrowserGymAction(action_str=action))
-        return self._text(result.observation), self._image(result.observation), result.done
+        return self._page(result.observation, result.done)
 
     @staticmethod
-    def _image(obs) -> Image.Image | None:
+    def _page(obs, done: bool) -> Page:
         import numpy as np
+        from PIL import Image
 
-        return None if obs.screenshot is None else Image.fromarray(np.array(obs.screenshot, dtype=np.uint8))
-
-    @staticmethod
-    def _text(obs) -> str:
+        screenshot = None
+        if obs.screenshot is not None:
+            buffer = io.BytesIO()
+            Image.fromarray(np.array(obs.screenshot, dtype=np.uint8)).save(
+                buffer, format="PNG", compress_level=1
+            )
+            screenshot = buffer.getvalue()
         parts = [f"Goal: {obs.goal}"] if obs.goal else []
         if obs.last_action_error and obs.error:
             parts.append(f"Error: {obs.error}")
         if obs.axtree_txt:
             parts.append(f"Page structure:\n{obs.axtree_txt[:2000]}")
-        return "\n\n".join(parts) or "No observation available."
+        return Page("\n\n".join(parts) or "No observation available.", screenshot, 0, done)
 
 
 def prompt(task: str) -> list[dict]:
@@ -324,7 +361,8 @@ def miniwob_dataset(tasks: list[str], size: int) -> Dataset:
 def with_miniwob_reward(keyshot_reward):
     """keyshot's environment reward, also logging MiniWoB's own reward of each episode (``miniwob/reward``,
     per sample ``miniwob_reward``) and the fraction of episodes with a keyshot verdict where that verdict
-    (``keyshot_success``) equals MiniWoB's success (``miniwob/agreement``; ``miniwob/compared``: how many)."""
+    (``keyshot_success``) equals MiniWoB's success (``miniwob/agreement``; ``miniwob/compared``: how many).
+    Every episode of the batch is over then: each environment gives its browser back to the pool."""
 
     async def reward(environments, log_metric=None, log_extra=None, **kwargs):
         fields: dict[str, list] = {}
@@ -337,7 +375,9 @@ def with_miniwob_reward(keyshot_reward):
         rewards = await keyshot_reward(
             environments=environments, log_metric=log_metric, log_extra=keep, **kwargs
         )
-        truth = [env.browser.reward for env in environments]
+        for env in environments:
+            env._episode_over()
+        truth = [env.miniwob_reward for env in environments]
         verdicts, failed = fields["keyshot_success"], fields["keyshot_failed"]  # logs.sample_logs' fields
         pairs = [(v, t) for v, t, f in zip(verdicts, truth, failed, strict=True) if t is not None and not f]
         if log_metric is not None:
@@ -367,32 +407,34 @@ def tiny_policy(out: Path):
     return str(folder), processor
 
 
+def live_pages_needed(config) -> int:
+    """Live pages a generation batch holds at once in this process: TRL's environment pool grows to one
+    environment per rollout of a generation batch (per-device batch × steps per generation, which is the
+    gradient accumulation steps unless set), resets them all before the first generation and scores them
+    together at the end."""
+    return config.per_device_train_batch_size * config.steps_per_generation
+
+
+def require_browsers(budget: BrowserBudget, config, args: argparse.Namespace) -> int:
+    """The live pages the run needs at once; refuses (BrowserBudgetError, one line) beyond the budget."""
+    needed = live_pages_needed(config)
+    batch = "--per-device-train-batch-size" if args.per_device_train_batch_size else "--num-generations"
+    budget.require(
+        needed,
+        f"a generation batch of {needed} rollouts ({batch} {config.per_device_train_batch_size} × "
+        f"--gradient-accumulation-steps {config.steps_per_generation})",
+        f"lower {batch} or --gradient-accumulation-steps until their product is at most {budget.max_browsers}, "
+        "set --max-browsers where more memory is free, or serve the pages from another machine (keyshot "
+        f"reward env --miniwob {args.miniwob} there) and pass its URL as --space-url",
+    )
+    return needed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from trl import GRPOConfig, GRPOTrainer
 
     output_dir = Path(args.output_dir or f"outputs/keyshot-grpo-{datetime.now():%Y-%m-%d_%H-%M-%S}")
-    reward_model = shared_model(
-        args.keyshot_config
-    )  # the reward's model, built now so a bad config stops here
-    WebEnv.max_steps, WebEnv.image_size = args.max_steps, args.image_size
-    EpisodeRecorder.episode_keep_dir = args.keep_episodes
-    reward = KeyshotEnvironmentReward(config=args.keyshot_config)
-    if args.replay:
-        dataset, env = replay_dataset(Path(args.replay)), ReplayEnv
-    elif args.miniwob:
-        tasks = [t.strip() for t in args.miniwob.split(",") if t.strip()]
-        prepare_browser()  # a missing piece is named before the trainer starts
-        dataset, env, reward = (
-            miniwob_dataset(tasks, args.dataset_size),
-            MiniWoBEnv,
-            with_miniwob_reward(reward),
-        )
-    else:
-        BrowserGymWebEnv.space_url, BrowserGymWebEnv.task_name = args.space_url, args.task_name
-        dataset = Dataset.from_dict({"prompt": [prompt(args.dataset_prompt)] * args.dataset_size})
-        env = BrowserGymWebEnv
-    model, processor = tiny_policy(output_dir / "tiny-policy") if args.tiny_model else (args.model_id, None)
     config = GRPOConfig(
         output_dir=str(output_dir),
         use_vllm=args.use_vllm,
@@ -413,21 +455,55 @@ def main(argv: list[str] | None = None) -> int:
         save_strategy="no",
         chat_template_kwargs={"enable_thinking": False},
     )
-    trainer = GRPOTrainer(
-        model=model,
-        processing_class=processor,
-        reward_funcs=[reward],
-        train_dataset=dataset,
-        args=config,
-        environment_factory=env,
-    )
+    if args.miniwob:  # a missing piece, or a batch beyond the machine's browsers, stops here: nothing opened
+        tasks = [t.strip() for t in args.miniwob.split(",") if t.strip()]
+        setup = browser_setup()
+        budget = BrowserBudget.for_machine(args.max_browsers)
+        needed = require_browsers(budget, config, args)
+    reward_model = shared_model(
+        args.keyshot_config
+    )  # the reward's model, built now so a bad config stops here
+    WebEnv.max_steps, WebEnv.image_size = args.max_steps, args.image_size
+    reward = environment_reward(args.keyshot_config)
+    pool = None
     try:
+        if args.replay:
+            dataset, env = replay_dataset(Path(args.replay)), ReplayEnv
+        elif args.miniwob:
+            MiniWoBEnv.pool = pool = BrowserPool(budget, tasks[0], setup=setup, max_steps=args.max_steps)
+            pool.warm(needed)  # opened ahead, in parallel, while the policy loads
+            dataset, env = miniwob_dataset(tasks, args.dataset_size), MiniWoBEnv
+            reward = with_miniwob_reward(reward)
+        else:
+            BrowserGymWebEnv.space_url, BrowserGymWebEnv.task_name = args.space_url, args.task_name
+            dataset = Dataset.from_dict({"prompt": [prompt(args.dataset_prompt)] * args.dataset_size})
+            env = BrowserGymWebEnv
+        model, processor = (
+            tiny_policy(output_dir / "tiny-policy") if args.tiny_model else (args.model_id, None)
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            processing_class=processor,
+            reward_funcs=[reward],
+            train_dataset=dataset,
+            args=config,
+            environment_factory=functools.partial(env, keep_dir=args.keep_episodes),
+        )
         trainer.train()
     finally:
-        for opened in MiniWoBEnv.opened:
-            opened._close_browser()
+        if pool is not None:
+            pool.close()
         reward_model.close()
-    print(json.dumps({"steps": trainer.state.global_step, "log": trainer.state.log_history}))
+    summary = {"steps": trainer.state.global_step, "log": trainer.state.log_history}
+    if pool is not None:
+        summary["browsers"] = {
+            "budget": budget.max_browsers,
+            "opened": pool.opened,
+            "most_open": pool.max_alive,
+            "replaced": pool.replaced,
+            "failed_opens": pool.failed_opens,
+        }
+    print(json.dumps(summary))
     return 0
 
 
