@@ -189,9 +189,11 @@ def test_verl_example_config_names_verls_keys_and_keyshots_compute_score():
     assert (REPO / function["reward_kwargs"]["keyshot_config"]).is_file()
 
 
-def run_trl_example(tmp_path: Path, config: Path, *source: str) -> tuple[dict, list[Path]]:
+def run_trl_example(
+    tmp_path: Path, config: Path, *source: str, summary_out: dict | None = None
+) -> tuple[dict, list[Path]]:
     """One GRPO step of the TRL example on the tiny model (as docs/reward.md runs it): the last log entry
-    and the kept episodes."""
+    and the kept episodes (``summary_out`` gets the run's whole printed summary)."""
     pytest.importorskip("trl", reason="trl is in the dev extra: pip install -e '.[dev]'")
     kept = tmp_path / "episodes"
     argv = [
@@ -222,6 +224,8 @@ def run_trl_example(tmp_path: Path, config: Path, *source: str) -> tuple[dict, l
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 1
+    if summary_out is not None:
+        summary_out.update(summary)
     return summary["log"][0], sorted(kept.glob("*.jsonl"))
 
 
@@ -238,15 +242,24 @@ def test_trl_example_trains_one_grpo_step_on_the_tiny_model(tmp_path, config):
 @pytest.mark.slow
 def test_trl_example_trains_one_grpo_step_on_live_miniwob_pages(tmp_path, config):
     pytest.importorskip("browsergym.miniwob", reason="the browser extra: make setup-browser")
-    from keyshot.env.miniwob.browser import MiniWoBError, prepare_browser
+    import psutil
+
+    from keyshot.env.miniwob.setup import MiniWoBError, browser_setup
 
     try:
-        prepare_browser()
+        browser_setup()
     except MiniWoBError as exc:
         pytest.skip(str(exc))
-    step, episodes = run_trl_example(tmp_path, config, "--miniwob", "click-button")
+    summary: dict = {}
+    step, episodes = run_trl_example(tmp_path, config, "--miniwob", "click-button", summary_out=summary)
     assert step["keyshot/failed"] == 0.0 and step["miniwob/compared"] == 2.0
     assert len(episodes) == 2 and all(e.stem.startswith("miniwob.click-button.") for e in episodes)
+    # a generation batch of 2 rollouts: 2 browsers opened ahead (TRL's probe environment opens none),
+    # reused, none failed; all closed with the run
+    browsers = summary["browsers"]
+    assert browsers["budget"] >= 2 and (browsers["opened"], browsers["most_open"]) == (2, 2)
+    assert (browsers["replaced"], browsers["failed_opens"]) == (0, 0)
+    assert not [p for p in psutil.Process().children(recursive=True) if "chrom" in p.name()]
     rm = RewardModel.from_config(config)
     try:
         results = rm.score_sync([str(e) for e in episodes])
