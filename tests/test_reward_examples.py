@@ -278,7 +278,8 @@ def test_trl_example_trains_one_grpo_step_on_live_miniwob_pages(tmp_path, config
 @pytest.mark.slow
 def test_openrlhf_agent_file_plays_a_live_miniwob_label(tmp_path, config, monkeypatch):
     pytest.importorskip("browsergym.miniwob", reason="the browser extra: make setup-browser")
-    from keyshot.env.miniwob.browser import MiniWoBError, ScriptedAgent, prepare_browser
+    from keyshot.env.miniwob.agents import ScriptedAgent
+    from keyshot.env.miniwob.setup import MiniWoBError, prepare_browser
 
     try:
         prepare_browser()
