@@ -18,8 +18,9 @@ its dict): ``goal`` (the task judged), ``url``, ``screenshot`` (a nested H×W×C
 OpenEnv sends it, PNG/JPEG bytes, base64 or a PIL image), ``metadata.task_id`` (optional); the action is
 BrowserGym's action string (``action_str`` of the action, or the string itself). An environment passes
 its reset observation as ``(None, observation)``, so the page the episode starts on is judged with the
-first action taken on it (``keyshot.env.openenv`` does); otherwise the episode starts at the first step's
-page. A step without a screenshot (a browser that failed) leaves the episode without a verdict, saying so.
+first action taken on it (``keyshot.env.openenv`` does); otherwise the episode's first page is the one
+after the first action (which is recorded all the same). A step without a screenshot (a browser that
+failed) leaves the episode without a verdict, saying so.
 
 Screenshots are written to disk as they arrive (nothing decoded stays in memory); the pairs kept in
 ``trajectory`` leave the screenshot out. Runs where OpenEnv is installed (``make setup-openenv``)::
@@ -118,7 +119,7 @@ def result_metadata(result: RewardResult) -> dict[str, Any]:
 
 class _Recorder:
     """The pairs of one episode written into an :class:`Episode` as they arrive: each page's screenshot
-    is held (converted) until the next pair brings the action taken on it."""
+    is held (converted: one image) until the next pair brings the action taken on it."""
 
     def __init__(self, keep_dir: str | os.PathLike | None):
         self.keep_dir = keep_dir
@@ -136,9 +137,10 @@ class _Recorder:
                 task_id=metadata.get("task_id"),
                 keep_dir=self.keep_dir,
             )
-        if self.pending is not None:
-            self.episode.add_step(self.pending, action=action_string(action))
-            self.pending = None
+        # the page before this action, with the action taken on it (an action whose page was not seen, the
+        # first one without a reset pair, is recorded all the same: the judge reads every action)
+        self.episode.add_step(self.pending, action=action_string(action))
+        self.pending = None
         screenshot = _field(observation, "screenshot")
         if screenshot is None:
             error = _field(observation, "error")

@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import shlex
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from keyshot.env.openenv import command as env_command
 from keyshot.env.openenv.wire import split_text, wire_fields
 from keyshot.env.page import Page
+from keyshot.infer.cli import build_parser, parse
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
 from tests.support.openenv import run_driver
 
+REPO = Path(__file__).resolve().parents[1]
 TREE = "RootWebArea 'Click Test Task', focused\n\t[13] button 'Click Me!'"
 FAST_JUDGE = {"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": 5}
 DEAD = "http://127.0.0.1:9/v1"
@@ -72,6 +77,15 @@ def test_without_openenv_the_command_says_how_to_get_it(tmp_path, capsys):
         and "make setup-openenv" in err
         and ".venv-openenv/bin/keyshot reward env" in err
     )
+
+
+def test_the_documented_command_line_is_keyshot_reward_env():
+    """docs/reward.md's OpenEnv section starts the server with a command line keyshot parses as written."""
+    section = (REPO / "docs" / "reward.md").read_text().split("\n## OpenEnv", 1)[1].split("\n## ", 1)[0]
+    [line] = [x for x in section.splitlines() if x.startswith(".venv-openenv/bin/keyshot reward env")]
+    args = parse(build_parser(), shlex.split(line)[1:])
+    assert args.func is env_command.run and args.miniwob == "click-test" and args.port == 8000
+    assert args.max_steps == 10 and args.config == "configs/reward/trl.yaml"
 
 
 @pytest.fixture(scope="module")
