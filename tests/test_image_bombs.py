@@ -231,3 +231,46 @@ def test_a_request_whose_screenshots_decode_too_much_in_all_is_refused(tmp_path,
         assert caught.value.message.startswith("the request's screenshots decode 2,764,800 pixels, over")
     finally:
         rm.close()
+
+
+def test_the_judge_lists_a_bomb_as_an_unreadable_screenshot_with_the_reason(bomb, tmp_path):
+    """keyshot judge: the bomb is one unreadable screenshot (the existing plumbing), named with its size;
+    the other screenshot is scored and nothing was decoded for the bomb."""
+    import asyncio
+
+    from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
+    from keyshot.infer.judge.pipeline import WebJudge
+    from keyshot.infer.judge.scorers import OpenAIScorer
+    from keyshot.infer.loaders.trajectory import Screenshot, Trajectory
+    from keyshot.infer.protocol.prompts import load_prompt_set
+
+    page = tmp_path / "page.png"
+    page.write_bytes(_png(1280, 720, (30, 30, 30)))
+    trajectory = Trajectory(
+        task_id="bomb",
+        task="Find the price of the cheapest laptop",
+        actions=["click('12')", "click('13')"],
+        screenshots=[Screenshot(page, 0), Screenshot(tmp_path / "trajectory.jsonl", 1, data=bomb)],
+    )
+
+    async def judge(server: FakeOpenAI):
+        def client(model: str) -> JudgeClient:
+            return JudgeClient(EndpointConfig(base_url=server.base_url, model=model, api_key_env=None))
+
+        webjudge = WebJudge(client("fake-judge"), OpenAIScorer(client("fake-scorer"), load_prompt_set()))
+        try:
+            return await webjudge.judge(trajectory)
+        finally:
+            await webjudge.aclose()
+
+    before = peak_rss_bytes(os.getpid())
+    with FakeOpenAI(make_judge("any_image", "brightness")) as server:
+        verdict = asyncio.run(judge(server))
+    assert peak_rss_bytes(os.getpid()) - before < 100 * 2**20
+    good, refused = verdict.screenshots
+    assert good.error is None and good.score is not None
+    assert refused.score is None and "unreadable" in refused.error
+    assert (
+        f"{tmp_path / 'trajectory.jsonl'}#screenshot1: image of 13000×13000 pixels is too large"
+        in refused.error
+    )

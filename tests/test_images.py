@@ -18,6 +18,7 @@ from keyshot.infer.protocol.images import (
     ImageError,
     ImagePolicy,
     fit,
+    plan_image,
     prepare_image,
     smart_resize,
     sniff_image_type,
@@ -316,7 +317,10 @@ def test_a_page_past_the_decompression_bomb_limit_follows_the_policy(tmp_path):
     from keyshot.infer.protocol.images import DEFAULT_POLICY, ImageError, open_header, prepare_image
 
     tall = tmp_path / "tall.png"
-    Image.new("RGB", (1280, 150_000), "white").save(tall)
+    page = Image.new("L", (1280, 150_000), 255)
+    page.paste(0, (0, 0, 1280, 2000))  # a black header band: 41% of the 4:1 crop's rows
+    page.save(tall)
+    del page
     assert open_header(tall).size == (1280, 150_000)  # the synthesis cost estimate reads headers only
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     prepared = prepare_image(tall, DEFAULT_POLICY)
@@ -324,6 +328,9 @@ def test_a_page_past_the_decompression_bomb_limit_follows_the_policy(tmp_path):
     assert prepared.cropped and prepared.source_height == 150_000
     assert prepared.height / prepared.width == pytest.approx(4.0, rel=0.02)
     assert grown_mb < 300, grown_mb  # the whole page would be 576 MB of RGB
+    rows = np.asarray(prepared.pil().convert("L")).mean(axis=1)  # the crop's content, not a sliver of it
+    band = 2000 / plan_image(1280, 150_000).crop_height
+    assert rows[: int(0.9 * band * len(rows))].max() < 30 and rows[int(1.1 * band * len(rows)) :].min() > 225
     square = tmp_path / "square.png"
     Image.new("1", (30_000, 30_000)).save(square)
     with pytest.raises(ImageError, match=r"square.png: image of 30000×30000 pixels is too large"):
