@@ -114,11 +114,20 @@ def _pyvips() -> Callable[[bytes], bytes] | str:
         img = pyvips.Image.new_from_buffer(data, "", access="sequential")
         plan = _plan(img.width, img.height)
         img = img.crop(0, 0, plan.crop_width, plan.crop_height)
-        sx, sy = img.width / plan.width, img.height / plan.height
-        if sx >= 1 and sy >= 1:
-            img = img.reduce(sx, sy, kernel="cubic")
-        else:
-            img = img.resize(1 / sx, vscale=1 / sy, kernel="cubic")
+        if img.height > plan.height:  # cubic reduce (antialiased, centres aligned) where it shrinks
+            img = img.reducev(img.height / plan.height, kernel="cubic")
+        if img.width > plan.width:
+            img = img.reduceh(img.width / plan.width, kernel="cubic")
+        if (img.width, img.height) != (plan.width, plan.height):  # bicubic enlargement, centres aligned
+            sx, sy = plan.width / img.width, plan.height / img.height
+            img = img.affine(
+                [sx, 0, 0, sy],
+                interpolate=pyvips.Interpolate.new("bicubic"),
+                odx=0.5 * sx - 0.5,
+                ody=0.5 * sy - 0.5,
+                oarea=[0, 0, plan.width, plan.height],
+                extend="copy",
+            )
         return img.jpegsave_buffer(Q=DEFAULT_POLICY.jpeg_quality)
 
     return run
