@@ -1,137 +1,155 @@
-"""verl: ``compute_score``, a custom reward function for verl's reward loop (verl >= 0.9: the
-``reward.custom_reward_function`` keys; configs/reward/verl_trainer.yaml, docs/reward.md)::
+"""verl: ``compute_score`` (and ``compute_score_sync``), a custom reward function for verl's reward loop, and
+``KeyshotRewardManager``, the reward manager that finds an agent loop's rollout after the batch (verl >= 0.9;
+configs/reward/verl_trainer.yaml, docs/reward.md)::
 
     reward:
       custom_reward_function:
-        path: <this file, or reward/verl.py>
-        name: compute_score
+        path: pkg://keyshot.reward.verl     # or this file's path
+        name: compute_score                 # compute_score_sync for verl's ``remote`` reward manager
         reward_kwargs: {keyshot_config: configs/reward/verl.yaml}   # else $KEYSHOT_REWARD_CONFIG
+      reward_manager: {source: importlib, name: KeyshotRewardManager, module: {path: pkg://keyshot.reward.verl}}
 
-verl loads the file by path and calls ``compute_score`` once per sample, concurrently, on its reward-loop
-worker's event loop; the calls meet in the process-wide model's batches (key points once per task). The
-rollout is ``extra_info["episode"]`` (an :class:`Episode` the environment recorded) or
-``extra_info["trajectory"]`` (a trajectory folder it wrote); ``solution_str`` is the final answer.
+verl calls ``compute_score`` once per sample, concurrently, on its reward-loop workers' event loops (8 Ray
+actors by default); within a process the calls meet in the shared model's batches, and across processes
+the call cache (``cache:``, one file every worker reads) lets one of them pay for a task's key points while
+the others wait for its answer. The rollout is ``extra_info["episode"]`` (an :class:`Episode` the
+environment recorded) or ``extra_info["trajectory"]`` (a trajectory folder or JSONL file it wrote);
+``solution_str`` is the final answer. An agent loop puts either in its output's ``extra_fields``: verl hands
+those to the reward inside ``extra_info`` when it scores as the rollouts finish (``tool_extra_fields``), and
+as the batch's own columns when it scores after the batch (``reward.reward_model.enable`` without
+``enable_resource_pool``), where ``KeyshotRewardManager`` moves them into ``extra_info``.
 
 verl builds its reward tensor with ``new_tensor(scores)`` and has no "no reward" value, so the config must
 say ``reward: {on_failure: zero}`` (the first call refuses any other): a sample without a verdict scores
-0.0, is counted in ``keyshot_failed`` and logged. Every returned dict has the same keys, all numbers
-(:func:`keyshot.reward.logs.sample_logs`), as verl's ``np.array`` of each extra key and its
+0.0, is counted in ``keyshot_failed`` and logged with its reason. Every returned dict has the same keys, all
+numbers (:func:`keyshot.reward.logs.sample_logs`), as verl's ``np.array`` of each extra key and its
 validation metrics need.
 
 With ``reward_router_address`` (``host:port``: verl serves ``reward.reward_model.model_path`` itself) the
 scorer requests go to ``http://host:port/v1`` under the one model name the router lists at ``/v1/models``
 (vLLM serves the model under its path unless told otherwise); key points and the outcome go to the judge
 of the keyshot config.
+
+This file holds no state (verl loads it by path, so it may exist more than once in a process): what the
+adapter remembers lives with the shared model (:mod:`keyshot.reward.verl_state`), and every sample is
+scored and settled on that model's own loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
-import threading
-import urllib.request
+import socket
 from typing import Any
 
-from keyshot.infer.common.errors import KeyshotError
 from keyshot.reward.episode import Episode
-from keyshot.reward.logs import sample_logs, warn_constant_groups
-from keyshot.reward.model import RewardResult
+from keyshot.reward.logs import sample_logs
+from keyshot.reward.model import RewardModel, RewardResult
 from keyshot.reward.rollouts import RolloutError, read_rollout
-from keyshot.reward.shared import require_number_on_failure, score_shared, shared_model
+from keyshot.reward.shared import config_path, require_number_on_failure, score_shared, shared_model
+from keyshot.reward.verl_state import RouterModelError, listed_model, router_url, state_of
 
-__all__ = ["RouterModelError", "compute_score", "router_url", "served_model"]
+__all__ = [
+    "MANAGERS",
+    "ROLLOUT_KEYS",
+    "RouterModelError",
+    "compute_score",
+    "compute_score_sync",
+    "listed_model",
+    "router_url",
+    "with_agent_rollout",
+]
 
-#: How long the reward router may take to list its model.
-ROUTER_TIMEOUT_S = 30.0
-CONSTANT_FIX = (
-    "Give each sample its own rollout: record an Episode per rollout (extra_info['episode']) or write "
-    "each sample's trajectory folder into extra_info['trajectory'] from the agent loop, not a dataset column."
+#: Where a sample's rollout is: ``extra_info`` keys, or an agent loop's ``extra_fields``.
+ROLLOUT_KEYS = ("episode", "trajectory")
+#: The reward managers this file gives verl (``reward.reward_manager: {source: importlib, name: ...}``): the
+#: name, and the registered verl manager it extends.
+MANAGERS = {"KeyshotRewardManager": "naive", "KeyshotRemoteRewardManager": "remote"}
+SHARED_FOLDER_FIX = (
+    "an Episode's files stay on the machine that recorded it (a temporary folder there unless keep_dir "
+    "is set), and verl's reward workers run on any node: record episodes with Episode(keep_dir=DIR) on a "
+    "file system every reward worker reads (docs/reward.md, verl)"
 )
 
 
-class RouterModelError(KeyshotError):
-    """verl's reward router does not say which one model it serves."""
+def _unreadable(path: str | os.PathLike, what: str) -> RolloutError:
+    return RolloutError(
+        f"{what}: {os.fspath(path)} is not readable on this reward worker ({socket.gethostname()}); "
+        + SHARED_FOLDER_FIX
+    )
 
 
-def router_url(address: str) -> str:
-    """verl's ``host:port`` (or a URL) as an OpenAI base URL."""
-    address = address.rstrip("/")
-    if not address.startswith(("http://", "https://")):
-        address = f"http://{address}"
-    return address if address.endswith("/v1") else f"{address}/v1"
-
-
-_served: dict[str, str] = {}
-_served_lock = threading.Lock()
-
-
-def served_model(address: str) -> str:
-    """The one model id the router at ``address`` lists at ``/v1/models`` (asked once per address).
-
-    Raises :class:`RouterModelError` when it lists none or several (the scorer requests could not name
-    the model), and ``OSError`` when the router does not answer (not remembered: asked again next time).
-    """
-    url = router_url(address)
-    with _served_lock:
-        if url not in _served:
-            with urllib.request.urlopen(f"{url}/models", timeout=ROUTER_TIMEOUT_S) as response:
-                try:
-                    listed = json.load(response)
-                except ValueError:
-                    raise RouterModelError(
-                        f"reward_router_address {address}: {url}/models is not JSON"
-                    ) from None
-            ids = [
-                m.get("id")
-                for m in (listed.get("data") if isinstance(listed, dict) else None) or []
-                if isinstance(m, dict) and m.get("id")
-            ]
-            if len(ids) != 1:
-                raise RouterModelError(
-                    f"reward_router_address {address}: {url}/models lists {len(ids)} models {ids}; keyshot "
-                    "sends the scorer requests under the one model verl's reward model serves "
-                    "(reward.reward_model.model_path): serve exactly the keyshot scorer checkpoint there"
-                )
-            _served[url] = ids[0]
-        return _served[url]
-
-
-_where = "verl compute_score"
-_constant_seen: list[tuple[str, Any]] = []
-_constant_done = False
-_constant_lock = threading.Lock()
-
-
-def _note_rollout(path: str, extra_info: dict) -> None:
-    """Record which recorded rollout a sample scores, and warn once when every prompt's samples score the
-    same one (a dataset column: GRPO's groups then have equal rewards)."""
-    global _constant_done
-    with _constant_lock:  # verl's samples are read in threads
-        if _constant_done:
-            return
-        _constant_seen.append((path, extra_info.get("index", path)))
-        del _constant_seen[:-4096]
-        paths, groups = zip(*_constant_seen, strict=True)
-        _constant_done = warn_constant_groups(list(paths), list(groups), _where, CONSTANT_FIX)
+def _local_episode(episode: Episode) -> Episode:
+    """The episode, once its folder and screenshots are readable here (a RolloutError naming the first that
+    is not: recorded on another node, or removed)."""
+    for path in (episode.folder, *episode.screenshots):
+        if not os.access(path, os.R_OK):
+            raise _unreadable(path, f"episode {episode.id}")
+    return episode
 
 
 def _rollout(solution_str: str, extra_info: dict) -> Any:
-    """The sample's rollout with ``solution_str`` as its final answer."""
+    """The sample's rollout with ``solution_str`` as its final answer (blocking: files are read)."""
     episode = extra_info.get("episode")
     if isinstance(episode, Episode):
+        _local_episode(episode)
         if not episode.finished:
-            episode.finish(solution_str)
+            try:
+                episode.finish(solution_str)
+            except OSError as exc:
+                raise RolloutError(
+                    f"episode {episode.id}: its trajectory file cannot be written: {exc}"
+                ) from None
         return episode
     path = extra_info.get("trajectory")
     if path:
-        _note_rollout(str(path), extra_info)
+        if not os.path.exists(path):
+            raise _unreadable(path, "extra_info['trajectory']")
         return dataclasses.replace(read_rollout(os.fspath(path), 0), final_answer=solution_str)
     raise RolloutError(
         "extra_info holds neither 'episode' (an Episode) nor 'trajectory' (a trajectory folder); "
         f"it has {sorted(extra_info)}"
     )
+
+
+async def _scored(
+    model: RewardModel,
+    config: str | None,
+    data_source: str,
+    solution_str: str,
+    extra_info: dict,
+    router: str | None,
+) -> dict[str, float]:
+    """One sample's reported reward; runs on the model's own loop (its state and settle live there)."""
+    state = state_of(model, f"verl compute_score ({config_path(config)})")
+    try:
+        rollout = await asyncio.to_thread(_rollout, solution_str, extra_info)
+    except RolloutError as exc:  # nothing was written here: no episode files to remove
+        return _reported(model.settle(RewardResult(id=str(data_source), error=f"input: {exc}", kind="input")))
+    if not isinstance(rollout, Episode):
+        state.note_rollout(str(extra_info["trajectory"]), extra_info.get("index", extra_info["trajectory"]))
+    scorer_url = scorer_model = None
+    if router:
+        scorer_url = router_url(router)
+        try:
+            scorer_model = await state.served_model(router)
+        except (OSError, RouterModelError) as exc:
+            if isinstance(rollout, Episode):
+                rollout.discard()
+            if isinstance(exc, RouterModelError):  # a set-up error: the run stops, naming it
+                raise
+            # the router did not answer: this sample has no verdict, the next one asks again
+            error = f"scorer: the reward router at {router} did not list its model: {exc}"
+            return _reported(model.settle(RewardResult(id=str(data_source), error=error, kind="scorer")))
+    result = await score_shared(rollout, config=config, scorer_url=scorer_url, scorer_model=scorer_model)
+    return _reported(result)
+
+
+def _model(config: str | None) -> RewardModel:
+    model = shared_model(config)
+    require_number_on_failure(model, "verl", config)
+    return model
 
 
 async def compute_score(
@@ -148,29 +166,30 @@ async def compute_score(
     0.0 for a sample given no verdict, flagged by ``keyshot_failed``) and the fields of
     :func:`~keyshot.reward.logs.sample_logs`, every one a float. ``keyshot_config`` (verl's
     ``custom_reward_function.reward_kwargs``) names the keyshot config, else ``$KEYSHOT_REWARD_CONFIG``."""
-    model = shared_model(keyshot_config)
-    require_number_on_failure(model, "verl", keyshot_config)
-    try:
-        rollout = await asyncio.to_thread(_rollout, solution_str, dict(extra_info or {}))
-    except RolloutError as exc:
-        return _reported(model.settle(RewardResult(id=str(data_source), error=f"input: {exc}")))
-    scorer_url = scorer_model = None
-    if reward_router_address:
-        scorer_url = router_url(reward_router_address)
-        try:
-            scorer_model = await asyncio.to_thread(served_model, reward_router_address)
-        except (OSError, RouterModelError) as exc:
-            if isinstance(rollout, Episode):
-                rollout.discard()
-            if isinstance(exc, RouterModelError):  # a set-up error: the run stops, naming it
-                raise
-            # the router did not answer: this sample has no verdict, the next one asks again
-            error = f"scorer: the reward router at {reward_router_address} did not list its model: {exc}"
-            return _reported(model.settle(RewardResult(id=str(data_source), error=error)))
-    result = await score_shared(
-        rollout, config=keyshot_config, scorer_url=scorer_url, scorer_model=scorer_model
+    model = _model(keyshot_config)
+    sample = _scored(
+        model, keyshot_config, data_source, solution_str, dict(extra_info or {}), reward_router_address
     )
-    return _reported(result)
+    return await model.loop.run(sample)
+
+
+def compute_score_sync(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    reward_router_address: str | None = None,
+    reward_model_tokenizer: Any = None,
+    keyshot_config: str | None = None,
+    **kwargs: Any,
+) -> dict[str, float]:
+    """:func:`compute_score` for a caller that waits: verl's ``remote`` reward manager, which runs the
+    function in Ray actors of its own and asserts it is not a coroutine function."""
+    model = _model(keyshot_config)
+    sample = _scored(
+        model, keyshot_config, data_source, solution_str, dict(extra_info or {}), reward_router_address
+    )
+    return model.loop.run_sync(sample)
 
 
 def _reported(result: RewardResult) -> dict[str, float]:
@@ -179,3 +198,41 @@ def _reported(result: RewardResult) -> dict[str, float]:
         "score": float(result.reward),
         **{key: values[0] for key, values in sample_logs([result]).items()},
     }
+
+
+def with_agent_rollout(data: Any) -> Any:
+    """verl's one-sample ``DataProto`` with the rollout its agent loop left among the batch's columns
+    (``extra_fields`` become columns when verl scores after the batch) moved into ``extra_info``, where
+    :func:`compute_score` reads it; the agent loop's rollout wins over a dataset's."""
+    import numpy as np
+
+    data = data[-1:]  # verl scores the last sequence of a sample
+    columns = data.non_tensor_batch
+    found = {key: columns[key][0] for key in ROLLOUT_KEYS if key in columns and columns[key][0] is not None}
+    if found:
+        extra_info = columns["extra_info"][0] if "extra_info" in columns else None
+        merged = np.empty(1, dtype=object)
+        merged[0] = {**(extra_info or {}), **found}
+        columns["extra_info"] = merged
+    return data
+
+
+def reward_manager(name: str) -> type:
+    """The verl reward manager ``name`` of :data:`MANAGERS`: verl's own (naive or remote), reading an agent
+    loop's rollout after the batch too (:func:`with_agent_rollout`)."""
+    from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
+
+    class KeyshotManager(get_reward_manager_cls(MANAGERS[name])):
+        async def run_single(self, data: Any) -> dict:
+            return await super().run_single(with_agent_rollout(data))
+
+    KeyshotManager.__name__ = KeyshotManager.__qualname__ = name
+    return KeyshotManager
+
+
+def __getattr__(name: str) -> Any:
+    """verl loads a reward manager with ``getattr(module, name)``; its classes exist only where verl is
+    installed, so the managers are built when asked for."""
+    if name in MANAGERS:
+        return reward_manager(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,12 +5,18 @@ In the verl venv (tools/setup_verl.sh; ``$KEYSHOT_VERL_PYTHON``, default .venv-v
 released code, by tests/framework/verl_reward_loop.py: configs/reward/verl_trainer.yaml composed with verl's
 ppo_trainer, its RewardLoopManager and Ray workers loading the file with get_custom_reward_fn, the scores
 assembled into ``rm_scores``, and the trainer's validation metrics; with a healthy judge, a dead one, a
-config verl cannot use, and verl's reward router in front of a scorer that answers only its own name.
+config verl cannot use, verl's reward router in front of a scorer that answers only its own name, verl's
+remote reward manager (``compute_score_sync``), and an agent loop's episodes through verl's AgentLoopWorker,
+scored as each rollout ends (2 reward workers) and after the batch (8 workers, one episode's folder gone),
+with the fake judge counting the key-point calls (one per task).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
+import importlib.util
 import json
 import logging
 import os
@@ -19,20 +25,24 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
 from keyshot.reward import logs as reward_logs
 from keyshot.reward import shared as reward_shared
 from keyshot.reward import verl as verl_reward
 from keyshot.reward.verl import compute_score
+from keyshot.reward.verl_state import VerlState
+from tests.support.reward import write_config
+
+pytestmark = pytest.mark.usefixtures("no_shared_model")
 
 REPO = Path(__file__).resolve().parents[1]
 OM2W_V1 = sorted((REPO / "tests" / "fixtures" / "trajectories" / "online_mind2web_v1").iterdir())
-FAST_JUDGE = {"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": 5}
 SAMPLE_KEYS = {"score", *reward_logs.SAMPLE_KEYS}
 DRIVER = REPO / "tests" / "framework" / "verl_reward_loop.py"
 CONSTANT_WARNING = "every sample of a prompt is scored on the same rollout"
@@ -40,16 +50,15 @@ CONSTANT_WARNING = "every sample of a prompt is scored on the same rollout"
 
 def documented_verl_commands() -> list[dict]:
     """docs/reward.md's ``python -m verl.trainer.main_ppo`` commands as Hydra compositions: the config they
-    name (verl's own ppo_trainer when none) and their overrides, with this checkout for ``$PWD`` and the
-    installed keyshot.reward.verl file for the ``$(python -c ...)``; placeholders (``...``) left out."""
+    name (verl's own ppo_trainer when none) and their overrides, with this checkout for ``$PWD``;
+    placeholders (``...``) left out."""
     text = (REPO / "docs" / "reward.md").read_text()
-    reward_file = str(REPO / "reward" / "verl.py")
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for command in block.replace("\\\n", " ").splitlines():
             if "verl.trainer.main_ppo" not in command:
                 continue
-            command = re.sub(r'\$\(python -c "[^"]*"\)', reward_file, command).replace("$PWD", str(REPO))
+            command = command.replace("$PWD", str(REPO))
             words = shlex.split(command.split("verl.trainer.main_ppo", 1)[1])
             found = {"config_dir": None, "config_name": None, "overrides": []}
             while words:
@@ -69,15 +78,7 @@ def verl_python() -> str | None:
 
 
 def keyshot_config(path: Path, judge_url: str, scorer_url: str, on_failure: str | None = "zero") -> Path:
-    fake_judge_config(
-        path,
-        judge_url,
-        {"endpoint": {"base_url": scorer_url, "model": "webjudge-7b", "api_key_env": None}},
-        judge=FAST_JUDGE,
-    )
-    if on_failure:
-        path.write_text(path.read_text() + f"reward:\n  on_failure: {on_failure}\n")
-    return path
+    return write_config(path, judge_url, scorer_url, timeout_s=5, on_failure=on_failure)
 
 
 def copies(tmp_path: Path, per_prompt: int) -> list[tuple[int, str]]:
@@ -92,21 +93,28 @@ def copies(tmp_path: Path, per_prompt: int) -> list[tuple[int, str]]:
     return out
 
 
-@pytest.fixture(autouse=True)
-def fresh_shared_model(monkeypatch):
-    monkeypatch.delenv(reward_shared.CONFIG_ENV, raising=False)
-    verl_reward._served.clear()
-    yield
-    reward_shared.reset_shared()
+def loaded_by_path(name: str) -> ModuleType:
+    """reward/verl.py as verl loads ``custom_reward_function.path`` (``load_module``: a module object of its
+    own, under a name of its own, not in ``sys.modules``)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "reward" / "verl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def run_samples(config: Path, samples: list[tuple[int, str]], router: str | None = None) -> list[dict]:
-    """One compute_score per sample, concurrently, as verl's reward-loop worker runs them."""
+def run_samples(
+    config: Path,
+    samples: list[tuple[int, str]],
+    router: str | None = None,
+    functions: tuple = (compute_score,),
+) -> list[dict]:
+    """One compute_score per sample, concurrently, as verl's reward-loop worker runs them (sample i through
+    ``functions[i % len(functions)]``)."""
 
     async def batch():
         return await asyncio.gather(
             *(
-                compute_score(
+                functions[i % len(functions)](
                     data_source="om2w",
                     solution_str=f"done {i}",
                     ground_truth=None,
@@ -132,12 +140,19 @@ def test_every_sample_gets_the_same_numeric_keys_and_the_router_is_asked_for_its
     ):
         config = keyshot_config(tmp_path / "verl.yaml", judge.base_url, scorer.base_url)
         samples = copies(tmp_path, 2)
-        routed = run_samples(config, samples, router=f"127.0.0.1:{router.port}")
+        # half the samples through two more copies of the file, loaded by path as verl loads it
+        functions = (
+            compute_score,
+            loaded_by_path("custom_a").compute_score,
+            loaded_by_path("custom_b").compute_score,
+        )
+        routed = run_samples(config, samples, router=f"127.0.0.1:{router.port}", functions=functions)
         assert all(set(r) == SAMPLE_KEYS and all(isinstance(v, float) for v in r.values()) for r in routed)
         assert [r["keyshot_failed"] for r in routed] == [0.0] * 4
         assert {r["score"] for r in routed} <= {0.0, 1.0}
         chats = [r for r in router.requests if "messages" in r]
-        assert chats and {r["model"] for r in chats} == {served}  # the name the router serves, asked once
+        assert chats and {r["model"] for r in chats} == {served}  # the name the router serves
+        assert len(router.request_headers) - len(chats) == 1  # /v1/models: once, whichever copy asked
         assert router.stats.responder_errors == 0
         assert not scorer.requests and "key_screenshot" not in {identify_step(r) for r in judge.requests}
     assert CONSTANT_WARNING not in caplog.text  # each sample scored its own folder
@@ -152,11 +167,62 @@ def test_a_router_listing_no_model_is_refused_and_one_not_answering_is_a_counted
     assert (down[0]["score"], down[0]["keyshot_failed"]) == (0.0, 1.0)  # a router that does not answer
 
 
+class GatedRouter:
+    """A router whose ``/v1/models`` answers only once ``release`` is set (a slow one), counting the asks."""
+
+    def __init__(self, model: str):
+        self.model, self.asked, self.release = model, 0, threading.Event()
+        gate = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (stdlib name)
+                gate.asked += 1
+                gate.release.wait()
+                body = json.dumps(
+                    {"object": "list", "data": [{"id": gate.model, "object": "model"}]}
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> GatedRouter:
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_slow_router_holds_up_only_its_own_samples_and_each_router_is_asked_once():
+    with GatedRouter("slow-scorer") as slow, FakeOpenAI(make_judge(), model="fast-scorer") as fast:
+
+        async def resolve() -> None:
+            state = VerlState("test")
+            waiting = [asyncio.ensure_future(state.served_model(slow.address)) for _ in range(4)]
+            fast_names = await asyncio.gather(
+                *(state.served_model(f"127.0.0.1:{fast.port}") for _ in range(4))
+            )
+            assert fast_names == ["fast-scorer"] * 4 and not any(w.done() for w in waiting)
+            slow.release.set()
+            assert await asyncio.gather(*waiting) == ["slow-scorer"] * 4
+            assert await state.served_model(f"http://{slow.address}/v1") == "slow-scorer"  # remembered
+
+        asyncio.run(resolve())
+        assert slow.asked == 1 and len(fast.request_headers) == 1
+
+
 def test_a_dataset_column_rollout_warns_once_and_a_dead_judge_is_a_counted_zero(tmp_path, caplog):
     caplog.set_level(logging.WARNING)
-    reward_logs._warned.discard(verl_reward._where)
-    verl_reward._constant_seen.clear()
-    verl_reward._constant_done = False
     with FakeOpenAI(make_judge()) as judge:
         config = keyshot_config(tmp_path / "verl.yaml", judge.base_url, judge.base_url)
         column = [(p, str(folder)) for p, folder in enumerate(OM2W_V1) for _ in range(3)]
@@ -179,9 +245,25 @@ def test_a_config_without_on_failure_zero_is_refused_at_the_first_call(tmp_path)
 
 
 # ------------------------------------------------------------------ verl's own code, in the verl venv
+def replays(per_task: int, elsewhere: tuple[int, ...] = ()) -> list[dict]:
+    """Agent-loop rows: ``per_task`` rollouts of each fixture task (the driver's agent loop records an
+    Episode replaying the folder); the rows at ``elsewhere`` have their episode's folder removed before the
+    reward reads it (recorded on another node)."""
+    rows = [
+        {"index": p, "replay": str(folder), "answer": "the price is found"}
+        for p, folder in enumerate(OM2W_V1)
+        for _ in range(per_task)
+    ]
+    for i in elsewhere:
+        rows[i]["elsewhere"] = True
+    return rows
+
+
 @pytest.fixture(scope="module")
 def verl_run(tmp_path_factory):
-    """One Ray session of verl's reward loop over four cases (tests/framework/verl_reward_loop.py)."""
+    """One Ray session of verl's reward loop over its cases (tests/framework/verl_reward_loop.py): verl's
+    batch, its agent loops scored as each rollout ends and after the batch (8 reward workers), its remote
+    reward manager. A case whose judge calls are counted has its own fake judge."""
     python = verl_python()
     if python is None:
         pytest.skip(
@@ -189,41 +271,66 @@ def verl_run(tmp_path_factory):
         )
     tmp = tmp_path_factory.mktemp("verl")
     served = str(tmp / "tokenizer")  # the reward model's path: what verl's vLLM would serve it as
-    with (
-        FakeOpenAI(make_judge()) as judge,
-        FakeOpenAI(make_judge()) as other_judge,
-        FakeOpenAI(make_judge()) as scorer,
-        FakeOpenAI(make_judge(), model=served, strict_model=True) as upstream,
-    ):
-        healthy = keyshot_config(tmp / "verl.yaml", judge.base_url, scorer.base_url)
+    counted = ("column", "stream", "after", "remote")
+    with contextlib.ExitStack() as servers:
+        judges = {name: servers.enter_context(FakeOpenAI(make_judge())) for name in counted}
+        scorer = servers.enter_context(FakeOpenAI(make_judge()))
+        upstream = servers.enter_context(FakeOpenAI(make_judge(), model=served, strict_model=True))
+        router = {"upstream": upstream.base_url.removesuffix("/v1")}
+
+        def healthy(name: str, scorer_url: str = scorer.base_url) -> str:  # its workers share a cache file
+            path = keyshot_config(tmp / f"{name}.yaml", judges[name].base_url, scorer_url)
+            path.write_text(path.read_text() + f"cache: {tmp / name}-calls.sqlite\n")
+            return str(path)
+
         dead = keyshot_config(tmp / "dead.yaml", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1")
-        unset = keyshot_config(tmp / "none.yaml", other_judge.base_url, scorer.base_url, None)
-        # the configured scorer is down: a routed sample scored there would fail
-        routed = keyshot_config(tmp / "routed.yaml", other_judge.base_url, "http://127.0.0.1:9/v1")
+        unset = keyshot_config(tmp / "none.yaml", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1", None)
         own = [{"index": p, "trajectory": t, "answer": "the price is found"} for p, t in copies(tmp, 2)]
         column = [
             {"index": p, "trajectory": str(f), "answer": "done"}
             for p, f in enumerate(OM2W_V1)
             for _ in range(4)
         ]
+        stock_naive = ["reward.reward_manager.source=register", "reward.reward_manager.name=naive"]
         spec = {
             "compose": documented_verl_commands(),
             "workdir": str(tmp),
             "reward_file": str(REPO / "reward" / "verl.py"),
             "cases": [
-                {"name": "column", "keyshot_config": str(healthy), "samples": column, "router": None},
                 {
-                    "name": "dead",
-                    "keyshot_config": str(dead),
-                    "samples": own,
-                    "router": None,
+                    "name": "column",
+                    "keyshot_config": healthy("column"),
+                    "samples": column,
+                    "overrides": stock_naive,
                 },
-                {"name": "unset", "keyshot_config": str(unset), "samples": own[:1], "router": None},
+                {"name": "dead", "keyshot_config": str(dead), "samples": own},
+                {"name": "unset", "keyshot_config": str(unset), "samples": own[:1]},
                 {
-                    "name": "routed",
-                    "keyshot_config": str(routed),
+                    "name": "remote",
+                    "keyshot_config": healthy("remote"),
                     "samples": own,
-                    "router": {"upstream": upstream.base_url.removesuffix("/v1")},
+                    "overrides": [
+                        "reward.reward_manager.name=KeyshotRemoteRewardManager",
+                        "reward.custom_reward_function.name=compute_score_sync",
+                    ],
+                },
+                {
+                    "name": "stream",
+                    "keyshot_config": healthy("stream"),
+                    "samples": replays(2),
+                    "path": "stream",
+                    "overrides": ["reward.num_workers=2"],
+                },
+                {  # configs/reward/verl_trainer.yaml as it is: its reward file, manager and 8 reward workers,
+                    # verl's router in front of the scorer; the configured scorer is down (a sample scored
+                    # there would fail)
+                    "name": "after",
+                    "keyshot_config": healthy("after", scorer_url="http://127.0.0.1:9/v1"),
+                    "samples": replays(4, elsewhere=(2,)),
+                    "path": "after",
+                    "router": router,
+                    "reward_file": None,
+                    "overrides": ["reward.num_workers=8"],
                 },
             ],
         }
@@ -234,7 +341,7 @@ def verl_run(tmp_path_factory):
             capture_output=True,
             text=True,
             env=env,
-            timeout=300,
+            timeout=900,
         )
         lines = [x for x in proc.stdout.splitlines() if x.startswith("VERL_RESULT ")]
         assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -242,7 +349,7 @@ def verl_run(tmp_path_factory):
         yield {
             "results": results,
             "log": proc.stdout + proc.stderr,
-            "judge": [identify_step(r) for r in judge.requests],
+            "judge": {name: [identify_step(r) for r in judge.requests] for name, judge in judges.items()},
             "upstream": [r.get("model") for r in upstream.requests if "messages" in r],
             "upstream_errors": upstream.stats.responder_errors,
             "served": served,
@@ -262,7 +369,7 @@ def test_verls_reward_loop_turns_keyshot_scores_into_its_tensors_and_metrics(ver
     metrics = column["metrics"]
     assert metrics["val-core/om2w/reward/mean@4"] == pytest.approx(sum(scores) / 8)
     assert metrics["val-aux/om2w/keyshot_failed/mean@4"] == 0.0
-    assert verl_run["judge"].count("key_points") == 2  # key points once per task, for 8 samples
+    assert verl_run["judge"]["column"].count("key_points") == 2  # once per task, for 8 samples
     assert verl_run["log"].count(CONSTANT_WARNING) == 1 and "record an Episode per rollout" in verl_run["log"]
 
 
@@ -278,11 +385,46 @@ def test_verls_reward_loop_with_a_dead_judge_and_a_config_verl_cannot_use(verl_r
 
 @pytest.mark.slow
 def test_verls_reward_router_gets_the_scorer_requests_under_the_name_it_serves(verl_run):
-    routed = verl_run["results"]["routed"]
+    routed = verl_run["results"]["after"]
     assert "error" not in routed, routed
-    assert routed["extra"]["keyshot_failed"] == [0.0] * 4 and set(routed["rm_scores"]) <= {0.0, 1.0}
+    assert sum(routed["extra"]["keyshot_failed"]) == 1.0 and set(routed["rm_scores"]) <= {0.0, 1.0}
     assert verl_run["upstream"] and set(verl_run["upstream"]) == {verl_run["served"]}
     assert verl_run["upstream_errors"] == 0
+
+
+@pytest.mark.slow
+def test_verls_remote_reward_manager_runs_compute_score_sync(verl_run):
+    remote = verl_run["results"]["remote"]  # verl's RemoteRewardManager asserts a synchronous function
+    assert "error" not in remote, remote
+    assert remote["extra"]["keyshot_failed"] == [0.0] * 4 and set(remote["extra_keys"]) == SAMPLE_KEYS
+    assert remote["extra"]["score"] == remote["rm_scores"] and set(remote["rm_scores"]) <= {0.0, 1.0}
+    assert verl_run["judge"]["remote"].count("key_points") == 2
+
+
+@pytest.mark.slow
+def test_an_agent_loops_episodes_reach_the_reward_as_each_rollout_ends(verl_run):
+    stream = verl_run["results"]["stream"]  # verl's AgentLoopWorker calling 2 reward workers
+    assert "error" not in stream, stream
+    assert stream["extra"]["keyshot_failed"] == [0.0] * 4 and set(stream["extra_keys"]) == SAMPLE_KEYS
+    assert stream["extra"]["score"] == stream["rm_scores"] and set(stream["rm_scores"]) <= {0.0, 1.0}
+    assert verl_run["judge"]["stream"].count("key_points") == 2  # once per task across the workers
+    assert stream["episodes_left"] == []  # each episode's temporary folder removed once scored
+
+
+@pytest.mark.slow
+def test_after_the_batch_8_reward_workers_ask_key_points_once_per_task_and_an_unreadable_episode_counts(
+    verl_run,
+):
+    after = verl_run["results"]["after"]  # configs/reward/verl_trainer.yaml as shipped (pkg://, the manager)
+    assert "error" not in after, after
+    failed = [0.0] * 8
+    failed[2] = 1.0  # its episode's folder is not on the reward worker's machine
+    assert after["extra"]["keyshot_failed"] == failed and after["rm_scores"][2] == 0.0
+    assert after["extra"]["keyshot_judge_calls"][2] == 0.0  # nothing paid for it
+    assert after["metrics"]["val-aux/om2w/keyshot_failed/mean@4"] == pytest.approx(1 / 8)
+    assert verl_run["judge"]["after"].count("key_points") == 2  # 8 workers, one call per task
+    assert "is not readable on this reward worker" in verl_run["log"] and "keep_dir" in verl_run["log"]
+    assert after["episodes_left"] == []
 
 
 @pytest.mark.slow
@@ -291,7 +433,12 @@ def test_the_documented_verl_commands_compose_with_verls_own_config(verl_run):
     assert len(commands) == 2, "docs/reward.md: one verl command in its section, one in the cluster examples"
     for composed in commands:
         assert "error" not in composed, composed
-        assert composed["path"] == str(REPO / "reward" / "verl.py") and composed["name"] == "compute_score"
+        assert composed["path"] == "pkg://keyshot.reward.verl" and composed["name"] == "compute_score"
+        assert composed["manager"] == {
+            "source": "importlib",
+            "name": "KeyshotRewardManager",
+            "path": "pkg://keyshot.reward.verl",
+        }
         assert composed["reward_kwargs"] == {"keyshot_config": str(REPO / "configs" / "reward" / "verl.yaml")}
         assert composed["enable"] is True and composed["model_path"] and composed["rollout"] == "vllm"
 
