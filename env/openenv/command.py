@@ -3,7 +3,9 @@
     keyshot reward env --miniwob click-test --config configs/reward/trl.yaml --port 8000 --max-steps 10
 
 OpenEnv's clients (``GenericEnvClient``, the ``BrowserGymEnv`` client of TRL's OpenEnv examples) connect
-to ``http://HOST:PORT`` over a WebSocket: one session, one browser each (at most ``--max-sessions``).
+to ``http://HOST:PORT`` over a WebSocket; each session holds a browser of the server's pool from its first
+reset to its end (at most ``--max-sessions`` at once, within the machine's budget: ``--max-browsers``);
+the first is opened before the server listens, and a session's browser serves the next session after it.
 Actions are BrowserGym's (``{"action_str": "click('13')"}``); each observation is OpenEnv's BrowserGym
 format. The last step of an episode (MiniWoB ended it, or ``--max-steps`` actions) carries keyshot's reward
 (None when no verdict could be had: ``metadata.keyshot_error`` says why), MiniWoB's own reward beside it
@@ -63,7 +65,8 @@ def rubric_factory(name: str, **options):
 def run_env(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("openenv") is None:
         raise EnvCommandError(OPENENV_SETUP)
-    from keyshot.env.miniwob.client import MiniWoBBrowser
+    from keyshot.env.miniwob.budget import BrowserBudget
+    from keyshot.env.miniwob.pool import BrowserPool
     from keyshot.env.miniwob.setup import browser_setup
 
     config = Path(args.config)
@@ -71,15 +74,28 @@ def run_env(args: argparse.Namespace) -> int:
         raise EnvCommandError(
             f"--config {config}: no such file (a keyshot judge config, configs/reward/*.yaml)"
         )
-    setup = browser_setup()
-    MiniWoBBrowser(args.miniwob, max_steps=args.max_steps, setup=setup).close()  # an unknown task fails here
+    budget = BrowserBudget.for_machine(args.max_browsers)
+    budget.require(
+        args.max_sessions,
+        f"keyshot reward env --max-sessions {args.max_sessions}",
+        "lower --max-sessions (each session holds a browser), or set --max-browsers",
+    )
+    pool = BrowserPool(budget, args.miniwob, setup=browser_setup(), max_steps=args.max_steps)
+    try:
+        # the first browser opens now (an unknown task fails here, before the server listens), kept for a session
+        pool.release(pool.acquire())
+        return _serve(args, config, pool)
+    finally:
+        pool.close()
+
+
+def _serve(args: argparse.Namespace, config: Path, pool) -> int:
     import uvicorn
 
     from keyshot.env.openenv import server
 
     rubric = rubric_factory(RUBRIC, config=str(config.resolve()), keep_dir=args.keep)
-    settings = server.EnvSettings(task=args.miniwob, setup=setup, rubric=rubric, max_steps=args.max_steps)
-    app = server.build_app(settings, args.max_sessions)
+    app = server.build_app(server.EnvSettings(task=args.miniwob, pool=pool, rubric=rubric), args.max_sessions)
     uvicorn_server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30)
     )
@@ -89,18 +105,16 @@ def run_env(args: argparse.Namespace) -> int:
         listening = socket.create_server((args.host, args.port), family=family)
     except OSError as exc:
         raise EnvCommandError(f"--host {args.host} --port {args.port}: cannot listen there ({exc})") from None
-    port = listening.getsockname()[1]
     print(
-        f"keyshot reward env: MiniWoB {args.miniwob} on http://{args.host}:{port} (OpenEnv; at most "
-        f"{args.max_sessions} sessions, {args.max_steps} steps an episode; reward: {config})",
+        f"keyshot reward env: MiniWoB {args.miniwob} on http://{args.host}:{listening.getsockname()[1]} "
+        f"(OpenEnv; at most {args.max_sessions} sessions, {args.max_steps} steps an episode; reward: {config})",
         flush=True,
     )
     try:
-        uvicorn_server.run(sockets=[listening])
+        with listening:
+            uvicorn_server.run(sockets=[listening])
     finally:
-        listening.close()
-        closed = server.close_all()
-        print(f"keyshot reward env: stopped; closed {closed} browser(s) still open", file=sys.stderr)
+        print(f"keyshot reward env: stopped; closing the {pool.alive} browser(s) it holds", file=sys.stderr)
     return 0
 
 
@@ -121,14 +135,12 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--max-sessions", type=_at_least_one, default=4, help="sessions (browsers) open at once")
     p.add_argument(
+        "--max-browsers",
+        type=_at_least_one,
+        help="live pages this machine holds (default: half its available memory at 512 MiB a browser)",
+    )
+    p.add_argument(
         "--keep", metavar="DIR", help="keep every scored episode in DIR (keyshot judge DIR reads it)"
     )
-    p.set_defaults(func=run, on_stop="the environment server closed its browsers and stopped")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        return run_env(args)
-    except KeyshotError as exc:
-        print(f"keyshot reward env: {exc}", file=sys.stderr)
-        return exc.exit_code
+    # keyshot's command line prints an EnvCommandError (any KeyshotError) as one line, with its exit code
+    p.set_defaults(func=run_env, on_stop="the environment server closed its browsers and stopped")

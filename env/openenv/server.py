@@ -12,16 +12,17 @@ BrowserGym wire format, scored by an OpenEnv rubric (keyshot's: ``keyshot.reward
   earlier (TRL's BrowserGym example counts its own steps) never ends the episode, so give the server its
   number (``--max-steps``).
 
-Each session (one WebSocket of OpenEnv's client) has its own environment, browser and rubric; the
-sessions' rubrics share the process's reward model. Every environment is registered while it holds a
-browser: :func:`close_all` closes them (the command calls it when the server stops, SIGTERM included).
+Each session (one WebSocket of OpenEnv's client) has its own environment and rubric, and a browser of
+the server's :class:`~keyshot.env.miniwob.pool.BrowserPool` from its first reset to its end (then back to
+the pool, for the next session: no new Chromium); the sessions' rubrics share the process's reward
+model. Closing the pool closes every browser, in use or not (the command does when the server stops,
+SIGTERM included).
 """
 
 from __future__ import annotations
 
 import functools
 import random
-import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +35,8 @@ from openenv.core.rubrics import Rubric
 from pydantic import Field
 
 from keyshot.env.miniwob.client import MiniWoBBrowser
-from keyshot.env.miniwob.setup import BrowserSetup, MiniWoBError
+from keyshot.env.miniwob.pool import BrowserPool
+from keyshot.env.miniwob.setup import MiniWoBError
 from keyshot.env.openenv.wire import wire_fields
 from keyshot.env.page import Page
 
@@ -77,31 +79,20 @@ class MiniWoBState(State):
 
 @dataclass(frozen=True)
 class EnvSettings:
-    """What every session's environment is made of: the default MiniWoB ``task``, the episode's
-    ``max_steps``, the browser ``setup`` and the ``rubric`` factory (one rubric per session)."""
+    """What every session's environment is made of: the default MiniWoB ``task``, the ``pool`` its
+    browsers come from (their ``max_steps`` ends an episode) and the ``rubric`` factory (one a session)."""
 
     task: str
-    setup: BrowserSetup
+    pool: BrowserPool
     rubric: Callable[[], Rubric] | None = None
-    max_steps: int = 10
-    timeout_s: float = 60.0
 
-
-_open: set[MiniWoBEnvironment] = set()
-_open_lock = threading.Lock()
-
-
-def close_all() -> int:
-    """Close every environment that holds a browser (their browsers' processes end); how many."""
-    with _open_lock:
-        environments = list(_open)
-    for environment in environments:
-        environment.close()
-    return len(environments)
+    @property
+    def max_steps(self) -> int:
+        return self.pool.max_steps
 
 
 class MiniWoBEnvironment(Environment[BrowserGymAction, BrowserGymObservation, MiniWoBState]):
-    """One session's live MiniWoB browser (opened at its first reset, reused by the next ones)."""
+    """One session's live MiniWoB page (a browser of the pool from its first reset to the session's end)."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
@@ -127,15 +118,7 @@ class MiniWoBEnvironment(Environment[BrowserGymAction, BrowserGymObservation, Mi
         task = (task_name or self.settings.task).removeprefix("miniwob.")
         seed = self._seeds.randrange(2**31) if seed is None else seed
         if self.browser is None:
-            with _open_lock:
-                _open.add(self)
-            self.browser = MiniWoBBrowser(
-                task,
-                seed,
-                max_steps=self.settings.max_steps,
-                timeout_s=self.settings.timeout_s,
-                setup=self.settings.setup,
-            )
+            self.browser = self.settings.pool.acquire()
         page = self.browser.reset(seed=seed, task=task)
         self._state = MiniWoBState(
             episode_id=episode_id or str(uuid.uuid4()),
@@ -188,14 +171,12 @@ class MiniWoBEnvironment(Environment[BrowserGymAction, BrowserGymObservation, Mi
         return self._state
 
     def close(self) -> None:
-        """Close the browser (its processes end) and drop the rubric's unscored episode. Idempotent."""
+        """Give the browser back to the pool and drop the rubric's unscored episode. Idempotent."""
         if self.rubric is not None:
             self.rubric.reset()
         browser, self.browser = self.browser, None
         if browser is not None:
-            browser.close()
-        with _open_lock:
-            _open.discard(self)
+            self.settings.pool.release(browser)
 
 
 def build_app(settings: EnvSettings, max_sessions: int):
