@@ -84,7 +84,7 @@ def test_the_documented_command_line_is_keyshot_reward_env():
     section = (REPO / "docs" / "reward.md").read_text().split("\n## OpenEnv", 1)[1].split("\n## ", 1)[0]
     [line] = [x for x in section.splitlines() if x.startswith(".venv-openenv/bin/keyshot reward env")]
     args = parse(build_parser(), shlex.split(line)[1:])
-    assert args.func is env_command.run and args.miniwob == "click-test" and args.port == 8000
+    assert args.func is env_command.run_env and args.miniwob == "click-test" and args.port == 8000
     assert args.max_steps == 10 and args.config == "configs/reward/trl.yaml"
 
 
