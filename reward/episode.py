@@ -34,6 +34,11 @@ from keyshot.reward.rollouts import RolloutError, encoded_image, is_path_like, t
 _counter = itertools.count()
 
 
+def _view(name: str, doc: str) -> property:
+    """A read-only view (a tuple) of the list an Episode keeps as ``name``: nobody appends from outside."""
+    return property(lambda self: tuple(getattr(self, name)), doc=doc)
+
+
 class Episode:
     """One rollout as the environment saw it.
 
@@ -73,25 +78,12 @@ class Episode:
     def __repr__(self) -> str:
         return f"Episode({self.id!r}, steps={len(self._screenshots)}, finished={self.finished})"
 
-    @property
-    def screenshots(self) -> tuple[Path, ...]:
-        """The recorded screenshots' files, in step order (record them with :meth:`add_step`)."""
-        return tuple(self._screenshots)
-
-    @property
-    def actions(self) -> tuple[str, ...]:
-        """The recorded actions, in step order (record them with :meth:`add_step`)."""
-        return tuple(self._actions)
-
-    @property
-    def thoughts(self) -> tuple[str, ...]:
-        """The thought of each recorded action ("" where none was given)."""
-        return tuple(self._thoughts)
-
-    @property
-    def problems(self) -> tuple[str, ...]:
-        """Why the episode cannot be scored: screenshots that were not images, and :meth:`fail` reasons."""
-        return tuple(self._problems)
+    screenshots = _view("_screenshots", "The recorded screenshots' files, in step order (:meth:`add_step`).")
+    actions = _view("_actions", "The recorded actions, in step order (:meth:`add_step`).")
+    thoughts = _view("_thoughts", 'The thought of each recorded action ("" where none was given).')
+    problems = _view(
+        "_problems", "Why the episode cannot be scored: non-images recorded, :meth:`fail` reasons."
+    )
 
     @property
     def jsonl_path(self) -> Path:

@@ -16,11 +16,13 @@ import pytest
 import yaml
 
 from keyshot.env.replay import ReplayBrowser, ReplayError
-from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
 from keyshot.reward import RewardModel
 from keyshot.reward import shared as reward_shared
 from keyshot.reward.trl import environment_reward
+from tests.support.reward import write_config
+
+pytestmark = pytest.mark.usefixtures("no_shared_model")
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "reward"
@@ -44,21 +46,7 @@ def judge():
 @pytest.fixture
 def config(tmp_path, judge) -> Path:
     """The fake server as judge and scorer; a failed call is a counted 0 (OpenRLHF needs a number)."""
-    path = fake_judge_config(
-        tmp_path / "reward.yaml",
-        judge.base_url,
-        {"endpoint": {"base_url": judge.base_url, "model": "webjudge-7b", "api_key_env": None}},
-        judge={"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": 10},
-    )
-    path.write_text(path.read_text() + "reward:\n  on_failure: zero\n")
-    return path
-
-
-@pytest.fixture(autouse=True)
-def no_shared_model(monkeypatch):
-    monkeypatch.delenv(reward_shared.CONFIG_ENV, raising=False)
-    yield
-    reward_shared.reset_shared()
+    return write_config(tmp_path / "reward.yaml", judge, on_failure="zero")
 
 
 def folder_rewards(config: Path, folders: list[Path]) -> list[float | None]:

@@ -21,15 +21,21 @@ OM2W_V1 = sorted((FIXTURES / "trajectories" / "online_mind2web_v1").iterdir())
 
 
 def write_config(
-    path: Path, judge: FakeOpenAI, scorer: FakeOpenAI | None = None, *, timeout_s: float = 10.0, **reward: Any
+    path: Path,
+    judge: FakeOpenAI | str,
+    scorer: FakeOpenAI | str | None = None,
+    *,
+    timeout_s: float = 10.0,
+    **reward: Any,
 ) -> Path:
     """A ``keyshot judge`` config at ``path`` with ``judge`` as the judge and ``scorer`` (default: the
-    judge) as the scorer, quick to give up on a dead endpoint; ``reward`` keys (``on_failure="zero"``,
-    ``batch_window_s=1``; None: left out) make its ``reward:`` section."""
+    judge) as the scorer (fake servers or base URLs), quick to give up on a dead endpoint; ``reward`` keys
+    (``on_failure="zero"``, ``batch_window_s=1``; None: left out) make its ``reward:`` section."""
+    judge_url, scorer_url = (getattr(s, "base_url", s) for s in (judge, scorer or judge))
     fake_judge_config(
         path,
-        judge.base_url,
-        {"endpoint": {"base_url": (scorer or judge).base_url, "model": "webjudge-7b", "api_key_env": None}},
+        judge_url,
+        {"endpoint": {"base_url": scorer_url, "model": "webjudge-7b", "api_key_env": None}},
         judge={"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": timeout_s},
     )
     section = {k: v for k, v in reward.items() if v is not None}
