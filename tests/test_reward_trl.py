@@ -51,7 +51,7 @@ pytest.importorskip("trl", reason="trl is in the dev extra: pip install -e '.[de
 pytestmark = pytest.mark.usefixtures("no_shared_model")
 
 REPO = Path(__file__).resolve().parents[1]
-#: the column every keyshot reward logs per sample through ``log_extra``
+#: the columns every keyshot reward logs per sample through ``log_extra``
 EXTRA_COLUMNS = {*logs.SAMPLE_KEYS, "keyshot_error", EPISODE_COLUMN}
 
 
@@ -488,6 +488,9 @@ def test_rewards_refuse_what_trl_would_score_wrongly(config):
         asyncio.run(reward_function(config)(prompts=["p"], completions=["c"], prompt_id=["1"]))
 
 
+# --------------------------------------------------------------------------- slow: TRL's names and pickling check
+
+
 @pytest.mark.slow  # importing trl's trainers (torch, transformers) takes seconds
 def test_trl_names_the_rewards_and_refuses_a_built_model_at_async_grpos_pickling_check(config, monkeypatch):
     pytest.importorskip("aiohttp", reason="TRL's async rollout worker needs aiohttp (the dev extra)")
@@ -751,7 +754,7 @@ def test_async_grpo_rollout_worker_pickles_the_rewards_and_scores_in_its_spawned
         max_inflight_tasks=4,
         max_tokens=16,
         max_tool_calling_iterations=1,
-        child_ready_timeout=180,
+        child_ready_timeout=300,  # the child imports torch, transformers and trl: slow on a busy machine
     )
     samples = []
     worker.start()
@@ -759,9 +762,9 @@ def test_async_grpo_rollout_worker_pickles_the_rewards_and_scores_in_its_spawned
         while (
             sum(s.group_id < 2 for s in samples) < 4
         ):  # groups finish in any order; later ones may come first
-            samples.append(worker.rollout_buffer.get(timeout=120))
+            samples.append(worker.rollout_buffer.get(timeout=180))
     except queue.Empty:
-        pytest.fail(f"the rollout worker produced {len(samples)} samples in 120 s")
+        pytest.fail(f"the rollout worker produced {len(samples)} samples, then none in 180 s")
     finally:
         worker.stop()
     samples = [s for s in samples if s.group_id < 2]
