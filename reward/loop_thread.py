@@ -101,7 +101,7 @@ class LoopThread:
     def stop(self) -> None:
         """Cancel the loop's pending work, stop it and join its thread (a no-op once stopped)."""
         loop, thread = self._loop, self._thread
-        self.abandon("stopped")
+        self.abandon("stopped by its owner's close(); build a new one")
         if loop is None or thread is None:
             return
         if thread is threading.current_thread():
