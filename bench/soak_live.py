@@ -164,12 +164,14 @@ def play(env, text: str, agent, steps: int) -> None:
 
 
 def reason_kind(error: str) -> str:
-    """A failure's reason, without its ids and numbers (to count reasons)."""
-    if "did not open" in error:
-        return "the page did not open: " + error.split("did not open: ", 1)[1].split(":")[0][:60]
-    if "the browser failed at step" in error:
-        return "the browser failed mid-episode: " + error.split(": ", 2)[-1].split(":")[0][:60]
-    return error.split(": ", 1)[-1][:80]
+    """A failure's reason, without its ids and step numbers (to count reasons)."""
+    for pattern, kind in (
+        (r"did not open: ([^:;]+)", "the page did not open: {}"),
+        (r"the browser failed at step \d+: ([^:;]+)", "the browser failed mid-episode: {}"),
+    ):
+        if found := re.search(pattern, error):
+            return kind.format(found.group(1).strip())
+    return re.sub(r"episode \S+: ", "", error)[:100]
 
 
 def soak(args: argparse.Namespace, config: Path, watch: Watch) -> dict:
@@ -227,6 +229,7 @@ def soak(args: argparse.Namespace, config: Path, watch: Watch) -> dict:
                 counts[f"miniwob_success_{agent}"] += truth == 1.0
                 counts["fake_judge_agrees"] += (r == 1.0) == (truth == 1.0)
             if first_batch_mib is None:
+                pool.wait_open(args.browsers, timeout_s=300)
                 first_batch_mib, _ = watch.sample()
                 killer.start()  # browsers die from the second batch on
             if len(batch_s) % 10 == 0:
@@ -236,6 +239,7 @@ def soak(args: argparse.Namespace, config: Path, watch: Watch) -> dict:
                     flush=True,
                 )
         killer.stop()
+        pool.wait_open(args.browsers, timeout_s=300)  # the last replacements open before the end's measure
         end_mib, _ = watch.sample()
     finally:
         killer.stop()

@@ -37,6 +37,7 @@ from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 from keyshot.reward import Episode, RewardModel
 from keyshot.reward.trl import environment_reward
+from tests.support.processes import gone
 
 REPO = Path(__file__).resolve().parents[1]
 TRL_EXAMPLE = REPO / "examples" / "reward" / "trl_browsergym_grpo.py"
@@ -153,22 +154,6 @@ def config(tmp_path_factory, live):
             judge={"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": 10},
         )
         yield path
-
-
-def gone(pids: list[int], within_s: float = 15.0) -> list[int]:
-    """The processes of ``pids`` still running (zombies count as ended) after waiting up to ``within_s``."""
-    deadline = time.monotonic() + within_s
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.2)
 
 
 def chromium_under(pid: int) -> list[int]:
