@@ -146,12 +146,6 @@ async def _scored(
     return _reported(result)
 
 
-def _model(config: str | None) -> RewardModel:
-    model = shared_model(config)
-    require_number_on_failure(model, "verl", config)
-    return model
-
-
 async def compute_score(
     data_source: str,
     solution_str: str,
@@ -166,30 +160,19 @@ async def compute_score(
     0.0 for a sample given no verdict, flagged by ``keyshot_failed``) and the fields of
     :func:`~keyshot.reward.logs.sample_logs`, every one a float. ``keyshot_config`` (verl's
     ``custom_reward_function.reward_kwargs``) names the keyshot config, else ``$KEYSHOT_REWARD_CONFIG``."""
-    model = _model(keyshot_config)
+    model = shared_model(keyshot_config)
+    require_number_on_failure(model, "verl", keyshot_config)
     sample = _scored(
         model, keyshot_config, data_source, solution_str, dict(extra_info or {}), reward_router_address
     )
     return await model.loop.run(sample)
 
 
-def compute_score_sync(
-    data_source: str,
-    solution_str: str,
-    ground_truth: Any,
-    extra_info: dict | None = None,
-    reward_router_address: str | None = None,
-    reward_model_tokenizer: Any = None,
-    keyshot_config: str | None = None,
-    **kwargs: Any,
-) -> dict[str, float]:
-    """:func:`compute_score` for a caller that waits: verl's ``remote`` reward manager, which runs the
-    function in Ray actors of its own and asserts it is not a coroutine function."""
-    model = _model(keyshot_config)
-    sample = _scored(
-        model, keyshot_config, data_source, solution_str, dict(extra_info or {}), reward_router_address
-    )
-    return model.loop.run_sync(sample)
+def compute_score_sync(*args: Any, **kwargs: Any) -> dict[str, float]:
+    """:func:`compute_score` (the same arguments) for a caller that waits: verl's ``remote`` reward manager,
+    which runs the function in Ray actors of its own and refuses a coroutine function. The sample is scored
+    on the shared model's loop, as :func:`compute_score`'s are."""
+    return asyncio.run(compute_score(*args, **kwargs))
 
 
 def _reported(result: RewardResult) -> dict[str, float]:

@@ -7,16 +7,18 @@ ppo_trainer, its RewardLoopManager and Ray workers loading the file with get_cus
 assembled into ``rm_scores``, and the trainer's validation metrics; with a healthy judge, a dead one, a
 config verl cannot use, verl's reward router in front of a scorer that answers only its own name, verl's
 remote reward manager (``compute_score_sync``), and an agent loop's episodes through verl's AgentLoopWorker,
-scored as each rollout ends (2 reward workers) and after the batch (8 workers, one episode's folder gone),
+scored as each rollout ends and after the batch (8 workers, one episode's folder gone),
 with the fake judge counting the key-point calls (one per task).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import http.server
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -35,7 +37,7 @@ from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_ju
 from keyshot.reward import logs as reward_logs
 from keyshot.reward import shared as reward_shared
 from keyshot.reward import verl as verl_reward
-from keyshot.reward.verl import compute_score
+from keyshot.reward.verl import compute_score, compute_score_sync
 from keyshot.reward.verl_state import VerlState
 from tests.support.reward import write_config
 
@@ -238,6 +240,23 @@ def test_a_dataset_column_rollout_warns_once_and_a_dead_judge_is_a_counted_zero(
     assert "extra_info holds neither" in caplog.text
 
 
+def test_compute_score_sync_scores_on_the_shared_model_from_any_thread(tmp_path):
+    """verl's remote manager calls the function from threads of Ray actors; it must not be a coroutine
+    function, and its samples meet in the same model (key points once per task)."""
+    assert not inspect.iscoroutinefunction(compute_score_sync)
+    with FakeOpenAI(make_judge()) as judge:
+        config = keyshot_config(tmp_path / "verl.yaml", judge.base_url, judge.base_url)
+
+        def one(sample: tuple[int, str]) -> dict:
+            extra_info = {"trajectory": sample[1], "index": sample[0]}
+            return compute_score_sync("om2w", "done", None, extra_info, keyshot_config=str(config))
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(one, copies(tmp_path, 2)))
+        assert [r["keyshot_failed"] for r in results] == [0.0] * 4
+        assert [identify_step(r) for r in judge.requests].count("key_points") == 2
+
+
 def test_a_config_without_on_failure_zero_is_refused_at_the_first_call(tmp_path):
     config = keyshot_config(tmp_path / "verl.yaml", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1", None)
     with pytest.raises(reward_shared.RewardConfigError, match="reward.on_failure: zero"):
@@ -319,7 +338,6 @@ def verl_run(tmp_path_factory):
                     "keyshot_config": healthy("stream"),
                     "samples": replays(2),
                     "path": "stream",
-                    "overrides": ["reward.num_workers=2"],
                 },
                 {  # configs/reward/verl_trainer.yaml as it is: its reward file, manager and 8 reward workers,
                     # verl's router in front of the scorer; the configured scorer is down (a sample scored
@@ -403,11 +421,11 @@ def test_verls_remote_reward_manager_runs_compute_score_sync(verl_run):
 
 @pytest.mark.slow
 def test_an_agent_loops_episodes_reach_the_reward_as_each_rollout_ends(verl_run):
-    stream = verl_run["results"]["stream"]  # verl's AgentLoopWorker calling 2 reward workers
+    stream = verl_run["results"]["stream"]  # verl's AgentLoopWorker calling the reward worker
     assert "error" not in stream, stream
     assert stream["extra"]["keyshot_failed"] == [0.0] * 4 and set(stream["extra_keys"]) == SAMPLE_KEYS
     assert stream["extra"]["score"] == stream["rm_scores"] and set(stream["rm_scores"]) <= {0.0, 1.0}
-    assert verl_run["judge"]["stream"].count("key_points") == 2  # once per task across the workers
+    assert verl_run["judge"]["stream"].count("key_points") == 2
     assert stream["episodes_left"] == []  # each episode's temporary folder removed once scored
 
 
