@@ -162,8 +162,13 @@ def test_verl_example_config_names_verls_keys_and_keyshots_compute_score():
     reward = trainer["reward"]
     assert reward["reward_model"]["enable"] is True and reward["reward_model"]["model_path"]
     function = reward["custom_reward_function"]
-    module = load_by_path(REPO / function["path"], "custom_module")  # as verl loads it
+    assert function["path"] == "pkg://keyshot.reward.verl"  # verl imports the installed module
+    module = load_by_path(REPO / "reward" / "verl.py", "custom_module")  # or loads the file by path
     assert inspect.iscoroutinefunction(getattr(module, function["name"]))
+    assert not inspect.iscoroutinefunction(module.compute_score_sync)  # for verl's remote manager
+    manager = reward["reward_manager"]  # verl's naive one, reading an agent loop's episode after the batch
+    assert manager["source"] == "importlib" and manager["module"]["path"] == function["path"]
+    assert module.MANAGERS[manager["name"]] == "naive"
     assert list(inspect.signature(getattr(module, function["name"])).parameters)[:6] == [
         "data_source",
         "solution_str",

@@ -37,6 +37,7 @@ from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_ju
 from keyshot.reward import logs as reward_logs
 from keyshot.reward import shared as reward_shared
 from keyshot.reward import verl as verl_reward
+from keyshot.reward.episode import Episode
 from keyshot.reward.verl import compute_score, compute_score_sync
 from keyshot.reward.verl_state import VerlState
 from tests.support.reward import write_config
@@ -255,6 +256,34 @@ def test_compute_score_sync_scores_on_the_shared_model_from_any_thread(tmp_path)
             results = list(pool.map(one, copies(tmp_path, 2)))
         assert [r["keyshot_failed"] for r in results] == [0.0] * 4
         assert [identify_step(r) for r in judge.requests].count("key_points") == 2
+
+
+def test_a_rollout_not_readable_on_the_worker_is_a_counted_failure_naming_the_fix(tmp_path, caplog):
+    """verl's reward workers run on any node, an Episode's files on the node that recorded it: a sample
+    whose files are not here gets no verdict and no call, counted, never a crash."""
+    caplog.set_level(logging.WARNING)
+    shot = next((OM2W_V1[0] / "trajectory").iterdir())
+    elsewhere = Episode("find the price")  # unfinished: the reward writes its trajectory file
+    elsewhere.add_step(shot, action="click")
+    shutil.rmtree(elsewhere.root)
+    with FakeOpenAI(make_judge()) as judge:
+        config = keyshot_config(tmp_path / "verl.yaml", judge.base_url, judge.base_url)
+
+        async def both():
+            return await asyncio.gather(
+                compute_score("om2w", "done", None, {"episode": elsewhere}, keyshot_config=str(config)),
+                compute_score(
+                    "om2w", "done", None, {"trajectory": str(tmp_path / "gone")}, keyshot_config=str(config)
+                ),
+            )
+
+        results = asyncio.run(both())
+        assert not judge.requests
+    assert [(r["score"], r["keyshot_failed"]) for r in results] == [(0.0, 1.0), (0.0, 1.0)]
+    assert (
+        caplog.text.count("is not readable on this reward worker") == 2
+        and "Episode(keep_dir=DIR)" in caplog.text
+    )
 
 
 def test_a_config_without_on_failure_zero_is_refused_at_the_first_call(tmp_path):
