@@ -98,6 +98,8 @@ def _rollout(solution_str: str, extra_info: dict) -> Any:
             try:
                 episode.finish(solution_str)
             except OSError as exc:
+                if episode.keep_dir is None:  # its temporary files go; a kept episode stays as it is
+                    episode.discard()
                 raise RolloutError(
                     f"episode {episode.id}: its trajectory file cannot be written: {exc}"
                 ) from None
@@ -125,7 +127,7 @@ async def _scored(
     state = state_of(model, f"verl compute_score ({config_path(config)})")
     try:
         rollout = await asyncio.to_thread(_rollout, solution_str, extra_info)
-    except RolloutError as exc:  # nothing was written here: no episode files to remove
+    except RolloutError as exc:
         return _reported(model.settle(RewardResult(id=str(data_source), error=f"input: {exc}", kind="input")))
     if not isinstance(rollout, Episode):
         state.note_rollout(str(extra_info["trajectory"]), extra_info.get("index", extra_info["trajectory"]))
