@@ -25,13 +25,12 @@ from keyshot.env.page import Page
 from keyshot.infer.cli import build_parser, parse
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.loaders import load_trajectories
-from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
 from tests.support.openenv import run_driver
+from tests.support.reward import write_config
 
 REPO = Path(__file__).resolve().parents[1]
 TREE = "RootWebArea 'Click Test Task', focused\n\t[13] button 'Click Me!'"
-FAST_JUDGE = {"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": 5}
 DEAD = "http://127.0.0.1:9/v1"
 
 
@@ -68,7 +67,7 @@ def test_a_live_page_becomes_the_browsergym_fields():
 def test_without_openenv_the_command_says_how_to_get_it(tmp_path, capsys):
     if importlib.util.find_spec("openenv") is not None:
         pytest.skip("OpenEnv is installed in this venv")
-    config = fake_judge_config(tmp_path / "reward.yaml", DEAD, {"endpoint": {"base_url": DEAD, "model": "m"}})
+    config = write_config(tmp_path / "reward.yaml", DEAD)
     code = keyshot(["reward", "env", "--miniwob", "click-test", "--config", str(config)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
@@ -94,14 +93,12 @@ def rubric_run(tmp_path_factory):
     scorer, and a judge that is down."""
     tmp = tmp_path_factory.mktemp("openenv-rubric")
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
-        scoring = {"endpoint": {"base_url": scorer.base_url, "model": "webjudge-7b", "api_key_env": None}}
-        dead = {"endpoint": {"base_url": DEAD, "model": "webjudge-7b", "api_key_env": None}}
-        healthy = fake_judge_config(tmp / "healthy.yaml", judge.base_url, scoring, judge=FAST_JUDGE)
-        down = fake_judge_config(tmp / "dead.yaml", DEAD, dead, judge=FAST_JUDGE)
-        zero = fake_judge_config(tmp / "zero.yaml", DEAD, dead, judge=FAST_JUDGE)
-        zero.write_text(zero.read_text() + "reward:\n  on_failure: zero\n")
+        # a window of 1 s: the three sessions' ends, released together, always meet in one batch
+        healthy = write_config(tmp / "healthy.yaml", judge, scorer, timeout_s=5, batch_window_s=1)
+        down = write_config(tmp / "dead.yaml", DEAD, timeout_s=5)
+        zero = write_config(tmp / "zero.yaml", DEAD, timeout_s=5, on_failure="zero")
         plan = {"healthy": str(healthy), "dead": str(down), "zero": str(zero), "keep": str(tmp / "kept")}
-        out = run_driver("openenv_rubric.py", plan, env={"KEYSHOT_REWARD_WINDOW_S": "1"})
+        out = run_driver("openenv_rubric.py", plan)
         yield out, [identify_step(r) for r in judge.requests], tmp / "kept"
 
 

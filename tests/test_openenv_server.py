@@ -12,16 +12,16 @@ import re
 import select
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from keyshot.infer.loaders import load_trajectories
-from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
 from tests.support.openenv import FRAMEWORK, openenv_python
+from tests.support.processes import gone
+from tests.support.reward import write_config
 
 pytestmark = pytest.mark.slow
 
@@ -47,34 +47,13 @@ def first_line(proc: subprocess.Popen, timeout_s: float) -> str:
     return line
 
 
-def gone(pids: list[int], within_s: float = 30.0) -> list[int]:
-    """The processes of ``pids`` still running (zombies count as ended) within ``within_s``."""
-    deadline = time.monotonic() + within_s
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def env_server(tmp_path_factory):
     """``keyshot reward env --miniwob click-test`` on a free port, the fake judge and scorer behind it."""
     python = openenv_python()
     tmp = tmp_path_factory.mktemp("openenv-server")
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
-        config = fake_judge_config(
-            tmp / "reward.yaml",
-            judge.base_url,
-            {"endpoint": {"base_url": scorer.base_url, "model": "webjudge-7b", "api_key_env": None}},
-            judge={"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": 5},
-        )
+        config = write_config(tmp / "reward.yaml", judge, scorer, timeout_s=5)
         with open(tmp / "stderr.log", "w") as log:
             extra = ("--miniwob", "click-test", "--max-steps", str(MAX_STEPS), "--keep", str(tmp / "kept"))
             proc = start_env(python, config, *extra, stderr=log)
@@ -172,15 +151,14 @@ def test_sigterm_closes_every_browser_the_server_opened(env_server, clients):
     assert sum("chrom" in p.name() for p in under) >= 3
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
-    assert gone([p.pid for p in under]) == []  # the workers and every Chromium process
+    assert gone([p.pid for p in under], within_s=30) == []  # the workers and every Chromium process
     assert (
         "stopped by SIGTERM; the environment server closed its browsers" in env_server["stderr"].read_text()
     )
 
 
 def test_an_unknown_task_is_refused_before_the_server_listens(tmp_path):
-    dead = "http://127.0.0.1:9/v1"
-    config = fake_judge_config(tmp_path / "r.yaml", dead, {"endpoint": {"base_url": dead, "model": "m"}})
+    config = write_config(tmp_path / "r.yaml", "http://127.0.0.1:9/v1")
     done = subprocess.run(
         [
             openenv_python(),

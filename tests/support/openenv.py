@@ -25,16 +25,14 @@ def openenv_python() -> str:
     return path
 
 
-def run_driver(name: str, plan: dict, timeout_s: float = 300, env: dict[str, str] | None = None) -> object:
-    """Run tests/framework/NAME with ``plan`` in the OpenEnv venv (``env``: variables added to its
-    environment); its last output line, read as JSON."""
+def run_driver(name: str, plan: dict, timeout_s: float = 300) -> object:
+    """Run tests/framework/NAME with ``plan`` in the OpenEnv venv; its last output line, read as JSON."""
     done = subprocess.run(
         [openenv_python(), str(FRAMEWORK / name), json.dumps(plan)],
         capture_output=True,
         text=True,
         timeout=timeout_s,
         cwd=REPO,
-        env={**os.environ, **(env or {})},
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
