@@ -57,8 +57,8 @@ def _started(pid: int) -> str | None:
 class MiniWoBBrowser:
     """One MiniWoB++ task (``task``: its name, e.g. ``click-button``) in headless Chromium through
     BrowserGym, run in a process of its own; ``seed`` picks the task's instance (its goal and page),
-    ``max_steps`` ends an episode MiniWoB has not ended, ``timeout_s`` is how long a page may take before
-    the browser counts as failed; ``setup``: a prepared :class:`BrowserSetup` (default: this process's,
+    ``max_steps`` ends an episode MiniWoB has not ended, ``timeout_s`` is how long the worker may take to
+    answer before the browser counts as failed (a page may take half of it to load); ``setup``: a prepared :class:`BrowserSetup` (default: this process's,
     for ``chromium``). Browsers run side by side, one per thread."""
 
     def __init__(
@@ -101,6 +101,7 @@ class MiniWoBBrowser:
                 self.task_name,
                 str(self.setup.chromium),
                 str(self.text_chars),
+                str(int(self.timeout_s * 500)),  # a page's load: half the time the worker has to answer
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -1,12 +1,13 @@
 """One MiniWoB browser in a process of its own (started by :class:`keyshot.env.miniwob.client.MiniWoBBrowser`
 with the set-up's variables in its environment):
 
-    python -I env/miniwob/worker.py TASK CHROMIUM MAX_TEXT_CHARS
+    python -I env/miniwob/worker.py TASK CHROMIUM MAX_TEXT_CHARS PAGE_TIMEOUT_MS
 
 Why a process: playwright reads the Python call stack at every call it makes (``inspect.stack()``), which
 costs seconds per page in a trainer's process holding thousands of modules (torch, transformers, trl); here
 it holds a few hundred. It also lets browsers run side by side. It ends with the process that started
-it: that process's end closes the worker's stdin, and the worker then closes its browsers and exits.
+it: that process's end closes the worker's stdin, and the worker then kills its browsers and exits at once,
+even in the middle of a request (a thread reads the requests).
 
 Requests are JSON lines on stdin, answers JSON lines on the stdout it was given (anything the libraries
 print goes to stderr): ``{"op": "reset", "seed": N, "task": "click-button"}`` (``task`` optional: the
@@ -19,6 +20,8 @@ The first reset launches BrowserGym's browsers (the page's and its chat window's
 one starts a new MiniWoB episode in the same page (the task's page loaded again with the new seed, as
 BrowserGym's own reset sets a task up), so a browser serves episode after episode without a launch. A
 browser found dead (a crashed or killed Chromium) is closed, its processes killed, and launched again.
+A page may take PAGE_TIMEOUT_MS to load (MiniWoB's own 5 s fails launches on a busy machine: a goto
+timed out there with 8 browsers on 2 loaded cores); BrowserGym's actions keep their own 0.5 s.
 Imports nothing of keyshot (it runs by path).
 """
 
@@ -29,8 +32,10 @@ import contextlib
 import io
 import json
 import os
+import queue
 import signal
 import sys
+import threading
 import time
 
 
@@ -46,11 +51,12 @@ def _browser_pid(browser) -> int | None:
 
 
 class Worker:
-    def __init__(self, task: str, chromium: str, text_chars: int):
+    def __init__(self, task: str, chromium: str, text_chars: int, page_timeout_ms: int):
         import browsergym.miniwob  # noqa: F401  (registers the browsergym/miniwob.* environments)
 
         self.chromium = chromium
         self.text_chars = text_chars
+        self.page_timeout_ms = page_timeout_ms
         self.task = task
         self.entrypoints: dict[str, object] = {}
         self.env = self._make(task)
@@ -63,6 +69,7 @@ class Worker:
         env = gym.make(
             f"browsergym/miniwob.{task}",
             disable_env_checker=True,
+            timeout=self.page_timeout_ms,
             pw_chromium_kwargs={"executable_path": self.chromium},
         )
         self.entrypoints[task] = env.unwrapped.task_entrypoint
@@ -118,6 +125,10 @@ class Worker:
         """Close a broken environment as far as it closes, then kill what is left of its browsers."""
         with contextlib.suppress(Exception):
             self.env.close()
+        self.kill_browsers()
+
+    def kill_browsers(self) -> None:
+        """Kill the browsers' main processes (their helpers end with them)."""
         for pid in self.pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
@@ -150,13 +161,22 @@ class Worker:
         self._discard()  # a dead browser's close raises; its processes are killed
 
 
+def _read_requests(requests: queue.Queue, worker: Worker) -> None:
+    """Hand stdin's lines to the main thread; at its end (the process that started this one is gone, or
+    closed it) end at once, even in the middle of a request: the browsers killed, then this process."""
+    for line in sys.stdin:
+        requests.put(line)
+    worker.kill_browsers()
+    os._exit(0)
+
+
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def main(argv: list[str]) -> int:
-    task, chromium, text_chars = argv[0], argv[1], int(argv[2])
+    task, chromium, text_chars, page_timeout_ms = argv[0], argv[1], int(argv[2]), int(argv[3])
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     sys.stdout = sys.stderr  # what the libraries print stays out of the answers
 
@@ -164,12 +184,14 @@ def main(argv: list[str]) -> int:
         answers.write(json.dumps(message) + "\n")
 
     try:
-        worker = Worker(task, chromium, text_chars)
+        worker = Worker(task, chromium, text_chars, page_timeout_ms)
     except Exception as exc:
         answer({"error": _first_line(exc)})
         return 1
     answer({"ready": True})
-    for line in sys.stdin:
+    requests: queue.Queue = queue.Queue()
+    threading.Thread(target=_read_requests, args=(requests, worker), daemon=True).start()
+    while (line := requests.get()) is not None:
         request = json.loads(line)
         if request["op"] == "close":
             break
