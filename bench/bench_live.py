@@ -39,7 +39,7 @@ import psutil
 
 from keyshot.env.miniwob.agents import ScriptedAgent
 from keyshot.env.miniwob.client import MiniWoBBrowser
-from keyshot.env.miniwob.setup import browser_setup
+from keyshot.env.miniwob.setup import MiniWoBError, browser_setup
 from keyshot.env.play import run_episode
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import spawn_fake_openai
@@ -95,6 +95,7 @@ def run(mode: str, n: int, m: int, task: str, config: Path, work: Path) -> dict:
     reward_shared.reset_shared()
     browsers = [MiniWoBBrowser(task, max_steps=5) for _ in range(n)]
     records: list[dict] = []
+    unopened: list[str] = []  # episodes whose page did not open
     lock = threading.Lock()
     finished: queue.Queue = queue.Queue()
     rewarders = ThreadPoolExecutor(max_workers=n * m) if mode == "batched" else None
@@ -120,7 +121,12 @@ def run(mode: str, n: int, m: int, task: str, config: Path, work: Path) -> dict:
         for k in range(m):
             started = time.perf_counter()
             browsers[index].seed = index * m + k
-            episode = run_episode(browsers[index], ScriptedAgent(), keep_dir=work / mode / str(n))
+            try:
+                episode = run_episode(browsers[index], ScriptedAgent(), keep_dir=work / mode / str(n))
+            except MiniWoBError as exc:  # the page did not open: counted, said, and the next episode goes on
+                with lock:
+                    unopened.append(str(exc))
+                continue
             record = {
                 "browser": index,
                 "seed": browsers[index].seed,
@@ -173,6 +179,7 @@ def run(mode: str, n: int, m: int, task: str, config: Path, work: Path) -> dict:
         "peak_mib_per_browser": statistics.fmean(memory.peaks) / 2**20,
         "peak_mib_max_browser": max(memory.peaks) / 2**20,
         "rewarded": sum(r["reward"] is not None for r in records),
+        "pages_not_opened": unopened,
         "miniwob_success": sum(r["miniwob_reward"] == 1.0 for r in records),
         # both rewards reached the record: with the fake judge (success whenever a screenshot is kept) and
         # the scripted agent (always right), their agreement would be an artefact: plumbing, not agreement
