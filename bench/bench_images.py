@@ -17,8 +17,9 @@ The candidates, each decode + resize to the policy's size + JPEG q75 of the same
 * PIL as keyshot did before (decode, bicubic resize, encode), and with ``reducing_gap`` (PIL's
   ``reduce()`` before the resample; ``draft()`` does the same for JPEG input);
 * OpenCV alone (``cv2.imdecode`` for the PNG too);
-* pyvips (libvips: decode, cubic reduce, ``jpegsave``) and simplejpeg (libjpeg-turbo encode after PIL's
-  decode), when installed (``pip install 'pyvips[binary]' simplejpeg``); a missing one is listed, not timed.
+* pyvips (libvips: decode, cubic reduce, ``jpegsave``), simplejpeg (libjpeg-turbo encode after PIL's
+  decode) and imagecodecs (its libpng/zlib-ng PNG decode, which releases the GIL, unlike pyspng), when
+  installed (``pip install 'pyvips[binary]' simplejpeg imagecodecs``); a missing one is listed, not timed.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from PIL import Image  # noqa: E402
 from keyshot.infer.protocol.images import (  # noqa: E402
     DEFAULT_POLICY,
     REFERENCE_POLICY,
+    encode_jpeg,
     fit,
     plan_image,
     prepare_image,
@@ -150,6 +152,23 @@ def _simplejpeg() -> Callable[[bytes], bytes] | str:
     return run
 
 
+def _imagecodecs() -> Callable[[bytes], bytes] | str:
+    try:
+        import imagecodecs
+    except ImportError:
+        return "not installed (pip install imagecodecs)"
+
+    def run(data: bytes) -> bytes:
+        pixels = imagecodecs.png_decode(data) if data[:4] == b"\x89PNG" else imagecodecs.imread(data)
+        if pixels.ndim == 2:
+            pixels = cv2.cvtColor(pixels, cv2.COLOR_GRAY2RGB)
+        plan = _plan(pixels.shape[1], pixels.shape[0])
+        out = fit(pixels[: plan.crop_height, : plan.crop_width, :3], plan.width, plan.height)
+        return encode_jpeg(np.ascontiguousarray(out), DEFAULT_POLICY.jpeg_quality)
+
+    return run
+
+
 def _both_from_one_decode(data: bytes) -> tuple:
     """The scorer's image and the judge's original-size image from one decode of the file."""
     img = Image.open(io.BytesIO(data))
@@ -171,6 +190,7 @@ def candidates() -> tuple[list[tuple[str, Callable[[bytes], object]]], list[str]
     for name, made in (
         ("pyvips decode+reduce+jpegsave", _pyvips()),
         ("PIL decode+fit+simplejpeg", _simplejpeg()),
+        ("imagecodecs PNG decode+fit+encode", _imagecodecs()),
     ):
         if isinstance(made, str):
             missing.append(f"{name}: {made}")
