@@ -5,8 +5,10 @@
 
 Arguments are files, folders or glob patterns (quoted, so the shell leaves them to the bench). Every
 method runs over all files single-threaded (OpenCV at one thread, libvips at one worker): one untimed
-warm-up pass, then timed passes taken in turn, method after method, until each has ``--min-seconds``,
-so that a machine shared with other jobs slows them all alike. The baseline is ``Image.open(p).load()``:
+warm-up pass, then timed passes taken in turn, method after method, until each has ``--min-seconds``
+of CPU time. Rates are per CPU second of this process (every thread of it counted), so that other jobs
+on a shared machine, which stretch wall time by whatever they take, do not move the ratios; the JSON
+keeps the wall seconds too. The baseline is ``Image.open(p).load()``:
 the cost of merely decoding each file. The ratio column is each method's throughput divided by the
 baseline's, measured in this run; ``dB`` is the PSNR of the method's image against PIL's bicubic resize
 of the same crop (what the Qwen2.5-VL processor would do; JPEG decoded, so q75's own loss is in it).
@@ -75,6 +77,7 @@ class Result:
     ms_per_image: float
     ratio_to_decode: float
     psnr_db: float | None = None
+    wall_seconds: float | None = None
 
 
 def _decode(data: bytes) -> None:
@@ -228,14 +231,16 @@ def run(
     for _, fn in methods:  # warm-up: lazy imports, first-call costs
         for data in files:
             fn(data)
-    spent = {name: 0.0 for name, _ in methods}
+    spent = {name: 0.0 for name, _ in methods}  # CPU seconds of this process (all its threads)
+    wall = {name: 0.0 for name, _ in methods}
     done = {name: 0 for name, _ in methods}
     while min(spent.values()) < min_seconds:
         for name, fn in methods:  # in turn: a busy neighbour slows every method alike
-            start = time.perf_counter()
+            start, start_wall = time.process_time(), time.perf_counter()
             for data in files:
                 fn(data)
-            spent[name] += time.perf_counter() - start
+            spent[name] += time.process_time() - start
+            wall[name] += time.perf_counter() - start_wall
             done[name] += len(files)
     base_rate = done[BASELINE] / spent[BASELINE]
     results = []
@@ -246,7 +251,9 @@ def run(
             if name in (BASELINE, "scorer + original from one decode")
             else psnr_against_pil_bicubic(fn, files)
         )
-        results.append(Result(name, n, secs, n / secs, 1000 * secs / n, (n / secs) / base_rate, quality))
+        results.append(
+            Result(name, n, secs, n / secs, 1000 * secs / n, (n / secs) / base_rate, quality, wall[name])
+        )
     return results
 
 
