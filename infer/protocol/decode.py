@@ -218,8 +218,11 @@ def jpeg_reduction(header: Header, crop: tuple[int, int], out: tuple[int, int]) 
 
 def decoded_extent(header: Header, crop: tuple[int, int], out: tuple[int, int]) -> tuple[int, int]:
     """``(width, height)`` of what decoding ``header`` for a top-left ``crop`` produces: the crop's rows
-    only for a PNG read in row order, the whole image (reduced, for a shrunk JPEG) otherwise."""
+    only for a PNG read in row order, the whole image (reduced, for a shrunk JPEG) otherwise; for a
+    caller's PIL image (decoded already), the crop that is converted."""
     width, height = header.size
+    if header.data is None:  # the caller's decoded image: only its crop is converted
+        return crop
     if header.rows_in_order and crop[1] < height:
         return width, crop[1]
     scale = jpeg_reduction(header, crop, out)
