@@ -2,8 +2,9 @@
 environment class (``examples/reward/trl_browsergym_grpo.py``: ``MiniWoBEnv`` over a ``BrowserPool``, its
 reward ``with_miniwob_reward(environment_reward(...))``), as GRPOTrainer drives them: a pool of
 environments reset one after another, acted in, rewarded together, reset again for the next batch. A
-mixed agent plays (even environments the scripted agent, odd ones random clicks), and browsers are
-killed at random (``kill -9`` of a worker or of one of its Chromium instances) while the batches run.
+mixed agent plays (half the environments the scripted agent, half random clicks, each on every task),
+and browsers are killed at random (``kill -9`` of a worker or of one of its Chromium instances) while the
+batches run.
 
 Reported: browsers alive (the most worker processes at once, against the budget), the memory of this
 process and everything it started (PSS: at start, after the first batch, peak, at the end; the end
@@ -203,7 +204,7 @@ def soak(args: argparse.Namespace, config: Path, watch: Watch) -> dict:
                 texts.append(env.reset(miniwob_task=tasks[seed % len(tasks)], seed=seed, prompt=[]))
                 seed += 1
             agents = [
-                ScriptedAgent() if i % 2 == 0 else _random_agent(rng.random()) for i in range(len(envs))
+                ScriptedAgent() if scripted(i) else _random_agent(rng.random()) for i in range(len(envs))
             ]
             with ThreadPoolExecutor(len(envs)) as acting:
                 list(acting.map(play, envs, texts, agents, [args.max_steps] * len(envs)))
@@ -219,7 +220,7 @@ def soak(args: argparse.Namespace, config: Path, watch: Watch) -> dict:
             for i, (r, truth, error) in enumerate(
                 zip(rewards, extras["miniwob_reward"], extras["keyshot_error"], strict=True)
             ):
-                agent = "scripted" if i % 2 == 0 else "random"
+                agent = "scripted" if scripted(i) else "random"
                 counts["episodes"] += 1
                 counts[f"episodes_{agent}"] += 1
                 if r is None:
@@ -274,6 +275,12 @@ def soak(args: argparse.Namespace, config: Path, watch: Watch) -> dict:
         },
         "fake_judge_equals_miniwob": counts["fake_judge_agrees"],
     }
+
+
+def scripted(index: int) -> bool:
+    """Environments 0, 1, 4, 5, ... play the scripted agent, 2, 3, 6, 7, ... random clicks: each agent
+    plays every task (the tasks alternate from one environment to the next)."""
+    return index // 2 % 2 == 0
 
 
 def _random_agent(seed: float):
