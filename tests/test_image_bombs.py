@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from keyshot.infer.protocol.decode import MAX_DECODED_PIXELS, PixelBudget, read_header
+from keyshot.infer.protocol.decode import MAX_DECODED_PIXELS, ImageTooLarge, PixelBudget, read_header
 from keyshot.infer.protocol.images import (
     DEFAULT_POLICY,
     REFERENCE_POLICY,
@@ -109,8 +109,21 @@ def test_a_jpeg_that_decodes_whole_counts_its_whole_size():
     assert decoded_pixels(read_header(_png(1280, 60_000)), DEFAULT_POLICY) == 1280 * rows
 
 
-def test_pil_keeps_its_own_limit_as_a_second_line():
-    assert Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS > 0
+def test_pil_keeps_its_own_limit_as_a_second_line(monkeypatch):
+    """With keyshot's limit lifted, PIL's decompression-bomb check still refuses what PIL opens or
+    decodes whole (a WebP checks at opening, a 16-bit PNG when PIL decodes it)."""
+    from keyshot.infer.protocol import decode
+
+    webp, deep = io.BytesIO(), io.BytesIO()
+    Image.new("RGB", (100, 100), "white").save(webp, format="WEBP")
+    Image.new("I;16", (100, 100), 300).save(deep, format="PNG")
+    monkeypatch.setattr(decode, "MAX_DECODED_PIXELS", 1 << 40)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 10,000 pixels is over twice PIL's limit
+    for data in (webp.getvalue(), deep.getvalue()):
+        with pytest.raises(
+            ImageTooLarge, match="over PIL's decompression-bomb limit: .*exceeds limit of 2000 pixels"
+        ):
+            prepare_image(data)
 
 
 def test_the_pixel_budget_holds_decodes_beyond_it_until_one_is_released():

@@ -21,7 +21,10 @@ instead of decoding N screenshots of the limit at once.
 **The decoders** (:func:`decode_rgb`): 8-bit PNGs go to libspng (``pyspng``), RGB and gray JPEGs to
 OpenCV's libjpeg-turbo: both decode the same pixels as PIL, faster. PIL decodes everything else (16-bit,
 palette or gray with a transparency key, WebP, GIF, ...) and the top rows of a tall page, and
-:func:`to_rgb` turns its modes into RGB.
+:func:`to_rgb` turns its modes into RGB. pyspng holds the GIL while it decodes (about 7 ms for a
+2560×1440 screenshot): threads preparing screenshots decode one at a time and resize and encode in
+parallel (OpenCV releases the GIL). imagecodecs' PNG decoder releases it and costs about 1.5× libspng's
+(a row of ``bench/bench_images.py``), should many cores ever prepare screenshots in one process.
 """
 
 from __future__ import annotations
@@ -174,6 +177,8 @@ def open_header(data: bytes, name: str) -> Image.Image:
         if accept is None or accept(prefix):
             try:
                 img = factory(io.BytesIO(data), "")
+            except Image.DecompressionBombError as exc:  # a format whose opening checks the size
+                raise ImageTooLarge(name, f"over PIL's decompression-bomb limit: {exc}") from exc
             except _DECODE_ERRORS:
                 continue
             img.format = img.format or fmt
@@ -266,6 +271,8 @@ def decode_rgb(header: Header, crop: tuple[int, int], out: tuple[int, int]) -> n
             pixels = np.asarray(to_rgb(_pil_decode(header, rows, crop, out), name))
     except ImageError:
         raise
+    except Image.DecompressionBombError as exc:  # PIL's own limit, the second line
+        raise ImageTooLarge(name, f"over PIL's decompression-bomb limit: {exc}") from exc
     except _DECODE_ERRORS as exc:
         raise ImageError(name, f"corrupt or truncated image: {exc}") from exc
     # the crop in the decoded image's coordinates (a JPEG decoded at a reduced scale is smaller)

@@ -46,6 +46,7 @@ from keyshot.infer.protocol.decode import (
     DECODE_BUDGET,
     Header,
     ImageError,
+    ImageTooLarge,
     check_size,
     decode_rgb,
     decoded_extent,
@@ -299,7 +300,9 @@ def decode_image(src: Path | str | bytes | Image.Image) -> Image.Image:
         try:
             img = Image.open(io.BytesIO(header.data))
             img.load()
-        except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
+        except Image.DecompressionBombError as exc:
+            raise ImageTooLarge(header.name, f"over PIL's decompression-bomb limit: {exc}") from exc
+        except (OSError, SyntaxError, ValueError, EOFError) as exc:
             raise ImageError(header.name, f"corrupt or truncated image: {exc}") from exc
     return img
 
