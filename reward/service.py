@@ -15,7 +15,9 @@
 - ``GET /metrics``: Prometheus text.
 
 Every bad request is a 4xx with one ``{"error": "..."}`` line; the service keeps serving. Screenshot and
-trajectory paths must lie inside ``--allow-root``. At most ``queue_size`` requests are admitted at once
+trajectory paths must lie inside ``--allow-root``. A screenshot larger than a screenshot can be, or a
+request whose screenshots decode more than ``max_decoded_pixels`` in all, is a 413 read from the
+headers, before anything is decoded (:mod:`keyshot.infer.protocol.decode`). At most ``queue_size`` requests are admitted at once
 (the others get 429 with ``Retry-After``); SIGTERM stops accepting and finishes the requests in flight.
 The service prints one line once it listens (its port bound, its signal handlers in place) and one when a
 signal stops it.
