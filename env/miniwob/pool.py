@@ -55,6 +55,7 @@ class BrowserPool:
         self._idle: list[MiniWoBBrowser] = []
         self._all: set[MiniWoBBrowser] = set()  # idle and in use
         self._opening = 0
+        self._closing = 0  # browsers given back and being closed (their processes still run)
         self._waiting = 0
         self._failures: deque[str] = deque()  # pages that did not open, each failing one acquire
         self._target = 0  # live pages the run needs at once
@@ -96,7 +97,9 @@ class BrowserPool:
             return (
                 self._cond.wait_for(
                     lambda: (
-                        len(self._all) >= n or self._closed or (self._opening == 0 and len(self._all) < n)
+                        len(self._all) >= n
+                        or self._closed
+                        or (self._opening == self._closing == 0 and len(self._all) < n)
                     ),
                     timeout_s,
                 )
@@ -125,7 +128,10 @@ class BrowserPool:
                             f"all {in_use} browsers are in use: {self.budget.describe()}; give each "
                             "browser back (release) at its episode's end"
                         )
-                    while self._opening < self._waiting and in_use + self._opening < self.budget.max_browsers:
+                    while (
+                        self._opening < self._waiting
+                        and in_use + self._opening + self._closing < self.budget.max_browsers
+                    ):
                         self._open_ahead()
                     self._cond.wait()
             finally:
@@ -138,17 +144,18 @@ class BrowserPool:
             if browser not in self._all or browser in self._idle:
                 return  # released already (or not this pool's)
             failed = not browser.alive
-            if failed or self._closed or len(self._all) > max(self._target, 1):
-                self._all.discard(browser)
-                self.replaced += failed
-                self._top_up()
-                drop = True
-            else:
+            if not (failed or self._closed or len(self._all) > max(self._target, 1)):
                 self._idle.append(browser)
-                drop = False
+                self._cond.notify_all()
+                return
+            self._all.discard(browser)
+            self._closing += 1  # still counted: its replacement opens once it is closed
+        browser.close()
+        with self._cond:
+            self._closing -= 1
+            self.replaced += failed
+            self._top_up()
             self._cond.notify_all()
-        if drop:
-            browser.close()
 
     def close(self) -> None:
         """Close every browser, idle or in use, and stop opening more (idempotent)."""
@@ -175,7 +182,7 @@ class BrowserPool:
         return surplus
 
     def _top_up(self) -> None:
-        while not self._closed and len(self._all) + self._opening < self._target:
+        while not self._closed and len(self._all) + self._opening + self._closing < self._target:
             self._open_ahead()
 
     def _open_ahead(self) -> None:
