@@ -441,7 +441,7 @@ def bench_verl(args, work: Path, judge: FakeOpenAI, scorer_url: str, serial_s: f
     config.write_text(config.read_text() + "reward:\n  on_failure: zero\n")  # verl needs a number
     spec = {
         "workdir": str(work / "verl"),
-        "reward_file": str(ROOT / "keyshot" / "reward" / "verl.py"),
+        "reward_file": str(ROOT / "reward" / "verl.py"),
         "cases": [
             {
                 "name": "bench",
