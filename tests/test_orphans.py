@@ -172,6 +172,7 @@ def test_reward_serve_with_serve_scorer_scores_through_vllm_and_takes_it_down_on
             "scorer.endpoint.max_tokens=8",
             "pipeline.parse_mode=reference",  # the untrained model's answers are cut
             f"scorer.serve.tmpdir={tmp_path / 'tmp'}",
+            "reward.on_failure=zero",  # the service's /get_reward needs a number for every sample
         ):
             argv += ["--set", override]
         env = {**os.environ, "KEYSHOT_VLLM_PYTHON": python}
