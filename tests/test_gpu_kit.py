@@ -14,18 +14,24 @@ from bench import gpu
 def test_kit_runs_end_to_end_on_cpu(tmp_path):
     out, raw = tmp_path / "RESULTS-gpu.md", tmp_path / "kit.json"
     argv = ["--shape", "tiny", "--steps", "1", "--rows", "8", "--score-batches", "1,2", "--score-reps", "1"]
+    argv += ["--batchings", "random", "--vision-batches", "1", "--lora-variants", "no-dropout"]
     assert gpu.main([*argv, "--no-vllm", "--out", str(out), "--json", str(raw)]) == 0
     text = out.read_text()
     for needle in (
-        "| full | length_grouped |",
+        "| full | random |",
         "| lora | random |",
+        "| lora (no-dropout) | random |",
         "| transformers | 2 |",
         "vLLM (keyshot serve)",
+        "| batched windows |",
+        "| + MLP padded to 128, gate and up in one product |",
     ):
         assert needle in text
     assert "token ids identical, pixel tensors identical" in text
+    assert "Sections that failed" not in text
     data = json.loads(raw.read_text())
-    assert len(data["training"]) == 4
+    assert len(data["training"]) == 3 and data["errors"] == {}
+    assert all(v["max_abs_diff"] < 1e-4 for v in data["vision"]["variants"])  # float32 on the CPU
     for row in data["training"]:
         assert row["samples_per_s"] > 0 and row["mfu"] > 0 and row["depth"] == row["full_depth"]
         shares = row["phases"]
