@@ -36,15 +36,19 @@ setup-vllm: $(VLLM_VENV)/bin/python
 # with each other): the adapters' tests drive keyshot's reward through them (docs/reward.md).
 OPENRLHF_VENV := .venv-openrlhf
 VERL_VENV := .venv-verl
-$(OPENRLHF_VENV)/bin/python:
+# Each is re-run when pyproject.toml changes (keyshot's dependencies, packages and entry points are
+# installed from it; a re-run over a built venv only re-checks the pins and links keyshot again).
+$(OPENRLHF_VENV)/bin/keyshot: pyproject.toml tools/setup_openrlhf.sh
 	@TORCH_INDEX_URL="$(TORCH_INDEX_URL)" SETUP_LOG="$(SETUP_LOG)" tools/setup_openrlhf.sh $(OPENRLHF_VENV)
+	@touch $@
 
-$(VERL_VENV)/bin/python:
+$(VERL_VENV)/bin/keyshot: pyproject.toml tools/setup_verl.sh
 	@TORCH_INDEX_URL="$(TORCH_INDEX_URL)" SETUP_LOG="$(SETUP_LOG)" tools/setup_verl.sh $(VERL_VENV)
+	@touch $@
 
-setup-openrlhf: $(OPENRLHF_VENV)/bin/python
+setup-openrlhf: $(OPENRLHF_VENV)/bin/keyshot
 
-setup-verl: $(VERL_VENV)/bin/python
+setup-verl: $(VERL_VENV)/bin/keyshot
 
 # Live episodes: Debian's Chromium and, in .venv, the browser extra (playwright, BrowserGym's MiniWoB);
 # no browser download.
@@ -60,16 +64,19 @@ $(OPENENV_VENV)/bin/keyshot: pyproject.toml tools/setup_openenv.sh
 
 setup-openenv: $(OPENENV_VENV)/bin/keyshot
 
-# The test command (README): every tier that runs on a CPU machine, vLLM servers included.
+# The test command (README): every tier that runs on a CPU machine, vLLM servers included, in TEST_WORKERS
+# pytest-xdist workers (tests/conftest.py groups what shares a server; TEST_WORKERS=0 runs in one process).
+TEST_WORKERS ?= 3
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 test: setup setup-vllm setup-openrlhf setup-verl setup-browser setup-openenv
 	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
 	KEYSHOT_OPENRLHF_PYTHON=$(CURDIR)/$(OPENRLHF_VENV)/bin/python \
 	KEYSHOT_VERL_PYTHON=$(CURDIR)/$(VERL_VENV)/bin/python \
 	KEYSHOT_OPENENV_PYTHON=$(CURDIR)/$(OPENENV_VENV)/bin/python \
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q $(XDIST) tests
 
 test-fast: setup
-	$(BIN)/pytest -q -m "not slow" tests
+	$(BIN)/pytest -q $(XDIST) -m "not slow" tests
 
 # The main job (README): judge the bundled sample trajectories end to end on CPU, no API key; the
 # tiny untrained model on a real vLLM server stands in for scorer and judge (its verdicts are noise).

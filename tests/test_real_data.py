@@ -105,7 +105,9 @@ def _judge(config: str, out: Path, judge_url: str, *extra: object, ok=(0,)) -> s
 
 
 def _verdicts(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "verdicts.jsonl").read_text(encoding="utf-8").splitlines()]
+    path = out / "verdicts.jsonl"  # a run that stopped before its first verdict has none
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines]
 
 
 def test_the_trained_scorer_gives_no_verdict_without_evidence_on_full_runs(trained):
@@ -128,7 +130,16 @@ def test_the_trained_scorer_gives_no_verdict_without_evidence_on_full_runs(train
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     if summary["cut_answers"]:
         assert "scorer.max_tokens" in proc.stdout + proc.stderr
-    assert (proc.returncode == 0) == all(v["success"] is not None for v in verdicts), proc.stderr[-3000:]
+    run = summary["run"]
+    if proc.returncode == 0:
+        assert not run["stopped"] and all(v["success"] is not None for v in verdicts), proc.stderr[-3000:]
+    elif run["stopped"]:
+        # the first answers were all cut: the run stops (exit 2) and leaves the rest for the next run, said
+        assert proc.returncode == run["exit_code"] == 2 and "max_tokens" in run["stopped"], run
+        assert not all(v["success"] is not None for v in verdicts) or run["not_reached"] > 0, run
+        assert "stopped" in proc.stderr, proc.stderr[-3000:]
+    else:
+        assert any(v["success"] is None for v in verdicts), proc.stderr[-3000:]
 
 
 def test_full_agentlab_runs_are_all_accounted_for_and_metrics_read_their_rewards(trained):
