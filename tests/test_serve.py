@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import textwrap
+import uuid
 from pathlib import Path
 
 import httpx2
@@ -18,6 +20,7 @@ from keyshot.infer.model.tiny_model import TINY_MAX_PIXELS, TINY_MIN_PIXELS
 from keyshot.infer.protocol.prompts import load_prompt_set
 from keyshot.infer.serve.command import VLLMServer
 from keyshot.infer.serve.plan import (
+    SOCKET_DIR_MAX,
     PromptVersionMismatchError,
     ServeConfig,
     ServeError,
@@ -89,6 +92,23 @@ def test_plan_lora_and_processor_bounds(tiny_model_dir, scorer_checkpoint, tmp_p
     assert "--enable-lora" in plan.command and _flag(plan.command, "--max-lora-rank") == "8"
     assert _flag(plan.command, "--lora-modules") == f"scorer={scorer_checkpoint}"
     assert plan.model_name == "scorer"  # requests name the adapter
+
+
+def test_a_deep_tmpdir_keeps_vllms_sockets_in_a_short_folder(tiny_model_dir, tmp_path, monkeypatch):
+    """vLLM dies at start when $TMPDIR/<uuid4> passes a Unix socket path's 107 bytes (a job's or an xdist
+    worker's folder does): its sockets go to a short folder then, and the tmpdir stays for the rest."""
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
+    deep = tmp_path / ("d" * max(1, SOCKET_DIR_MAX + 1 - len(str(tmp_path)) - 1))
+    assert len(str(deep)) > SOCKET_DIR_MAX
+    plan = plan_server(ServeConfig(model=str(tiny_model_dir), device="cpu", tmpdir=str(deep)))
+    assert plan.env["TMPDIR"] == str(deep)
+    socket_dir = plan.env["VLLM_RPC_BASE_PATH"]
+    assert len(f"{socket_dir}/{uuid.uuid4()}".encode()) <= 107 and os.access(socket_dir, os.W_OK)
+    shallow = plan_server(ServeConfig(model=str(tiny_model_dir), device="cpu", tmpdir="/tmp"))
+    assert "VLLM_RPC_BASE_PATH" not in shallow.env
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path))  # the user's own choice is kept
+    plan = plan_server(ServeConfig(model=str(tiny_model_dir), device="cpu", tmpdir=str(deep)))
+    assert plan.env["VLLM_RPC_BASE_PATH"] == str(tmp_path)
 
 
 def test_refuses_other_pixel_bounds(scorer_checkpoint, tmp_path):

@@ -31,6 +31,12 @@ from keyshot.infer.protocol.prompts import load_prompt_set
 
 logger = logging.getLogger(__name__)
 
+# vLLM binds its ZeroMQ sockets at $VLLM_RPC_BASE_PATH/<uuid4> ($TMPDIR by default) and a Unix socket's path
+# holds 107 bytes: under a deep tmpdir (a job's or a test's folder) vLLM would die at start, so its sockets
+# go to a short folder there (an explicit VLLM_RPC_BASE_PATH is kept)
+SOCKET_DIR_MAX = 107 - len("/") - 36
+SHORT_SOCKET_DIR = "/tmp"
+
 ENV_VLLM_PYTHON = "KEYSHOT_VLLM_PYTHON"
 DEFAULT_CPU_KV_BYTES = 1 << 30  # 1 GiB
 
@@ -319,6 +325,12 @@ def plan_server(cfg: ServeConfig, checkpoint: CheckpointDescription | None = Non
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
     tmpdir = cfg.tmpdir or tempfile.gettempdir()
     env["TMPDIR"] = tmpdir
+    if len(os.fsencode(tmpdir)) > SOCKET_DIR_MAX and "VLLM_RPC_BASE_PATH" not in env:
+        env["VLLM_RPC_BASE_PATH"] = SHORT_SOCKET_DIR
+        logger.info(
+            "vLLM's sockets go to %s: tmpdir %s is longer than the %d bytes a socket's folder may have",
+            SHORT_SOCKET_DIR, tmpdir, SOCKET_DIR_MAX,
+        )  # fmt: skip
     if cfg.cache_root:
         env["VLLM_CACHE_ROOT"] = cfg.cache_root
     env.update(cfg.env)
