@@ -9,12 +9,14 @@ it acts in (the replay, the live MiniWoB browser, and any environment added besi
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from PIL import Image
+
+from keyshot.infer.protocol.decode import to_rgb
+from keyshot.infer.protocol.images import decode_image
 
 
 @dataclass
@@ -42,12 +44,12 @@ class Page:
     error: str | None = None
 
     def image(self, max_side: int = 0) -> Image.Image | None:
-        """The screenshot decoded (for a VLM policy), shrunk to fit ``max_side`` pixels when given."""
+        """The screenshot decoded (for a VLM policy), shrunk to fit ``max_side`` pixels when given; through
+        the protocol's decoder, so an image no screenshot can be (a replayed file) is refused, naming it
+        (:class:`~keyshot.infer.protocol.decode.ImageError`), not decoded."""
         if self.screenshot is None:
             return None
-        source = self.screenshot if isinstance(self.screenshot, Path) else io.BytesIO(self.screenshot)
-        with Image.open(source) as opened:
-            image = opened.convert("RGB")
+        image = to_rgb(decode_image(self.screenshot), f"step {self.step}'s screenshot")
         if max_side > 0:
             image.thumbnail((max_side, max_side))
         return image

@@ -287,3 +287,44 @@ def test_the_judge_lists_a_bomb_as_an_unreadable_screenshot_with_the_reason(bomb
         f"{tmp_path / 'trajectory.jsonl'}#screenshot1: image of 13000×13000 pixels is too large"
         in refused.error
     )
+
+
+def test_the_reports_copies_refuse_a_bomb_from_its_header_and_keep_the_other_screenshots(
+    bomb, tmp_path, caplog
+):
+    """keyshot report's thumbnails decode through the same guard: the bomb gets no copies, a warning
+    naming it, and no memory; a transparent page is shown on white, as the judge sees it."""
+    from keyshot.infer.report.thumbs import VIEW_WIDTH, ThumbnailCache
+
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    (shots / "bomb.png").write_bytes(bomb)
+    (shots / "page.png").write_bytes(_png(2560, 1440, (30, 30, 30)))
+    clear = io.BytesIO()
+    Image.new("RGBA", (640, 400), (0, 0, 0, 0)).save(clear, format="PNG")
+    (shots / "clear.png").write_bytes(clear.getvalue())
+    cache = ThumbnailCache(tmp_path / "report")
+    before = peak_rss_bytes(os.getpid())
+    with caplog.at_level("WARNING"):
+        assert cache.images(shots / "bomb.png") is None
+    assert peak_rss_bytes(os.getpid()) - before < 64 * 2**20  # nothing was decoded
+    assert "bomb.png" in caplog.text and "13000×13000 pixels is too large" in caplog.text
+    page = cache.images(shots / "page.png")
+    assert page is not None and cache.converted == 1
+    with Image.open(tmp_path / "report" / page.view) as view:
+        assert view.size == (VIEW_WIDTH, 720) and max(view.convert("L").getextrema()) < 60
+    blank = cache.images(shots / "clear.png")
+    with Image.open(tmp_path / "report" / blank.thumb) as thumb:
+        assert min(thumb.convert("L").getextrema()) > 240  # white, not black
+
+
+def test_a_page_shown_to_a_policy_refuses_a_bomb_and_shows_a_screenshot(bomb, tmp_path):
+    """Page.image (what a replayed or live page gives a VLM policy) decodes through the same guard."""
+    from keyshot.env.page import Page
+
+    with pytest.raises(ImageError, match=r"image of 13000×13000 pixels is too large"):
+        Page(text="", screenshot=bomb, step=3, done=False).image(64)
+    path = tmp_path / "page.png"
+    path.write_bytes(_png(1280, 720))
+    image = Page(text="", screenshot=path, step=0, done=False).image(64)
+    assert image.mode == "RGB" and image.size == (64, 36)

@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 from PIL import Image
 
 from keyshot.infer.common.fileio import write_bytes_atomic, write_text_atomic
+from keyshot.infer.protocol.decode import DECODE_BUDGET, check_size, decode_rgb, decoded_extent, read_header
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +85,16 @@ class ThumbnailCache:
         return ShotImages(digest, f"{rel}/{thumb.name}", f"{rel}/{view.name}")
 
     def _convert(self, data: bytes, thumb: Path, view: Path) -> None:
-        with Image.open(io.BytesIO(data)) as img:
-            img.draft("RGB", (VIEW_WIDTH, VIEW_WIDTH * 8))
-            img = img.convert("RGB")
+        """Both copies, decoded through the protocol's decoder: the header is checked first (an image no
+        screenshot can be is refused, not decoded), the pixels held in the process-wide budget, a JPEG
+        decoded at the scale the view needs, transparency on white as the judge sees it."""
+        header = read_header(data)
+        src_w, src_h = header.size
+        shown = (min(src_w, VIEW_WIDTH), max(1, round(src_h * min(src_w, VIEW_WIDTH) / src_w)))
+        pixels = math.prod(decoded_extent(header, header.size, shown))
+        check_size(header, pixels)
+        with DECODE_BUDGET.hold(pixels):
+            img = Image.fromarray(decode_rgb(header, header.size, shown))
             for target, width, quality in ((view, VIEW_WIDTH, 82), (thumb, THUMB_WIDTH, 75)):
                 scaled = img
                 if img.width > width:
