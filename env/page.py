@@ -15,8 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from PIL import Image
 
-from keyshot.infer.protocol.decode import to_rgb
-from keyshot.infer.protocol.images import decode_image
+from keyshot.infer.protocol.decode import decoded, read_header
 
 
 @dataclass
@@ -46,10 +45,12 @@ class Page:
     def image(self, max_side: int = 0) -> Image.Image | None:
         """The screenshot decoded (for a VLM policy), shrunk to fit ``max_side`` pixels when given; through
         the protocol's decoder, so an image no screenshot can be (a replayed file) is refused, naming it
-        (:class:`~keyshot.infer.protocol.decode.ImageError`), not decoded."""
+        (:class:`~keyshot.infer.protocol.decode.ImageError`), not decoded; transparency on white."""
         if self.screenshot is None:
             return None
-        image = to_rgb(decode_image(self.screenshot), f"step {self.step}'s screenshot")
+        header = read_header(self.screenshot)
+        with decoded(header, header.size, header.size) as rgb:
+            image = Image.fromarray(rgb)
         if max_side > 0:
             image.thumbnail((max_side, max_side))
         return image

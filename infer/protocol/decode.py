@@ -283,6 +283,17 @@ def decode_rgb(header: Header, crop: tuple[int, int], out: tuple[int, int]) -> n
     return pixels
 
 
+@contextmanager
+def decoded(header: Header, crop: tuple[int, int], out: tuple[int, int]) -> Iterator[np.ndarray]:
+    """The screenshot's top-left ``crop`` as RGB pixels (:func:`decode_rgb`), its size checked from the
+    header first (:func:`check_size`) and its pixels held in :data:`DECODE_BUDGET` while the caller works
+    on them: the one way a screenshot is decoded to be shown or sent."""
+    pixels = math.prod(decoded_extent(header, crop, out))
+    check_size(header, pixels)
+    with DECODE_BUDGET.hold(pixels):
+        yield decode_rgb(header, crop, out)
+
+
 def _spng_rgb(data: bytes, img: Image.Image) -> np.ndarray:
     """An 8-bit PNG through libspng; transparency (a tRNS key, or alpha not all opaque) goes to PIL's
     compositing so that both paths give the same pixels."""

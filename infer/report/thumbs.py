@@ -14,7 +14,6 @@ import hashlib
 import io
 import json
 import logging
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from pathlib import Path
 from PIL import Image
 
 from keyshot.infer.common.fileio import write_bytes_atomic, write_text_atomic
-from keyshot.infer.protocol.decode import DECODE_BUDGET, check_size, decode_rgb, decoded_extent, read_header
+from keyshot.infer.protocol.decode import decoded, read_header
 
 logger = logging.getLogger(__name__)
 
@@ -91,10 +90,8 @@ class ThumbnailCache:
         header = read_header(data)
         src_w, src_h = header.size
         shown = (min(src_w, VIEW_WIDTH), max(1, round(src_h * min(src_w, VIEW_WIDTH) / src_w)))
-        pixels = math.prod(decoded_extent(header, header.size, shown))
-        check_size(header, pixels)
-        with DECODE_BUDGET.hold(pixels):
-            img = Image.fromarray(decode_rgb(header, header.size, shown))
+        with decoded(header, header.size, shown) as rgb:
+            img = Image.fromarray(rgb)
             for target, width, quality in ((view, VIEW_WIDTH, 82), (thumb, THUMB_WIDTH, 75)):
                 scaled = img
                 if img.width > width:
