@@ -63,6 +63,7 @@ class JudgedRecord:
     human: str | None
     truth: str | None = None  # one of TRUTH_SOURCES, None when there is no truth
     withheld: str | None = None  # why the verdict is not counted (:func:`withheld_reason`), None when it is
+    p_success: float | None = None  # P(success) read at the outcome call's status word, None when not read
 
 
 #: Why a verdict without a status is dropped rather than counted as a failure.
@@ -434,7 +435,14 @@ def records_from_verdicts(
             matched += 1
         records.append(
             JudgedRecord(
-                task_id, agent_name, bench, predicted, human, truth if human else None, withheld_reason(v)
+                task_id,
+                agent_name,
+                bench,
+                predicted,
+                human,
+                truth if human else None,
+                withheld_reason(v),
+                v.p_success,
             )
         )
     if (human_labels is not None or arb_index is not None) and records and matched * 2 < len(records):
@@ -448,3 +456,26 @@ def records_from_verdicts(
     if human_labels is not None or arb_index is not None:
         logger.info("%d of %d verdicts matched a human label", matched, len(records))
     return records
+
+
+def labels_not_judged(
+    records: Sequence[JudgedRecord],
+    human_labels: Mapping[tuple[str, str], str] | None = None,
+    arb_index: Sequence[ArbIndexRow] | None = None,
+) -> tuple[int, int]:
+    """Labels no verdict met: ``(of the judged agents, of other agents)``. A label without an agent
+    (the any-agent column) is met by a verdict of its task, whatever the agent."""
+    judged = {(r.task_id, agent_key(r.agent)) for r in records}
+    tasks = {r.task_id for r in records}
+    agents = {agent_key(r.agent) for r in records}
+    keys = {(task_id, agent_key(agent) if agent else "") for task_id, agent in human_labels or {}}
+    keys |= {(row.task_id, agent_key(row.agent)) for row in arb_index or []}
+    mine = other = 0
+    for task_id, agent in keys:
+        if agent == "":
+            mine += task_id not in tasks
+        elif agent not in agents:
+            other += 1
+        else:
+            mine += (task_id, agent) not in judged
+    return mine, other
