@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,3 +141,26 @@ def read_record_outcome(path: Path) -> str:
     if not isinstance(record, dict) or not ({"response", "evaluation_details"} & set(record)):
         raise TrajectoryError(path, "not a WebJudge record: it has no 'response'")
     return outcome_text(record) or ""  # an empty answer is no verdict, not an unreadable file
+
+
+_ACTION_HISTORY = re.compile(r"Action History:\s*\n(.*?)(?:\n\s*\n|\Z)", re.DOTALL)
+_NUMBERED = re.compile(r"^(\d+)\. ", re.MULTILINE)
+
+
+def recorded_actions(record: dict) -> list[str] | None:
+    """The agent's actions as the record's outcome call showed them: ``action_history`` (Online-Mind2Web's
+    ``src/run.py`` output), else the numbered "Action History" of the outcome prompt (``input_text``,
+    AgentRewardBench), each with its reasoning where the prompt had it; None when the record holds none."""
+    history = record.get("action_history")
+    if isinstance(history, list) and all(isinstance(a, str) for a in history):
+        return list(history)
+    text = record.get("input_text")
+    match = _ACTION_HISTORY.search(text) if isinstance(text, str) else None
+    if match is None:
+        return None
+    block = match.group(1)
+    starts = list(_NUMBERED.finditer(block))
+    if not starts or [int(m.group(1)) for m in starts] != list(range(1, len(starts) + 1)):
+        return None
+    ends = [m.start() for m in starts[1:]] + [len(block)]
+    return [block[m.end() : end].rstrip("\n") for m, end in zip(starts, ends, strict=True)]
