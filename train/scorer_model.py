@@ -74,6 +74,9 @@ def prepare_for_training(model, settings: ModelSettings):
         # gradient, and transformers' hook also marks the vision tower's patch embedding, so the frozen
         # tower was recorded, recomputed and back-propagated through (bench/RESULTS-gpu.md).
         model = add_lora(model, settings)
+    from keyshot.train.speedups import apply_speedups  # imported here: speedups imports this module
+
+    apply_speedups(model, settings)  # the speed switches: liger_kernel, compile, vision_attention, ...
     log_trainable(model)
     return model
 

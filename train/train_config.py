@@ -42,6 +42,26 @@ class ModelSettings:
     train_vision_tower: bool = False
     vision_lr_scale: float = 0.1
     lora: LoraSettings = field(default_factory=LoraSettings)
+    # Speed switches (keyshot.train.speedups, docs/training.md "Speed switches"); each is off by default and
+    # equal to transformers' output within the dtype's rounding when on.
+    #: Liger-Kernel's Triton RMSNorm, SwiGLU and rotary kernels (needs liger-kernel, triton and a CUDA GPU).
+    liger_kernel: bool = False
+    #: torch.compile each decoder layer and each vision block (regional compilation); "off" or a backend name.
+    compile: Literal["off", "inductor", "aot_eager", "eager"] = "off"
+    #: The vision tower's window attention: "batched" SDPA calls over same-length windows, or "varlen": one
+    #: torch.nn.attention.varlen call per layer (torch's own flash kernel; CUDA, bfloat16/float16 only).
+    vision_attention: Literal["batched", "varlen"] = "batched"
+    #: Drop the padding mask of right-padded batches (causal attention never looks right, so the labelled
+    #: positions are unchanged) so SDPA runs its maskless causal kernels.
+    padding_free: bool = False
+    #: With gradient_checkpointing, checkpoint every N-th decoder layer only (1: all of them).
+    checkpoint_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 1:
+            raise ConfigError(
+                f"model.checkpoint_every must be >= 1 (1: every layer), got {self.checkpoint_every}"
+            )
 
 
 @dataclass

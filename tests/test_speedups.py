@@ -1,0 +1,286 @@
+"""The speed switches of ``model.*`` (keyshot.train.speedups): each gives transformers' output on the tiny
+Qwen2.5-VL within the dtype's rounding; where a switch cannot run here it refuses in one line. The kernels
+that need CUDA (Liger's Triton kernels, torch's varlen_attn, inductor on a GPU) are checked by the tests
+marked ``gpu`` (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from keyshot.infer.common.config import ConfigError
+from keyshot.train.scorer_model import ModelSetupError, prepare_for_training
+from keyshot.train.speedups import apply_speedups, is_right_padded
+from keyshot.train.train_config import LoraSettings, ModelSettings
+
+
+def _load(tiny_model_dir, dtype=torch.float32, device="cpu"):
+    from transformers import AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText.from_pretrained(
+        tiny_model_dir, dtype=dtype, attn_implementation="sdpa"
+    ).to(device)
+
+
+def _prepare(model, settings: ModelSettings):
+    torch.manual_seed(0)  # LoRA's random A matrices: the same in the model and its reference
+    return prepare_for_training(model, settings)
+
+
+def _settings(tiny_model_dir, **kw) -> ModelSettings:
+    kw.setdefault("gradient_checkpointing", False)
+    return ModelSettings(name_or_path=str(tiny_model_dir), dtype="float32", attn_implementation="sdpa", **kw)
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_model_dir):
+    """Two right-padded rows of unequal length, one screenshot each (two sizes), the answer labelled."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    rng = np.random.default_rng(0)
+    images = [
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for w, h in [(640, 360), (300, 500)]
+    ]
+    texts = [
+        processor.apply_chat_template(
+            [
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]},
+                {"role": "assistant", "content": answer},
+            ],
+            tokenize=False,
+        )
+        for prompt, answer in [
+            ("Is the task done?", "Score: 4"),
+            ("Rate this page for the goal: buy a red shoe", "3"),
+        ]
+    ]
+    out = processor(text=texts, images=images, padding=True, padding_side="right", return_tensors="pt")
+    labels = torch.full_like(out["input_ids"], -100)
+    for row, length in enumerate(out["attention_mask"].sum(-1).tolist()):
+        labels[row, length - 4 : length] = out["input_ids"][row, length - 4 : length]
+    assert out["attention_mask"][0].sum() != out["attention_mask"][1].sum()  # one row is padded
+    return {**out, "labels": labels}
+
+
+def _step(model, batch, device="cpu"):
+    """Loss, labelled-position logits and the trainable parameters' gradients of one training step."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    out = model(**{k: v.to(device) for k, v in batch.items()})
+    out.loss.backward()
+    grads = {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    keep = batch["labels"] != -100
+    return out.loss.detach().float().cpu(), out.logits.detach()[keep.to(device)].float().cpu(), grads
+
+
+def _assert_same_step(got, want, tol):
+    loss, logits, grads = got
+    want_loss, want_logits, want_grads = want
+    torch.testing.assert_close(loss, want_loss, rtol=tol, atol=tol)
+    torch.testing.assert_close(logits, want_logits, rtol=tol, atol=tol)
+    assert grads.keys() == want_grads.keys() and grads
+    for name in grads:
+        torch.testing.assert_close(grads[name], want_grads[name], rtol=tol, atol=tol, msg=name)
+
+
+# ------------------------------------------------------------------------------------------------ config
+def test_switches_are_off_by_default_and_checked():
+    settings = ModelSettings()
+    assert (settings.liger_kernel, settings.compile, settings.vision_attention, settings.padding_free) == (
+        False,
+        "off",
+        "batched",
+        False,
+    )
+    assert settings.checkpoint_every == 1
+    with pytest.raises(ConfigError, match="model.checkpoint_every must be >= 1"):
+        ModelSettings(checkpoint_every=0)
+
+
+def test_the_switches_are_config_keys(tmp_path):
+    from keyshot.infer.common.config import load_config
+    from keyshot.train.train_config import TrainConfig
+
+    path = tmp_path / "train.yaml"
+    path.write_text("model:\n  padding_free: true\n")
+    config = load_config(
+        TrainConfig,
+        path,
+        [
+            "model.compile=inductor",
+            "model.vision_attention=varlen",
+            "model.checkpoint_every=2",
+            "model.liger_kernel=true",
+        ],
+    )
+    model = config.model
+    assert (
+        model.padding_free,
+        model.compile,
+        model.vision_attention,
+        model.checkpoint_every,
+        model.liger_kernel,
+    ) == (
+        True,
+        "inductor",
+        "varlen",
+        2,
+        True,
+    )
+    with pytest.raises(ConfigError):
+        load_config(TrainConfig, path, ["model.vision_attention=gathers"])
+
+
+# ------------------------------------------------------------------------------------------------ checkpoint_every
+def test_checkpoint_every_second_layer_gives_the_same_step(tiny_model_dir, batch):
+    every = _prepare(
+        _load(tiny_model_dir), _settings(tiny_model_dir, gradient_checkpointing=True, checkpoint_every=2)
+    )
+    layers = every.model.language_model.layers
+    assert [layer.gradient_checkpointing for layer in layers] == [True, False]
+    reference = _prepare(_load(tiny_model_dir), _settings(tiny_model_dir, gradient_checkpointing=True))
+    assert all(layer.gradient_checkpointing for layer in reference.model.language_model.layers)
+    _assert_same_step(_step(every, batch), _step(reference, batch), 1e-5)
+
+
+def test_checkpoint_every_without_checkpointing_changes_nothing_and_lora_keeps_it(tiny_model_dir):
+    plain = _prepare(_load(tiny_model_dir), _settings(tiny_model_dir, checkpoint_every=2))
+    assert not any(layer.gradient_checkpointing for layer in plain.model.language_model.layers)
+    lora = _prepare(
+        _load(tiny_model_dir),
+        _settings(
+            tiny_model_dir,
+            gradient_checkpointing=True,
+            checkpoint_every=2,
+            lora=LoraSettings(enabled=True, r=4),
+        ),
+    )
+    layers = lora.get_base_model().model.language_model.layers
+    assert [layer.gradient_checkpointing for layer in layers] == [True, False]
+
+
+# ------------------------------------------------------------------------------------------------ padding_free
+@pytest.mark.parametrize("lora", [False, True])
+def test_right_padded_batches_drop_their_mask_and_keep_the_loss(tiny_model_dir, batch, lora):
+    def run(**switch):
+        settings = _settings(tiny_model_dir, lora=LoraSettings(enabled=lora, r=4), **switch)
+        model = _prepare(_load(tiny_model_dir), settings)
+        masks = []
+        base = model.get_base_model() if lora else model
+        base.model.language_model.register_forward_pre_hook(
+            lambda _m, args, kwargs: masks.append(kwargs.get("attention_mask")), with_kwargs=True
+        )
+        return _step(model, batch), masks
+
+    got, masks = run(padding_free=True)
+    assert masks == [None]  # the language model ran without a padding mask
+    want, reference_masks = run()
+    assert reference_masks[0] is not None
+    _assert_same_step(got, want, 1e-5)
+
+
+def test_left_padding_keeps_its_mask():
+    right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    assert is_right_padded(right)
+    assert not is_right_padded(torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
+    assert not is_right_padded(torch.tensor([[1, 0, 1, 1]]))
+
+
+# ------------------------------------------------------------------------------------------------ compile
+def test_regional_compile_gives_the_same_step(tiny_model_dir, batch):
+    """Each decoder layer and vision block compiled (aot_eager on the CPU: dynamo's and AOTAutograd's graphs
+    without code generation; the inductor backend is the gpu test below)."""
+    torch._dynamo.reset()
+    model = _prepare(_load(tiny_model_dir), _settings(tiny_model_dir, compile="aot_eager"))
+    assert all(layer._compiled_call_impl is not None for layer in model.model.language_model.layers)
+    assert all(block._compiled_call_impl is not None for block in model.model.visual.blocks)
+    reference = _prepare(_load(tiny_model_dir), _settings(tiny_model_dir))
+    assert model.state_dict().keys() == reference.state_dict().keys()  # checkpoints are unchanged
+    _assert_same_step(_step(model, batch), _step(reference, batch), 1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ CUDA-only switches
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
+@pytest.mark.parametrize(
+    ("switch", "message"),
+    [
+        ({"liger_kernel": True}, r"^model.liger_kernel=true needs liger-kernel with triton and a CUDA GPU"),
+        ({"vision_attention": "varlen"}, r"^model.vision_attention=varlen needs a CUDA GPU"),
+    ],
+)
+def test_cuda_switches_refuse_in_one_line_without_cuda(tiny_model_dir, switch, message):
+    with pytest.raises(ModelSetupError, match=message) as caught:
+        apply_speedups(_load(tiny_model_dir), _settings(tiny_model_dir, **switch))
+    assert "\n" not in str(caught.value)
+
+
+def test_varlen_patches_every_vision_attention_and_refuses_a_cpu_tower(tiny_model_dir):
+    from keyshot.infer.model.vision_varlen import VarlenUnavailable, use_varlen_vision_attention
+
+    model = _load(tiny_model_dir)
+    depth = model.config.vision_config.depth
+    assert use_varlen_vision_attention(model) == depth
+    assert use_varlen_vision_attention(model) == depth  # again: the same modules, replaced not wrapped
+    pixels = torch.zeros(16, model.model.visual.patch_embed.proj.weight[0].numel())
+    with pytest.raises(VarlenUnavailable, match="runs on CUDA in bfloat16/float16; the tower runs on cpu"):
+        model.model.visual(pixels, grid_thw=torch.tensor([[1, 4, 4]]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (torch's varlen_attn has no CPU kernel)"
+)
+@pytest.mark.parametrize("train_tower", [False, True])
+def test_varlen_vision_attention_matches_transformers_on_cuda(tiny_model_dir, batch, train_tower):
+    """bfloat16 (varlen_attn's dtypes): the step equals the batched windows' within bf16 rounding, with the
+    tower frozen and trained (gradients through varlen_attn's backward)."""
+    settings = _settings(tiny_model_dir, dtype="bfloat16", train_vision_tower=train_tower)
+    reference = _prepare(_load(tiny_model_dir, torch.bfloat16, "cuda"), settings)
+    want = _step(reference, batch, "cuda")
+    varlen = ModelSettings(**{**settings.__dict__, "vision_attention": "varlen"})
+    model = _prepare(_load(tiny_model_dir, torch.bfloat16, "cuda"), varlen)
+    assert apply_speedups(model, varlen) == ["vision_attention=varlen: 2 layers"]  # again: the same patch
+    _assert_same_step(_step(model, batch, "cuda"), want, 3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (Liger's kernels are Triton)")
+@pytest.mark.parametrize("lora", [False, True])
+def test_liger_kernel_matches_transformers_on_cuda(tiny_model_dir, batch, lora):
+    pytest.importorskip("liger_kernel", reason="liger-kernel is not installed (pip install 'keyshot[liger]')")
+    settings = _settings(tiny_model_dir, lora=LoraSettings(enabled=lora, r=4, dropout=0.0))
+    reference = _prepare(_load(tiny_model_dir, device="cuda"), settings)
+    want = _step(reference, batch, "cuda")
+    liger = ModelSettings(**{**settings.__dict__, "liger_kernel": True})
+    model = _prepare(_load(tiny_model_dir, device="cuda"), liger)
+    applied = model.get_base_model() if lora else model
+    text = applied.model.language_model
+    assert type(text.norm).forward is not text.norm.forward.__func__  # patched on the instance
+    _assert_same_step(_step(model, batch, "cuda"), want, 1e-4)
+    # the rotary patch is the modeling module's function: CPU tensors still get transformers' own
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
+
+    q, k, cos, sin = (
+        torch.randn(1, 2, 5, 32),
+        torch.randn(1, 1, 5, 32),
+        torch.randn(1, 5, 32),
+        torch.randn(1, 5, 32),
+    )
+    original = qwen.apply_rotary_pos_emb._keyshot_original
+    for got, want_t in zip(qwen.apply_rotary_pos_emb(q, k, cos, sin), original(q, k, cos, sin), strict=True):
+        assert torch.equal(got, want_t)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (inductor's Triton kernels)")
+def test_regional_compile_with_inductor_on_cuda(tiny_model_dir, batch):
+    torch._dynamo.reset()
+    settings = _settings(tiny_model_dir, gradient_checkpointing=True, checkpoint_every=2)
+    model = _prepare(
+        _load(tiny_model_dir, device="cuda"), ModelSettings(**{**settings.__dict__, "compile": "inductor"})
+    )
+    reference = _prepare(_load(tiny_model_dir, device="cuda"), settings)
+    _assert_same_step(_step(model, batch, "cuda"), _step(reference, batch, "cuda"), 1e-4)
