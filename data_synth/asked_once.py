@@ -18,7 +18,7 @@ from keyshot.infer.client.judge_client import Completion, InFlight, JudgeClient,
 from keyshot.infer.client.pool import EndpointPool
 from keyshot.infer.client.usage import UsageLedger
 
-_KEY_ARGS = ("prompt_version", "max_tokens", "logprobs")
+_KEY_ARGS = ("prompt_version", "max_tokens", "logprobs", "answer_format")
 
 
 class AskedOnce:

@@ -2,7 +2,8 @@
 
 :class:`EndpointConfig` says where and how to call (its key is read from the environment at call time,
 never stored); :func:`build_payload` makes a chat-completions body from messages (reasoning models get
-``max_completion_tokens`` and no temperature). :class:`keyshot.infer.client.judge_client.JudgeClient` sends it.
+``max_completion_tokens`` and no temperature; a ``constrained`` endpoint gets the call's answer format as vLLM's
+``structured_outputs``). :class:`keyshot.infer.client.judge_client.JudgeClient` sends it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from keyshot.infer.common.redaction import check_env_name, redact_url
+from keyshot.infer.protocol.answer_format import AnswerFormat
 
 _REASONING_MODEL = re.compile(r"^(o1|o3|o4|gpt-5)")
 
@@ -47,6 +49,11 @@ class EndpointConfig:
     the run stops) once ``breaker_failures`` requests in a row failed (any call) and none has
     succeeded for ``breaker_window_s`` seconds: a dead endpoint trips within seconds, a flaky one
     whose requests still get through now and then does not.
+
+    ``constrained``: hold every answer to its call's answer format (the prompt set's, as a regular
+    expression: :mod:`keyshot.infer.protocol.answer_format`) with vLLM's structured outputs, so that no
+    answer is lost to its format or cut by ``max_tokens``. Only for a vLLM server (preflight refuses any
+    other endpoint) and never in reference mode; it changes what a model can say, so a run records it.
     """
 
     base_url: str
@@ -70,6 +77,7 @@ class EndpointConfig:
     breaker_failures: int = 8
     breaker_window_s: float = 10.0
     max_run_retries: int = 1000
+    constrained: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -149,9 +157,11 @@ def build_payload(
     *,
     max_tokens: int | None = None,
     logprobs: int | None = None,
+    answer_format: AnswerFormat | None = None,
 ) -> dict[str, Any]:
     """The JSON body of one chat-completions request. ``logprobs=k`` asks for the generated
-    tokens' log-probabilities with the ``k`` most likely alternatives each."""
+    tokens' log-probabilities with the ``k`` most likely alternatives each. ``answer_format``: the
+    call's format, sent as vLLM's ``structured_outputs`` regex when the endpoint is ``constrained``."""
     body: dict[str, Any] = {"model": endpoint.model, "messages": messages}
     limit = endpoint.max_tokens if max_tokens is None else max_tokens
     if endpoint.is_reasoning:
@@ -164,6 +174,8 @@ def build_payload(
     if logprobs is not None:
         body["logprobs"] = True
         body["top_logprobs"] = logprobs
+    if endpoint.constrained and answer_format is not None:
+        body["structured_outputs"] = {"regex": answer_format.regex(limit)}
     body.update(endpoint.extra_body)
     return body
 

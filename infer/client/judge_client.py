@@ -45,6 +45,7 @@ from keyshot.infer.client.transport import authorization, openai_client
 from keyshot.infer.client.usage import BudgetExceededError, UsageLedger, token_cost_usd
 from keyshot.infer.common.errors import EndpointDownError
 from keyshot.infer.common.redaction import redact
+from keyshot.infer.protocol.answer_format import AnswerFormat
 
 logger = logging.getLogger(__name__)
 
@@ -215,9 +216,12 @@ class JudgeClient:
         prompt_version: str,
         max_tokens: int | None = None,
         logprobs: int | None = None,
+        answer_format: AnswerFormat | None = None,
     ) -> str:
         """The cache key :meth:`complete` uses for these arguments."""
-        payload = build_payload(self.endpoint, messages, max_tokens=max_tokens, logprobs=logprobs)
+        payload = build_payload(
+            self.endpoint, messages, max_tokens=max_tokens, logprobs=logprobs, answer_format=answer_format
+        )
         return cache_key(self.endpoint.model, prompt_version, messages, answer_params(payload))
 
     async def complete(
@@ -228,6 +232,7 @@ class JudgeClient:
         max_tokens: int | None = None,
         logprobs: int | None = None,
         validate: Callable[[str], str | None] | None = None,
+        answer_format: AnswerFormat | None = None,
     ) -> Completion:
         """One chat completion, from the cache or the endpoint.
 
@@ -238,9 +243,12 @@ class JudgeClient:
         with ``valid=False`` and the error (never cached). An answer cut by the token limit is returned
         at once with ``cut=True`` and ``valid=False`` (cached: a re-run reads it as cut again). Raises
         :class:`JudgeCallError` when the endpoint fails for good and :class:`BudgetExceededError` when
-        the budget is spent.
+        the budget is spent. ``answer_format``: the call's format, held to on a ``constrained`` endpoint
+        (:func:`~keyshot.infer.client.endpoint.build_payload`).
         """
-        payload = build_payload(self.endpoint, messages, max_tokens=max_tokens, logprobs=logprobs)
+        payload = build_payload(
+            self.endpoint, messages, max_tokens=max_tokens, logprobs=logprobs, answer_format=answer_format
+        )
         key = cache_key(self.endpoint.model, prompt_version, messages, answer_params(payload))
 
         def shared(first: Completion) -> Completion:

@@ -144,7 +144,11 @@ class EndpointPool:
         """One chat completion from the cache or the least-loaded live endpoint (see the module doc)."""
         key = self.key_for(
             messages,
-            **{k: kwargs.get(k) for k in ("prompt_version", "max_tokens", "logprobs") if k in kwargs},
+            **{
+                k: kwargs.get(k)
+                for k in ("prompt_version", "max_tokens", "logprobs", "answer_format")
+                if k in kwargs
+            },
         )
         return await self._in_flight.run(key, lambda: self._route(messages, kwargs))
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from keyshot.infer.client.judge_client import Completion
+from keyshot.infer.protocol.answer_format import AnswerFormat, answer_format
 from keyshot.infer.protocol.messages import key_points_messages, outcome_messages, scorer_messages
 from keyshot.infer.protocol.parsing import (
     ParseError,
@@ -82,6 +83,10 @@ class Protocol:
     def _validator(self, check):
         return check if self.mode == "strict" else None
 
+    def answer_format(self, step: str) -> AnswerFormat:
+        """The answer format of ``step`` in this prompt set (what a ``constrained`` endpoint holds to)."""
+        return answer_format(self.prompts.variant, step)
+
 
 async def ask_key_points(
     client: Any, protocol: Protocol, task: str, *, max_tokens: int | None = None
@@ -92,6 +97,7 @@ async def ask_key_points(
         prompt_version=protocol.prompts.version,
         max_tokens=max_tokens,
         validate=protocol._validator(protocol.key_points_error),
+        answer_format=protocol.answer_format("key_points"),
     )
     try:
         return completion, protocol.read_key_points(completion.text, cut=completion.cut), None
@@ -118,6 +124,7 @@ async def ask_score(
         max_tokens=max_tokens,
         logprobs=logprobs,
         validate=protocol.score_error if ask_again else None,
+        answer_format=protocol.answer_format("key_screenshot"),
     )
     return completion, protocol.read_score(completion.text, cut=completion.cut)
 
@@ -152,5 +159,6 @@ async def ask_outcome(
         max_tokens=max_tokens,
         logprobs=logprobs,
         validate=protocol._validator(protocol.status_error),
+        answer_format=protocol.answer_format("outcome"),
     )
     return completion, protocol.read_status(completion.text, cut=completion.cut)

@@ -149,7 +149,10 @@ def check_endpoints(cfg: JudgeRunConfig, serve_scorer: str | None) -> None:
     """Preflight of the judge and the scorer endpoint(s) a run will call (not a scorer it serves itself)."""
     served = cfg.scorer.backend == "openai" and not serve_scorer
     preflight(
-        [cfg.judge, cfg.scorer.endpoint if served else None], pool=cfg.scorer.endpoints if served else None
+        [cfg.judge, cfg.scorer.endpoint if served else None],
+        pool=cfg.scorer.endpoints if served else None,
+        sections=["judge", "scorer.endpoint"],
+        pool_section="scorer.endpoints",
     )
 
 

@@ -11,6 +11,7 @@ from keyshot.infer.client.judge_client import EndpointConfig
 from keyshot.infer.client.pool import DEFAULT_COOLDOWN_S, member_configs
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.judge.pipeline import PipelineConfig
+from keyshot.infer.protocol.answer_format import answer_format
 from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy
 from keyshot.infer.serve.plan import ServeConfig
 
@@ -111,6 +112,68 @@ class JudgeRunConfig:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1 (or null for all), got {self.limit}")
+        self._check_constrained()
+
+    def constrained_endpoints(self) -> dict[str, EndpointConfig]:
+        """The endpoints whose answers are held to the answer format (``constrained: true``), by their
+        config key."""
+        found = {"judge.constrained": self.judge}
+        if self.scorer.backend == "openai":
+            if self.scorer.endpoint is not None:
+                found["scorer.endpoint.constrained"] = self.scorer.endpoint
+            for i, ep in enumerate(self.scorer.endpoints or []):
+                found[f"scorer.endpoints[{i}].constrained"] = ep
+        return {key: ep for key, ep in found.items() if ep.constrained}
+
+    def constrained_roles(self) -> list[str]:
+        """``judge`` and/or ``scorer``: the roles whose answers are constrained (what run.json records)."""
+        return sorted({key.split(".")[0] for key in self.constrained_endpoints()})
+
+    def _check_constrained(self) -> None:
+        """Constrained answers: never in reference mode, all of a scorer pool or none, and token limits
+        that leave room for the answer format (:mod:`keyshot.infer.protocol.answer_format`)."""
+        constrained = self.constrained_endpoints()
+        if constrained and self.pipeline.parse_mode == "reference":
+            raise ValueError(
+                f"{next(iter(constrained))}=true with pipeline.parse_mode=reference: reference mode sends the "
+                "reference's requests unchanged; set it to false or use parse_mode=strict"
+            )
+        pool = [ep.constrained for ep in self.scorer.endpoints or []]
+        if self.scorer.backend == "openai" and any(pool) and not all(pool):
+            raise ValueError(
+                "scorer.endpoints[].constrained: set it on every endpoint of the pool or on none"
+            )
+        variant, pipe = self.pipeline.prompt_variant, self.pipeline
+        limits = []  # (setting, its value, step)
+        if self.judge.constrained:
+            limits += [
+                (
+                    "pipeline.key_points_max_tokens" if pipe.key_points_max_tokens else "judge.max_tokens",
+                    pipe.key_points_max_tokens or self.judge.max_tokens,
+                    "key_points",
+                ),
+                (
+                    "pipeline.outcome_max_tokens" if pipe.outcome_max_tokens else "judge.max_tokens",
+                    pipe.outcome_max_tokens or self.judge.max_tokens,
+                    "outcome",
+                ),
+            ]
+            if self.scorer.backend == "none":
+                limits.append(("judge.max_tokens", self.judge.max_tokens, "key_screenshot"))
+        for key, ep in constrained.items():
+            if key.startswith("scorer"):
+                setting = (
+                    "scorer.max_tokens"
+                    if self.scorer.max_tokens
+                    else key.replace("constrained", "max_tokens")
+                )
+                limits.append((setting, self.scorer.max_tokens or ep.max_tokens, "key_screenshot"))
+        for setting, value, step in limits:
+            least = answer_format(variant, step).min_tokens()
+            if value < least:
+                raise ValueError(
+                    f"{setting}={value} leaves no room for a constrained {step} answer: set it to {least} or more"
+                )
 
 
 class JudgeRunError(KeyshotError):

@@ -7,6 +7,7 @@ from keyshot.infer.judge.scorer_factory import describe_scorer, scorer_policy
 from keyshot.infer.model.checkpoint import CheckpointDescription
 from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY
 from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.runs.run_record import with_constrained
 
 
 def protocol_fingerprint(cfg: JudgeRunConfig, checkpoint: CheckpointDescription | None = None) -> dict:
@@ -21,7 +22,7 @@ def protocol_fingerprint(cfg: JudgeRunConfig, checkpoint: CheckpointDescription 
         policy = scorer_policy(sc, checkpoint) or DEFAULT_POLICY
         served = sc.endpoint or (sc.endpoints[0] if sc.endpoints else None)
         scorer_model = sc.checkpoint or (served.model if served else None)
-    return {
+    fingerprint = {
         "prompt_version": load_prompt_set(pipe.prompt_variant).version,
         "prompt_variant": pipe.prompt_variant,
         "outcome_mode": pipe.outcome_mode,
@@ -40,3 +41,4 @@ def protocol_fingerprint(cfg: JudgeRunConfig, checkpoint: CheckpointDescription 
         "scorer_checkpoint_hash": checkpoint.hash if checkpoint is not None else None,
         "image_policy": policy.to_dict(),
     }
+    return with_constrained(fingerprint, cfg.constrained_roles())

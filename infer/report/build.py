@@ -47,6 +47,7 @@ from keyshot.infer.runs.counts import (
     success_rate,
     total_split,
 )
+from keyshot.infer.runs.run_record import constrained_text
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +167,7 @@ def index_page(run: Run, rows: list[dict], report) -> str:
             ("key screenshots", keep_rule_text(p)),
             ("outcome mode", p.get("outcome_mode")),
             ("parse mode", p.get("parse_mode")),
+            ("answer format", constrained_text(p) or "free (not constrained)"),
             ("image policy", _policy_text(p.get("image_policy"))),
             ("judge parameters", _judge_params(p)),
             (

@@ -23,6 +23,9 @@ PROTOCOL = "protocol"
 MANIFEST = "manifest"
 #: What a run of stand-in models (the demo's untrained model) records: the sentence every artefact shows.
 STAND_IN = "stand_in"
+#: The protocol's key for the roles (``judge``, ``scorer``) whose answers were held to the answer format
+#: (``constrained: true``); absent when none were, so folders judged before the option keep their protocol.
+CONSTRAINED = "constrained_answers"
 
 
 class RunFolderError(KeyshotError):
@@ -91,6 +94,22 @@ def _current(record: dict) -> dict:
     if isinstance(protocol, dict) and "variant" in protocol and "prompt_variant" not in protocol:
         protocol["prompt_variant"] = protocol.pop("variant")  # judge folders written before the rename
     return record
+
+
+def with_constrained(protocol: dict, roles: list[str]) -> dict:
+    """``protocol`` with the roles whose answers were constrained recorded (unchanged when none were)."""
+    return {**protocol, CONSTRAINED: sorted(roles)} if roles else protocol
+
+
+def constrained_text(protocol: dict) -> str | None:
+    """What a summary or report says of a protocol's constrained answers, or None when none were."""
+    roles = protocol.get(CONSTRAINED) or []
+    if not roles:
+        return None
+    return (
+        f"the {' and '.join(roles)}'s answers were constrained to the prompt set's answer format "
+        "(vLLM structured outputs): every answer parses, and a model could say nothing else"
+    )
 
 
 def read_protocol(folder: Path) -> dict | None:
