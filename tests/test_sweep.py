@@ -14,6 +14,7 @@ import pytest
 
 from keyshot.infer.judge.sweep import COMMAND, SweepError, delta_folder, parse_deltas
 from keyshot.infer.loaders.judge_records import recorded_actions
+from keyshot.infer.metrics.command import COMMAND as METRICS
 from keyshot.infer.protocol.verdicts import read_verdicts, select_kept
 from keyshot.infer.runs.run_record import read_protocol
 from keyshot.infer.runs.verdict_sources import read_reference_records
@@ -30,6 +31,13 @@ def keyshot(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="keyshot sweep")
     COMMAND.arguments(parser)
     return COMMAND.run(parser.parse_intermixed_args(argv[1:]))
+
+
+def metrics(argv: list[str]) -> int:
+    """``keyshot metrics ARGV`` through the command's own arguments and run."""
+    parser = argparse.ArgumentParser(prog="keyshot metrics")
+    METRICS.arguments(parser)
+    return METRICS.run(parser.parse_intermixed_args(argv))
 
 
 class Recording:
@@ -151,3 +159,60 @@ def test_deltas_are_checked():
     for bad in ("0,3", "3,3", "two", ""):
         with pytest.raises(SweepError, match="--deltas"):
             parse_deltas(bad)
+
+
+def test_metrics_put_the_deltas_side_by_side(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    with FakeOpenAI(make_judge("task_hash")) as server:
+        assert keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *_overrides(server)]) == 0
+    index = RECORDS / "index.csv"
+    assert metrics([str(out), "--arb-index", str(index), "--out", str(tmp_path / "m")]) == 0
+    data = json.loads((tmp_path / "m" / "delta_comparison.json").read_text())
+    assert data["deltas"] == [2, 3, 4]
+    overall = {r["delta"]: r for r in data["rows"] if r["scope"] == "overall"}
+    for delta in (2, 3, 4):
+        verdicts = read_verdicts(delta_folder(out, delta) / "verdicts.jsonl")
+        row = overall[delta]
+        assert row["verdicts"] == 3 and row["n"] == 2  # one trajectory's label is Unsure
+        assert row["kept"] == sum(len(select_kept(v.screenshots, delta, mode="strict")) for v in verdicts)
+        assert row["outcome_prompt_tokens"] == sum(v.usage["judge"].prompt_tokens for v in verdicts) > 0
+        assert data["dropped"][str(delta)] == {"unsure": 1}
+    assert [overall[d]["kept"] for d in (2, 3, 4)] == [4, 2, 2]
+    agents = {r["group"] for r in data["rows"] if r["scope"] == "agent"}
+    assert len(agents) == 2
+    assert (tmp_path / "m" / "delta_comparison.png").read_bytes()[:4] == b"\x89PNG"
+    printed = capsys.readouterr().out
+    assert "Highest overall agreement" in printed
+
+    # one δ folder alone: its metrics and p_success's calibration, every input counted
+    assert metrics([str(delta_folder(out, 3)), "--arb-index", str(index), "--out", str(tmp_path / "m3")]) == 0
+    cal = json.loads((tmp_path / "m3" / "calibration.json").read_text())
+    assert cal["n_records"] == 3 and cal["n_used"] == 2 and cal["counts"] == {"label Unsure": 1}
+    assert (tmp_path / "m3" / "reliability.png").is_file() and (tmp_path / "m3" / "pr_curve.png").is_file()
+
+
+def test_p_success_threshold_decides_and_is_recorded(tmp_path):
+    """pipeline.p_success_threshold (the operating point keyshot metrics chooses): the fake judge's status
+    word has probability 0.8, so at 0.9 no verdict is a success, and the protocol records the threshold."""
+    out = tmp_path / "sweep"
+    with FakeOpenAI(make_judge("always_success")) as server:
+        args = [
+            "sweep",
+            str(O4_MINI),
+            "--out",
+            str(out),
+            "--deltas",
+            "3",
+            "--no-progress",
+            *_overrides(server),
+        ]
+        assert keyshot([*args, "pipeline.p_success_threshold=0.9"]) == 0
+        assert keyshot([*args[:3], str(tmp_path / "plain"), *args[4:]]) == 0
+    chosen = read_verdicts(delta_folder(out, 3) / "verdicts.jsonl")
+    plain = read_verdicts(delta_folder(tmp_path / "plain", 3) / "verdicts.jsonl")
+    assert [v.success for v in plain] == [True] * 3 and [round(v.p_success, 6) for v in plain] == [0.8] * 3
+    assert [v.success for v in chosen] == [False] * 3
+    assert read_protocol(delta_folder(out, 3))["p_success_threshold"] == 0.9
+    assert "p_success_threshold" not in read_protocol(delta_folder(tmp_path / "plain", 3))
+    with pytest.raises(ValueError, match="pipeline.outcome_logprobs"):
+        keyshot([*args, "pipeline.p_success_threshold=0.9", "pipeline.outcome_logprobs=null"])

@@ -40,5 +40,7 @@ def protocol_fingerprint(cfg: JudgeRunConfig, checkpoint: CheckpointDescription 
         "scorer_model": scorer_model,
         "scorer_checkpoint_hash": checkpoint.hash if checkpoint is not None else None,
         "image_policy": policy.to_dict(),
+        # the operating point on p_success (docs/operating-point.md), recorded only when set
+        **({"p_success_threshold": pipe.p_success_threshold} if pipe.p_success_threshold is not None else {}),
     }
     return with_constrained(fingerprint, cfg.constrained_roles())

@@ -103,6 +103,9 @@ class PipelineConfig:
     #: Ask the outcome call for this many top log-probabilities per token (the endpoint must return
     #: them): each outcome call then has ``p_success``, read at the status word. None: not asked.
     outcome_logprobs: int | None = None
+    #: The verdict is success iff p_success >= this (an operating point chosen on labelled data: keyshot
+    #: metrics, docs/operating-point.md); needs ``outcome_logprobs``. None: the status word decides.
+    p_success_threshold: float | None = None
     #: Threads preparing screenshots, shared by all the trajectories in flight (first come, first served).
     image_workers: int = 4
     allow_partial: bool = False
@@ -122,6 +125,16 @@ class PipelineConfig:
             raise ValueError(
                 f"outcome_logprobs must be within [1, 20] (or null), got {self.outcome_logprobs}"
             )
+        if self.p_success_threshold is not None:
+            if not 0 <= self.p_success_threshold <= 1:
+                raise ValueError(
+                    f"p_success_threshold must be within [0, 1] (or null), got {self.p_success_threshold}"
+                )
+            if self.outcome_logprobs is None:
+                raise ValueError(
+                    "p_success_threshold needs the outcome call's log-probabilities: set pipeline.outcome_logprobs "
+                    "(such as 5), or p_success_threshold=null"
+                )
         for name in ("key_points_max_tokens", "outcome_max_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -190,6 +203,11 @@ class WebJudge:
             "scorer_backend": type(self.scorer).__name__ if self.scorer.role == "scorer" else "judge",
             "image_policy": self.policy.to_dict(),
             "allow_partial": cfg.allow_partial,
+            **(
+                {"p_success_threshold": cfg.p_success_threshold}
+                if cfg.p_success_threshold is not None
+                else {}
+            ),
         }
 
     # ------------------------------------------------------------------ cut answers
@@ -485,6 +503,7 @@ class WebJudge:
             verdict.success, verdict.status_valid = call.success, call.valid
             if call.error:
                 verdict.errors.append(f"outcome: {call.error}")
+            self._operating_point(verdict)
             return
         results = await asyncio.gather(
             *(
@@ -509,6 +528,21 @@ class WebJudge:
             verdict.success, verdict.status_valid = True, True
         else:
             verdict.success, verdict.status_valid = None, False
+        self._operating_point(verdict)
+
+    def _operating_point(self, verdict: Verdict) -> None:
+        """With ``p_success_threshold``, the verdict is success iff p_success reaches it; a verdict without
+        p_success keeps its status word's reading, said in its errors."""
+        threshold = self.config.p_success_threshold
+        if threshold is None or verdict.success is None:
+            return
+        p = verdict.p_success
+        if p is None:
+            verdict.errors.append(
+                f"p_success_threshold {threshold}: no p_success read; the status word decides"
+            )
+            return
+        verdict.success = p >= threshold
 
 
 class _StepError(RuntimeError):

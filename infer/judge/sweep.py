@@ -375,6 +375,8 @@ def _sweep_delta(
         "judge_model": cfg.judge.model,
         SWEPT_FROM: swept_from,
     }
+    if pipeline.p_success_threshold is not None:  # the operating point decides the verdicts too
+        fingerprint["p_success_threshold"] = pipeline.p_success_threshold
     if pipeline.outcome_images == "none" or policy is None:
         fingerprint["image_policy"] = protocol.get("image_policy")
     folder.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ a verdict withheld for want of evidence are each counted and left out of every r
 * PR curve: one point per distinct p_success t (descending): precision and recall of "success iff p ≥ t".
 * Operating point: the trajectories are split by a stable hash of their task id (the same task by several
   agents stays on one side, :func:`split_of`) into ``tune`` and ``test``. The threshold maximising the
-  objective (agreement or F1) on ``tune`` is chosen among the tune records' own p values; ties go to
+  objective (agreement or F1) on ``tune`` is chosen among the tune records' own p values (and 1.0); ties go to
   the threshold nearest 0.5, then the lower one. It is reported on ``test``, never on the labels it was
   chosen on, beside the default 0.5 on the same test records.
 """
@@ -185,13 +185,16 @@ def pr_curve(pairs: Sequence[tuple[float, bool]]) -> list[PRPoint]:
 def best_threshold(
     pairs: Sequence[tuple[float, bool]], objective: str = "agreement"
 ) -> ThresholdScore | None:
-    """The threshold among the pairs' own p values that maximises ``objective`` on them (ties: nearest
-    0.5, then the lower); None without pairs."""
+    """The threshold among the pairs' own p values (and 1.0: no success at all) that maximises
+    ``objective`` on them (ties: nearest 0.5, then the lower); None without pairs."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     best: ThresholdScore | None = None
     best_key: tuple | None = None
-    for t in sorted({p for p, _ in pairs}):
+    candidates = {p for p, _ in pairs}
+    if candidates and max(candidates) < 1.0:
+        candidates.add(1.0)  # no success at all is a threshold too
+    for t in sorted(candidates):
         s = score_threshold(pairs, t)
         value = getattr(s, objective)
         key = (-1.0 if value is None else value, -abs(t - DEFAULT_P_THRESHOLD), -t)
