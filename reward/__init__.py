@@ -5,7 +5,7 @@
 - ``rollouts``: what a rollout may be (folder, Trajectory, Episode, dict) and its one reader;
 - ``shared`` (one model per config and process, batched from any thread) on ``loop_thread`` (the model's
   own event loop, started with the model and ended by ``close()``); ``logs`` (the log fields every adapter
-  reports);
+  reports and the service's counters, named in one table);
 - adapters: ``trl`` (reward functions for GRPOTrainer), ``openrlhf`` (``reward_func`` and a multi-turn
   agent base), ``verl`` (``compute_score``);
 - ``command`` (``keyshot reward filter|serve``) and ``service`` (the HTTP service, FastAPI).
@@ -17,22 +17,38 @@ This floor imports keyshot.infer (never its test room), never env, data_synth or
     results = rm.score_sync(rollouts)
 """
 
-from keyshot.reward.episode import Episode
-from keyshot.reward.logs import batch_metrics, sample_logs
-from keyshot.reward.model import FailureKind, RewardModel, RewardResult, RewardSettings
-from keyshot.reward.rollouts import RolloutError
-from keyshot.reward.shared import score_shared, score_shared_sync, shared_model
+from __future__ import annotations
 
-__all__ = [
-    "Episode",
-    "FailureKind",
-    "RewardModel",
-    "RewardResult",
-    "RewardSettings",
-    "RolloutError",
-    "batch_metrics",
-    "sample_logs",
-    "score_shared",
-    "score_shared_sync",
-    "shared_model",
-]
+import importlib
+from typing import Any
+
+#: public name -> module that defines it, imported on first use: importing one module of this floor
+#: (the environment floor imports ``keyshot.reward.episode`` alone) loads that module only, not the model,
+#: the judge pipeline or their fork hooks
+_EXPORTS = {
+    "Episode": "keyshot.reward.episode",
+    "FailureKind": "keyshot.reward.model",
+    "RewardModel": "keyshot.reward.model",
+    "RewardResult": "keyshot.reward.model",
+    "RewardSettings": "keyshot.reward.model",
+    "RolloutError": "keyshot.reward.rollouts",
+    "sample_logs": "keyshot.reward.logs",
+    "score_shared": "keyshot.reward.shared",
+    "score_shared_sync": "keyshot.reward.shared",
+    "shared_model": "keyshot.reward.shared",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'keyshot.reward' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

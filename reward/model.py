@@ -146,8 +146,9 @@ class RewardResult:
     fraction of key points judged met, when the outcome was judged key point by key point
     (``outcome_mode: key_point`` or ``combined``), else None. ``step_scores``: the scorer's 1-5 score per
     screenshot (None where it gave none); ``kept``: the indices of the key screenshots. ``calls``: each
-    role's answers, ``paid_calls`` those sent to its endpoint, ``cached_calls`` the others (from the call
-    cache, or an identical screenshot scored once): :func:`keyshot.infer.runs.counts.call_split`.
+    role's answers, ``paid_calls`` those sent to its endpoint, ``cached_calls`` the others, which are
+    ``cache_hits`` (read from the call cache) and ``same_image`` (an identical screenshot scored once):
+    :func:`keyshot.infer.runs.counts.call_split`.
     """
 
     id: str
@@ -162,6 +163,8 @@ class RewardResult:
     kept: list[int] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=dict)
     cached_calls: dict[str, int] = field(default_factory=dict)
+    cache_hits: dict[str, int] = field(default_factory=dict)
+    same_image: dict[str, int] = field(default_factory=dict)
     paid_calls: dict[str, int] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=dict)
     cost_usd: float = 0.0
@@ -176,6 +179,21 @@ class RewardResult:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def failure(
+        cls,
+        rid: str,
+        kind: FailureKind,
+        problem: object,
+        *,
+        task_id: str | None = None,
+        seconds: float = 0.0,
+    ) -> RewardResult:
+        """The result of a rollout given no verdict before any verdict was asked for (a rollout that
+        cannot be read: ``input``; an endpoint down or a budget spent: ``stopped``; ...): ``error`` is
+        ``"<kind>: <problem>"``. :meth:`RewardModel.failed` also counts and logs it."""
+        return cls(id=rid, task_id=task_id, error=f"{kind}: {problem}", kind=kind, seconds=seconds)
 
 
 def rollout_id(rollout: Any, trajectory: Trajectory | None, position: int) -> str:
@@ -230,6 +248,8 @@ def result_of(rid: str, verdict: Verdict, seconds: float, logprobs_asked: bool =
         kept=list(verdict.kept),
         calls={role: split.answers for role, split in splits.items()},
         cached_calls={role: split.cache_hits + split.same_image for role, split in splits.items()},
+        cache_hits={role: split.cache_hits for role, split in splits.items()},
+        same_image={role: split.same_image for role, split in splits.items()},
         paid_calls={role: split.sent for role, split in splits.items()},
         tokens={
             "prompt": sum(u.prompt_tokens for u in verdict.usage.values()),
@@ -400,12 +420,11 @@ class RewardModel:
                     )
                 )
             except (RolloutError, RunStopError) as exc:
-                kind = "input" if isinstance(exc, RolloutError) else "stopped"
-                result = RewardResult(
-                    id=rollout_id(rollout, trajectory, position),
+                result = RewardResult.failure(
+                    rollout_id(rollout, trajectory, position),
+                    "input" if isinstance(exc, RolloutError) else "stopped",
+                    exc,
                     task_id=trajectory.task_id if trajectory else None,
-                    error=f"{kind}: {exc}",
-                    kind=kind,
                     seconds=time.perf_counter() - t0,
                 )
             finally:
@@ -429,7 +448,13 @@ class RewardModel:
             result.reward = float(value)
         return result
 
+    def failed(self, rid: str, kind: FailureKind, problem: object) -> RewardResult:
+        """:meth:`RewardResult.failure`, settled (counted, logged, given ``on_failure``'s number): an
+        adapter's sample that never reached :meth:`score` (an unreadable label, an unanswered router)."""
+        return self.settle(RewardResult.failure(rid, kind, problem))
+
     def settle(self, result: RewardResult) -> RewardResult:
+        """Count and log a result given no verdict, and give it ``on_failure``'s number."""
         if result.reward is None:
             self.failures += 1
             if self.settings.on_failure == "zero":

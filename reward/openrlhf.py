@@ -85,7 +85,7 @@ def reward_func(queries: list[str], prompts: list[str], labels: list[Any]) -> di
         try:
             rollouts[i] = label_rollout(label, i)
         except RolloutError as exc:
-            unreadable[i] = model.settle(RewardResult(id=f"label {i}", error=f"input: {exc}", kind="input"))
+            unreadable[i] = model.failed(f"label {i}", "input", exc)
     scored = dict(zip(rollouts, score_shared_sync(list(rollouts.values())), strict=True))
     results = [scored[i] if i in scored else unreadable[i] for i in range(len(labels))]
     rewards = _tensor([float(r.reward) for r in results])

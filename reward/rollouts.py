@@ -12,8 +12,6 @@ API's default is the current folder). Bytes are checked by their signature only 
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import io
 import json
@@ -25,7 +23,7 @@ from PIL import Image
 
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.loaders import load_trajectory
-from keyshot.infer.loaders.common import InputScope, screenshot_from_ref
+from keyshot.infer.loaders.common import InputScope, embedded_data, ref_file, screenshot_from_ref
 from keyshot.infer.loaders.trajectory import Screenshot, Trajectory, TrajectoryError
 from keyshot.infer.protocol.images import sniff_image_type
 
@@ -43,17 +41,14 @@ class RolloutError(KeyshotError):
 
 
 def encoded_image(value: Any, where: str) -> bytes:
-    """The encoded image (PNG, JPEG, ...) of bytes, base64 text, a data URL or a PIL image; no path."""
+    """The encoded image (PNG, JPEG, ...) of bytes, a PIL image, or text that embeds one (a data URL or
+    base64, read by :func:`~keyshot.infer.loaders.common.screenshot_from_ref`'s rule); never a file."""
     if isinstance(value, Image.Image):
         buffer = io.BytesIO()
         value.save(buffer, format="PNG", compress_level=1)
         return buffer.getvalue()
     if isinstance(value, str):
-        text = value.split(";base64,", 1)[1] if value.startswith("data:") else value
-        try:
-            value = base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError):
-            raise RolloutError(f"{where}: neither a readable path nor base64 image data") from None
+        value = _embedded(value, where)
     if not isinstance(value, (bytes, bytearray)):
         raise RolloutError(
             f"{where}: a {type(value).__name__} is not a screenshot (bytes, base64, path, PIL)"
@@ -63,13 +58,25 @@ def encoded_image(value: Any, where: str) -> bytes:
     return bytes(value)
 
 
+def _embedded(text: str, where: str) -> bytes:
+    """The image bytes ``text`` embeds (a data URL or base64: no file is looked up)."""
+    try:
+        data = embedded_data(text, 0, Path(where))
+    except TrajectoryError as exc:
+        raise RolloutError(f"{where}: {exc.problem}") from None
+    if data is None:
+        raise RolloutError(
+            f"{where}: {_shown(text)} is not an image: not base64 image data (PNG, JPEG, WebP or GIF)"
+        )
+    return data
+
+
 def is_path_like(value: Any) -> bool:
-    """A str that could name a file (not a data URL, not multi-line), or a Path."""
+    """A path, or text that names an existing file (relative to the current folder): the rule of
+    :func:`~keyshot.infer.loaders.common.ref_file`."""
     if isinstance(value, os.PathLike):
         return True
-    return (
-        isinstance(value, str) and not value.startswith("data:") and len(value) < 4096 and "\n" not in value
-    )
+    return isinstance(value, str) and ref_file(value.strip(), [Path.cwd()]) is not None
 
 
 def _shown(value: Any) -> str:
@@ -79,26 +86,34 @@ def _shown(value: Any) -> str:
 
 
 def _screenshot(value: Any, index: int, where: str, scope: InputScope) -> Screenshot:
+    """A dict rollout's screenshot, by :func:`~keyshot.infer.loaders.common.screenshot_from_ref`'s rule:
+    an existing file (inside ``scope``: else a 403), else the image the text embeds."""
     what = f"{where}: screenshot {index}"
-    if is_path_like(value) and (Path(value).exists() or Path(value).is_symlink()):
-        if not scope.contains(Path(value)):
-            roots = ", ".join(map(str, scope.roots))
-            raise RolloutError(f"{what}: {value} is outside the allowed root ({roots})", status=403)
-        try:
-            shot = screenshot_from_ref(str(value), index, [Path.cwd()], Path(where), scope=scope)
-            with open(shot.path, "rb") as f:
-                encoded_image(f.read(16), what)  # the signature only: the file stays on disk
-        except (TrajectoryError, OSError) as exc:
-            raise RolloutError(f"{what}: {getattr(exc, 'problem', None) or exc}") from None
-        return Screenshot(path=shot.path, index=index)
-    try:
+    if not isinstance(value, (str, os.PathLike)):
         return Screenshot(path=Path(where), index=index, data=encoded_image(value, what))
-    except RolloutError:
-        if isinstance(value, os.PathLike) or (is_path_like(value) and ("/" in value or "." in value[-6:])):
+    ref = os.fspath(value).strip()
+    found = ref_file(ref, [Path.cwd()])
+    if found is None:
+        try:
+            data = None if isinstance(value, os.PathLike) else embedded_data(ref, index, Path(where))
+        except TrajectoryError as exc:
+            raise RolloutError(f"{what}: {exc.problem}") from None
+        if data is None:
             raise RolloutError(
-                f"{what}: {_shown(value)} is neither an existing file nor base64 image data"
-            ) from None
-        raise
+                f"{what}: {_shown(value)} is not an image: neither an existing file nor base64 image data "
+                "(PNG, JPEG, WebP or GIF)"
+            )
+        return Screenshot(path=Path(where), index=index, data=encoded_image(data, what))
+    if not scope.contains(found):
+        roots = ", ".join(map(str, scope.roots))
+        raise RolloutError(f"{what}: {value} is outside the allowed root ({roots})", status=403)
+    try:
+        shot = screenshot_from_ref(ref, index, [Path.cwd()], Path(where), scope=scope)
+        with open(shot.path, "rb") as f:
+            encoded_image(f.read(16), what)  # the signature only: the file stays on disk
+    except (TrajectoryError, OSError) as exc:
+        raise RolloutError(f"{what}: {getattr(exc, 'problem', None) or exc}") from None
+    return Screenshot(path=shot.path, index=index)
 
 
 def _strings(record: dict, key: str, where: str) -> list[str]:

@@ -12,7 +12,8 @@
   ``extra_logs.keyshot_failed``, the log fields of :func:`~keyshot.reward.logs.sample_logs`, in
   ``/get_reward``'s), counted in ``/metrics`` and logged;
 - ``GET /health``: the judge's and scorer's breaker state and the queue; 503 when an endpoint is down;
-- ``GET /metrics``: Prometheus text.
+- ``GET /metrics``: Prometheus text (:class:`~keyshot.reward.logs.Metrics`, its families named in
+  :data:`~keyshot.reward.logs.PROMETHEUS`).
 
 Every bad request is a 4xx with one ``{"error": "..."}`` line; the service keeps serving. Screenshot and
 trajectory paths must lie inside ``--allow-root``. A screenshot larger than a screenshot can be, or a
@@ -28,7 +29,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +37,11 @@ from keyshot.infer.loaders.common import InputScope
 from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.infer.protocol.decode import ImageError, ImageTooLarge
 from keyshot.infer.protocol.images import check_screenshot
-from keyshot.reward.logs import sample_logs
-from keyshot.reward.model import RewardModel, RewardResult
+from keyshot.reward.logs import Metrics, sample_logs
+from keyshot.reward.model import RewardModel
 from keyshot.reward.rollouts import RolloutError, label_rollout, read_rollout
 
 logger = logging.getLogger(__name__)
-
-LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
 @dataclass
@@ -62,82 +61,6 @@ class BadRequest(Exception):
     def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.headers = status, message, headers or {}
-
-
-@dataclass
-class LatencyHistogram:
-    """Cumulative Prometheus histogram counters of one route (they only grow)."""
-
-    buckets: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
-    count: int = 0
-    total: float = 0.0
-
-    def observe(self, seconds: float) -> None:
-        for i, bound in enumerate(LATENCY_BUCKETS):
-            if seconds <= bound:
-                self.buckets[i] += 1
-        self.count += 1
-        self.total += seconds
-
-
-@dataclass
-class Metrics:
-    requests: dict[tuple[str, int], int] = field(default_factory=dict)
-    latency: dict[str, LatencyHistogram] = field(default_factory=dict)
-    rollouts: int = 0
-    failures: int = 0
-    on_failure_applied: int = 0
-    calls: dict[str, int] = field(default_factory=dict)
-    cached: dict[str, int] = field(default_factory=dict)
-    paid: dict[str, int] = field(default_factory=dict)
-
-    def observe(self, route: str, status: int, seconds: float) -> None:
-        self.requests[(route, status)] = self.requests.get((route, status), 0) + 1
-        self.latency.setdefault(route, LatencyHistogram()).observe(seconds)
-
-    def count(self, results: list[RewardResult]) -> None:
-        """Add the results' rollouts, failures and calls (each result's own counts, summed per role)."""
-        self.rollouts += len(results)
-        self.failures += sum(r.failed for r in results)
-        self.on_failure_applied += sum(r.on_failure_applied for r in results)
-        for r in results:
-            for total, counts in (
-                (self.calls, r.calls),
-                (self.cached, r.cached_calls),
-                (self.paid, r.paid_calls),
-            ):
-                for role, n in counts.items():
-                    total[role] = total.get(role, 0) + n
-
-    def text(self, queue_depth: int) -> str:
-        lines = ["# TYPE keyshot_reward_requests_total counter"]
-        for (route, status), n in sorted(self.requests.items()):
-            lines.append(f'keyshot_reward_requests_total{{route="{route}",code="{status}"}} {n}')
-        lines.append("# TYPE keyshot_reward_request_seconds histogram")
-        for route, histogram in sorted(self.latency.items()):
-            for bound, count in zip(LATENCY_BUCKETS, histogram.buckets, strict=True):
-                lines.append(f'keyshot_reward_request_seconds_bucket{{route="{route}",le="{bound}"}} {count}')
-            lines.append(
-                f'keyshot_reward_request_seconds_bucket{{route="{route}",le="+Inf"}} {histogram.count}'
-            )
-            lines.append(f'keyshot_reward_request_seconds_sum{{route="{route}"}} {histogram.total:.6f}')
-            lines.append(f'keyshot_reward_request_seconds_count{{route="{route}"}} {histogram.count}')
-        lines += [
-            "# TYPE keyshot_reward_rollouts_total counter",
-            f"keyshot_reward_rollouts_total {self.rollouts}",
-        ]
-        lines += [
-            "# TYPE keyshot_reward_failures_total counter",
-            f"keyshot_reward_failures_total {self.failures}",
-            "# TYPE keyshot_reward_on_failure_applied_total counter",
-            f"keyshot_reward_on_failure_applied_total {self.on_failure_applied}",
-        ]
-        for name, totals in (("calls", self.calls), ("paid_calls", self.paid), ("cache_hits", self.cached)):
-            lines.append(f"# TYPE keyshot_reward_{name}_total counter")
-            for role, n in sorted(totals.items()):
-                lines.append(f'keyshot_reward_{name}_total{{role="{role}"}} {n}')
-        lines += ["# TYPE keyshot_reward_queue_depth gauge", f"keyshot_reward_queue_depth {queue_depth}"]
-        return "\n".join(lines) + "\n"
 
 
 class RewardService:
@@ -334,15 +257,18 @@ def run_service(rm: RewardModel, limits: ServiceLimits, host: str, port: int) ->
 
     app = create_app(rm, limits)
     service: RewardService = app.state.service
-    where = f"http://{host}:{port} (allow root {Path(limits.allow_root).resolve()})"
+    allowed = Path(limits.allow_root).resolve()
 
     class Server(uvicorn.Server):
-        """uvicorn's server, saying when it listens and when it stops."""
+        """uvicorn's server, saying when it listens (on the port it bound: ``--port 0`` lets the kernel
+        choose) and when it stops."""
 
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
             if self.started:  # bound, and serve() put its signal handlers in place before startup
-                print(f"keyshot reward serve: listening on {where}", flush=True)
+                bound = [s.getsockname() for server in self.servers for s in server.sockets]
+                where = f"http://{host}:{bound[0][1] if bound else port}"
+                print(f"keyshot reward serve: listening on {where} (allow root {allowed})", flush=True)
 
         async def shutdown(self, sockets=None) -> None:
             print(

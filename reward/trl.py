@@ -223,15 +223,8 @@ def _report(
     scored = [r for r in results if r is not None]
     fields = logs.sample_logs(scored)
     if log_metric is not None and scored:
-        for column, values in fields.items():
-            measure = column.removeprefix("keyshot_")
-            if measure.startswith("has_"):
-                log_metric(f"keyshot/{measure[4:]}_n", float(sum(values)))
-                continue
-            has = fields.get(f"keyshot_has_{measure}", [1.0] * len(values))
-            for value, present in zip(values, has, strict=True):
-                if present:
-                    log_metric(f"keyshot/{measure}", value)
+        for metric, value in logs.trainer_metrics(scored):
+            log_metric(metric, value)
     if log_extra is not None:
         columns = {
             **fields,

@@ -128,7 +128,7 @@ async def _scored(
     try:
         rollout = await asyncio.to_thread(_rollout, solution_str, extra_info)
     except RolloutError as exc:
-        return _reported(model.settle(RewardResult(id=str(data_source), error=f"input: {exc}", kind="input")))
+        return _reported(model.failed(str(data_source), "input", exc))
     if not isinstance(rollout, Episode):
         state.note_rollout(str(extra_info["trajectory"]), extra_info.get("index", extra_info["trajectory"]))
     scorer_url = scorer_model = None
@@ -142,8 +142,8 @@ async def _scored(
             if isinstance(exc, RouterModelError):  # a set-up error: the run stops, naming it
                 raise
             # the router did not answer: this sample has no verdict, the next one asks again
-            error = f"scorer: the reward router at {router} did not list its model: {exc}"
-            return _reported(model.settle(RewardResult(id=str(data_source), error=error, kind="scorer")))
+            problem = f"the reward router at {router} did not list its model: {exc}"
+            return _reported(model.failed(str(data_source), "scorer", problem))
     result = await score_shared(rollout, config=config, scorer_url=scorer_url, scorer_model=scorer_model)
     return _reported(result)
 

@@ -158,3 +158,58 @@ def test_no_import_circles():
         if node not in state:
             visit(node, [node])
     assert circles == []
+
+
+# --------------------------------------------------------------------------- what importing actually runs
+#: Run in a fresh interpreter: import ``sys.argv[1]`` with ``os.register_at_fork`` recording who registers,
+#: and print what it loaded, the fork hooks keyshot registered and OpenCV's thread count before and after.
+_PROBE = """
+import json, os, sys, traceback
+hooks = []
+real = os.register_at_fork
+def recording(**kw):
+    hooks.append(traceback.extract_stack(limit=2)[0].filename)
+    real(**kw)
+os.register_at_fork = recording
+import cv2
+threads = cv2.getNumThreads()
+import importlib
+importlib.import_module(sys.argv[1])
+print(json.dumps({
+    "modules": sorted(m for m in sys.modules if m.startswith("keyshot.")),
+    "keyshot_fork_hooks": [h for h in hooks if "keyshot" in h or "/reward/" in h or "/infer/" in h],
+    "opencv_threads": [threads, cv2.getNumThreads()],
+}))
+"""
+
+
+def loaded_by(module: str) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", _PROBE, module], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_the_environment_floor_loads_only_the_episode_of_the_reward_floor():
+    """The environment floor's contract holds for what runs, not only for its import lines: importing an
+    environment loads the reward floor's episode (and what the episode itself needs), never the model,
+    the judge pipeline or a fork hook of theirs (importing keyshot.env.play used to load all three)."""
+    episode = {m for m in loaded_by("keyshot.reward.episode")["modules"] if m.startswith("keyshot.reward")}
+    for module in ("keyshot.env.play", "keyshot.env.replay", "keyshot.env.page"):
+        probe = loaded_by(module)
+        reward = {m for m in probe["modules"] if m.startswith("keyshot.reward")}
+        assert reward <= episode, (module, sorted(reward - episode))
+        assert not [m for m in probe["modules"] if m.startswith("keyshot.infer.judge")], module
+        assert probe["keyshot_fork_hooks"] == [], module
+    assert "keyshot.reward.model" not in episode and "keyshot.reward.shared" not in episode
+
+
+def test_importing_the_image_decoder_leaves_opencv_as_it_was():
+    """OpenCV's thread count is the process's own until keyshot first decodes a screenshot."""
+    before, after = loaded_by("keyshot.infer.protocol.decode")["opencv_threads"]
+    assert after == before

@@ -22,7 +22,7 @@ from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge, user_parts
 from keyshot.infer.testing.worlds import synthetic_trajectories
 from keyshot.reward import shared as reward_shared
-from keyshot.reward.logs import SAMPLE_KEYS, batch_metrics, sample_logs, warn_constant_groups
+from keyshot.reward.logs import SAMPLE_KEYS, Metrics, sample_logs, trainer_metrics, warn_constant_groups
 from keyshot.reward.model import RewardResult
 from keyshot.reward.rollouts import RolloutError, read_rollout
 from tests.support.reward import OM2W_V1, write_config
@@ -194,10 +194,40 @@ def test_log_fields_have_the_same_keys_and_numbers_only_whatever_the_results():
     assert all(isinstance(x, float) and math.isfinite(x) for v in logs.values() for x in v)
     assert logs["keyshot_failed"] == [0.0, 1.0, 0.0] and logs["keyshot_judge_calls"] == [2.0, 0.0, 0.0]
     assert logs["keyshot_has_progress"] == [1.0, 0.0, 0.0] and logs["keyshot_progress"] == [0.5, 0.0, 0.0]
-    metrics = batch_metrics(results)
-    assert set(metrics) == set(batch_metrics([]))
-    assert metrics["keyshot/progress"] == 0.5 and metrics["keyshot/progress_n"] == 1.0
-    assert metrics["keyshot/failed"] == pytest.approx(1 / 3)
+    # a trainer that averages each metric as its sum over its count gets the mean over the samples that
+    # have one, and every optional measure's count even when no sample has one
+    metrics: dict[str, list[float]] = {}
+    for name, value in trainer_metrics(results):
+        metrics.setdefault(name, []).append(value)
+    assert metrics["keyshot/progress"] == [0.5] and metrics["keyshot/progress_n"] == [1.0]
+    assert metrics["keyshot/failed"] == [0.0, 1.0, 0.0] and metrics["keyshot/p_success"] == [0.2]
+    assert dict(trainer_metrics([])) == {"keyshot/progress_n": 0.0, "keyshot/p_success_n": 0.0}
+
+
+def test_identical_screenshots_scored_once_are_not_counted_as_cache_hits(tmp_path, servers):
+    """The service's ``keyshot_reward_cache_hits_total`` counts answers read from the call cache only: a
+    rollout showing one page three times, scored once against an empty cache, has its repeats counted as
+    identical screenshots scored once (``keyshot_reward_same_image_total``), not as cache hits (they
+    were, which over-counted the cache)."""
+    judge, scorer = servers
+    page = io.BytesIO()
+    Image.new("RGB", (64, 48), (30, 120, 200)).save(page, format="PNG")
+    shot = base64.b64encode(page.getvalue()).decode()
+    rollout = {"task": "Open the blue page", "screenshots": [shot] * 3, "actions": ["scroll(0, 1)"] * 2}
+    rm = reward_shared.RewardModel.from_config(write_config(tmp_path / "reward.yaml", judge, scorer))
+    try:
+        [result] = rm.score_sync([rollout])
+    finally:
+        rm.close()
+    assert not result.failed, result.error
+    assert result.same_image["scorer"] == 2 and result.cache_hits["scorer"] == 0
+    assert result.paid_calls["scorer"] == len(scorer.requests) == 1
+    metrics = Metrics()
+    metrics.count([result])
+    text = metrics.text(0)
+    assert 'keyshot_reward_cache_hits_total{role="scorer"} 0' in text
+    assert 'keyshot_reward_same_image_total{role="scorer"} 2' in text
+    assert 'keyshot_reward_paid_calls_total{role="scorer"} 1' in text
 
 
 def test_constant_groups_are_named_once(caplog):

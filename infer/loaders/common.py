@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from keyshot.infer.loaders.trajectory import OnError, Screenshot, SkippedEntry, TrajectoryError
+from keyshot.infer.protocol.images import sniff_image_type
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +252,33 @@ def screenshot_file(
     return Screenshot(path=path, index=index)
 
 
+#: Bare base64 text at least this long is an embedded screenshot (shorter text only when it decodes to an
+#: image's signature, so that a mistyped file name is reported as a missing file).
+MIN_BASE64_CHARS = 256
+#: The longest text taken for a file name (Linux's PATH_MAX); longer text, or text over several lines,
+#: names no file.
+MAX_PATH_CHARS = 4096
+
+
+def ref_file(ref: str, bases: list[Path]) -> Path | None:
+    """The existing file (or link) a screenshot reference names: ``ref`` itself when absolute, else the
+    first of ``bases`` where it exists; None when it names none (text that cannot be a file name, base64
+    data among it, included)."""
+    if "\n" in ref or len(ref) > MAX_PATH_CHARS or ref.startswith(("data:", "http://", "https://")):
+        return None
+    for candidate in _candidates(ref, bases):
+        try:
+            if candidate.exists() or candidate.is_symlink():
+                return candidate
+        except OSError:  # a component longer than a file name can be: base64 text, not a file
+            continue
+    return None
+
+
+def _candidates(ref: str, bases: list[Path]) -> list[Path]:
+    return [Path(ref)] if Path(ref).is_absolute() else [base / ref for base in bases]
+
+
 def screenshot_from_ref(
     ref: str,
     index: int,
@@ -259,37 +287,80 @@ def screenshot_from_ref(
     line: int | None = None,
     scope: InputScope | None = None,
 ) -> Screenshot:
-    """Resolve a screenshot reference from a trajectory file.
+    """Resolve a screenshot reference: the one rule for a screenshot given as text, in trajectory files,
+    reward rollouts and episodes alike.
 
-    A reference is a path (absolute, or relative to the first of ``bases`` where it exists), a
-    ``data:image/...;base64,`` URL, or bare base64 text. Remote URLs are refused (keyshot never
-    downloads screenshots), and so is a path that resolves outside ``scope`` (default: the first base).
+    An existing file (absolute, or relative to the first of ``bases`` where it exists:
+    :func:`ref_file`) is that file, refused when it resolves outside ``scope`` (default: the first base);
+    otherwise the text is read by :func:`embedded_data` (a data URL, bare base64; a remote URL is
+    refused); anything else is a missing file.
     """
     scope = scope or InputScope.of(bases[0])
     ref = ref.strip()
     if not ref:
         raise TrajectoryError(source, f"screenshot {index} is an empty string", line)
+    found = ref_file(ref, bases)
+    if found is not None:
+        scope.check(found, source, f"screenshot {index} {_shown(ref)!r}", line)
+        return screenshot_file(found, index, source, line, scope)
+    data = embedded_data(ref, index, source, line)
+    if data is not None:
+        return Screenshot(path=source, index=index, data=data)
+    candidates = [] if "\n" in ref or len(ref) > MAX_PATH_CHARS else _candidates(ref, bases)
+    for candidate in candidates:
+        scope.check(candidate, source, f"screenshot {index} {ref!r}", line)
+    tried = ", ".join(str(c) for c in candidates) or "no file: the text cannot be a file name"
+    raise TrajectoryError(source, f"screenshot {index} not found: {_shown(ref)!r} (looked for {tried})", line)
+
+
+def embedded_data(ref: str, index: int, source: Path, line: int | None = None) -> bytes | None:
+    """The image bytes a screenshot reference carries in itself, or None when it carries none (a file
+    name). A ``data:...;base64,`` URL is its data; bare base64 text (:data:`MIN_BASE64_CHARS` long, or
+    shorter decoding to a PNG, JPEG, WebP or GIF signature) is its data. Raises TrajectoryError for a
+    data URL without base64 data, invalid base64 and a remote URL (keyshot never downloads screenshots).
+    """
+    ref = ref.strip()
     if ref.startswith("data:"):
         match = _DATA_URL.match(ref)
         if not match:
             raise TrajectoryError(source, f"screenshot {index} is a data URL without ';base64,' data", line)
-        return Screenshot(path=source, index=index, data=_b64decode(match.group("data"), index, source, line))
+        return _b64decode(match.group("data"), index, source, line)
     if ref.startswith(("http://", "https://")):
         raise TrajectoryError(
             source,
             f"screenshot {index} is a remote URL ({ref[:80]}); download screenshots and reference files",
             line,
         )
-    candidates = [Path(ref)] if Path(ref).is_absolute() else [base / ref for base in bases]
-    for candidate in candidates:
-        if not scope.contains(candidate):
-            scope.check(candidate, source, f"screenshot {index} {ref!r}", line)
-        if candidate.exists() or candidate.is_symlink():
-            return screenshot_file(candidate, index, source, line, scope)
-    if len(ref) >= 256 and _BASE64_TEXT.match(ref):
-        return Screenshot(path=source, index=index, data=_b64decode(ref, index, source, line))
-    tried = ", ".join(str(c) for c in candidates)
-    raise TrajectoryError(source, f"screenshot {index} not found: {ref!r} (looked for {tried})", line)
+    if not _BASE64_TEXT.match(ref):
+        return None
+    if len(ref) >= MIN_BASE64_CHARS:
+        return _b64decode(ref, index, source, line)
+    return _image_b64(ref)
+
+
+def data_url_bytes(url: str) -> bytes | None:
+    """The bytes a ``data:...;base64,`` URL carries (None for anything else, or invalid base64)."""
+    match = _DATA_URL.match(url.strip())
+    if not match:
+        return None
+    try:
+        return base64.b64decode("".join(match.group("data").split()), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _image_b64(text: str) -> bytes | None:
+    """The bytes of short base64 text that decodes to an image's signature, else None."""
+    try:
+        data = base64.b64decode("".join(text.split()), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return data if sniff_image_type(data)[0] != "application/octet-stream" else None
+
+
+def _shown(text: str) -> str:
+    """Text as an error may quote it: at most 80 characters (base64 data is never echoed whole)."""
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
 
 
 def _b64decode(text: str, index: int, source: Path, line: int | None) -> bytes:

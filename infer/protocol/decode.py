@@ -75,7 +75,17 @@ _OPENCV_JPEG = {
     8: cv2.IMREAD_REDUCED_COLOR_8,
 }
 
-cv2.setNumThreads(1)  # keyshot parallelises over screenshots (image_workers, dataset threads)
+_opencv_set = False
+
+
+def single_threaded_opencv() -> None:
+    """Set OpenCV to one thread, once, when keyshot first decodes, resizes or encodes a screenshot (not at
+    import: importing keyshot changes nothing in the process). keyshot parallelises over screenshots
+    (``image_workers``, dataset threads); OpenCV's own threads would only contend with them."""
+    global _opencv_set
+    if not _opencv_set:
+        cv2.setNumThreads(1)
+        _opencv_set = True
 
 
 class ImageError(KeyshotError, ValueError):
@@ -251,6 +261,7 @@ def check_size(header: Header, pixels: int) -> None:
 def decode_rgb(header: Header, crop: tuple[int, int], out: tuple[int, int]) -> np.ndarray:
     """The top-left ``crop`` of a screenshot as an ``(h, w, 3)`` uint8 RGB array (at the JPEG's reduced
     scale when shrinking allows it: see :func:`decoded_extent`). Errors name the source."""
+    single_threaded_opencv()
     name, img, data = header.name, header.image, header.data
     if data is None:  # the caller's image: never change its mode or scale
         if crop != img.size:

@@ -51,6 +51,7 @@ from keyshot.infer.protocol.decode import (
     decoded,
     decoded_extent,
     read_header,
+    single_threaded_opencv,
 )
 from keyshot.infer.protocol.decode import to_rgb as to_rgb  # any PIL mode → RGB, part of the policy's API
 
@@ -318,6 +319,7 @@ def fit(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
     h, w = pixels.shape[:2]
     if (w, h) == (width, height):
         return pixels
+    single_threaded_opencv()
     factor = math.ceil(min(w / width, h / height) / 2)
     if factor >= 2:
         h, w = h - h % factor, w - w % factor
@@ -330,6 +332,7 @@ def fit(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
 
 def encode_jpeg(pixels: np.ndarray, quality: int) -> bytes:
     """An RGB array as a baseline JPEG (libjpeg-turbo through OpenCV: PIL's bytes for the same pixels)."""
+    single_threaded_opencv()
     ok, encoded = cv2.imencode(
         ".jpg", cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality]
     )

@@ -3,12 +3,11 @@ its system prompt is, the screenshots it carries and a deterministic count of it
 
 from __future__ import annotations
 
-import base64
-import io
-import re
-
 from PIL import Image
 
+from keyshot.infer.loaders.common import data_url_bytes
+from keyshot.infer.protocol import images
+from keyshot.infer.protocol.decode import to_rgb
 from keyshot.infer.protocol.prompts import STEPS, VARIANTS, load_prompt_set
 
 
@@ -60,14 +59,18 @@ def identify_step(request: dict) -> str:
 
 
 def decode_data_url(url: str) -> bytes:
-    match = re.match(r"data:[\w/+.-]+;base64,(.*)", url, flags=re.DOTALL)
-    if not match:
+    """The image bytes of a request's image URL, read as keyshot reads a data URL
+    (:func:`~keyshot.infer.loaders.common.data_url_bytes`)."""
+    data = data_url_bytes(url)
+    if data is None:
         raise ResponderError(f"image is not a base64 data URL (starts {url[:40]!r})")
-    return base64.b64decode(match.group(1))
+    return data
 
 
 def decode_image(url: str) -> Image.Image:
-    return Image.open(io.BytesIO(decode_data_url(url))).convert("RGB")
+    """The request's image as RGB pixels, decoded as keyshot decodes a screenshot (header first, within
+    the pixel budget: :func:`~keyshot.infer.protocol.images.decode_image`)."""
+    return to_rgb(images.decode_image(decode_data_url(url)))
 
 
 def count_prompt_tokens(request: dict) -> int:
