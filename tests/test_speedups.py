@@ -30,8 +30,8 @@ def _prepare(model, settings: ModelSettings):
 
 
 def _settings(tiny_model_dir, **kw) -> ModelSettings:
-    kw.setdefault("gradient_checkpointing", False)
-    return ModelSettings(name_or_path=str(tiny_model_dir), dtype="float32", attn_implementation="sdpa", **kw)
+    kw = {"dtype": "float32", "gradient_checkpointing": False, **kw}
+    return ModelSettings(name_or_path=str(tiny_model_dir), attn_implementation="sdpa", **kw)
 
 
 @pytest.fixture(scope="module")

@@ -63,7 +63,9 @@ def _varlen_forward(
         max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
     v = v.to(q.dtype)
-    out = self._varlen_attn(q, k, v, cu, cu, int(max_seqlen), int(max_seqlen), scale=self.scaling)
+    # no scale argument: the tower's is the kernel's default 1/sqrt(head_dim) (checked when patched), and
+    # torch 2.10/2.11's varlen_attn take none
+    out = self._varlen_attn(q, k, v, cu, cu, int(max_seqlen), int(max_seqlen))
     return self.proj(out.reshape(seq_length, -1))
 
 
@@ -77,6 +79,11 @@ def use_varlen_vision_attention(model: torch.nn.Module) -> int:
     patched = 0
     for module in model.modules():
         if isinstance(module, Qwen2_5_VLVisionAttention):
+            if abs(module.scaling - module.head_dim**-0.5) > 1e-12:
+                raise VarlenUnavailable(
+                    f"model.vision_attention=varlen: the tower's attention scale {module.scaling} is not "
+                    f"1/sqrt(head_dim); use vision_attention=batched"
+                )
             module._varlen_attn = varlen_attn
             module.forward = types.MethodType(_varlen_forward, module)
             patched += 1
