@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -216,3 +217,23 @@ def test_p_success_threshold_decides_and_is_recorded(tmp_path):
     assert "p_success_threshold" not in read_protocol(delta_folder(tmp_path / "plain", 3))
     with pytest.raises(ValueError, match="pipeline.outcome_logprobs"):
         keyshot([*args, "pipeline.p_success_threshold=0.9", "pipeline.outcome_logprobs=null"])
+
+
+def test_report_shows_reliability_and_deltas_beside_the_histogram(tmp_path):
+    from keyshot.infer.report import build_report
+    from keyshot.infer.runs.run_record import mark_stand_in
+
+    out = tmp_path / "sweep"
+    with FakeOpenAI(make_judge("task_hash")) as server:
+        assert keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *_overrides(server)]) == 0
+    folder = delta_folder(out, 3)
+    mark_stand_in(folder, "STAND-IN VERDICTS: noise")  # what a sweep of a stand-in run records
+    index = build_report(folder, tmp_path / "report", progress=False).read_text()
+    plots = re.findall(r'<img src="plots/([a-z]+\.png)"', index)
+    assert plots[:3] == ["scores.png", "reliability.png", "deltas.png"]
+    assert '<div class="banner">STAND-IN VERDICTS: noise</div>' in index
+    for name in plots:
+        assert (tmp_path / "report" / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+    # a run of no sweep, without p_success, shows the histogram alone
+    index = build_report(RECORDS / "webjudge_7B", tmp_path / "plain", progress=False).read_text()
+    assert re.findall(r'<img src="plots/([a-z]+\.png)"', index)[:2] == ["scores.png", "agents.png"]

@@ -21,9 +21,18 @@ from keyshot.infer.common.fileio import write_bytes_atomic, write_text_atomic
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.metrics.compute import human_outcome
+from keyshot.infer.metrics.operating_plots import reliability_diagram, sweep_plot
 from keyshot.infer.protocol.parsing import split_key_points
 from keyshot.infer.protocol.verdicts import Verdict, verdict_key
-from keyshot.infer.report.model import Run, ground_truth, kind_of, load_run, metrics_of
+from keyshot.infer.report.model import (
+    Run,
+    calibration_of,
+    ground_truth,
+    kind_of,
+    load_run,
+    metrics_of,
+    sweep_of,
+)
 from keyshot.infer.report.pages import (
     TRAJECTORY_TABLE,
     cards,
@@ -109,15 +118,23 @@ def build_report(
     thumbs.save_index()
     scores = [s.score if s.valid else None for v in run.verdicts for s in v.screenshots]
     threshold = float(run.protocol.get("threshold", 3) or 3)
+    calibration = calibration_of(run, truths)
+    sweep = sweep_of(run.path, human_labels) if run.path is not None else None
+    operating = []  # the operating point's pictures, beside the score histogram, where there is data
+    if calibration is not None:
+        operating.append(("reliability.png", reliability_diagram(calibration, run.stand_in)))
+    if sweep is not None:
+        operating.append(("deltas.png", sweep_plot(sweep, run.stand_in)))
     for name, data in (
         ("scores.png", plots.score_histogram(scores, threshold)),
+        *operating,
         ("agents.png", plots.agent_success_rates(report)),
         ("confusion.png", plots.confusion_matrix([(r["verdict"], r["truth"]) for r in rows if r["truth"]])),
         # (the matrix's rows are the outcomes of runs.counts: a verdict judged without readable scores is
         # counted under "no-scores", as in every other count)
     ):
         write_bytes_atomic(out / "plots" / name, data)
-    write_text_atomic(out / "index.html", index_page(run, rows, report))
+    write_text_atomic(out / "index.html", index_page(run, rows, report, [name for name, _ in operating]))
     logger.info(
         "report: %d trajectories, %d screenshots converted, %d reused",
         len(rows),
@@ -128,7 +145,13 @@ def build_report(
 
 
 # ---------------------------------------------------------------------------- index
-def index_page(run: Run, rows: list[dict], report) -> str:
+_OPERATING_ALT = {
+    "reliability.png": "reliability diagram of p_success",
+    "deltas.png": "the sweep's δ side by side",
+}
+
+
+def index_page(run: Run, rows: list[dict], report, operating: list[str] = ()) -> str:
     words = Counter(r["verdict"] for r in rows)
     kinds = Counter(r["kind"] for r in rows)
     cost = sum(r["cost"] for r in rows)
@@ -228,6 +251,7 @@ def index_page(run: Run, rows: list[dict], report) -> str:
         if unread
         else ""
     )
+    beside = "".join(f'<img src="plots/{name}" alt="{_OPERATING_ALT[name]}">' for name in operating)
     body = f"""
 {stand_in_banner(run)}
 <h2>Run</h2>{counts}
@@ -237,7 +261,7 @@ def index_page(run: Run, rows: list[dict], report) -> str:
 </div>
 <h2>Agreement with ground truth</h2>{metrics_tables(report)}
 <h2>Plots</h2>
-<div class="plots"><img src="plots/scores.png" alt="score histogram"><img src="plots/agents.png" alt="success rate per agent">
+<div class="plots"><img src="plots/scores.png" alt="score histogram">{beside}<img src="plots/agents.png" alt="success rate per agent">
 <img src="plots/confusion.png" alt="confusion matrix"></div>
 <div class="grid2">{"".join(by_group)}</div>
 {unread_html}

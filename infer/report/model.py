@@ -21,6 +21,7 @@ from pathlib import Path
 
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.loaders.trajectory import NOT_EXECUTABLE
+from keyshot.infer.metrics.calibration import Calibration, compute_calibration
 from keyshot.infer.metrics.compute import (
     JudgedRecord,
     MetricsReport,
@@ -28,8 +29,10 @@ from keyshot.infer.metrics.compute import (
     compute_metrics,
     evidence_notes,
     recorded_ground_truth,
+    records_from_verdicts,
     withheld_reason,
 )
+from keyshot.infer.metrics.sweep_compare import SweepComparison, compare_sweep, is_sweep_folder
 from keyshot.infer.protocol.verdicts import Verdict
 from keyshot.infer.runs.counts import INCOMPLETE, NO_SCORES, outcome_of
 from keyshot.infer.runs.run_record import read_protocol, stand_in_of
@@ -60,6 +63,7 @@ class Run:
     protocol: dict = field(default_factory=dict)
     source_kind: str = "keyshot"
     stand_in: str | None = None
+    path: Path | None = None  # what was loaded: a sweep's δ folder brings the δ comparison
 
 
 def load_run(path: Path) -> Run:
@@ -70,8 +74,8 @@ def load_run(path: Path) -> Run:
         folder = path if path.is_dir() else path.parent
         summary = _summary(folder) if path.is_dir() else {}
         protocol = (_protocol(folder) if path.is_dir() else {}) or _protocol_of(verdicts)
-        return Run(name, verdicts, summary, protocol, stand_in=stand_in_of(folder))
-    return Run(name, verdicts, protocol=_protocol_of(verdicts), source_kind=kind)
+        return Run(name, verdicts, summary, protocol, stand_in=stand_in_of(folder), path=path)
+    return Run(name, verdicts, protocol=_protocol_of(verdicts), source_kind=kind, path=path)
 
 
 def run_name(verdicts: list[Verdict], path: Path) -> str:
@@ -136,11 +140,9 @@ def kind_of(v: Verdict, truth: str | None) -> str:
     return KIND_AGENT
 
 
-def metrics_of(run: Run, truths: list[str | None]) -> MetricsReport | None:
-    """Agreement, SR gap and P/R/F1 against the ground truth, or None when no verdict has any."""
-    if not any(t is not None for t in truths):
-        return None
-    records = [
+def run_records(run: Run, truths: list[str | None]) -> list[JudgedRecord]:
+    """The run's verdicts with the report's ground truth, p_success included."""
+    return [
         JudgedRecord(
             v.task_id,
             v.agent or "unknown",
@@ -148,9 +150,39 @@ def metrics_of(run: Run, truths: list[str | None]) -> MetricsReport | None:
             v.success,
             t,
             withheld=withheld_reason(v),
+            p_success=v.p_success,
         )
         for v, t in zip(run.verdicts, truths, strict=True)
     ]
-    report = compute_metrics(records)
+
+
+def calibration_of(run: Run, truths: list[str | None]) -> Calibration | None:
+    """p_success against the ground truth (keyshot.infer.metrics.calibration), or None when no verdict has
+    both."""
+    cal = compute_calibration(run_records(run, truths))
+    return cal if cal.n_used else None
+
+
+def sweep_of(path: Path, human_labels: dict[tuple[str, str], str] | None = None) -> SweepComparison | None:
+    """The δ comparison of the sweep ``path`` belongs to (a δ folder of ``keyshot sweep``'s OUT, or OUT
+    itself), against the same ground truth as the report; None for a run that is no sweep's."""
+    folder = path if path.is_dir() else path.parent
+    for candidate in (folder, folder.parent):
+        if is_sweep_folder(candidate):
+            try:
+                return compare_sweep(
+                    candidate, lambda vs: records_from_verdicts(vs, human_labels=human_labels)
+                )
+            except KeyshotError as exc:
+                logger.warning("%s; the report shows no δ comparison", exc)
+                return None
+    return None
+
+
+def metrics_of(run: Run, truths: list[str | None]) -> MetricsReport | None:
+    """Agreement, SR gap and P/R/F1 against the ground truth, or None when no verdict has any."""
+    if not any(t is not None for t in truths):
+        return None
+    report = compute_metrics(run_records(run, truths))
     report.notes = evidence_notes(run.verdicts, run.stand_in)
     return report
