@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from keyshot.infer.judge.sweep import COMMAND, SweepError, delta_folder, parse_deltas
+from keyshot.infer.judge.sweep import COMMAND, SweepError, delta_folder, parse_deltas, plan_sweep
 from keyshot.infer.loaders.judge_records import recorded_actions
 from keyshot.infer.metrics.command import COMMAND as METRICS
 from keyshot.infer.protocol.verdicts import read_verdicts, select_kept
@@ -111,6 +111,12 @@ def test_sweep_of_released_records_reuses_every_score(tmp_path, capsys):
             assert v.success is not None
     printed = capsys.readouterr().out
     assert "Sent: 4 outcome calls, 0 scorer calls, 0 key-point calls" in printed
+    # the plan, read from the records alone, said so before any call
+    plan = plan_sweep(O4_MINI, [2, 3, 4])
+    assert (
+        [r["outcome_requests"] for r in plan] == [r["outcome_sent"] for r in result["per_delta"]] == [3, 1, 0]
+    )
+    assert [r["kept"] for r in plan] == [r["kept"] for r in result["per_delta"]] == [4, 2, 2]
 
     # a second run asks nothing: every δ folder is finished
     with FakeOpenAI(recording) as server:

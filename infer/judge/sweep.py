@@ -435,6 +435,58 @@ def _count(row: DeltaCounts, v: Verdict) -> None:
     row.outcome_completion_tokens += usage.completion_tokens
 
 
+def plan_sweep(source: Path, deltas: list[float], pipeline: PipelineConfig | None = None) -> list[dict]:
+    """What a sweep of ``source`` would show and ask, read from the verdicts alone (no call, no judge):
+    per δ the screenshots kept, and the outcome requests a sweep with an empty cache would send (a
+    trajectory whose kept screenshots equal an earlier δ's asks the same request: the cache answers it)."""
+    verdicts, kind = load_verdicts(source)
+    released = kind != "keyshot"
+    if released:
+        one_judge(source, verdicts)
+    cfg = sweep_pipeline(pipeline or PipelineConfig(), _protocol_of(source, verdicts, released), released)
+    usable = [v for v in verdicts if v.key_points and outcome_of(v) != NO_SCORES]
+    seen: dict[tuple, set] = {v.key: set() for v in usable}
+    rows = []
+    for delta in deltas:
+        kept_total = requests = 0
+        for v in usable:
+            kept = tuple(
+                select_kept(
+                    v.screenshots, delta, cfg.max_kept, mode=cfg.parse_mode, threshold_on=cfg.threshold_on
+                )
+            )
+            kept_total += len(kept)
+            requests += kept not in seen[v.key]
+            seen[v.key].add(kept)
+        rows.append(
+            {
+                "delta": delta,
+                "trajectories": len(usable),
+                "kept": kept_total,
+                "kept_per_trajectory": kept_total / len(usable) if usable else None,
+                "outcome_requests": requests,
+                "screenshot_scores_reused": sum(s.score is not None for v in usable for s in v.screenshots),
+            }
+        )
+    return rows
+
+
+def plan_markdown(source: Path, rows: list[dict], verdicts: int | None = None) -> str:
+    lines = [
+        f"Plan of a sweep of {source}: no call sent (kept screenshots read from the recorded scores).",
+        "",
+        "| δ | trajectories | screenshots kept | kept / trajectory | outcome requests (empty cache) | scores reused |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        per = "—" if r["kept_per_trajectory"] is None else f"{r['kept_per_trajectory']:.2f}"
+        lines.append(
+            f"| {r['delta']} | {r['trajectories']} | {r['kept']} | {per} | {r['outcome_requests']} | "
+            f"{r['screenshot_scores_reused']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def sweep_markdown(result: dict) -> str:
     """The sweep's counts as a table: what each δ sent, reused and left out."""
     lines = [
@@ -479,9 +531,14 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="the judged folder (keyshot run folder, verdicts.jsonl or released judge records), then config overrides",
     )
     parser.add_argument("--config", help="YAML JudgeRunConfig: the judge asked for the outcome calls")
-    parser.add_argument("--out", required=True, type=Path, help="folder for OUT/delta_<δ>/ and sweep.json")
+    parser.add_argument("--out", type=Path, help="folder for OUT/delta_<δ>/ and sweep.json (not with --plan)")
     parser.add_argument(
         "--deltas", default="2,3,4", help="thresholds δ to sweep, comma-separated (default 2,3,4)"
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="say what each δ keeps and would ask, from the recorded scores alone: no judge, no call",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -491,7 +548,12 @@ def run(args: argparse.Namespace) -> int:
     paths, overrides = split_paths_and_overrides(args.items)
     if len(paths) != 1:
         raise SweepError(f"give one judged folder (got {len(paths)}: {' '.join(paths) or 'none'})")
+    if args.out is None and not args.plan:
+        raise SweepError("give --out OUT: the folder for the δ run folders and sweep.json (or --plan)")
     deltas = parse_deltas(args.deltas)
+    if args.plan:
+        print(plan_markdown(Path(paths[0]), plan_sweep(Path(paths[0]), deltas)))
+        return 0
     cfg = load_config(JudgeRunConfig, args.config, overrides)
     result = run_sweep(Path(paths[0]), cfg, deltas, args.out, progress=not args.no_progress)
     print(sweep_markdown(result))

@@ -155,8 +155,10 @@ def sweep_markdown(cmp: SweepComparison, calibrations: dict[float, Calibration] 
         out += ["", "| δ | p_success used | ECE | Brier |", "|---:|---:|---:|---:|"]
         out += [f"| {d:g} | {c.n_used} | {_num(c.ece)} | {_num(c.brier)} |" for d, c in calibrations.items()]
     best = cmp.best("agreement")
-    if best is not None:
-        out += ["", f"Highest overall agreement: δ={best.delta:g} ({percent(best.agreement)}%)."]
+    if best:
+        deltas = ", ".join(f"{r.delta:g}" for r in best)
+        tie = f" (a tie of {len(best)}: the truth does not tell them apart)" if len(best) > 1 else ""
+        out += ["", f"Highest overall agreement: δ={deltas}, {percent(best[0].agreement)}%{tie}."]
     return "\n".join(out) + "\n"
 
 

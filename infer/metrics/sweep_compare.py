@@ -70,11 +70,11 @@ class SweepComparison:
     def overall(self) -> list[SweepRow]:
         return [r for r in self.rows if r.scope == "overall"]
 
-    def best(self, metric: str = "agreement") -> SweepRow | None:
-        """The δ whose overall ``metric`` is highest (ties: the lower δ, fewer screenshots would be
-        the higher: the paper's rule is "highest agreement")."""
+    def best(self, metric: str = "agreement") -> list[SweepRow]:
+        """The δ's whose overall ``metric`` is highest (several when they tie)."""
         rows = [r for r in self.overall() if getattr(r, metric) is not None]
-        return max(rows, key=lambda r: (getattr(r, metric), -r.delta)) if rows else None
+        top = max((getattr(r, metric) for r in rows), default=None)
+        return [r for r in rows if getattr(r, metric) == top]
 
 
 def is_sweep_folder(path: Path) -> bool:
