@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from keyshot.infer.common.config import load_config, split_paths_and_overrides
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.fake_openai import FakeOpenAI, fetch_stats, make_judge, spawn_fake_openai
+from tests.support.processes import kill_when
 from tests.support.vllm import vllm_request_count
 
 REPO = Path(__file__).resolve().parents[1]
@@ -196,17 +194,16 @@ def test_kill_9_and_resume_repays_nothing(vllm_server, scorer_checkpoint, tmp_pa
         ]
         vllm_before = vllm_request_count(vllm_server)
         proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 300
         verdicts = out / "verdicts.jsonl"
-        while time.monotonic() < deadline and proc.poll() is None:
-            if verdicts.exists() and verdicts.read_bytes().count(b"\n") >= 2:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, (
-            f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
-        )
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        try:
+            kill_when(
+                proc,
+                lambda: verdicts.exists() and verdicts.read_bytes().count(b"\n") >= 2,
+                "2 verdicts were written",
+                timeout_s=300,
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {proc.stderr.read().decode()[-2000:]}") from None
         proc.stderr.close()
 
         done_at_kill = verdicts.read_bytes().count(b"\n")

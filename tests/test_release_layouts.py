@@ -3,7 +3,6 @@ the agent taken from the folder's name), then metrics joined with human labels b
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import shutil
@@ -169,9 +168,12 @@ def test_outputs_are_shareable_and_help_is_plain_text(tmp_path, capsys):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name  # the umask's mode, not 0600
     capsys.readouterr()
     for command in (["judge"], ["report"], ["serve"], ["metrics"], ["synth", "run"]):
-        with contextlib.suppress(SystemExit):  # argparse exits 0 after printing help
-            keyshot([*command, "--help"])
+        try:
+            code = keyshot([*command, "--help"])
+        except SystemExit as exc:  # argparse exits after printing help
+            code = exc.code
         text = capsys.readouterr().out
+        assert code == 0, (command, code)
         assert text and "``" not in text and ":class:" not in text, command
 
 

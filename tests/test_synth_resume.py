@@ -4,16 +4,14 @@ call whose answer reached the run is paid twice (counters of two teacher servers
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from keyshot.data_synth.labels import LABELS_FILE, read_store
 from keyshot.infer.testing.fake_openai import fetch_stats, spawn_fake_openai
+from tests.support.processes import kill_when
 from tests.support.synth_env import fixture_trajectories, teacher_set, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,15 +45,8 @@ def test_kill_minus_9_then_resume_repays_nothing(tmp_path):
         config = write_config(tmp_path / "synth.yaml", run, teachers)
 
         proc = _synth(config)
-        deadline = time.monotonic() + 60
-        while _label_lines(run) < 8:
-            assert proc.poll() is None, f"synth run ended before it could be killed:\n{proc.stdout.read()}"
-            assert time.monotonic() < deadline, "no labels written within 60 s"
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        kill_when(proc, lambda: _label_lines(run) >= 8, "8 labels were written")
         proc.stdout.close()
-        assert proc.returncode == -signal.SIGKILL
         at_kill = _label_lines(run)
         assert at_kill < 2 * N_SHOTS, "the run finished before the kill; the test proves nothing"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from keyshot.infer.testing.scorer_data import build_scorer_dataset
+from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -239,16 +240,12 @@ def test_deepspeed_zero(stage, tiny_model_dir, datasets_dir, launch_env, tmp_pat
 
 
 def _wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the run ended before it could be killed"
+    def reached() -> bool:
         path = run_dir / "metrics.jsonl"
-        if path.exists():
-            steps = [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
-            if steps and max(steps) >= step:
-                return
-        time.sleep(0.02)
-    raise AssertionError(f"step {step} not reached in {timeout} s")
+        lines = path.read_text().splitlines() if path.exists() else []
+        return max((json.loads(line)["step"] for line in lines if line.strip()), default=-1) >= step
+
+    wait_until(proc, reached, f"step {step} was logged", timeout)
 
 
 def test_resume_after_kill_continues_the_same_schedule(tiny_model_dir, datasets_dir, launch_env, tmp_path):
