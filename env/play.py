@@ -23,17 +23,16 @@ def run_episode(
     *,
     keep_dir: str | os.PathLike | None = None,
 ) -> Episode:
-    """One episode of ``agent`` (a page -> action or None callable) recorded as keyshot's Episode: each
-    page's screenshot with the action taken on it, the last page without one. A browser that failed marks
-    the episode (:func:`record_failure`); the browser then holds the environment's own reward, if any."""
+    """One episode of ``agent`` (a page -> action or None callable) recorded as keyshot's Episode
+    (:meth:`Episode.add_step`'s order: the first page, then each action with the page it led to), until
+    the page is done or the agent has no action. A browser that failed marks the episode
+    (:func:`record_failure`); the browser then holds the environment's own reward, if any."""
     page = browser.reset()
     episode = Episode(browser.task, start_url=browser.start_url, task_id=browser.task_id, keep_dir=keep_dir)
-    while True:
-        action = None if page.done else agent(page)
-        episode.add_step(page.screenshot, action=action)  # either may be None; the action is kept
-        if action is None:
-            break
+    episode.add_step(page.screenshot)
+    while not page.done and (action := agent(page)) is not None:
         page = browser.act(action)
+        episode.add_step(page.screenshot, action=action)  # the page may be None (a failed browser)
     record_failure(episode, page)
     episode.finish(None)
     return episode

@@ -90,12 +90,14 @@ class Episode:
         return self.root / f"{self.id}.jsonl"
 
     def add_step(self, screenshot: Any = None, action: str | None = None, thought: str | None = None) -> None:
-        """Record one step: the page the agent saw and what it did there, either of which may be missing.
+        """Record one step, in the order an environment shows pages: the first page with no action (what
+        reset showed), then each ``action`` with the page it led to (``screenshot``: the page *after* the
+        action). Either may be missing: an action whose page could not be shown (None), a page without
+        an action (the first).
 
-        ``screenshot`` (PIL image, PNG/JPEG bytes, base64 or a path; None: no page was shown) is written
-        to disk now; one that is not an image is recorded as a problem (the episode's reward is then None,
-        naming it), never raised. ``action`` (and its ``thought``) is recorded whenever given, with or
-        without a screenshot.
+        ``screenshot`` (PIL image, PNG/JPEG bytes, base64 or a path) is written to disk now; one that is
+        not an image is recorded as a problem (the episode's reward is then None, naming it), never
+        raised. ``action`` (and its ``thought``) is recorded whenever given, with or without a screenshot.
         """
         if action is not None:
             self._actions.append(str(action))

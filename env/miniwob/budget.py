@@ -1,23 +1,38 @@
-"""How many live MiniWoB pages this machine holds at once. Each live page is a browser: keyshot's worker,
-playwright's driver and two Chromium instances (the page's and BrowserGym's chat window), measured at
-480-510 MiB PSS over 40 episodes each (3 browsers, click-button and enter-text, 2 cores;
-bench/soak_live.py measures it again under a trainer's load). The default budget is half the memory
-available when it is made, the other half left to the trainer; ``max_browsers`` sets it instead.
+"""How many live MiniWoB pages this machine holds at once, counted in pages and measured.
 
-A run whose batch needs more live pages at once than the budget refuses at start (:meth:`BrowserBudget.
-require`), before any browser is opened, naming the numbers and the ways out.
+A page is a session (a browser context of its own) in a Chromium that holds up to ``pages_per_browser``
+of them; each Chromium also costs its worker process (Python with BrowserGym), playwright's driver and
+Chromium's own processes. Both figures were measured here by ``bench/measure_pages.py`` (PSS of every
+process of the pool, pages open on a MiniWoB task, 2 cores, Debian's Chromium) and are recorded below;
+run it again on another machine (``--record`` prints the two lines to paste). The default budget is the
+memory available when it is made, less a reserve for the rest of the machine (the trainer, the server,
+the judge), over those figures; ``max_pages`` sets it instead.
+
+What cannot be held is refused before anything is opened (:meth:`BrowserBudget.require`), in one line
+naming the numbers and the ways out; a lease beyond the budget is refused the same way
+(:meth:`keyshot.env.miniwob.pool.BrowserPool.lease`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from keyshot.infer.common.errors import KeyshotError
 
-#: PSS of one live browser (worker, driver, two Chromium), rounded up from the 480-510 MiB measured
-MIB_PER_BROWSER = 512
+#: PSS of one page beyond the first (its context, renderer and share of the GPU process): measured by
+#: bench/measure_pages.py on 2026-11-27 (see bench/RESULTS.md, live rows)
+MIB_PER_PAGE = 52
+#: PSS of one Chromium with no page: its worker (Python, BrowserGym), playwright's driver, Chromium's
+#: browser, GPU, network and utility processes (same measurement)
+MIB_PER_BROWSER = 420
+#: Pages one Chromium holds (Chromium keeps each browser context's pages in renderers of their own)
+PAGES_PER_BROWSER = 64
+#: Memory left to the rest of the machine by default: an eighth of it, at least 1 GiB
+RESERVE_FRACTION = 8
+MIN_RESERVE_MIB = 1024
 
 
 class BrowserBudgetError(KeyshotError):
@@ -53,50 +68,77 @@ def available_mib() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
 
 
+def total_mib() -> int:
+    return _meminfo_mib("MemTotal") or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+
+
 @dataclass(frozen=True)
 class BrowserBudget:
-    """At most ``max_browsers`` live pages at once; ``available_mib`` is the memory the default was made
-    from (None when ``max_browsers`` was given)."""
+    """At most ``max_pages`` live pages at once, ``pages_per_browser`` to a Chromium. ``available_mib`` and
+    ``reserve_mib`` are what the default was made from (None when ``max_pages`` was given)."""
 
-    max_browsers: int
+    max_pages: int
+    pages_per_browser: int = PAGES_PER_BROWSER
+    mib_per_page: int = MIB_PER_PAGE
     mib_per_browser: int = MIB_PER_BROWSER
     available_mib: int | None = None
+    reserve_mib: int | None = None
 
     @classmethod
     def for_machine(
         cls,
-        max_browsers: int | None = None,
+        max_pages: int | None = None,
         *,
         memory_mib: int | None = None,
-        mib_per_browser: int = MIB_PER_BROWSER,
+        reserve_mib: int | None = None,
+        pages_per_browser: int = PAGES_PER_BROWSER,
     ) -> BrowserBudget:
-        """``max_browsers`` when given (``--max-browsers``), else half of ``memory_mib`` (default: the
-        memory available now) over ``mib_per_browser``."""
-        if max_browsers is not None:
-            if max_browsers < 1:
-                raise BrowserBudgetError(f"--max-browsers must be at least 1 (got {max_browsers})")
-            return cls(max_browsers, mib_per_browser)
+        """``max_pages`` when given (``--max-pages``), else the most pages that fit in ``memory_mib``
+        (default: the memory available now) less ``reserve_mib`` (default: an eighth of the machine's
+        memory, at least 1 GiB) at the measured figures."""
+        if max_pages is not None:
+            if max_pages < 1:
+                raise BrowserBudgetError(f"--max-pages must be at least 1 (got {max_pages})")
+            return cls(max_pages, pages_per_browser)
         memory = available_mib() if memory_mib is None else memory_mib
-        return cls(memory // 2 // mib_per_browser, mib_per_browser, memory)
+        reserve = (
+            max(MIN_RESERVE_MIB, total_mib() // RESERVE_FRACTION) if reserve_mib is None else reserve_mib
+        )
+        budget = cls(0, pages_per_browser, available_mib=memory, reserve_mib=reserve)
+        pages = max(0, (memory - reserve) // MIB_PER_PAGE)
+        while pages > 0 and budget.mib_for(pages) > memory - reserve:
+            pages -= 1
+        return cls(pages, pages_per_browser, available_mib=memory, reserve_mib=reserve)
+
+    @property
+    def max_browsers(self) -> int:
+        """The Chromium processes ``max_pages`` pages take."""
+        return self.browsers_for(self.max_pages)
+
+    def browsers_for(self, pages: int) -> int:
+        return math.ceil(pages / self.pages_per_browser)
+
+    def mib_for(self, pages: int) -> int:
+        """The memory ``pages`` live pages take at the measured figures."""
+        return pages * self.mib_per_page + self.browsers_for(pages) * self.mib_per_browser
 
     def describe(self) -> str:
-        """Where the number comes from, e.g. "this machine holds 20 live pages (half of the 20,950 MiB
-        available, at 512 MiB per browser)"."""
+        """Where the number comes from, e.g. "this machine holds 340 live pages (20,950 MiB available less
+        a 3,013 MiB reserve, at 52 MiB a page and 420 MiB a Chromium of 64 pages)"."""
+        figures = f"at {self.mib_per_page} MiB a page and {self.mib_per_browser} MiB a Chromium of {self.pages_per_browser} pages"
         if self.available_mib is None:
-            return (
-                f"--max-browsers allows {self.max_browsers} live pages "
-                f"({self.max_browsers * self.mib_per_browser:,} MiB at {self.mib_per_browser} MiB per browser)"
-            )
+            return f"--max-pages allows {self.max_pages} live pages ({self.mib_for(self.max_pages):,} MiB {figures})"
         return (
-            f"this machine holds {self.max_browsers} live pages (half of the {self.available_mib:,} MiB "
-            f"available, at {self.mib_per_browser} MiB per browser)"
+            f"this machine holds {self.max_pages} live pages ({self.available_mib:,} MiB available less a "
+            f"{self.reserve_mib:,} MiB reserve, {figures})"
         )
 
     def require(self, needed: int, what: str, ways_out: str) -> None:
         """Refuse, in one line, a ``what`` that needs ``needed`` live pages at once beyond the budget;
         ``ways_out`` says how to need fewer, or where else the pages can be opened (the caller's options:
         the OpenEnv server, ``keyshot reward env``, on another machine, is one)."""
-        if needed > self.max_browsers:
+        if needed > self.max_pages:
             raise BrowserBudgetError(
-                f"{what} needs {needed} live MiniWoB pages at once, but {self.describe()}: {ways_out}"
+                f"{what} needs {needed} live MiniWoB pages at once ({self.mib_for(needed):,} MiB), but "
+                f"{self.describe()}: {ways_out}"
             )

@@ -1,39 +1,45 @@
-"""Live episodes: BrowserGym's MiniWoB++ tasks in headless Chromium, a
-:class:`~keyshot.env.page.Browser` beside the replay, so an RL example takes either.
+"""Live episodes: BrowserGym's MiniWoB++ tasks in headless Chromium, a :class:`~keyshot.env.page.Browser`
+beside the replay, so an RL example takes either.
 
-``reset()`` opens the task's page (its goal is the task keyshot judges); each ``act(action)`` carries out
-a BrowserGym action (``click('19')``, ``fill('15', 'text')``, ...) in the page and shows the page after
-it, with its screenshot and text (the goal, the accessibility tree with BrowserGym ids, the last action's
-error). The page is ``done`` when MiniWoB ends the episode or after ``max_steps`` actions. The browser
-holds MiniWoB's own reward (1.0 once the task is done right, else 0.0), the ground truth to compare
-keyshot's verdict with::
+:class:`MiniWoBBrowser` is one *session*: a MiniWoB page in a browser context of its own, inside a
+Chromium that holds many such sessions (:class:`BrowserProcess`, one worker process each: ``worker.py``).
+``reset()`` opens the task's page in a fresh context (its goal is the task keyshot judges); each
+``act(action)`` carries out a BrowserGym action (``click('19')``, ``fill('15', 'text')``, ...) and shows
+the page after it, with its screenshot and text (the goal, the last action's error, the accessibility
+tree with BrowserGym ids). The page is ``done`` when MiniWoB ends the episode or after ``max_steps``
+actions. The session holds MiniWoB's own reward (1.0 once the task is done right, else 0.0), the ground
+truth to compare keyshot's verdict with::
 
-    with MiniWoBBrowser("click-button", seed=3) as browser:
+    with MiniWoBBrowser("click-button", seed=3) as browser:     # a Chromium of its own
         page = browser.reset()
         while not page.done:
             page = browser.act(agent(page))
         browser.reward
 
-The browser runs in a process of its own (``worker.py``). Its first reset launches Chromium; every later
-reset is a new MiniWoB episode in the same page (``reset(seed=..., task=...)``: any MiniWoB task), so one
-browser serves episode after episode (:class:`~keyshot.env.miniwob.pool.BrowserPool` shares them between
-environments). A browser that dies mid-episode gives a last page with ``error`` set (and ``reward``
-None): an episode recorded from it is marked with the reason (:func:`keyshot.env.play.record_failure`),
-so its keyshot reward is None too; its next reset replaces the process.
+Many sessions share a Chromium through :meth:`keyshot.env.miniwob.pool.BrowserPool.lease` (the way a run
+gets its pages). A page that crashes fails its own session's episode; a Chromium (or its worker) that dies
+fails the episodes of its own sessions: each gets a last page with ``error`` set (``reward`` None), so an
+episode recorded from it is marked with the reason (:func:`keyshot.env.play.record_failure`), and the
+session's next reset opens its page in a live Chromium (the pool's replacement).
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
+from typing import Protocol
 
 from keyshot.env.miniwob.setup import BrowserSetup, MiniWoBError, browser_setup
 from keyshot.env.page import Page
@@ -43,6 +49,9 @@ TASK_NAMES = (
     "the names are browsergym.miniwob.ALL_MINIWOB_TASKS' subdomains, e.g. click-button, click-dialog-2, "
     "enter-text"
 )
+#: OpenEnv's BrowserGym server renders 1280x720 (its default viewport); None: the MiniWoB task's own
+#: (332x214 CSS pixels at BrowserGym's zoom)
+VIEWPORT_OPENENV = (1280, 720)
 
 
 def _started(pid: int) -> str | None:
@@ -54,12 +63,171 @@ def _started(pid: int) -> str | None:
         return None
 
 
+class BrowserProcess:
+    """One Chromium and the worker process that drives it (``worker.py``), holding many sessions (browser
+    contexts); started at construction (Chromium launches in the background: the first request waits for
+    it). ``timeout_s``: how long the worker may stay silent while a request waits before it counts as
+    stuck and is killed (its sessions fail; a page may take half of it to load). Thread-safe: sessions
+    on many threads send requests at once; answers are matched to requests by id."""
+
+    def __init__(self, setup: BrowserSetup, timeout_s: float = 60.0):
+        self.setup = setup
+        self.timeout_s = timeout_s
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115  (the worker's stderr, closed in close())
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._pending: dict[int, Future] = {}
+        self._ready: Future = Future()
+        self._last_heard = time.monotonic()
+        self.failure: str | None = None  # why the process is gone, once it is
+        self.chromium_pid: int | None = None
+        self._chromium_start: str | None = None
+        self.process = subprocess.Popen(
+            [sys.executable, "-I", str(WORKER), str(setup.chromium), str(int(timeout_s * 500))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=setup.worker_env(),
+            start_new_session=True,  # a terminal's Ctrl-C reaches the trainer, which closes its browsers
+        )
+        self._reader = threading.Thread(target=self._read, name="keyshot-browser-reader", daemon=True)
+        self._reader.start()
+
+    @property
+    def alive(self) -> bool:
+        """The process can serve requests (it runs and its Chromium did not die)."""
+        return self.failure is None and self.process.poll() is None
+
+    @property
+    def pids(self) -> list[int]:
+        """The worker's and its Chromium's main process ids (what :meth:`close` ends)."""
+        return [self.process.pid] + ([self.chromium_pid] if self.chromium_pid else [])
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Wait until Chromium is launched (or failed to): whether it is."""
+        with contextlib.suppress(FutureTimeout):
+            self._ready.result(timeout_s if timeout_s is not None else self.timeout_s)
+        return self._ready.done() and self.alive
+
+    def request(self, message: dict) -> dict:
+        """Send ``message`` and wait for its answer: ``{"error": ...}`` when the page failed, the process
+        died, or it stayed silent for ``timeout_s`` (it is then killed: a stuck browser fails its sessions)."""
+        future: Future = Future()
+        with self._lock:
+            if not self.alive:
+                return {
+                    "error": self.failure or f"the browser process ended (exit {self.process.returncode})"
+                }
+            rid = next(self._ids)
+            self._pending[rid] = future
+            try:
+                self.process.stdin.write((json.dumps({**message, "id": rid}) + "\n").encode())
+                self.process.stdin.flush()
+            except OSError as exc:
+                self._pending.pop(rid, None)
+                return {"error": f"the browser process does not listen: {exc}"}
+        while True:
+            try:
+                return future.result(timeout=min(5.0, self.timeout_s))
+            except FutureTimeout:
+                if time.monotonic() - self._last_heard > self.timeout_s:
+                    self.fail(f"no answer in {self.timeout_s:.0f} s (the browser process was stopped)")
+
+    def send(self, message: dict) -> None:
+        """Send ``message`` without waiting for its answer (a session's end)."""
+        with self._lock:
+            if self.alive:
+                with contextlib.suppress(OSError):
+                    rid = next(self._ids)
+                    self.process.stdin.write((json.dumps({**message, "id": rid}) + "\n").encode())
+                    self.process.stdin.flush()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self._last_heard = time.monotonic()
+            answer = json.loads(line)
+            if "ready" in answer:
+                self.chromium_pid = answer.get("pid")
+                self._chromium_start = _started(self.chromium_pid) if self.chromium_pid else None
+                self._ready.set_result(True)
+            elif "gone" in answer:
+                self.fail(f"the browser died: {answer['gone']}")
+            elif "id" in answer:
+                with self._lock:
+                    future = self._pending.pop(answer["id"], None)
+                if future is not None:
+                    future.set_result(answer)
+            elif "error" in answer:  # the worker could not launch Chromium
+                self.fail(f"the browser did not start: {answer['error']}")
+        self.process.wait()
+        self.fail(self._ended())
+
+    def _ended(self) -> str:
+        with self._lock:
+            self._log.seek(0)
+            lines = self._log.read().decode(errors="replace").strip().splitlines()
+        return f"the browser process ended (exit {self.process.returncode}): {(lines or ['no output'])[-1]}"
+
+    def fail(self, reason: str) -> None:
+        """The process is gone (or stuck: then killed): every request waiting on it fails with ``reason``."""
+        with self._lock:
+            if self.failure is None:
+                self.failure = reason
+            pending, self._pending = list(self._pending.values()), {}
+        self._kill()
+        for future in pending:
+            if not future.done():
+                future.set_result({"error": self.failure})
+        if not self._ready.done():
+            self._ready.set_result(False)
+
+    def _kill(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+        if self.chromium_pid and _started(self.chromium_pid) == self._chromium_start:  # still its Chromium
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.chromium_pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """Close Chromium and the worker; anything still running is killed. Idempotent."""
+        if self.process.poll() is None and self.failure is None:
+            with contextlib.suppress(OSError), self._lock:
+                self.process.stdin.write(b'{"op": "close"}\n')
+                self.process.stdin.flush()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=10)
+        self.fail("the browser was closed")
+        self.process.wait()
+        self._reader.join(timeout=5)
+        for stream in (self.process.stdin, self.process.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()
+        self._log.close()
+
+
+_sessions = itertools.count()
+
+
+class SessionHost(Protocol):
+    """Where a leased session's pages open (:class:`~keyshot.env.miniwob.pool.BrowserPool`)."""
+
+    setup: BrowserSetup
+
+    def _place(self, browser: MiniWoBBrowser, old: BrowserProcess | None) -> BrowserProcess: ...
+
+    def _give_back(self, browser: MiniWoBBrowser, process: BrowserProcess | None) -> None: ...
+
+
 class MiniWoBBrowser:
-    """One MiniWoB++ task (``task``: its name, e.g. ``click-button``) in headless Chromium through
-    BrowserGym, run in a process of its own; ``seed`` picks the task's instance (its goal and page),
-    ``max_steps`` ends an episode MiniWoB has not ended, ``timeout_s`` is how long the worker may take to
-    answer before the browser counts as failed (a page may take half of it to load); ``setup``: a prepared :class:`BrowserSetup` (default: this process's,
-    for ``chromium``). Browsers run side by side, one per thread."""
+    """One MiniWoB++ session (``task``: its name, e.g. ``click-button``): a page in a browser context of its
+    own. ``seed`` picks the task's instance (its goal and page), ``max_steps`` ends an episode MiniWoB has
+    not ended, ``viewport`` is the page's size in CSS pixels (default: the task's own, as BrowserGym
+    shows it; :data:`VIEWPORT_OPENENV` is OpenEnv's), ``timeout_s`` how long its Chromium may stay silent
+    before it counts as failed. Made by a :class:`~keyshot.env.miniwob.pool.BrowserPool`'s ``lease()``, it
+    lives in the pool's Chromium and :meth:`close` gives it back; made directly, it starts a Chromium of
+    its own (``setup``: a prepared :class:`BrowserSetup`, default this process's for ``chromium``).
+    Sessions run side by side, one per thread."""
 
     def __init__(
         self,
@@ -68,80 +236,30 @@ class MiniWoBBrowser:
         *,
         max_steps: int = 10,
         chromium: str | None = None,
-        text_chars: int = 4000,
         timeout_s: float = 60.0,
+        viewport: tuple[int, int] | None = None,
         setup: BrowserSetup | None = None,
+        pool: SessionHost | None = None,
     ):
-        self.setup = setup or browser_setup(chromium)
+        self.setup = setup or (pool.setup if pool is not None else browser_setup(chromium))
         self.task_name = task.removeprefix("miniwob.")
         self.seed = seed
         self.max_steps = max_steps
-        self.text_chars = text_chars
         self.timeout_s = timeout_s
+        self.viewport = viewport
+        self.pool = pool
+        self.name = f"s{next(_sessions)}"
         self.goal: str | None = None
         self.url: str | None = None
         self.step = 0
         self.reward: float | None = None
         self.error: str | None = None
         self.done = False
+        self.closed = False
         self.episodes = 0  # resets that opened a page
-        self.launches = 0  # of them, those that launched Chromium (the rest reused the page)
-        self.pids: list[int] = []  # the browsers' main processes (the page's and BrowserGym's chat window)
-        self._pid_starts: dict[int, str | None] = {}
-        self.process: subprocess.Popen | None = None
-        self._start()
-
-    def _start(self) -> None:
-        self._log = tempfile.TemporaryFile()  # noqa: SIM115  (the worker's stderr, closed in close())
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-I",
-                str(WORKER),
-                self.task_name,
-                str(self.setup.chromium),
-                str(self.text_chars),
-                str(int(self.timeout_s * 500)),  # a page's load: half the time the worker has to answer
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=self.setup.worker_env(),
-            start_new_session=True,  # a terminal's Ctrl-C reaches the trainer, which closes its browsers
-        )
-        ready = self._receive()
-        if "error" in ready:
-            self.close()
-            raise MiniWoBError(
-                f"unknown MiniWoB task {self.task_name!r} ({ready['error']}); {TASK_NAMES}"
-                if _unknown(ready["error"])
-                else f"miniwob.{self.task_name}: the browser process did not start: {ready['error']}"
-            )
-
-    def _receive(self) -> dict:
-        """The worker's next answer, or ``{"error": ...}`` when it died or took longer than timeout_s."""
-        out = self.process.stdout
-        ready, _, _ = select.select([out], [], [], self.timeout_s)
-        line = out.readline() if ready else b""
-        if line:
-            return json.loads(line)
-        if not ready:
-            self.process.kill()
-            return {"error": f"no answer in {self.timeout_s:.0f} s (the browser process was stopped)"}
-        self.process.wait()
-        self._log.seek(0)
-        tail = self._log.read().decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        return {"error": f"the browser process ended (exit {self.process.returncode}): {tail[0]}"}
-
-    def _request(self, message: dict) -> dict:
-        if self.process.poll() is not None:
-            return {"error": f"the browser process ended (exit {self.process.returncode})"}
-        try:
-            self.process.stdin.write((json.dumps(message) + "\n").encode())
-            self.process.stdin.flush()
-        except OSError as exc:
-            return {"error": f"the browser process does not listen: {exc}"}
-        return self._receive()
+        self.process: BrowserProcess | None = None
+        if pool is None:
+            self.process = BrowserProcess(self.setup, timeout_s)
 
     @property
     def task(self) -> str:
@@ -160,27 +278,36 @@ class MiniWoBBrowser:
 
     @property
     def alive(self) -> bool:
-        """The browser can serve another episode (its process runs and did not fail)."""
-        return self.error is None and self.process is not None and self.process.poll() is None
+        """The session can serve another episode (its Chromium runs and its page did not fail)."""
+        return self.error is None and self.process is not None and self.process.alive
 
     @property
     def processes(self) -> list[int]:
-        """The worker's and both Chromium main processes' ids (what a close ends)."""
-        return ([self.process.pid] if self.process is not None else []) + self.pids
+        """The worker's and its Chromium's main process ids (shared with the other sessions of a pool)."""
+        return self.process.pids if self.process is not None else []
 
     def reset(self, seed: int | None = None, task: str | None = None) -> Page:
-        """A new episode: ``task``'s page (default: the browser's task) at ``seed`` (default: the
-        browser's seed), in the page already open where there is one; a browser process that failed is
-        replaced first. Raises MiniWoBError when the page does not open (``error`` then says why)."""
+        """A new episode: ``task``'s page (default: the session's task) at ``seed`` (default: the session's
+        seed), in a fresh browser context; where the session's Chromium died, in a live one (the pool's
+        replacement, or a new Chromium of its own). Raises MiniWoBError when the page does not open
+        (``error`` then says why)."""
+        if self.closed:
+            raise MiniWoBError(f"{self.task_id}: the session is closed (lease another)")
         if seed is not None:
             self.seed = seed
         if task is not None:
             self.task_name = task.removeprefix("miniwob.")
-        if not self.alive:
-            self.close()
-            self._start()
+        if self.process is None or not self.process.alive:
+            self._replace_process()
         self.step, self.reward, self.error, self.done, self.goal = 0, 0.0, None, False, None
-        answer = self._request({"op": "reset", "seed": self.seed, "task": self.task_name})
+        viewport = list(self.viewport) if self.viewport else None
+        request = {"op": "reset", "session": self.name, "task": self.task_name, "seed": self.seed}
+        answer = self.process.request({**request, "viewport": viewport})
+        if answer.get("dead"):
+            self.process.fail("the browser (Chromium) died")
+        if not self.process.alive:  # its Chromium died between episodes: the page opens in a live one
+            self._replace_process()
+            answer = self.process.request({**request, "viewport": viewport})
         if "error" in answer:
             self.error, self.reward = answer["error"], None
             if _unknown(answer["error"]):
@@ -189,24 +316,27 @@ class MiniWoBBrowser:
                 )
             raise MiniWoBError(f"{self.task_id}: the page did not open: {answer['error']}")
         self.goal, self.url = answer["goal"], answer["url"]
-        self._track(answer["pids"])
         self.episodes += 1
-        self.launches += bool(answer["relaunched"])
         return self._page(answer)
 
-    def _track(self, pids: list[int]) -> None:
-        self.pids = list(pids)
-        self._pid_starts = {pid: self._pid_starts.get(pid) or _started(pid) for pid in pids}
+    def _replace_process(self) -> None:
+        old, self.process = self.process, None
+        if self.pool is not None:
+            self.process = self.pool._place(self, old)
+        else:
+            if old is not None:
+                old.close()
+            self.process = BrowserProcess(self.setup, self.timeout_s)
 
     def act(self, action: str) -> Page:
         """Carry out a BrowserGym action (an action's own error is shown in the page's text, as BrowserGym
-        does); the page after it. A browser that fails ends the episode with ``error`` set."""
+        does); the page after it. A page or browser that fails ends the episode with ``error`` set."""
         if self.goal is None:
             raise MiniWoBError(f"{self.task_id}: reset() before act()")
         if self.done:
             raise MiniWoBError(f"{self.task_id}: the episode is over (its last page was shown); call reset()")
         self.step += 1
-        answer = self._request({"op": "step", "action": action})
+        answer = self.process.request({"op": "step", "session": self.name, "action": action})
         if "error" in answer:
             self.error = f"the browser failed at step {self.step}: {answer['error']}"
             self.done, self.reward = True, None
@@ -219,26 +349,19 @@ class MiniWoBBrowser:
         return Page(answer["text"], base64.b64decode(answer["png"]), self.step, self.done, None, self.reward)
 
     def close(self) -> None:
-        """Close the browsers and their process; any of their processes still running is killed.
-        Idempotent: call it on every path that ends the browser's use."""
-        if self.process is not None:
-            if self.process.poll() is None:
-                self._request({"op": "close"})
-                try:
-                    self.process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
-                    self.process.wait()
-            for stream in (self.process.stdin, self.process.stdout):
-                with contextlib.suppress(OSError):
-                    stream.close()
-            self._log.close()
-            self.process = None
-        for pid in self.pids:
-            if _started(pid) == self._pid_starts.get(pid):  # still the Chromium it reported
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-        self.pids, self._pid_starts = [], {}
+        """End the session: its context closed; a pool's session goes back to the pool (its place in the
+        budget freed), a session of its own closes its Chromium. Idempotent: call it on every path that
+        ends the session's use."""
+        if self.closed:
+            return
+        self.closed = True
+        process, self.process = self.process, None
+        if self.pool is not None:
+            if process is not None:
+                process.send({"op": "end", "session": self.name})
+            self.pool._give_back(self, process)
+        elif process is not None:
+            process.close()
 
     def __enter__(self) -> MiniWoBBrowser:
         return self

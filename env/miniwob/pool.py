@@ -1,171 +1,124 @@
-"""Live MiniWoB browsers shared by the environments of a run (a trainer's pool of environments, an agent
-executor's rollouts), within the machine's :class:`~keyshot.env.miniwob.budget.BrowserBudget`::
+"""Live MiniWoB pages shared by the environments of a run (a trainer's pool of environments, an OpenEnv
+server's sessions, an agent executor's rollouts), within the machine's
+:class:`~keyshot.env.miniwob.budget.BrowserBudget`. The whole API::
 
     pool = BrowserPool(BrowserBudget.for_machine(), "click-button")
-    pool.warm(8)                      # 8 browsers opened ahead, in parallel, while the trainer starts
-    browser = pool.acquire()          # an open browser (or the reason the page did not open)
-    page = browser.reset(seed=3, task="enter-text")   # a new episode in the page already open
-    ...
-    pool.release(browser)             # at the episode's end, on every path: back to the pool
-    pool.close()                      # at the run's end: every browser closed
+    pool.warm(128)                    # the Chromium processes 128 pages need, launched in the background
+    browser = pool.lease()            # a session (MiniWoBBrowser); BrowserBudgetError beyond the budget
+    page = browser.reset(seed=3, task="enter-text")   # a new episode in a fresh browser context
+    page = browser.act("click('13')")
+    browser.close()                   # at the session's end, on every path: back to the pool
+    pool.close()                      # at the run's end: every Chromium closed
 
-A browser serves episode after episode (each reset is a new MiniWoB episode in the same page). One that
-failed (a page that did not open, a Chromium or worker that died) is closed when it comes back and a
-replacement is opened ahead; a page that did not open fails the episode that asked for it (the
-:class:`MiniWoBError` says why), never the run. No more browsers are open than the budget allows, nor,
-once an episode ends, more than the run needs at once (``warm(n)``, or the most ever in use).
+(``with pool.lease() as browser:`` does the same for one block.) A lease opens nothing: the session's
+first reset places it in the pool's least-loaded live Chromium (up to ``budget.pages_per_browser`` pages
+each), launching another where all are full. A session serves episode after episode, each reset a fresh
+context. A page that crashes fails its own episode; a Chromium or worker that dies (or stops answering)
+fails the episodes of its own sessions, and their next resets go to a live Chromium (a replacement is
+launched when needed): never the run. No more pages are leased at once than the budget allows.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import threading
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
 from keyshot.env.miniwob.budget import BrowserBudget, BrowserBudgetError
-from keyshot.env.miniwob.client import MiniWoBBrowser
+from keyshot.env.miniwob.client import BrowserProcess, MiniWoBBrowser
 from keyshot.env.miniwob.setup import BrowserSetup, MiniWoBError, browser_setup
 
 logger = logging.getLogger(__name__)
 
 
 class BrowserPool:
-    """At most ``budget.max_browsers`` :class:`MiniWoBBrowser`\\ s, opened on ``task`` (any task can be
-    reset in them later), ``opening`` at a time in the background (default: the CPU count, 2 to 8)."""
+    """Sessions on shared Chromium processes, at most ``budget.max_pages`` leased at once. ``task`` is a
+    session's default task (any task can be reset in it); ``max_steps``, ``viewport`` and ``timeout_s``
+    are every session's (:class:`~keyshot.env.miniwob.client.MiniWoBBrowser`)."""
 
     def __init__(
         self,
         budget: BrowserBudget,
-        task: str,
+        task: str = "click-test",
         *,
         setup: BrowserSetup | None = None,
         max_steps: int = 10,
+        viewport: tuple[int, int] | None = None,
         timeout_s: float = 60.0,
-        opening: int | None = None,
     ):
         self.budget = budget
         self.task = task
         self.setup = setup or browser_setup()
         self.max_steps = max_steps
+        self.viewport = viewport
         self.timeout_s = timeout_s
-        self._cond = threading.Condition()
-        self._idle: list[MiniWoBBrowser] = []
-        self._all: set[MiniWoBBrowser] = set()  # idle and in use
-        self._opening = 0
-        self._closing = 0  # browsers given back and being closed (their processes still run)
-        self._waiting = 0
-        self._failures: deque[str] = deque()  # pages that did not open, each failing one acquire
-        self._target = 0  # live pages the run needs at once
+        self._lock = threading.Lock()
+        self._load: dict[BrowserProcess, int] = {}  # live processes and the sessions placed in each
+        self._leased: set[MiniWoBBrowser] = set()
         self._closed = False
-        self._executor = ThreadPoolExecutor(
-            max_workers=opening or min(8, max(2, os.cpu_count() or 2)), thread_name_prefix="keyshot-browser"
-        )
-        self.opened = 0  # browsers opened
-        self.failed_opens = 0  # pages that did not open
-        self.replaced = 0  # browsers closed because they failed
-        self.max_alive = 0  # the most browsers open at once
+        self.launched = 0  # Chromium processes started
+        self.replaced = 0  # of them, those found dead (their sessions' episodes failed)
+        self.max_leased = 0  # the most sessions leased at once
+        self.max_browsers = 0  # the most Chromium processes alive at once
 
     @property
-    def alive(self) -> int:
-        """Browsers open now (idle and in use)."""
-        with self._cond:
-            return len(self._all)
+    def leased(self) -> int:
+        """Sessions leased now."""
+        with self._lock:
+            return len(self._leased)
 
-    def browsers(self) -> list[MiniWoBBrowser]:
-        """The browsers open now (for a look at their processes)."""
-        with self._cond:
-            return list(self._all)
+    def processes(self) -> list[BrowserProcess]:
+        """The Chromium processes open now (for a look at their process ids or memory)."""
+        with self._lock:
+            return list(self._load)
 
-    def warm(self, n: int) -> None:
-        """The run needs ``n`` live pages at once (at most the budget's; check it first with
-        :meth:`BrowserBudget.require`): open browsers ahead, in the background, until ``n`` are open;
-        idle ones beyond ``n`` are closed."""
-        with self._cond:
-            self._target = min(n, self.budget.max_browsers)
-            surplus = self._trim()
-            self._top_up()
-        for browser in surplus:
-            browser.close()
+    def sessions(self) -> list[MiniWoBBrowser]:
+        """The sessions leased now."""
+        with self._lock:
+            return list(self._leased)
 
-    def wait_open(self, n: int, timeout_s: float | None = None) -> bool:
-        """Wait until ``n`` browsers are open (or ``timeout_s`` passed, or opening stopped short of
-        ``n``): whether they are."""
-        with self._cond:
-            return (
-                self._cond.wait_for(
-                    lambda: (
-                        len(self._all) >= n
-                        or self._closed
-                        or (self._opening == self._closing == 0 and len(self._all) < n)
-                    ),
-                    timeout_s,
+    def lease(self, task: str | None = None) -> MiniWoBBrowser:
+        """A session of this pool (``task``: its default task, else the pool's); nothing is opened until
+        its first reset. Its :meth:`~MiniWoBBrowser.close` gives it back. Raises BrowserBudgetError (one
+        line, the numbers and the way out) when ``budget.max_pages`` sessions are leased already."""
+        with self._lock:
+            if self._closed:
+                raise MiniWoBError("the browser pool is closed")
+            if len(self._leased) >= self.budget.max_pages:
+                raise BrowserBudgetError(
+                    f"all {len(self._leased)} live pages are leased: {self.budget.describe()}; close each "
+                    "session at its end, or lower the sessions asked for at once"
                 )
-                and len(self._all) >= n
+            browser = MiniWoBBrowser(
+                task or self.task,
+                max_steps=self.max_steps,
+                timeout_s=self.timeout_s,
+                viewport=self.viewport,
+                setup=self.setup,
+                pool=self,
             )
+            self._leased.add(browser)
+            self.max_leased = max(self.max_leased, len(self._leased))
+            return browser
 
-    def acquire(self) -> MiniWoBBrowser:
-        """An open browser, now or once one being opened is ready; raises MiniWoBError when the page
-        opened for it did not open (that episode fails; the next acquire opens another), and
-        BrowserBudgetError when every browser the budget allows is in use."""
-        with self._cond:
-            self._waiting += 1
-            try:
-                while True:
-                    if self._closed:
-                        raise MiniWoBError("the browser pool is closed")
-                    if self._idle:
-                        browser = self._idle.pop()
-                        self._target = max(self._target, len(self._all) - len(self._idle))
-                        return browser
-                    if self._failures:
-                        raise MiniWoBError(self._failures.popleft())
-                    in_use = len(self._all)
-                    if in_use >= self.budget.max_browsers:
-                        raise BrowserBudgetError(
-                            f"all {in_use} browsers are in use: {self.budget.describe()}; give each "
-                            "browser back (release) at its episode's end"
-                        )
-                    while (
-                        self._opening < self._waiting
-                        and in_use + self._opening + self._closing < self.budget.max_browsers
-                    ):
-                        self._open_ahead()
-                    self._cond.wait()
-            finally:
-                self._waiting -= 1
+    def warm(self, pages: int) -> None:
+        """Launch, in the background, the Chromium processes ``pages`` pages need (at most the budget's):
+        a trainer's pages then open without waiting for launches."""
+        with self._lock:
+            wanted = self.budget.browsers_for(min(pages, self.budget.max_pages))
+            while not self._closed and len(self._live()) < wanted:
+                self._launch()
 
-    def release(self, browser: MiniWoBBrowser) -> None:
-        """``browser``'s episode is over: back to the pool, or closed (and replaced ahead) when it failed,
-        or closed when more are open than the run needs."""
-        with self._cond:
-            if browser not in self._all or browser in self._idle:
-                return  # released already (or not this pool's)
-            failed = not browser.alive
-            if not (failed or self._closed or len(self._all) > max(self._target, 1)):
-                self._idle.append(browser)
-                self._cond.notify_all()
-                return
-            self._all.discard(browser)
-            self._closing += 1  # still counted: its replacement opens once it is closed
-        browser.close()
-        with self._cond:
-            self._closing -= 1
-            self.replaced += failed
-            self._top_up()
-            self._cond.notify_all()
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Wait until every process launched so far has its Chromium up: whether they all have."""
+        return all(process.wait_ready(timeout_s) for process in self.processes())
 
     def close(self) -> None:
-        """Close every browser, idle or in use, and stop opening more (idempotent)."""
-        with self._cond:
+        """Close every Chromium, with the sessions in it, and lease no more (idempotent)."""
+        with self._lock:
             self._closed = True
-            browsers, self._all, self._idle = list(self._all), set(), []
-            self._cond.notify_all()
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        for browser in browsers:
-            browser.close()
+            processes, self._load = list(self._load), {}
+        for process in processes:
+            process.close()
 
     def __enter__(self) -> BrowserPool:
         return self
@@ -173,49 +126,47 @@ class BrowserPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _trim(self) -> list[MiniWoBBrowser]:
-        surplus = []
-        while self._idle and len(self._all) > self._target:
-            browser = self._idle.pop(0)
-            self._all.discard(browser)
-            surplus.append(browser)
-        return surplus
+    # --- what sessions call
+    def _place(self, browser: MiniWoBBrowser, old: BrowserProcess | None) -> BrowserProcess:
+        """A live process for ``browser``'s next page (``old``: the one it was in, found dead): the
+        least-loaded with room, or a new one."""
+        with self._lock:
+            if self._closed:
+                raise MiniWoBError("the browser pool is closed")
+            if old is not None and old in self._load:
+                self._load[old] -= 1
+            live = self._live()
+            room = [p for p in live if self._load[p] < self.budget.pages_per_browser]
+            process = min(room, key=self._load.__getitem__) if room else self._launch()
+            self._load[process] += 1
+            return process
 
-    def _top_up(self) -> None:
-        while not self._closed and len(self._all) + self._opening + self._closing < self._target:
-            self._open_ahead()
+    def _give_back(self, browser: MiniWoBBrowser, process: BrowserProcess | None) -> None:
+        with self._lock:
+            self._leased.discard(browser)
+            if process is not None and process in self._load:
+                self._load[process] -= 1
+            dead = self._drop_dead()
+        for process in dead:
+            process.close()
 
-    def _open_ahead(self) -> None:
-        self._opening += 1
-        self._executor.submit(self._open)
+    def _live(self) -> list[BrowserProcess]:
+        """The live processes (under the lock); dead ones are dropped and closed in the background."""
+        for process in self._drop_dead():
+            threading.Thread(target=process.close, name="keyshot-browser-close", daemon=True).start()
+        return list(self._load)
 
-    def _open(self) -> None:
-        """Open one browser (its worker started, Chromium launched on the pool's task) into the pool."""
-        browser, failure = None, None
-        try:
-            browser = MiniWoBBrowser(
-                self.task, max_steps=self.max_steps, timeout_s=self.timeout_s, setup=self.setup
-            )
-            browser.reset()
-        except MiniWoBError as exc:
-            failure = str(exc)
-        except Exception as exc:  # an unforeseen failure still fails one episode, with its reason
-            failure = f"the browser did not open: {type(exc).__name__}: {exc}"
-        with self._cond:
-            self._opening -= 1
-            keep = failure is None and not self._closed
-            if keep:
-                self._all.add(browser)
-                self._idle.append(browser)
-                self.opened += 1
-                self.max_alive = max(self.max_alive, len(self._all))
-            elif failure is not None:
-                self.failed_opens += 1
-                if self._waiting:  # the episode waiting for it fails with the reason
-                    self._failures.append(failure)
-                else:  # opened ahead: the next acquire opens another
-                    logger.warning("a browser opened ahead did not open: %s", failure)
-            self._cond.notify_all()
-        if not keep and browser is not None:
-            with contextlib.suppress(Exception):
-                browser.close()
+    def _drop_dead(self) -> list[BrowserProcess]:
+        dead = [p for p in self._load if not p.alive]
+        for process in dead:
+            del self._load[process]
+            self.replaced += 1
+            logger.warning("a browser of the pool died (%s); its sessions' episodes failed", process.failure)
+        return dead
+
+    def _launch(self) -> BrowserProcess:
+        process = BrowserProcess(self.setup, self.timeout_s)
+        self._load[process] = 0
+        self.launched += 1
+        self.max_browsers = max(self.max_browsers, len(self._load))
+        return process

@@ -1,27 +1,44 @@
-"""One MiniWoB browser in a process of its own (started by :class:`keyshot.env.miniwob.client.MiniWoBBrowser`
-with the set-up's variables in its environment):
+"""One Chromium holding many MiniWoB pages, each in a browser context of its own (a *session*), in a
+process of its own (started by :class:`keyshot.env.miniwob.client.BrowserProcess` with the set-up's
+variables in its environment)::
 
-    python -I env/miniwob/worker.py TASK CHROMIUM MAX_TEXT_CHARS PAGE_TIMEOUT_MS
+    python -I env/miniwob/worker.py CHROMIUM PAGE_TIMEOUT_MS
 
 Why a process: playwright reads the Python call stack at every call it makes (``inspect.stack()``), which
 costs seconds per page in a trainer's process holding thousands of modules (torch, transformers, trl); here
-it holds a few hundred. It also lets browsers run side by side. It ends with the process that started
-it: that process's end closes the worker's stdin, and the worker then kills its browsers and exits at once,
-even in the middle of a request (a thread reads the requests).
+it holds a few hundred. It ends with the process that started it: that process's end closes the worker's
+stdin, and the worker then kills its Chromium and exits at once, even in the middle of a request (a
+thread reads the requests).
 
 Requests are JSON lines on stdin, answers JSON lines on the stdout it was given (anything the libraries
-print goes to stderr): ``{"op": "reset", "seed": N, "task": "click-button"}`` (``task`` optional: the
-last one), ``{"op": "step", "action": "click('12')"}``, ``{"op": "close"}``. An answer holds the goal, URL,
-the page's text (goal, last action's error, accessibility tree), its screenshot (PNG, base64), MiniWoB's
-reward and whether the task is over, or ``{"error": "..."}`` when the browser failed. A reset's answer
-also holds the browsers' process ids and whether they were launched for it (``relaunched``).
+print goes to stderr). Every request but ``close`` carries an ``id`` its answer repeats, and a
+``session`` (any string the client picks):
 
-The first reset launches BrowserGym's browsers (the page's and its chat window's Chromium); every later
-one starts a new MiniWoB episode in the same page (the task's page loaded again with the new seed, as
-BrowserGym's own reset sets a task up), so a browser serves episode after episode without a launch. A
-browser found dead (a crashed or killed Chromium) is closed, its processes killed, and launched again.
-A page may take PAGE_TIMEOUT_MS to load (MiniWoB's own 5 s fails launches on a busy machine: a goto
-timed out there with 8 browsers on 2 loaded cores); BrowserGym's actions keep their own 0.5 s.
+- ``{"op": "reset", "session": S, "task": "click-button", "seed": N, "viewport": [W, H] | null}``: a new
+  MiniWoB episode in a fresh browser context (the session's previous one closed);
+- ``{"op": "step", "session": S, "action": "click('12')"}``: a BrowserGym action;
+- ``{"op": "end", "session": S}``: the session's context closed (its memory given back);
+- ``{"op": "close"}``: everything closed, then the process ends.
+
+An answer holds the goal, URL, the page's text (goal, last action's error, accessibility tree), its
+screenshot (PNG, base64), MiniWoB's reward and whether the task is over, or ``{"error": "..."}`` when that
+session's page failed (a crashed page fails its own session only). Answers may come in another order than
+the requests: a step waits BrowserGym's 0.5 s for the page's events before its observation, and the worker
+serves the other sessions meanwhile. When Chromium itself is gone the worker answers the pending requests
+with the reason and exits (code 3): the client then fails that browser's sessions only.
+
+An episode is BrowserGym's, page for page: the task is BrowserGym's MiniWoB task class (its ``setup``
+loads the miniwob package's HTML and starts the episode, its ``validate`` reads reward and done from the
+task's JavaScript), actions go through BrowserGym's ``HighLevelActionSet`` and ``execute_python_code``, and
+the observation through its extractors. What :class:`browsergym.core.env.BrowserEnv` does around them
+(its context set-up, the active-page tracking, the waits, the chat messages ``validate`` reads) is written
+here per context, because ``BrowserEnv`` launches a Chromium (and a second one for its chat window) per
+environment; ``tests/test_browsergym_copy.py`` pins this copy to the BrowserGym version keyshot pins (the
+source of every copied method is hashed) and plays the same episodes both ways. Not copied: the chat
+window's browser (its messages are kept as a list, which is all MiniWoB's ``validate`` reads), video
+recording, the DOM snapshot and element properties (no field keyshot sends), and the task's ``slow_mo``
+(a launch option of the whole browser, which here serves many pages).
+
 Imports nothing of keyshot (it runs by path).
 """
 
@@ -29,14 +46,324 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import heapq
 import io
+import itertools
 import json
 import os
 import queue
+import re
 import signal
 import sys
 import threading
 import time
+
+#: BrowserGym's wait for the page's JavaScript events after an action (BrowserEnv's pre_observation_delay)
+PRE_OBSERVATION_DELAY_S = 0.5
+#: BrowserEnv's tries at extracting the observation (browsergym.core.constants.EXTRACT_OBS_MAX_TRIES)
+RETRYABLE = (
+    "Frame was detached",
+    "Frame with the given frameId is not found",
+    "Execution context was destroyed",
+    "Frame has been detached",
+    "Cannot mark a child frame without a bid",
+    "Cannot read properties of undefined",
+)
+#: BrowserEnv's script that reports the page the agent is on (playwright has no notion of an active page)
+ACTIVE_PAGE_SCRIPT = "\n".join(
+    ["window.browsergym_page_activated();"]
+    + [
+        f'window.addEventListener("{event}", () => {{window.browsergym_page_activated();}}, {{capture: true}});'
+        for event in (
+            "focus focusin load pageshow mousemove mouseup mousedown wheel keyup keydown input touchstart "
+            "touchend"
+        ).split()
+    ]
+    + [
+        'document.addEventListener("visibilitychange", () => {',
+        '    if (document.visibilityState === "visible") {',
+        "        window.browsergym_page_activated();",
+        "    }",
+        "}, {capture: true});",
+    ]
+)
+
+
+class Session:
+    """One MiniWoB page in a browser context of its own: BrowserGym's reset, step and observation for it."""
+
+    def __init__(self, worker: Worker, name: str):
+        self.worker = worker
+        self.name = name
+        self.context = None
+        self.page = None
+        self.task = None
+        self.page_history: dict = {}
+        self.messages: list[dict] = []  # BrowserGym's chat messages (what validate reads)
+        self.goal = ""
+        self.last_action_error = ""
+        self.infeasible = False
+        self.start_time = time.time()
+
+    # --- BrowserEnv.reset, for one context of the shared browser
+    def reset(self, task: str, seed: int, viewport: list[int] | None) -> dict:
+        self.end()
+        entrypoint = self.worker.entrypoint(task)  # an unknown task fails here, before anything is opened
+        self.task = entrypoint(seed=seed)
+        size = {"width": viewport[0], "height": viewport[1]} if viewport else self.task.viewport
+        self.context = self.worker.browser.new_context(
+            viewport=size, locale=self.task.locale, timezone_id=self.task.timezone_id
+        )
+        self.context.set_default_timeout(self.worker.page_timeout_ms)  # BrowserEnv's timeout= override
+        self.page_history = {}
+        self.context.expose_binding(
+            "browsergym_page_activated", lambda source: self._activated(source["page"])
+        )
+        self.context.add_init_script(ACTIVE_PAGE_SCRIPT)
+        self.messages = []
+        self.page = self.context.new_page()
+        goal, _ = self.task.setup(page=self.page)
+        goal_object = [{"type": "text", "text": goal}] if isinstance(goal, str) else list(goal or [])
+        self.goal = "\n".join(m["text"] for m in goal_object if m["type"] == "text")
+        self._say(
+            "assistant",
+            "Hi! I am your UI assistant, I can perform web tasks for you. What can I help you with?",
+        )
+        for message in goal_object:
+            if message["type"] == "text":
+                self._say("user", message["text"])
+        self._wait_dom_loaded()
+        self._active_page_check()
+        self.start_time = time.time()
+        self.last_action_error, self.infeasible = "", False
+        return self._observation(reward=0.0, done=False)
+
+    # --- BrowserEnv.step: the action now, the observation after BrowserGym's wait (other sessions meanwhile)
+    def act(self, action: str) -> None:
+        from browsergym.core.action.base import execute_python_code
+
+        if self.task is None:
+            raise RuntimeError("step before reset")
+        try:
+            code = self.worker.actions.to_python_code(action)
+            execute_python_code(
+                code,
+                self.page,
+                send_message_to_user=self._send_message_to_user,
+                report_infeasible_instructions=self._report_infeasible,
+            )
+            self.last_action_error = ""
+        except Exception as exc:
+            self.last_action_error = f"{type(exc).__name__}: {exc}"
+
+    def after_action(self) -> dict:
+        self.context.cookies()  # BrowserGym's way to run playwright's waiting callbacks
+        self._wait_dom_loaded()
+        self._active_page_check()
+        page, history = self.page, self.page_history.copy()
+        reward, done, user_message, _ = self.task.validate(self.page, self.messages)
+        self.page, self.page_history = page, history  # as BrowserEnv._task_validate restores them
+        if user_message:
+            self._say("user", user_message)
+        return self._observation(reward=float(reward), done=bool(done or self.infeasible))
+
+    def end(self) -> None:
+        """Close the session's context (its pages and their renderer)."""
+        task, context, self.task, self.context, self.page = self.task, self.context, None, None, None
+        if task is not None:
+            with contextlib.suppress(Exception):
+                task.teardown()
+        if context is not None:
+            with contextlib.suppress(Exception):
+                context.close()
+
+    def _say(self, role: str, text: str) -> None:
+        self.messages.append({"role": role, "timestamp": time.time(), "message": text})
+
+    def _send_message_to_user(self, text: str) -> None:
+        if not isinstance(text, str):
+            raise ValueError(f"Forbidden value: {text} is not a string")
+        self._say("assistant", text)
+
+    def _report_infeasible(self, reason: str) -> None:
+        if not isinstance(reason, str):
+            raise ValueError(f"Forbidden value: {reason} is not a string")
+        self._say("infeasible", reason)
+        self.infeasible = True
+
+    def _activated(self, page) -> None:
+        if page.context != self.context:
+            raise RuntimeError(
+                f"Unexpected: activating a page that belongs to a different browser context ({page})."
+            )
+        self.page_history.pop(page, None)
+        self.page_history[page] = None
+        self.page = page
+
+    def _wait_dom_loaded(self) -> None:
+        import playwright.sync_api
+
+        for page in self.context.pages:
+            with contextlib.suppress(playwright.sync_api.Error):
+                page.wait_for_load_state("domcontentloaded", timeout=3000)
+            for frame in page.frames:
+                with contextlib.suppress(playwright.sync_api.Error):
+                    frame.wait_for_load_state("domcontentloaded", timeout=3000)
+
+    def _active_page_check(self) -> None:
+        if len(self.context.pages) == 0:
+            self.page = self.context.new_page()
+        while self.page_history and (self.page.is_closed() or self.page not in self.context.pages):
+            self.page_history.pop(self.page)
+            self.page = list(self.page_history.keys())[-1]
+        if self.page not in self.context.pages:
+            raise RuntimeError(
+                f"Unexpected: active page is not part of the browser context's open pages ({self.page})."
+            )
+        if self.page.is_closed():
+            raise RuntimeError(f"Unexpected: active page has been closed ({self.page}).")
+
+    # --- BrowserEnv._get_obs: the fields keyshot sends
+    def _observation(self, reward: float, done: bool) -> dict:
+        import playwright.sync_api
+        from browsergym.core.constants import EXTRACT_OBS_MAX_TRIES
+        from browsergym.core.observation import (
+            MarkingError,
+            _post_extract,
+            _pre_extract,
+            extract_merged_axtree,
+            extract_screenshot,
+        )
+        from browsergym.utils.obs import flatten_axtree_to_str
+        from PIL import Image
+
+        for retries_left in reversed(range(EXTRACT_OBS_MAX_TRIES)):
+            try:
+                _pre_extract(self.page, tags_to_mark="standard_html", lenient=(retries_left == 0))
+                axtree = extract_merged_axtree(self.page)
+            except (playwright.sync_api.Error, MarkingError) as exc:
+                if retries_left > 0 and any(known in str(exc) for known in RETRYABLE):
+                    _post_extract(self.page)
+                    time.sleep(0.5)
+                    continue
+                raise
+            break
+        _post_extract(self.page)
+        screenshot = extract_screenshot(self.page)
+        parts = [f"Goal: {self.goal}"]
+        if self.last_action_error:
+            parts.append(f"Error: {self.last_action_error}")
+        tree = flatten_axtree_to_str(axtree)
+        parts.append(f"Page structure:\n{tree[: self.worker.text_chars]}")
+        buffer = io.BytesIO()
+        Image.fromarray(screenshot).save(buffer, format="PNG", compress_level=1)
+        return {
+            "goal": self.goal,
+            "url": self.page.url,
+            "text": "\n\n".join(parts),
+            "axtree": tree,
+            "last_action_error": self.last_action_error,
+            "png": base64.b64encode(buffer.getvalue()).decode("ascii"),
+            "reward": reward,
+            "done": done,
+        }
+
+
+class Worker:
+    """The Chromium (launched as BrowserEnv launches it) and its sessions, served from one thread (playwright's
+    sync API), with BrowserGym's waits after actions scheduled rather than slept."""
+
+    def __init__(self, chromium: str, page_timeout_ms: int, text_chars: int = 4000):
+        import browsergym.miniwob  # noqa: F401  (registers the browsergym/miniwob.* environments)
+        from browsergym.core import _get_global_playwright
+        from browsergym.core.action.highlevel import HighLevelActionSet
+        from browsergym.core.constants import BROWSERGYM_ID_ATTRIBUTE
+
+        self.page_timeout_ms = page_timeout_ms
+        self.text_chars = text_chars
+        self.actions = HighLevelActionSet()  # BrowserEnv's default action_mapping
+        self.entrypoints: dict[str, object] = {}
+        playwright = _get_global_playwright()  # BrowserGym's own playwright instance
+        playwright.selectors.set_test_id_attribute(BROWSERGYM_ID_ATTRIBUTE)
+        self.browser = playwright.chromium.launch(
+            headless=True,
+            args=["--disable-features=OverlayScrollbars,ExtendedOverlayScrollbars"],
+            ignore_default_args=["--hide-scrollbars"],
+            executable_path=chromium,
+        )
+        self.pid = _browser_pid(self.browser)
+        self.sessions: dict[str, Session] = {}
+        self._due: list = []  # (time, order, callback): steps waiting for BrowserGym's delay
+        self._order = itertools.count()
+
+    def entrypoint(self, task: str):
+        """BrowserGym's task class of ``browsergym/miniwob.TASK`` (as gym.make builds it; nothing launched)."""
+        if task not in self.entrypoints:
+            import gymnasium as gym
+
+            env = gym.make(f"browsergym/miniwob.{task}", disable_env_checker=True)
+            self.entrypoints[task] = env.unwrapped.task_entrypoint
+            env.close()  # nothing was launched: closes nothing
+        return self.entrypoints[task]
+
+    def session(self, name: str) -> Session:
+        if name not in self.sessions:
+            self.sessions[name] = Session(self, name)
+        return self.sessions[name]
+
+    def handle(self, request: dict, answer) -> None:
+        """Serve one request; a step's answer comes after BrowserGym's delay (:meth:`run_due`)."""
+        op, rid, name = request["op"], request.get("id"), request.get("session", "")
+        try:
+            if op == "reset":
+                answer(
+                    {
+                        "id": rid,
+                        **self.session(name).reset(request["task"], request["seed"], request.get("viewport")),
+                    }
+                )
+            elif op == "step":
+                session = self.session(name)
+                session.act(request["action"])
+                due = time.monotonic() + PRE_OBSERVATION_DELAY_S
+                heapq.heappush(self._due, (due, next(self._order), rid, session))
+            elif op == "end":
+                session = self.sessions.pop(name, None)
+                if session is not None:
+                    session.end()
+                answer({"id": rid, "ended": True})
+            else:
+                answer({"id": rid, "error": f"unknown op {op!r}"})
+        except Exception as exc:  # that session's page failed (or Chromium died: ``dead``): said, not raised
+            answer({"id": rid, "error": _first_line(exc), "dead": not self.connected})
+
+    def next_due_s(self) -> float | None:
+        return max(0.0, self._due[0][0] - time.monotonic()) if self._due else None
+
+    def run_due(self, answer) -> None:
+        while self._due and self._due[0][0] <= time.monotonic():
+            _, _, rid, session = heapq.heappop(self._due)
+            try:
+                answer({"id": rid, **session.after_action()})
+            except Exception as exc:
+                answer({"id": rid, "error": _first_line(exc), "dead": not self.connected})
+
+    @property
+    def connected(self) -> bool:
+        return self.browser.is_connected()
+
+    def kill(self) -> None:
+        """Kill Chromium's main process (its helpers end with it)."""
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            session.end()
+        with contextlib.suppress(Exception):
+            self.browser.close()
+        self.kill()
 
 
 def _browser_pid(browser) -> int | None:
@@ -50,158 +377,57 @@ def _browser_pid(browser) -> int | None:
     return next((p["id"] for p in info if p["type"] == "browser"), None)
 
 
-class Worker:
-    def __init__(self, task: str, chromium: str, text_chars: int, page_timeout_ms: int):
-        import browsergym.miniwob  # noqa: F401  (registers the browsergym/miniwob.* environments)
-
-        self.chromium = chromium
-        self.text_chars = text_chars
-        self.page_timeout_ms = page_timeout_ms
-        self.task = task
-        self.entrypoints: dict[str, object] = {}
-        self.env = self._make(task)
-        self.pids: list[int] = []
-
-    def _make(self, task: str):
-        """BrowserGym's environment of ``task`` (nothing launched until its reset)."""
-        import gymnasium as gym
-
-        env = gym.make(
-            f"browsergym/miniwob.{task}",
-            disable_env_checker=True,
-            timeout=self.page_timeout_ms,
-            pw_chromium_kwargs={"executable_path": self.chromium},
-        )
-        self.entrypoints[task] = env.unwrapped.task_entrypoint
-        return env
-
-    def _entrypoint(self, task: str):
-        if task not in self.entrypoints:
-            self._make(task).close()  # nothing was launched: closes nothing
-        return self.entrypoints[task]
-
-    def reset(self, seed: int, task: str | None) -> dict:
-        task = task or self.task
-        entrypoint = self._entrypoint(task)  # an unknown task fails here, before anything is touched
-        core = self.env.unwrapped
-        relaunched = core.task is None
-        if not relaunched:
-            try:
-                obs = self._new_episode(core, entrypoint, seed)
-            except Exception:  # the browser died since the last episode: launch it again
-                self._discard()
-                relaunched = True
-                self.env = self._make(task)
-        elif task != self.task:  # nothing launched yet: the environment of the task asked for
-            self.env = self._make(task)
-        if relaunched:
-            obs, _ = self.env.reset(seed=seed)
-            core = self.env.unwrapped
-            self.pids = [p for p in (_browser_pid(core.browser), _browser_pid(core.chat.browser)) if p]
-        self.task = task
-        return {**self._page(obs, reward=0.0, done=False), "pids": self.pids, "relaunched": relaunched}
-
-    @staticmethod
-    def _new_episode(core, entrypoint, seed: int) -> dict:
-        """A new MiniWoB episode in the page BrowserGym opened (what its reset does after the launch)."""
-        if len(core.context.pages) != 1 or core.page.is_closed() or not core.chat.browser.is_connected():
-            raise RuntimeError("the page is not the one BrowserGym opened")
-        core.task.teardown()
-        core.task_entrypoint = entrypoint
-        core.task = entrypoint(seed=seed, **core.task_kwargs)
-        goal, _ = core.task.setup(page=core.page)
-        core.goal_object = [{"type": "text", "text": goal}] if isinstance(goal, str) else list(goal)
-        core.chat.messages.clear()
-        for message in core.goal_object:
-            if message["type"] == "text":
-                core.chat.add_message(role="user", msg=message["text"])
-        core._wait_dom_loaded()
-        core._active_page_check()
-        core.start_time = time.time()
-        core.last_action, core.last_action_error, core.infeasible_message_received = "", "", False
-        return core._get_obs()
-
-    def _discard(self) -> None:
-        """Close a broken environment as far as it closes, then kill what is left of its browsers."""
-        with contextlib.suppress(Exception):
-            self.env.close()
-        self.kill_browsers()
-
-    def kill_browsers(self) -> None:
-        """Kill the browsers' main processes (their helpers end with them)."""
-        for pid in self.pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        self.pids = []
-
-    def step(self, action: str) -> dict:
-        obs, reward, terminated, truncated, _ = self.env.step(action)
-        return self._page(obs, reward=float(reward), done=bool(terminated or truncated))
-
-    def _page(self, obs: dict, reward: float, done: bool) -> dict:
-        from browsergym.utils.obs import flatten_axtree_to_str
-        from PIL import Image
-
-        parts = [f"Goal: {obs['goal']}"]
-        if obs.get("last_action_error"):
-            parts.append(f"Error: {obs['last_action_error']}")
-        parts.append(f"Page structure:\n{flatten_axtree_to_str(obs['axtree_object'])[: self.text_chars]}")
-        buffer = io.BytesIO()
-        Image.fromarray(obs["screenshot"]).save(buffer, format="PNG", compress_level=1)
-        return {
-            "goal": obs["goal"],
-            "url": obs["url"],
-            "text": "\n\n".join(parts),
-            "png": base64.b64encode(buffer.getvalue()).decode("ascii"),
-            "reward": reward,
-            "done": done,
-        }
-
-    def close(self) -> None:
-        self._discard()  # a dead browser's close raises; its processes are killed
-
-
-def _read_requests(requests: queue.Queue, worker: Worker) -> None:
+def _read_requests(requests: queue.Queue, worker_pid: list) -> None:
     """Hand stdin's lines to the main thread; at its end (the process that started this one is gone, or
-    closed it) end at once, even in the middle of a request: the browsers killed, then this process."""
+    closed it) end at once, even in the middle of a request: Chromium killed, then this process."""
     for line in sys.stdin:
         requests.put(line)
-    worker.kill_browsers()
+    for pid in worker_pid:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     os._exit(0)
 
 
 def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    text = re.sub(r"\s+", " ", str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+    return f"{type(exc).__name__}: {text}"
 
 
 def main(argv: list[str]) -> int:
-    task, chromium, text_chars, page_timeout_ms = argv[0], argv[1], int(argv[2]), int(argv[3])
+    chromium, page_timeout_ms = argv[0], int(argv[1])
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     sys.stdout = sys.stderr  # what the libraries print stays out of the answers
+    lock = threading.Lock()
 
     def answer(message: dict) -> None:
-        answers.write(json.dumps(message) + "\n")
+        with lock:
+            answers.write(json.dumps(message) + "\n")
 
+    chromium_pid: list[int] = []  # filled once launched, for the reader thread's kill
+    requests: queue.Queue = queue.Queue()
+    threading.Thread(target=_read_requests, args=(requests, chromium_pid), daemon=True).start()
     try:
-        worker = Worker(task, chromium, text_chars, page_timeout_ms)
+        worker = Worker(chromium, page_timeout_ms)
     except Exception as exc:
         answer({"error": _first_line(exc)})
         return 1
-    answer({"ready": True})
-    requests: queue.Queue = queue.Queue()
-    threading.Thread(target=_read_requests, args=(requests, worker), daemon=True).start()
-    while (line := requests.get()) is not None:
-        request = json.loads(line)
-        if request["op"] == "close":
-            break
+    chromium_pid.extend([worker.pid] if worker.pid else [])
+    answer({"ready": True, "pid": worker.pid})
+    while True:
         try:
-            if request["op"] == "reset":
-                answer(worker.reset(request["seed"], request.get("task")))
-            else:
-                answer(worker.step(request["action"]))
-        except Exception as exc:  # the browser died or stopped answering: said, not raised
-            answer({"error": _first_line(exc)})
+            line = requests.get(timeout=worker.next_due_s())
+        except queue.Empty:
+            line = None
+        if line is not None:
+            request = json.loads(line)
+            if request["op"] == "close":
+                break
+            worker.handle(request, answer)
+        worker.run_due(answer)
+        if not worker.connected:  # Chromium is gone: every session of it fails, the client starts another
+            answer({"gone": "the browser (Chromium) died"})
+            worker.kill()
+            return 3
     worker.close()
     answer({"closed": True})
     return 0
