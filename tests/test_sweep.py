@@ -243,3 +243,66 @@ def test_report_shows_reliability_and_deltas_beside_the_histogram(tmp_path):
     # a run of no sweep, without p_success, shows the histogram alone
     index = build_report(RECORDS / "webjudge_7B", tmp_path / "plain", progress=False).read_text()
     assert re.findall(r'<img src="plots/([a-z]+\.png)"', index)[:2] == ["scores.png", "agents.png"]
+
+
+def test_sweep_of_a_keyshot_run_shows_the_kept_screenshots_and_calls_no_scorer(tmp_path):
+    """A keyshot run judged with a scorer: the sweep reads its trajectories again (several in one JSONL
+    file), shows the judge the kept screenshots as the run did, and asks the scorer nothing."""
+    from keyshot.infer.common.config import load_config
+    from keyshot.infer.judge.command import run_judge
+    from keyshot.infer.judge.config import JudgeRunConfig
+    from keyshot.infer.testing.fake_openai import user_parts
+    from keyshot.infer.testing.worlds import synthetic_trajectories
+
+    source = synthetic_trajectories(tmp_path / "traj", 4, [3, 5, 2, 6], seed=2, size=(320, 200))
+    images_seen: list[int] = []
+    judge, scorer = Recording(), Recording()
+
+    def outcome_images(request: dict) -> str:
+        if identify_step(request) == "outcome":
+            images_seen.append(len(user_parts(request)[1]))
+        return judge(request)
+
+    with FakeOpenAI(outcome_images) as judge_srv, FakeOpenAI(scorer) as scorer_srv:
+        overrides = [
+            *_overrides(judge_srv),
+            f"scorer.endpoint.base_url={scorer_srv.base_url}",
+            "scorer.endpoint.model=fake-scorer",
+            "scorer.endpoint.api_key_env=null",
+            f"out={tmp_path / 'run'}",
+        ]
+        run_judge([str(source)], load_config(JudgeRunConfig, None, overrides), progress=False)
+        judged_scores = scorer.steps["key_screenshot"]
+        assert judged_scores == 16
+        judge.steps.clear()
+        images_seen.clear()
+        assert (
+            keyshot(
+                [
+                    "sweep",
+                    str(tmp_path / "run"),
+                    "--out",
+                    str(tmp_path / "sweep"),
+                    "--no-progress",
+                    *overrides,
+                ]
+            )
+            == 0
+        )
+    assert scorer.steps["key_screenshot"] == judged_scores  # not one more scorer call
+    assert set(judge.steps) == {"outcome"}
+    result = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert result["not_swept"] == {} and result["sweepable"] == 4
+    assert result["totals"]["scorer_calls_sent"] == 0
+    # δ=3 is the judged run's own: its outcome requests come from the run's cache
+    assert [r["outcome_sent"] for r in result["per_delta"]][1] == 0
+    kept_sent = []
+    for delta in (2, 3, 4):
+        protocol = read_protocol(delta_folder(tmp_path / "sweep", delta))
+        assert protocol["outcome_images"] == "scorer" and protocol["threshold"] == delta
+        for v in read_verdicts(delta_folder(tmp_path / "sweep", delta) / "verdicts.jsonl"):
+            assert v.kept == select_kept(v.screenshots, delta, mode="strict")
+            kept_sent.append(len(v.kept))
+    # every request sent showed the judge one of its δ's kept sets of screenshots, images included
+    assert images_seen and Counter(images_seen) <= Counter(kept_sent) and max(images_seen) > 0
+    assert sum(judge.steps.values()) == result["totals"]["outcome_calls_sent"] == len(images_seen)

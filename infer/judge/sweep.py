@@ -51,7 +51,7 @@ from keyshot.infer.common.errors import RunStopError
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.judge.pipeline import PipelineConfig, WebJudge
-from keyshot.infer.loaders import load_trajectory
+from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.judge_records import recorded_actions
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.protocol.images import ImagePolicy
@@ -64,6 +64,7 @@ from keyshot.infer.protocol.verdicts import (
     latest_verdicts,
     read_verdicts,
     select_kept,
+    verdict_key,
 )
 from keyshot.infer.runs.counts import INCOMPLETE, NO_SCORES, outcome_of
 from keyshot.infer.runs.lock import RunLock
@@ -149,12 +150,37 @@ def _released_trajectory(v: Verdict) -> Trajectory:
     return Trajectory(v.task_id, v.task, actions, agent=v.agent, benchmark=v.benchmark, run=v.run)
 
 
+class _Sources:
+    """The trajectories of each source a judged run read (a folder or a JSONL file may hold several),
+    loaded once, found by the verdict's identity (task, agent, run; a trajectory that names no agent, judged
+    with ``agent=``, by task and run)."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, list[Trajectory]] = {}
+
+    def find(self, v: Verdict) -> Trajectory:
+        source = v.source or ""
+        if source not in self._loaded:
+            errors: list[TrajectoryError] = []
+            self._loaded[source] = list(load_trajectories(source, on_error="skip", errors=errors))
+        found = self._loaded[source]
+        exact = [t for t in found if verdict_key(t.task_id, t.agent, t.run) == v.key]
+        loose = [t for t in found if str(t.task_id) == str(v.task_id) and (t.run or "") == (v.run or "")]
+        if len(exact) == 1 or len(loose) == 1:
+            return (exact or loose)[0]
+        raise TrajectoryError(
+            Path(source),
+            f"no trajectory of task {v.task_id!r} (agent {v.agent!r}) read from it ({len(found)} read)",
+        )
+
+
 def sweepable(verdicts: list[Verdict], released: bool) -> tuple[list[_Item], Counter, list[str]]:
     """The verdicts a sweep can ask the outcome of, each with its trajectory; the others counted by
     reason, with the first few named."""
     items: list[_Item] = []
     left: Counter = Counter()
     named: list[str] = []
+    sources = _Sources()
     for v in verdicts:
         outcome = outcome_of(v)
         reason = None
@@ -166,7 +192,7 @@ def sweepable(verdicts: list[Verdict], released: bool) -> tuple[list[_Item], Cou
             reason = "judged verdict incomplete: finish it with keyshot judge first"
         if reason is None:
             try:
-                trajectory = _released_trajectory(v) if released else load_trajectory(v.source or "")
+                trajectory = _released_trajectory(v) if released else sources.find(v)
             except (TrajectoryError, OSError, ValueError) as exc:
                 reason = "trajectory not readable"
                 if len(named) < 5:
