@@ -306,3 +306,25 @@ def test_sweep_of_a_keyshot_run_shows_the_kept_screenshots_and_calls_no_scorer(t
     # every request sent showed the judge one of its δ's kept sets of screenshots, images included
     assert images_seen and Counter(images_seen) <= Counter(kept_sent) and max(images_seen) > 0
     assert sum(judge.steps.values()) == result["totals"]["outcome_calls_sent"] == len(images_seen)
+
+
+def test_recorded_action_history_gives_the_prompt_back_exactly():
+    from keyshot.infer.protocol.messages import format_actions
+    from keyshot.infer.protocol.prompts import load_prompt_set
+
+    prompts = load_prompt_set("online_mind2web")
+    for path in sorted(RECORDS.rglob("*.json")):
+        record = json.loads(path.read_text())
+        text = record["input_text"]
+        start = text.index("Action History:\n") + len("Action History:\n")
+        end = text.find("\n\nThe potentially important snapshots", start)
+        assert (
+            format_actions(recorded_actions(record), None, prompts) == text[start : end if end >= 0 else None]
+        )
+    # reasoning holding a numbered list of its own: one item, the text unchanged
+    history = (
+        '1. send_msg_to_user("a"). Reasoning: prices:\n1. $19.95\n2. $72.99\n\nso\n2. None. Reasoning: None'
+    )
+    record = {"input_text": f"User Task: t\n\nKey Points: k\n\nAction History:\n{history}"}
+    assert format_actions(recorded_actions(record), None, prompts) == history
+    assert recorded_actions({"input_text": "no history"}) is None

@@ -143,24 +143,28 @@ def read_record_outcome(path: Path) -> str:
     return outcome_text(record) or ""  # an empty answer is no verdict, not an unreadable file
 
 
-_ACTION_HISTORY = re.compile(r"Action History:\s*\n(.*?)(?:\n\s*\n|\Z)", re.DOTALL)
+_ACTION_HISTORY = re.compile(
+    r"Action History:\n(.*?)(?:\n\nThe potentially important snapshots|\Z)", re.DOTALL
+)
 _NUMBERED = re.compile(r"^(\d+)\. ", re.MULTILINE)
 
 
 def recorded_actions(record: dict) -> list[str] | None:
     """The agent's actions as the record's outcome call showed them: ``action_history`` (Online-Mind2Web's
     ``src/run.py`` output), else the numbered "Action History" of the outcome prompt (``input_text``,
-    AgentRewardBench), each with its reasoning where the prompt had it; None when the record holds none."""
+    AgentRewardBench), each with its reasoning where the prompt had it; None when the record holds none.
+    Numbered again (``1. …``, one per line) they give the prompt's text back exactly; a history whose
+    reasoning holds numbered lines of its own comes back as one item, its text unchanged."""
     history = record.get("action_history")
     if isinstance(history, list) and all(isinstance(a, str) for a in history):
         return list(history)
     text = record.get("input_text")
     match = _ACTION_HISTORY.search(text) if isinstance(text, str) else None
-    if match is None:
+    if match is None or not match.group(1).startswith("1. "):
         return None
     block = match.group(1)
     starts = list(_NUMBERED.finditer(block))
-    if not starts or [int(m.group(1)) for m in starts] != list(range(1, len(starts) + 1)):
-        return None
-    ends = [m.start() for m in starts[1:]] + [len(block)]
-    return [block[m.end() : end].rstrip("\n") for m, end in zip(starts, ends, strict=True)]
+    if [int(m.group(1)) for m in starts] != list(range(1, len(starts) + 1)):
+        return [block[len("1. ") :]]
+    ends = [m.start() - 1 for m in starts[1:]] + [len(block)]
+    return [block[m.end() : end] for m, end in zip(starts, ends, strict=True)]
