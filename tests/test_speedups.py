@@ -190,14 +190,16 @@ def test_left_padding_keeps_its_mask():
 
 
 # ------------------------------------------------------------------------------------------------ compile
-def test_regional_compile_gives_the_same_step(tiny_model_dir, batch):
+def test_regional_compile_with_the_other_cpu_switches_gives_the_same_step(tiny_model_dir, batch):
     """Each decoder layer and vision block compiled (aot_eager on the CPU: dynamo's and AOTAutograd's graphs
-    without code generation; the inductor backend is the gpu test below)."""
+    without code generation; inductor is the gpu test below), together with padding_free and checkpointing
+    every second layer: the switches compose."""
     torch._dynamo.reset()
-    model = _prepare(_load(tiny_model_dir), _settings(tiny_model_dir, compile="aot_eager"))
+    switches = {"gradient_checkpointing": True, "checkpoint_every": 2, "padding_free": True}
+    model = _prepare(_load(tiny_model_dir), _settings(tiny_model_dir, compile="aot_eager", **switches))
     assert all(layer._compiled_call_impl is not None for layer in model.model.language_model.layers)
     assert all(block._compiled_call_impl is not None for block in model.model.visual.blocks)
-    reference = _prepare(_load(tiny_model_dir), _settings(tiny_model_dir))
+    reference = _prepare(_load(tiny_model_dir), _settings(tiny_model_dir, gradient_checkpointing=True))
     assert model.state_dict().keys() == reference.state_dict().keys()  # checkpoints are unchanged
     _assert_same_step(_step(model, batch), _step(reference, batch), 1e-5)
 
@@ -284,3 +286,24 @@ def test_regional_compile_with_inductor_on_cuda(tiny_model_dir, batch):
     )
     reference = _prepare(_load(tiny_model_dir, device="cuda"), settings)
     _assert_same_step(_step(model, batch, "cuda"), _step(reference, batch, "cuda"), 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_every_switch_at_once_on_cuda(tiny_model_dir, batch):
+    """All five switches on a bf16 LoRA model, as the 7B would train: transformers' step within bf16 rounding."""
+    pytest.importorskip("liger_kernel", reason="liger-kernel is not installed (pip install 'keyshot[liger]')")
+    torch._dynamo.reset()
+    lora = LoraSettings(enabled=True, r=4, dropout=0.0)
+    settings = _settings(tiny_model_dir, dtype="bfloat16", gradient_checkpointing=True, lora=lora)
+    reference = _prepare(_load(tiny_model_dir, torch.bfloat16, "cuda"), settings)
+    want = _step(reference, batch, "cuda")
+    switches = {
+        "liger_kernel": True,
+        "compile": "inductor",
+        "vision_attention": "varlen",
+        "padding_free": True,
+    }
+    every = ModelSettings(**{**settings.__dict__, **switches, "checkpoint_every": 2})
+    model = _prepare(_load(tiny_model_dir, torch.bfloat16, "cuda"), every)
+    _assert_same_step(_step(model, batch, "cuda"), want, 3e-2)

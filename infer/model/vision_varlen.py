@@ -64,7 +64,7 @@ def _varlen_forward(
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
     v = v.to(q.dtype)
     # no scale argument: the tower's is the kernel's default 1/sqrt(head_dim) (checked when patched), and
-    # torch 2.10/2.11's varlen_attn take none
+    # not every torch release's varlen_attn takes one
     out = self._varlen_attn(q, k, v, cu, cu, int(max_seqlen), int(max_seqlen))
     return self.proj(out.reshape(seq_length, -1))
 
