@@ -54,6 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python bench/gpu.py` from a checkout
     sys.path.insert(0, str(REPO))
 
+from keyshot.infer.common.config import load_config  # noqa: E402
 from keyshot.infer.judge.local_scorer import TransformersScorer  # noqa: E402
 from keyshot.infer.model.tiny_model import build_tiny_qwen25vl  # noqa: E402
 from keyshot.infer.protocol.chat_template import (  # noqa: E402
@@ -68,16 +69,25 @@ from keyshot.infer.protocol.prompts import load_prompt_set  # noqa: E402
 from keyshot.infer.testing.scorer_data import scorer_rows  # noqa: E402
 from keyshot.train.batches import ScorerCollator, build_batch_sampler  # noqa: E402
 from keyshot.train.scorer_model import parameter_groups, prepare_for_training  # noqa: E402
-from keyshot.train.throughput import FlopsModel, ThroughputMeter, batch_shape_stats, log_totals  # noqa: E402
-from keyshot.train.train_config import LoraSettings, ModelSettings, OptimSettings  # noqa: E402
+from keyshot.train.throughput import (  # noqa: E402
+    FlopsModel,
+    ThroughputMeter,
+    batch_shape_stats,
+    labelled_tokens,
+    log_totals,
+)
+from keyshot.train.train_config import ModelSettings, OptimSettings, TrainConfig  # noqa: E402
 
 logger = logging.getLogger("bench.gpu")
 
 SHAPE_7B = REPO / "configs" / "models" / "qwen2.5-vl-7b.json"
 # Dense bf16 peak TFLOP/s by device name (first match wins): the vendors' data sheets, no sparsity.
+# The NVL (PCIe-card) parts run at lower clocks than the SXM modules whose plain names they extend, so
+# they come first: "NVIDIA H200 NVL" is 835, "NVIDIA H200" (SXM) 989.
 PEAK_BF16_TFLOPS = [
-    ("H200", 989.0),
+    ("H200 NVL", 835.0),
     ("GH200", 989.0),
+    ("H200", 989.0),
     ("H100 NVL", 835.0),
     ("H100 PCIe", 756.0),
     ("H100", 989.0),
@@ -190,12 +200,17 @@ class Rendered(torch.utils.data.Dataset):
 
 
 class Phases:
-    """Wall time per phase, each closed by a device synchronise (only while ``on``)."""
+    """Wall time per phase, each closed by a device synchronise (only while ``on``).
+
+    The tower's forward is timed by hooks on ``model.visual``; its backward (the merger's, and the
+    tower's when it trains) from the moment the gradient reaches the tower's output to the end of the
+    backward (the tower runs first, so its backward runs last): the language model's phases exclude both."""
 
     def __init__(self, kit: Kit):
         self.kit, self.on, self.total = kit, False, {}
         self.vision_calls = 0
         self._vision_t0 = 0.0
+        self.vision_grad_at: float | None = None
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -208,55 +223,116 @@ class Phases:
         self.kit.sync()
         self.total[name] = self.total.get(name, 0.0) + time.perf_counter() - t0
 
+    def end_backward(self) -> None:
+        """Called right after the backward's synchronise: the vision part is from the gradient's arrival."""
+        if self.on and self.vision_grad_at is not None:
+            share = time.perf_counter() - self.vision_grad_at
+            self.total["vision backward"] = self.total.get("vision backward", 0.0) + share
+        self.vision_grad_at = None
+
     def hook(self, visual: torch.nn.Module) -> None:
         def before(*_):
             if self.on:
                 self.kit.sync()
                 self._vision_t0 = time.perf_counter()
 
-        def after(*_):
+        def grad_arrived(grad):
+            if self.on:
+                self.kit.sync()
+                self.vision_grad_at = time.perf_counter()
+            return grad
+
+        def after(_module, _args, output):
             if self.on:
                 self.kit.sync()
                 self.total["vision forward"] = self.total.get("vision forward", 0.0) + (
                     time.perf_counter() - self._vision_t0
                 )
                 self.vision_calls += 1
+                tensor = getattr(output, "pooler_output", None)
+                tensor = tensor if tensor is not None else getattr(output, "last_hidden_state", output)
+                if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+                    tensor.register_hook(grad_arrived)
 
         visual.register_forward_pre_hook(before)
         visual.register_forward_hook(after)
+
+
+#: The shipped 7B training configs whose ``model:`` section a training row measures.
+TRAIN_CONFIGS = {
+    "lora": REPO / "configs" / "train" / "webjudge7b_lora.yaml",
+    "full": REPO / "configs" / "train" / "webjudge7b_full.yaml",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSetting:
+    """One training row: the ``model:`` section of a shipped config (``mode``), with ``key=value``
+    overrides of that section (the one override convention), under a label."""
+
+    label: str
+    mode: str
+    overrides: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> TrainSetting:
+        """``lora``, ``full``, or ``LABEL=MODE:key=value,key=value`` (``nockpt=lora:gradient_checkpointing=false``)."""
+        label, _, rest = text.partition("=") if ":" in text else (text, "", text)
+        mode, _, overrides = rest.partition(":")
+        if mode not in TRAIN_CONFIGS:
+            raise SystemExit(
+                f"bench/gpu.py: training setting {text!r}: the mode must be one of {sorted(TRAIN_CONFIGS)}"
+            )
+        items = tuple(o.strip() for o in overrides.split(",") if o.strip())
+        return cls(label=label if label != rest else mode, mode=mode, overrides=items)
+
+    def model_settings(self) -> ModelSettings:
+        cfg = load_config(TrainConfig, TRAIN_CONFIGS[self.mode], [f"model.{o}" for o in self.overrides])
+        return dataclasses.replace(cfg.model, name_or_path="(random)")
+
+
+def checkpointed_share(model) -> float:
+    """The share of the language model's decoder layers whose forward is recomputed in the backward."""
+    layers = [m for n, m in model.named_modules() if n.rpartition(".")[0].endswith("language_model.layers")]
+    if not layers:
+        return 0.0
+    return sum(bool(getattr(m, "gradient_checkpointing", False)) for m in layers) / len(layers)
+
+
+def scorer_loss(model, batch: dict) -> torch.Tensor:
+    """The recipe's loss of one micro-batch."""
+    return model(**batch).loss
+
+
+def _spread(values: list[float]) -> dict:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return {"median": median, "min": ordered[0], "max": ordered[-1]}
 
 
 def train_bench(
     kit: Kit,
     rows: list[dict],
     *,
-    mode: str,
+    setting: TrainSetting,
     batching: str,
     batch: int,
     steps: int,
+    warmup: int,
+    repeats: int,
     depth: int | None,
     workers: int = 0,
-    variant: str = "default",
 ) -> dict:
-    """Steps of the recipe's work at one setting: unsynchronised (rates, MFU), then profiled (phases).
-
-    ``variant`` (LoRA only, to find what LoRA's step costs): ``no-dropout`` (lora.dropout 0),
-    ``no-checkpointing`` (model.gradient_checkpointing false), ``bf16-adapters`` (adapters in bfloat16,
-    where peft keeps them in float32)."""
+    """The recipe's step at one setting: ``warmup`` steps, then ``repeats`` windows of ``steps`` timed,
+    unsynchronised steps (rates, MFU, HFU, with their spread), then ``steps`` profiled steps (phases)."""
     processor = kit.processor
     renderer = ScorerRenderer(processor, image_policy_for(processor), max_length=4096)
     data = Rendered(rows, renderer)
-    dropout = 0.0 if variant == "no-dropout" else 0.05
-    lora = LoraSettings(enabled=mode == "lora", r=64, alpha=128, dropout=dropout)
-    settings = ModelSettings(
-        name_or_path="(random)", gradient_checkpointing=variant != "no-checkpointing", lora=lora
-    )
+    settings = setting.model_settings()
     model = prepare_for_training(build_model(kit, depth), settings)
-    if variant == "bf16-adapters":
-        for name, param in model.named_parameters():
-            if "lora_" in name:
-                param.data = param.data.to(kit.dtype)
     model.train()
+    mode = setting.mode
     optim = OptimSettings(lr=1e-5 if mode == "full" else 1e-4)
     fused = {"fused": True} if kit.device.type == "cuda" else {}
     optimizer = torch.optim.AdamW(parameter_groups(model, optim, 0.1), lr=optim.lr, **fused)
@@ -269,8 +345,12 @@ def train_bench(
         num_workers=workers,  # the 7B configs render in 8 workers (data.num_workers), as the recipe does
         persistent_workers=workers > 0,
     )
-    flops = FlopsModel.from_model(model, lora=mode == "lora", train_vision=False)
+    train_vision = settings.train_vision_tower and not settings.lora.enabled
+    flops = FlopsModel.from_model(model, lora=settings.lora.enabled, train_vision=train_vision)
+    recomputed = checkpointed_share(model)
+    hardware = flops.with_recompute(recomputed)
     meter = ThroughputMeter(flops, kit.peak_tflops, 1)
+    hw_meter = ThroughputMeter(hardware, kit.peak_tflops, 1)
     phases = Phases(kit)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     phases.hook(base.model.visual if hasattr(base, "model") else base.visual)
@@ -289,8 +369,9 @@ def train_bench(
     # The recipe's Accelerator(mixed_precision="bf16") runs the forward under autocast (peft keeps the
     # adapters in float32: without autocast their products would run in float32).
     autocast = torch.autocast(kit.device.type, dtype=torch.bfloat16, enabled=kit.device.type == "cuda")
-    llm_only = dataclasses.replace(flops, vision_factor=0.0, merger_factor=0.0)
-    llm_flops = [0.0]
+    llm_model = dataclasses.replace(flops, vision_factor=0.0, merger_factor=0.0)
+    llm_hardware = dataclasses.replace(hardware, vision_factor=0.0, merger_factor=0.0)
+    llm_flops = {"model": 0.0, "hardware": 0.0}
 
     def step() -> None:
         with phases.phase("data wait"):
@@ -298,9 +379,10 @@ def train_bench(
         with phases.phase("host→device copy"):
             batch_ = {k: v.to(kit.device, non_blocking=True) for k, v in cpu_batch.items()}
         with phases.phase("forward"), autocast:
-            loss = model(**batch_).loss
+            loss = scorer_loss(model, batch_)
         with phases.phase("backward"):
             loss.backward()
+        phases.end_backward()
         with phases.phase("optimizer"):
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             optimizer.step()
@@ -308,20 +390,29 @@ def train_bench(
         with phases.phase("logging"):
             losses.append(loss.detach().float())
             meter.add_batch(cpu_batch)
+            hw_meter.add_batch(cpu_batch)
             if phases.on:
-                llm_flops[0] += llm_only.batch_flops(*batch_shape_stats(cpu_batch)[:2])
+                lengths, patches, _ = batch_shape_stats(cpu_batch)
+                head = labelled_tokens(cpu_batch)
+                llm_flops["model"] += llm_model.batch_flops(lengths, patches, head)
+                llm_flops["hardware"] += llm_hardware.batch_flops(lengths, patches, head)
             log_totals(losses, meter, kit.device).cpu()
             losses.clear()
 
-    step()  # warm-up: kernels, allocator
-    kit.sync()
-    meter.reset()
-    t0 = time.perf_counter()
-    for _ in range(steps):
+    for _ in range(warmup):  # kernels, the allocator, the DataLoader's workers
         step()
     kit.sync()
-    elapsed = time.perf_counter() - t0
-    rates = meter.report()
+    windows = []
+    for _ in range(repeats):
+        meter.reset()
+        hw_meter.reset()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        kit.sync()
+        elapsed = time.perf_counter() - t0
+        rates, hw_rates = meter.report(), hw_meter.report()
+        windows.append({**rates, "step_s": elapsed / steps, "hfu": hw_rates["mfu"]})
     phases.on = True
     t1 = time.perf_counter()
     for _ in range(steps):
@@ -329,58 +420,49 @@ def train_bench(
     profiled = time.perf_counter() - t1
     shares = {k: v / profiled for k, v in phases.total.items()}
     shares["language-model forward"] = shares.pop("forward", 0.0) - shares.get("vision forward", 0.0)
+    shares["language-model backward"] = shares.pop("backward", 0.0) - shares.get("vision backward", 0.0)
     shares["unaccounted"] = 1.0 - sum(shares.values())
-    llm_seconds = (shares["language-model forward"] + shares.get("backward", 0.0)) * profiled
+    llm_seconds = (shares["language-model forward"] + shares["language-model backward"]) * profiled
+    spread = {key: _spread([w[key] for w in windows]) for key in ("samples_per_s", "step_s", "mfu", "hfu")}
     return {
-        "mode": mode if variant == "default" else f"{mode} ({variant})",
+        "mode": setting.label,
+        "overrides": list(setting.overrides),
         "batching": batching,
         "micro_batch": batch,
         "workers": workers,
+        "warmup": warmup,
+        "steps": steps,
+        "repeats": repeats,
         "depth": model_config(kit, depth).get_text_config().num_hidden_layers,
-        "samples_per_s": rates["samples_per_s"],
-        "tokens_per_s": rates["tokens_per_s"],
-        "step_s": elapsed / steps,
-        "tflops_per_s": rates["tflops_per_s"],
-        "mfu": rates["mfu"],
-        "padding": rates["padding_fraction"],
+        "checkpointed_share": recomputed,
+        "samples_per_s": spread["samples_per_s"]["median"],
+        "tokens_per_s": _spread([w["tokens_per_s"] for w in windows])["median"],
+        "step_s": spread["step_s"]["median"],
+        "tflops_per_s": _spread([w["tflops_per_s"] for w in windows])["median"],
+        "mfu": spread["mfu"]["median"],
+        "hfu": spread["hfu"]["median"],
+        "spread": spread,
+        "padding": windows[-1]["padding_fraction"],
         "peak_mem_gib": torch.cuda.max_memory_allocated(kit.device) / 2**30
         if kit.device.type == "cuda"
         else None,
         "phases": shares,
-        # the language model's counted FLOPs over its forward and the backward (recompute included)
-        "llm_mfu": llm_flops[0] / max(llm_seconds, 1e-9) / (kit.peak_tflops * 1e12),
+        # the language model's forward and backward (the tower's backward excluded, recompute included)
+        "llm_seconds_per_step": llm_seconds / steps,
+        "llm_mfu": llm_flops["model"] / max(llm_seconds, 1e-9) / (kit.peak_tflops * 1e12),
+        "llm_tflops_per_s": llm_flops["hardware"] / max(llm_seconds, 1e-9) / 1e12,
         "vision_calls_per_step": phases.vision_calls / steps,
         "profiled_step_s": profiled / steps,
     }
 
 
-def train_fitting(
-    kit: Kit,
-    rows: list[dict],
-    *,
-    mode: str,
-    batching: str,
-    batch: int,
-    steps: int,
-    workers: int = 0,
-    variant: str = "default",
-) -> dict:
+def train_fitting(kit: Kit, rows: list[dict], *, setting: TrainSetting, **kwargs) -> dict:
     """:func:`train_bench` at full depth, else at half the decoder layers until it fits (said in the row)."""
     full = model_config(kit).get_text_config().num_hidden_layers
     depth = full
     while True:
         try:
-            row = train_bench(
-                kit,
-                rows,
-                mode=mode,
-                batching=batching,
-                batch=batch,
-                steps=steps,
-                depth=depth,
-                workers=workers,
-                variant=variant,
-            )
+            row = train_bench(kit, rows, setting=setting, depth=depth, **kwargs)
             row["full_depth"] = full
             return row
         except torch.OutOfMemoryError:
@@ -389,16 +471,63 @@ def train_fitting(
         if kit.device.type == "cuda":
             torch.cuda.empty_cache()
         if depth <= 2:
-            return {"mode": mode, "batching": batching, "micro_batch": batch, "oom": True, "full_depth": full}
-        logger.warning("%s at %d of %d layers does not fit: trying %d", mode, depth, full, depth // 2)
+            return {
+                "mode": setting.label,
+                "batching": kwargs["batching"],
+                "micro_batch": kwargs["batch"],
+                "oom": True,
+                "full_depth": full,
+            }
+        logger.warning(
+            "%s at %d of %d layers does not fit: trying %d", setting.label, depth, full, depth // 2
+        )
         depth //= 2
+
+
+# ----------------------------------------------------------------------------- the practical ceiling
+def gemm_ceiling(kit: Kit, tokens: int, reps: int = 10) -> dict:
+    """bf16 matrix products at the language model's shapes (``tokens`` rows: one micro-batch), forward and
+    both backward forms, each timed after a warm-up: the rate the device reaches on this model's own
+    products, the practical ceiling for its forward and backward (the data sheet's peak is not)."""
+    text = model_config(kit).get_text_config()
+    d, ffn = text.hidden_size, text.intermediate_size
+    head_dim = getattr(text, "head_dim", None) or d // text.num_attention_heads
+    kv = text.num_key_value_heads * head_dim
+    shapes = {"q/o projection": (d, d), "k, v projection": (d, kv), "gate, up": (d, ffn), "down": (ffn, d)}
+    weight = {"q/o projection": 2, "k, v projection": 2, "gate, up": 2, "down": 1}  # products per layer
+    rows, flops_total, seconds_total = [], 0.0, 0.0
+    for name, (k, n) in shapes.items():
+        x = torch.randn(tokens, k, device=kit.device, dtype=kit.dtype)
+        w = torch.randn(k, n, device=kit.device, dtype=kit.dtype)
+        dy = torch.randn(tokens, n, device=kit.device, dtype=kit.dtype)
+        products = {
+            "forward": lambda x=x, w=w: x @ w,
+            "input grad": lambda dy=dy, w=w: dy @ w.T,
+            "weight grad": lambda x=x, dy=dy: x.T @ dy,
+        }
+        for form, run in products.items():
+            run()
+            kit.sync()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                run()
+            kit.sync()
+            seconds = (time.perf_counter() - t0) / reps
+            flops = 2.0 * tokens * k * n
+            rows.append(
+                {"shape": name, "form": form, "m_k_n": [tokens, k, n], "tflops_per_s": flops / seconds / 1e12}
+            )
+            flops_total += weight[name] * flops
+            seconds_total += weight[name] * seconds
+    return {"tokens": tokens, "rows": rows, "tflops_per_s": flops_total / seconds_total / 1e12}
 
 
 # ----------------------------------------------------------------------------- the vision tower
 def vision_bench(kit: Kit, batch_sizes: list[int], reps: int) -> dict:
     """The vision tower alone at the shape's size: transformers' per-window loop against keyshot's batched
     windows (``use_batched_window_attention``), screenshots/s at each batch of 1280×720 screenshots, the
-    share of the peak on the tower's linear layers, and how far the two outputs are apart."""
+    share of the peak (the tower's FLOPs: its blocks per patch with their attention, the merger once per
+    merged token: ``forward_counts``), and how far the two outputs are apart."""
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
     from keyshot.infer.model.vision_attention import (
@@ -413,7 +542,6 @@ def vision_bench(kit: Kit, batch_sizes: list[int], reps: int) -> dict:
         tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(
             config, dtype=kit.dtype, attn_implementation="sdpa"
         ).eval()
-    linear_params = sum(m.weight.numel() for m in tower.modules() if isinstance(m, torch.nn.Linear))
     images = [img.pil() for img in screenshots(max(batch_sizes))]
     inputs = kit.processor.image_processor(images=images, return_tensors="pt")
     pixels = inputs["pixel_values"].to(kit.device, kit.dtype)
@@ -441,7 +569,8 @@ def vision_bench(kit: Kit, batch_sizes: list[int], reps: int) -> dict:
     probe = min(2, max(batch_sizes))
     with torch.inference_mode():
         reference = unwrap(run(probe)).float()
-    flops = 2 * linear_params * patches_per_image
+    flops = dataclasses.replace(forward_counts(kit), llm_factor=0.0).batch_flops([0], [patches_per_image], 0)
+    result["flops_per_screenshot"] = flops
 
     def measure(name: str) -> None:
         with torch.inference_mode():
@@ -452,7 +581,7 @@ def vision_bench(kit: Kit, batch_sizes: list[int], reps: int) -> dict:
                 "name": name,
                 "max_abs_diff": float((out - reference).abs().max()),
                 "rates": rates,
-                "linear_mfu": {n: r * flops / (kit.peak_tflops * 1e12) for n, r in rates.items()},
+                "mfu": {n: r * flops / (kit.peak_tflops * 1e12) for n, r in rates.items()},
             }
         )
 
@@ -487,11 +616,19 @@ def screenshots(n: int) -> list:
     ]
 
 
-def forward_flops(model, seq_len: int, patches: int) -> float:
-    """Forward FLOPs of one request (FlopsModel with every factor 1: no backward)."""
-    fm = FlopsModel.from_model(model, lora=False, train_vision=False)
-    fm = dataclasses.replace(fm, llm_factor=1.0, vision_factor=1.0, merger_factor=1.0)
-    return fm.batch_flops([seq_len], [patches])
+def forward_counts(kit: Kit) -> FlopsModel:
+    """Forward-only FLOP counts of the shape (every factor 1), from the model built on the meta device."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    with torch.device("meta"):
+        model = Qwen2_5_VLForConditionalGeneration._from_config(model_config(kit), dtype=kit.dtype)
+    counts = FlopsModel.from_model(model, lora=False, train_vision=False)
+    return dataclasses.replace(counts, llm_factor=1.0, vision_factor=1.0, merger_factor=1.0)
+
+
+def forward_flops(kit: Kit, seq_len: int, patches: int) -> float:
+    """Forward FLOPs of one scorer request: the LM head on the one position it keeps (``logits_to_keep=1``)."""
+    return forward_counts(kit).batch_flops([seq_len], [patches], head_tokens=1)
 
 
 def scorer_bench(kit: Kit, batch_sizes: list[int], reps: int) -> tuple[dict, object]:
@@ -504,7 +641,7 @@ def scorer_bench(kit: Kit, batch_sizes: list[int], reps: int) -> tuple[dict, obj
     one = scorer.encode(TASK, KEY_POINTS, images[:1])
     seq_len = int(one["input_ids"].shape[1])
     patches = int(one["image_grid_thw"].prod(dim=-1).sum())
-    per_shot = forward_flops(scorer.model, seq_len, patches)
+    per_shot = forward_flops(kit, seq_len, patches)
     ceiling = kit.peak_tflops * 1e12 / per_shot
     rows = []
     for bs in batch_sizes:
@@ -529,6 +666,7 @@ def scorer_bench(kit: Kit, batch_sizes: list[int], reps: int) -> tuple[dict, obj
             }
         )
     return {
+        "head_flops_skipped": forward_counts(kit).batch_flops([seq_len], [patches]) - per_shot,
         "request_tokens": seq_len,
         "visual_tokens": int(patches // 4),
         "flops_per_screenshot": per_shot,
@@ -565,8 +703,8 @@ def vllm_row(kit: Kit, model, enabled: bool, n: int, tmp: Path) -> str:
     from keyshot.infer.client.judge_client import JudgeClient
     from keyshot.infer.judge.scorers import OpenAIScorer
     from keyshot.infer.model.checkpoint import write_scorer_meta
-    from keyshot.infer.serve.command import VLLMServer
     from keyshot.infer.serve.plan import ServeConfig, vllm_python
+    from keyshot.infer.serve.server import VLLMServer
 
     if not enabled:
         return "not run (--no-vllm)"
@@ -611,6 +749,100 @@ def vllm_row(kit: Kit, model, enabled: bool, n: int, tmp: Path) -> str:
 
 
 # ----------------------------------------------------------------------------- report
+#: The targets (issues 46 and 47), as ratios on one GPU.
+TARGETS = {
+    "lora_step_vs_full": 0.8,
+    "lora_mfu_checkpointed": 0.25,
+    "lora_mfu_unchecked": 0.30,
+    "llm_of_gemm": 0.55,
+    "tower_batch1": 30.0,
+    "scorer_batch1": 0.40,
+    "scorer_batch8": 0.50,
+}
+
+
+def _row(train_rows: list[dict], label: str) -> dict | None:
+    return next((r for r in train_rows if not r.get("oom") and r["mode"] == label), None)
+
+
+def targets(
+    train_rows: list[dict], scoring: dict | None, vision: dict | None, gemm: dict | None
+) -> list[tuple]:
+    """(target, measured, met) for each target that this run measured."""
+    out = []
+    lora, full = _row(train_rows, "lora"), _row(train_rows, "full")
+    if lora and full:
+        ratio = lora["step_s"] / full["step_s"]
+        out.append(
+            (
+                "LoRA step ≤ 0.8x the full fine-tune's (checkpointed, the shipped configs)",
+                f"{ratio:.2f}x",
+                ratio <= TARGETS["lora_step_vs_full"],
+            )
+        )
+    if lora:
+        out.append(
+            (
+                "LoRA ≥ 25 % MFU with checkpointing",
+                f"{100 * lora['mfu']:.1f} %",
+                lora["mfu"] >= TARGETS["lora_mfu_checkpointed"],
+            )
+        )
+    unchecked = next(
+        (
+            r
+            for r in train_rows
+            if not r.get("oom") and r["mode"].startswith("lora") and r.get("checkpointed_share") == 0
+        ),
+        None,
+    )
+    if unchecked:
+        out.append(
+            (
+                f"LoRA ≥ 30 % MFU without checkpointing ({unchecked['mode']})",
+                f"{100 * unchecked['mfu']:.1f} %",
+                unchecked["mfu"] >= TARGETS["lora_mfu_unchecked"],
+            )
+        )
+    if gemm:
+        for r in train_rows:
+            if r.get("oom"):
+                continue
+            share = r["llm_tflops_per_s"] / gemm["tflops_per_s"]
+            out.append(
+                (
+                    f"language model's forward and backward ≥ 55 % of the GEMM rate ({r['mode']})",
+                    f"{100 * share:.1f} %",
+                    share >= TARGETS["llm_of_gemm"],
+                )
+            )
+    if vision and vision.get("variants"):
+        best = max(v["rates"].get(1, 0.0) for v in vision["variants"])
+        if any(1 in v["rates"] for v in vision["variants"]):
+            out.append(
+                (
+                    "vision tower ≥ 30 screenshots/s at batch 1 (the best variant)",
+                    f"{best:.1f}/s",
+                    best >= TARGETS["tower_batch1"],
+                )
+            )
+    if scoring:
+        for r in scoring["rows"]:
+            goal = TARGETS["scorer_batch1"] if r["batch"] < 8 else TARGETS["scorer_batch8"]
+            out.append(
+                (
+                    f"in-process scorer ≥ {100 * goal:.0f} % of its ceiling at batch {r['batch']}",
+                    f"{100 * r['ceiling_fraction']:.1f} %",
+                    r["ceiling_fraction"] >= goal,
+                )
+            )
+    return out
+
+
+def _cell(spread: dict, scale: float = 1.0, fmt: str = ".2f") -> str:
+    return f"{spread['median'] * scale:{fmt}} ({spread['min'] * scale:{fmt}}–{spread['max'] * scale:{fmt}})"
+
+
 def markdown(
     kit: Kit,
     info: dict,
@@ -619,6 +851,7 @@ def markdown(
     command: str,
     vision: dict | None = None,
     errors: dict[str, str] | None = None,
+    gemm: dict | None = None,
 ) -> str:
     lines = [
         "# keyshot GPU benchmark kit (bench/gpu.py)",
@@ -628,29 +861,59 @@ def markdown(
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()),
         "",
-        "## Training (recipe pieces: renderer, collator, sampler, prepare_for_training, AdamW, meter)",
+    ]
+    met = targets(train_rows, scoring, vision, gemm)
+    if met:
+        lines += ["## Targets", "", "| target | measured | met |", "|---|---:|---|"]
+        lines += [f"| {name} | {value} | {'yes' if ok else '**no**'} |" for name, value, ok in met]
+        lines.append("")
+    if gemm:
+        lines += [
+            "## The practical ceiling: bf16 products at the language model's shapes",
+            "",
+            f"{gemm['tokens']:,} rows (one micro-batch's tokens); weighted by a decoder layer's products: "
+            f"**{gemm['tflops_per_s']:.3g} TFLOP/s** ({100 * gemm['tflops_per_s'] / kit.peak_tflops:.0f} % of the data sheet's peak).",
+            "",
+            "| product | form | m, k, n | TFLOP/s |",
+            "|---|---|---|---:|",
+        ]
+        lines += [
+            f"| {r['shape']} | {r['form']} | {', '.join(f'{x:,}' for x in r['m_k_n'])} | {r['tflops_per_s']:.3g} |"
+            for r in gemm["rows"]
+        ]
+        lines.append("")
+    lines += [
+        "## Training (the recipe's pieces: renderer, collator, sampler, prepare_for_training, its loss, AdamW, meter)",
         "",
-        "| mode | batching | micro-batch | depth | samples/s | tokens/s | step s | TFLOP/s | MFU | padding | peak GiB |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "Each row: the `model:` section of the shipped 7B config of its mode, with the overrides it names. "
+        "Medians of the timed windows, their range in brackets. MFU counts the model's FLOPs "
+        "(`keyshot.train.throughput.FlopsModel`); HFU adds what checkpointing recomputes.",
+        "",
+        "| mode | overrides | batching | micro-batch | depth | samples/s | step s | TFLOP/s | MFU | HFU | padding | peak GiB |",
+        "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in train_rows:
         if r.get("oom"):
             lines.append(
-                f"| {r['mode']} | {r['batching']} | {r['micro_batch']} | does not fit | | | | | | | |"
+                f"| {r['mode']} | | {r['batching']} | {r['micro_batch']} | does not fit | | | | | | | |"
             )
             continue
         depth = f"{r['depth']}/{r['full_depth']}" + (
             " (reduced: full depth does not fit)" if r["depth"] < r["full_depth"] else ""
         )
         mem = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] is not None else "n/a"
+        sp = r["spread"]
         lines.append(
-            f"| {r['mode']} | {r['batching']} | {r['micro_batch']} | {depth} | {r['samples_per_s']:.2f} | "
-            f"{r['tokens_per_s']:,.0f} | {r['step_s']:.3f} | {r['tflops_per_s']:.3g} | {100 * r['mfu']:.1f}% | "
-            f"{100 * r['padding']:.1f}% | {mem} |"
+            f"| {r['mode']} | {', '.join(f'`{o}`' for o in r['overrides']) or '—'} | {r['batching']} | {r['micro_batch']} | {depth} "
+            f"| {_cell(sp['samples_per_s'])} | {_cell(sp['step_s'], fmt='.3f')} | {r['tflops_per_s']:.3g} "
+            f"| {_cell(sp['mfu'], 100, '.1f')} % | {_cell(sp['hfu'], 100, '.1f')} % | {100 * r['padding']:.1f}% | {mem} |"
         )
     lines += [
         "",
         "### Where a training step's time goes (profiled steps, each phase closed by a synchronise)",
+        "",
+        "The vision backward runs from the gradient's arrival at the tower's output to the backward's end "
+        "(the merger's, and the tower's where it trains); the language model's phases exclude both tower phases.",
         "",
     ]
     names = [
@@ -658,24 +921,25 @@ def markdown(
         "host→device copy",
         "vision forward",
         "language-model forward",
-        "backward",
+        "language-model backward",
+        "vision backward",
         "optimizer",
         "logging",
         "unaccounted",
     ]
     lines.append(
-        "| mode | batching | "
+        "| mode | "
         + " | ".join(names)
-        + " | profiled step s | vision forwards/step | LM fwd+bwd MFU |"
+        + " | profiled step s | vision forwards/step | LM fwd+bwd MFU | LM fwd+bwd TFLOP/s (recompute included) |"
     )
-    lines.append("|---|---|" + "---:|" * (len(names) + 3))
+    lines.append("|---|" + "---:|" * (len(names) + 4))
     for r in train_rows:
         if r.get("oom"):
             continue
         cells = " | ".join(f"{100 * r['phases'].get(n, 0.0):.1f}%" for n in names)
         lines.append(
-            f"| {r['mode']} | {r['batching']} | {cells} | {r['profiled_step_s']:.3f} | {r['vision_calls_per_step']:.1f} "
-            f"| {100 * r['llm_mfu']:.1f}% |"
+            f"| {r['mode']} | {cells} | {r['profiled_step_s']:.3f} | {r['vision_calls_per_step']:.1f} "
+            f"| {100 * r['llm_mfu']:.1f}% | {r['llm_tflops_per_s']:.3g} |"
         )
     if scoring:
         lines += [
@@ -683,8 +947,8 @@ def markdown(
             "## Scoring (in-process TransformersScorer, prefill, 1280×720, the real scorer prompt)",
             "",
             f"One request: {scoring['request_tokens']:,} tokens ({scoring['visual_tokens']:,} visual), "
-            f"{scoring['flops_per_screenshot'] / 1e12:.2f} TFLOP forward; compute ceiling "
-            f"{scoring['ceiling_screenshots_per_s']:.1f} screenshots/s.",
+            f"{scoring['flops_per_screenshot'] / 1e12:.2f} TFLOP forward (the LM head on the one position kept); "
+            f"compute ceiling {scoring['ceiling_screenshots_per_s']:.1f} screenshots/s at the data sheet's peak.",
             "",
             "| back-end | batch | screenshots/s | of the ceiling | CPU preprocessing s/screenshot |",
             "|---|---:|---:|---:|---:|",
@@ -706,16 +970,17 @@ def markdown(
             "",
             "## Vision tower alone (1280×720 screenshots, the shape's tower, inference)",
             "",
-            f"{vision['patches_per_image']:,} patches per screenshot; each row adds one change to the row above; "
+            f"{vision['patches_per_image']:,} patches per screenshot, {vision['flops_per_screenshot'] / 1e12:.2f} TFLOP "
+            "(blocks with attention, the merger once per merged token); each row adds one change to the row above; "
             f"|difference| is the largest against transformers' output (which reaches {vision['ref_abs_max']:.3g}).",
             "",
             "| variant | |difference| | "
-            + " | ".join(f"batch {n}: screenshots/s (linear-layer MFU)" for n in sizes)
+            + " | ".join(f"batch {n}: screenshots/s (MFU)" for n in sizes)
             + " |",
             "|---|---:|" + "---:|" * len(sizes),
         ]
         for v in vision.get("variants", []):
-            cells = " | ".join(f"{v['rates'][n]:.2f} ({100 * v['linear_mfu'][n]:.1f}%)" for n in sizes)
+            cells = " | ".join(f"{v['rates'][n]:.2f} ({100 * v['mfu'][n]:.1f}%)" for n in sizes)
             lines.append(f"| {v['name']} | {v['max_abs_diff']:.3g} | {cells} |")
         if vision.get("profile"):
             lines += [
@@ -736,21 +1001,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=("7b", "tiny"), help="default: 7b on CUDA, tiny elsewhere")
     ap.add_argument("--device", help="default: cuda when available, else cpu")
-    ap.add_argument("--steps", type=int, default=8, help="measured steps per setting (and as many profiled)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps before the timed windows")
+    ap.add_argument("--steps", type=int, default=8, help="steps per timed window (and profiled steps)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed windows per setting (their range is shown)")
     ap.add_argument("--rows", type=int, default=64, help="training examples rendered")
     ap.add_argument("--batch", type=int, default=4, help="micro-batch (the paper recipe: 4 per GPU)")
-    ap.add_argument("--modes", default="full,lora")
-    ap.add_argument("--batchings", default="length_grouped,random")
+    ap.add_argument(
+        "--train",
+        default="lora;full;lora (no checkpointing)=lora:gradient_checkpointing=false",
+        help="training rows, ';'-separated: lora, full, or LABEL=MODE:key=value,key=value (overrides of the "
+        "shipped config's model: section); '' to skip",
+    )
+    ap.add_argument("--batchings", default="length_grouped")
     ap.add_argument("--score-batches", default="1,8,16,32")
     ap.add_argument("--score-reps", type=int, default=3)
+    ap.add_argument("--gemm", action=argparse.BooleanOptionalAction, default=True, help="the GEMM ceiling")
     ap.add_argument("--peak", type=float, help="device peak TFLOP/s (default: from the device name)")
     ap.add_argument(
         "--cpu-peak", type=float, default=0.2, help="nominal CPU TFLOP/s for the tiny shape's MFU"
     )
     ap.add_argument("--no-vllm", action="store_true")
-    ap.add_argument(
-        "--lora-variants", default="", help="extra LoRA rows: no-dropout, no-checkpointing, bf16-adapters"
-    )
     ap.add_argument("--vision-batches", default="1,8,16", help="vision tower alone ('' to skip)")
     ap.add_argument(
         "--workers", type=int, help="DataLoader workers (default: 8 on CUDA as the 7B configs, else 0)"
@@ -759,6 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = [TrainSetting.parse(t.strip()) for t in args.train.split(";") if t.strip()]
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     shape = args.shape or ("7b" if device.type == "cuda" else "tiny")
@@ -769,16 +1040,19 @@ def main(argv: list[str] | None = None) -> int:
     train_rows: list[dict] = []
     scoring: dict | None = None
     vision: dict | None = None
+    gemm: dict | None = None
     errors: dict[str, str] = {}
 
     def save() -> None:
         """Written after every section: a run cut short by its time limit keeps what it measured."""
-        text = markdown(kit, info, train_rows, scoring, command.strip(), vision, errors)
+        text = markdown(kit, info, train_rows, scoring, command.strip(), vision, errors, gemm)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
         if args.json:
             data = {
                 "info": info,
+                "targets": [list(t) for t in targets(train_rows, scoring, vision, gemm)],
+                "gemm": gemm,
                 "training": train_rows,
                 "scoring": scoring,
                 "vision": vision,
@@ -813,45 +1087,36 @@ def main(argv: list[str] | None = None) -> int:
             "versions": versions(),
             "workers": workers,
         }
+        rows = list(scorer_rows(args.rows, seed=0, agent="bench", sizes=SIZES))
+        if args.gemm:
+            logger.info("GEMM ceiling")
+            renderer = ScorerRenderer(processor, image_policy_for(processor), max_length=4096)
+            lengths = sorted(Rendered(rows, renderer).lengths)
+            tokens = args.batch * lengths[len(lengths) // 2]
+            gemm = section("GEMM ceiling", lambda: gemm_ceiling(kit, tokens))
         if args.vision_batches:
             logger.info("vision tower")
             vision_sizes = [int(b) for b in args.vision_batches.split(",")]
             vision = section("vision tower", lambda: vision_bench(kit, vision_sizes, args.score_reps))
-        rows = list(scorer_rows(args.rows, seed=0, agent="bench", sizes=SIZES))
-        for mode in args.modes.split(","):
+        for setting in settings:
             for batching in args.batchings.split(","):
-                logger.info("training: %s, %s, micro-batch %d", mode, batching, args.batch)
+                logger.info("training: %s, %s, micro-batch %d", setting.label, batching, args.batch)
                 row = section(
-                    f"training {mode} {batching}",
-                    lambda mode=mode, batching=batching: train_fitting(
+                    f"training {setting.label} {batching}",
+                    lambda setting=setting, batching=batching: train_fitting(
                         kit,
                         rows,
-                        mode=mode,
+                        setting=setting,
                         batching=batching,
                         batch=args.batch,
                         steps=args.steps,
+                        warmup=args.warmup,
+                        repeats=args.repeats,
                         workers=workers,
                     ),
                 )
                 if row is not None:
                     train_rows.append(row)
-        for variant in [v for v in args.lora_variants.split(",") if v]:
-            logger.info("training: lora (%s)", variant)
-            row = section(
-                f"training lora {variant}",
-                lambda variant=variant: train_fitting(
-                    kit,
-                    rows,
-                    mode="lora",
-                    batching=args.batchings.split(",")[0],
-                    batch=args.batch,
-                    steps=args.steps,
-                    workers=workers,
-                    variant=variant,
-                ),
-            )
-            if row is not None:
-                train_rows.append(row)
         logger.info("scoring")
         batches = [int(b) for b in args.score_batches.split(",") if b]
 

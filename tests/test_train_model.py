@@ -69,11 +69,13 @@ def test_attention_kernel_choice():
 
 
 def test_flops_model_counts_what_runs(tiny_model_dir):
-    full = FlopsModel.from_model(load_scorer_model(_settings(tiny_model_dir)), lora=False, train_vision=False)
+    model = load_scorer_model(_settings(tiny_model_dir))
+    full = FlopsModel.from_model(model, lora=False, train_vision=False)
     text = (64, 2)  # hidden, layers of the tiny model
     assert (full.llm_hidden, full.llm_layers) == text
     # one sequence of 100 tokens with one 240-patch image, by hand
-    expected_llm = 3 * (2 * full.llm_params * 100 + 4 * 2 * 64 * 100 * 100)
+    assert full.head_params == model.lm_head.weight.numel() == 64 * model.config.get_text_config().vocab_size
+    expected_llm = 3 * (2 * full.llm_params * 100 + 2 * full.head_params * 100 + 4 * 2 * 64 * 100 * 100)
     window = full.vision_layers - full.vision_full_layers
     attn = 4 * 64 * (full.vision_full_layers * 240 * 240 + window * 240 * min(240, full.window_patches))
     expected_vision = 1 * (2 * full.vision_params * 240 + attn)
@@ -81,6 +83,14 @@ def test_flops_model_counts_what_runs(tiny_model_dir):
     assert full.batch_flops([100], [240]) == pytest.approx(expected_llm + expected_vision + expected_merger)
     lora = FlopsModel(**{**full.__dict__, "llm_factor": 2.0, "merger_factor": 1.0})
     assert lora.batch_flops([100], [240]) < full.batch_flops([100], [240])
+    # the head only where logits are needed: 5 answer tokens of 100
+    assert full.batch_flops([100], [240], head_tokens=5) == pytest.approx(
+        expected_llm + expected_vision + expected_merger - 3 * 2 * full.head_params * 95
+    )
+    # the hardware's count adds the decoder's recompute under checkpointing; a frozen tower recomputes nothing
+    hw = full.with_recompute(1.0)
+    assert (hw.llm_factor, hw.vision_factor, hw.merger_factor) == (4.0, 1.0, 3.0)
+    assert full.with_recompute(0.5).llm_factor == 3.5 and full.with_recompute(0.0) is full
     meter = ThroughputMeter(full, peak_tflops_per_device=1.0, world_size=2)
     batch = {
         "attention_mask": torch.tensor([[1] * 100, [1] * 60 + [0] * 40]),
@@ -90,6 +100,15 @@ def test_flops_model_counts_what_runs(tiny_model_dir):
     totals = meter.local_totals()
     assert totals[:3].tolist() == [2, 160, 200]
     assert totals[3].item() == pytest.approx(full.batch_flops([100, 60], [240, 240]))
+    labels = torch.full((2, 100), -100)
+    labels[0, 90:95] = 1
+    labels[1, 50:53] = 1
+    meter.add_batch({**batch, "labels": labels})  # a labelled batch counts the head on 8 positions
+    assert meter.local_totals()[3].item() == pytest.approx(
+        2 * full.batch_flops([100, 60], [240, 240]) - 3 * 2 * full.head_params * (160 - 8)
+    )
+    meter.reset()
+    meter.add_batch(batch)
     report = meter.report()
     assert report["padding_fraction"] == pytest.approx(0.2)
     assert report["mfu"] == pytest.approx(report["tflops_per_s"] / 2.0)

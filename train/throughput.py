@@ -2,19 +2,23 @@
 
 FLOPs per optimizer step, counted from the batches actually run (padding excluded):
 
-* language model: ``2·N`` per token forward (N = non-embedding parameters + LM head) plus attention
-  ``4·L·d·s`` per token of a length-``s`` sequence (PaLM's convention, no causal discount);
+* language model: ``2·N`` per token forward (N = non-embedding parameters of the decoder) plus attention
+  ``4·L·d·s`` per token of a length-``s`` sequence (PaLM's convention, no causal discount), and the LM
+  head's ``2·N_head`` only on the tokens whose logits are needed (the labelled answer while training: the
+  loss reads nothing else; one position per request when scoring);
 * vision encoder: ``2·N_vis`` per 14×14 patch plus attention over the image (full-attention blocks)
   or over a window (windowed blocks); the merger ``2·N_merger`` per merged token.
 
 Backward costs twice the forward where gradients flow: the language model ×3 for a full
 fine-tune; ×2 with LoRA (input gradients only); the vision tower ×1 when frozen (no backward)
 and ×3 when trained. MFU = achieved FLOP/s ÷ (peak FLOP/s per device × devices). Gradient
-checkpointing's recompute is not counted (that would be hardware FLOPs utilisation).
+checkpointing's recompute is not counted there; :meth:`FlopsModel.with_recompute` counts it (the
+hardware FLOPs utilisation, HFU: what the device actually ran).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -27,7 +31,7 @@ def _numel(p) -> int:
 
 @dataclass(frozen=True)
 class FlopsModel:
-    llm_params: int
+    llm_params: int  # decoder layers and final norm (the LM head is ``head_params``)
     llm_layers: int
     llm_hidden: int
     vision_params: int
@@ -40,17 +44,20 @@ class FlopsModel:
     llm_factor: float  # 3 full fine-tune, 2 LoRA
     vision_factor: float  # 1 frozen, 3 trained
     merger_factor: float
+    head_params: int = 0  # lm_head: vocab × hidden, run only where logits are needed
 
     @classmethod
     def from_model(cls, model, *, lora: bool, train_vision: bool) -> FlopsModel:
         config = model.config
         text = config.get_text_config() if hasattr(config, "get_text_config") else config.text_config
         vision = config.vision_config
-        llm = vis = merger = 0
+        llm = vis = merger = head = 0
         for name, p in model.named_parameters():
             if "lora_" in name or "embed_tokens" in name:
                 continue
-            if "visual.merger." in name:
+            if "lm_head." in name:
+                head += _numel(p)
+            elif "visual.merger." in name:
                 merger += _numel(p)
             elif "visual." in name:
                 vis += _numel(p)
@@ -59,6 +66,8 @@ class FlopsModel:
         patch = vision.patch_size
         window = (getattr(vision, "window_size", 0) // patch) ** 2 or 0
         full_layers = len(getattr(vision, "fullatt_block_indexes", None) or []) if window else vision.depth
+        if not head and getattr(config, "tie_word_embeddings", False):  # tied: the embedding is the head
+            head = text.vocab_size * text.hidden_size
         return cls(
             llm_params=llm,
             llm_layers=text.num_hidden_layers,
@@ -73,13 +82,32 @@ class FlopsModel:
             llm_factor=2.0 if lora else 3.0,
             vision_factor=3.0 if train_vision and not lora else 1.0,
             merger_factor=1.0 if lora else 3.0,
+            head_params=head,
         )
 
-    def batch_flops(self, seq_lengths: list[int], image_patches: list[int]) -> float:
-        """Training FLOPs of one micro-batch: per-sequence real lengths, per-image patch counts."""
+    def with_recompute(self, checkpointed: float) -> FlopsModel:
+        """The hardware's count: activation checkpointing runs each checkpointed decoder layer's forward
+        again in the backward (``checkpointed``: the share of decoder layers checkpointed, 0 to 1), and the
+        tower's blocks when it trains; a frozen tower records nothing to recompute."""
+        if not checkpointed:
+            return self
+        return dataclasses.replace(
+            self,
+            llm_factor=self.llm_factor + checkpointed,
+            vision_factor=self.vision_factor + (checkpointed if self.vision_factor > 1.0 else 0.0),
+        )
+
+    def batch_flops(
+        self, seq_lengths: list[int], image_patches: list[int], head_tokens: int | None = None
+    ) -> float:
+        """Training FLOPs of one micro-batch: per-sequence real lengths, per-image patch counts, and the
+        tokens whose logits are needed (``None``: every token)."""
         tokens = sum(seq_lengths)
-        llm = 2.0 * self.llm_params * tokens + 4.0 * self.llm_layers * self.llm_hidden * sum(
-            s * s for s in seq_lengths
+        head_tokens = tokens if head_tokens is None else head_tokens
+        llm = (
+            2.0 * self.llm_params * tokens
+            + 2.0 * self.head_params * head_tokens
+            + 4.0 * self.llm_layers * self.llm_hidden * sum(s * s for s in seq_lengths)
         )
         patches = sum(image_patches)
         window_layers = self.vision_layers - self.vision_full_layers
@@ -100,6 +128,12 @@ def batch_shape_stats(batch: dict[str, torch.Tensor]) -> tuple[list[int], list[i
     grid = batch["image_grid_thw"]
     patches = (grid[:, 0] * grid[:, 1] * grid[:, 2]).tolist()
     return lengths, patches, int(batch["attention_mask"].numel())
+
+
+def labelled_tokens(batch: dict[str, torch.Tensor]) -> int | None:
+    """How many positions the loss reads (labels other than -100, shifted by one), or None unlabelled."""
+    labels = batch.get("labels")
+    return None if labels is None else int((labels[:, 1:] != -100).sum())
 
 
 class ThroughputMeter:
@@ -123,7 +157,7 @@ class ThroughputMeter:
         self.samples += len(lengths)
         self.tokens += sum(lengths)
         self.slots += slots
-        self.flops += self.flops_model.batch_flops(lengths, patches)
+        self.flops += self.flops_model.batch_flops(lengths, patches, labelled_tokens(batch))
 
     def local_totals(self, device: torch.device | str | None = None) -> torch.Tensor:
         return torch.tensor(
