@@ -592,6 +592,29 @@ def vision_bench(kit: Kit, batch_sizes: list[int], reps: int) -> dict:
     measure("+ patch embedding as one matrix product")
     use_padded_vision_mlp(tower)
     measure("+ MLP padded to 128, gate and up in one product")
+    # the speed switches of the tower (train/speedups.py: model.vision_attention, model.compile); CUDA only.
+    # A switch that fails is named in the result and the rows above stand.
+    if kit.device.type == "cuda":
+        from keyshot.infer.model.vision_varlen import use_varlen_vision_attention
+
+        def compile_blocks() -> None:
+            for block in tower.blocks:
+                block.compile()
+
+        switches = {
+            "+ windows through torch's variable-length attention (model.vision_attention=varlen)": lambda: (
+                use_varlen_vision_attention(tower)
+            ),
+            "+ torch.compile per block (model.compile=inductor)": compile_blocks,
+        }
+        for name, apply in switches.items():
+            try:
+                apply()
+                measure(name)
+            except Exception as exc:  # noqa: BLE001 (reported in the table's notes)
+                logger.exception("vision variant %s failed", name)
+                result.setdefault("failed", []).append(f"{name}: {type(exc).__name__}: {exc}"[:400])
+                break
     result["ref_abs_max"] = float(reference.abs().max())
     if kit.device.type == "cuda":
         from torch.profiler import ProfilerActivity, profile
@@ -982,6 +1005,7 @@ def markdown(
         for v in vision.get("variants", []):
             cells = " | ".join(f"{v['rates'][n]:.2f} ({100 * v['mfu'][n]:.1f}%)" for n in sizes)
             lines.append(f"| {v['name']} | {v['max_abs_diff']:.3g} | {cells} |")
+        lines += [f"- not measured: {note}" for note in vision.get("failed", [])]
         if vision.get("profile"):
             lines += [
                 "",
