@@ -51,6 +51,7 @@ from keyshot.train.checkpointing import (
     write_adapter_folder,
     write_model_folder,
 )
+from keyshot.train.label_loss import label_position_loss
 from keyshot.train.preemption import Preempted, PreemptionWatch, clear_marker
 from keyshot.train.scorer_model import load_scorer_model, parameter_groups
 from keyshot.train.throughput import FlopsModel, ThroughputMeter, log_totals
@@ -585,7 +586,7 @@ class _TrainingLoop:
         """One micro-batch: forward, backward and (on the last of an accumulation) the optimizer step."""
         accelerator, model, optimizer = self.accelerator, self.parts.model, self.parts.optimizer
         with accelerator.accumulate(model):
-            loss = model(**batch).loss
+            loss = label_position_loss(model, batch)  # lm_head at the labelled positions only
             accelerator.backward(loss)
             if accelerator.sync_gradients:
                 self.grad_norm = accelerator.clip_grad_norm_(self.trainable, self.cfg.optim.max_grad_norm)

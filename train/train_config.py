@@ -21,8 +21,14 @@ class LoraSettings:
     enabled: bool = False
     r: int = 16
     alpha: int = 32
-    dropout: float = 0.05
+    #: 0 by default: dropout > 0 makes peft copy every adapted activation through a dropout mask, and a
+    #: LoRA step ran 1.6x slower on an H200 at the 7B shape with 0.05 (bench/RESULTS-gpu.md).
+    dropout: float = 0.0
     target_modules: str = LLM_LORA_TARGET
+    #: Under autocast (mixed_precision bf16/fp16) the adapters' products take the activations in the compute
+    #: dtype; the adapters themselves stay float32. False: peft's own cast of every adapted activation to
+    #: float32 first (keyshot.train.scorer_model.keep_input_dtype_under_autocast).
+    keep_input_dtype: bool = True
 
     def __post_init__(self) -> None:
         if self.r < 1:

@@ -22,6 +22,7 @@ from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.protocol.chat_template import IGNORE_INDEX
 from keyshot.infer.protocol.parsing import parse_score
 from keyshot.train.batches import ScorerCollator, ScorerDataset
+from keyshot.train.label_loss import label_position_loss
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def eval_loss(accelerator, model, dataset: ScorerDataset, collator: ScorerCollat
         leave=False,
     ):
         batch = {k: v.to(accelerator.device) for k, v in collator([dataset[i] for i in indices]).items()}
-        loss = model(**batch).loss
+        loss = label_position_loss(model, batch)
         tokens = (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
         if real:
             total += torch.stack([loss.double() * tokens, tokens.double()])
