@@ -19,8 +19,6 @@ import logging
 import sys
 from pathlib import Path
 
-import yaml
-
 from keyshot.data_synth.arb_import import import_arb
 from keyshot.data_synth.dataset import BuildConfig, build_dataset
 from keyshot.data_synth.errors import SynthError
@@ -28,24 +26,14 @@ from keyshot.data_synth.label_merge import merge_synth_shards
 from keyshot.data_synth.labelling_run import run_synth
 from keyshot.data_synth.reference_import import import_reference
 from keyshot.data_synth.synth_config import load_synth_config
-from keyshot.infer.common.config import ConfigError, config_from_data, split_paths_and_overrides
-from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.common.helptext import plain
-from keyshot.infer.common.logs import setup_logging
+from keyshot.infer.common.command import Command
+from keyshot.infer.common.config import load_config, read_config_file, split_paths_and_overrides
 from keyshot.infer.runs.shards import ShardSpec
 
 logger = logging.getLogger(__name__)
 
 
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "synth",
-        help="distil teacher labels into a training dataset",
-        description=plain(__doc__.split("\n\n")[0]),
-    )
-    actions = parser.add_subparsers(dest="synth_action", metavar="ACTION", required=True)
-
-    run = actions.add_parser("run", help="label every screenshot with every teacher, then build the dataset")
+def run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--config", required=True, type=Path, help="synth config YAML (configs/synth/*.yaml)")
     run.add_argument(
         "overrides", nargs="*", metavar="key=value", help="config overrides, as for every keyshot command"
@@ -62,9 +50,8 @@ def add_parser(subparsers) -> None:
         "1/N of each budget; join the shards and build with `keyshot synth merge`",
     )
 
-    merge = actions.add_parser(
-        "merge", help="join the shards of `synth run --shard I/N`, then build the dataset"
-    )
+
+def merge_arguments(merge: argparse.ArgumentParser) -> None:
     merge.add_argument(
         "items",
         nargs="*",
@@ -76,7 +63,8 @@ def add_parser(subparsers) -> None:
     )
     merge.add_argument("--no-build", action="store_true", help="merge the labels only")
 
-    arb = actions.add_parser("import-arb", help="import AgentRewardBench WebJudge records as teacher labels")
+
+def arb_arguments(arb: argparse.ArgumentParser) -> None:
     arb.add_argument("records", type=Path, help="folder of records (<judge>/<benchmark>/<agent>/<task>.json)")
     arb.add_argument("--run", required=True, type=Path, help="run folder to add the labels to")
     arb.add_argument(
@@ -86,9 +74,8 @@ def add_parser(subparsers) -> None:
     arb.add_argument("--judges", help="comma-separated judge names to import (default: all)")
     arb.add_argument("--prompt-variant", default="online_mind2web", help="prompt set the dataset rows use")
 
-    ref = actions.add_parser(
-        "import-reference", help="import the reference src/run.py results as teacher labels"
-    )
+
+def reference_arguments(ref: argparse.ArgumentParser) -> None:
     ref.add_argument("results", type=Path, help="the results file (JSON lines)")
     ref.add_argument("--trajectories", required=True, type=Path, help="the trajectory folder it was run on")
     ref.add_argument("--run", required=True, type=Path, help="run folder to add the labels to")
@@ -101,7 +88,8 @@ def add_parser(subparsers) -> None:
     ref.add_argument("--format", default="auto", help="trajectory format (default: detect)")
     ref.add_argument("--prompt-variant", default="online_mind2web", help="prompt set the dataset rows use")
 
-    build = actions.add_parser("build", help="aggregate a run's labels into the dataset")
+
+def build_arguments(build: argparse.ArgumentParser) -> None:
     build.add_argument(
         "items", nargs="*", metavar="RUN|key=value", help="the run folder, then build config overrides"
     )
@@ -109,26 +97,18 @@ def add_parser(subparsers) -> None:
         "--config", type=Path, help="synth config (its `build:` section) or a build config YAML"
     )
     build.add_argument("--out", type=Path, help="dataset folder (default: RUN/dataset)")
-    parser.set_defaults(func=run_command)
 
 
 def load_build_config(path: Path | None, overrides: list[str]) -> BuildConfig:
-    """A BuildConfig from a synth config's ``build:`` section or a build-only YAML, plus overrides."""
-    section: dict = {}
-    if path is not None:
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
-            raise SynthError(f"{path}: config file not found") from None
-        except yaml.YAMLError as exc:
-            raise SynthError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise SynthError(f"{path}: the top level must be a mapping")
-        section = (data.get("build") or {}) if "run_dir" in data or "teachers" in data else data
-    try:
-        return config_from_data(BuildConfig, section, list(overrides), where=str(path or "build config"))
-    except (ConfigError, ValueError) as exc:
-        raise SynthError(str(exc)) from None
+    """A BuildConfig from a synth config's ``build:`` section or a build-only YAML, plus overrides: read
+    as every config is (:func:`~keyshot.infer.common.config.load_config`: its errors name the file, the
+    key and its line)."""
+    if path is None:
+        return load_config(BuildConfig, None, list(overrides))
+    data, _ = read_config_file(path)
+    if "run_dir" in data or "teachers" in data:  # a synth config: its build: section
+        return load_config(BuildConfig, path, list(overrides), section="build")
+    return load_config(BuildConfig, path, list(overrides))
 
 
 def _run_and_overrides(items: list[str]) -> tuple[Path | None, list[str]]:
@@ -138,16 +118,8 @@ def _run_and_overrides(items: list[str]) -> tuple[Path | None, list[str]]:
     return (Path(paths[0]) if paths else None), overrides
 
 
-def run_command(args: argparse.Namespace) -> int:
-    try:
-        return _dispatch(args)
-    except KeyshotError as exc:
-        print(f"keyshot synth: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-
-
 def _dispatch(args: argparse.Namespace) -> int:
-    action = args.synth_action
+    action = args.synth_command
     if action == "run":
         cfg = load_synth_config(args.config, args.overrides)
         shard = ShardSpec.parse(args.shard) if args.shard else None
@@ -218,15 +190,33 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise SynthError(f"unknown action {action!r}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m keyshot.data_synth.cli")
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    add_parser(subparsers)
-    from keyshot.infer.cli import parse
+COMMAND = Command(
+    "synth",
+    help="distil teacher labels into a training dataset",
+    description=__doc__.split("\n\n")[0],
+    subcommands=tuple(
+        Command(name, help=text, arguments=arguments, run=_dispatch)
+        for name, text, arguments in (
+            ("run", "label every screenshot with every teacher, then build the dataset", run_arguments),
+            ("merge", "join the shards of `synth run --shard I/N`, then build the dataset", merge_arguments),
+            ("import-arb", "import AgentRewardBench WebJudge records as teacher labels", arb_arguments),
+            (
+                "import-reference",
+                "import the reference src/run.py results as teacher labels",
+                reference_arguments,
+            ),
+            ("build", "aggregate a run's labels into the dataset", build_arguments),
+        )
+    ),
+)
 
-    args = parse(parser, ["synth", *(sys.argv[1:] if argv is None else argv)])
-    setup_logging()
-    return args.func(args)
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m keyshot.data_synth.cli ACTION ...``: ``keyshot synth`` under keyshot's signal and error
+    handling."""
+    from keyshot.infer.cli import run_alone
+
+    return run_alone(COMMAND, argv, prog="python -m keyshot.data_synth.cli")
 
 
 if __name__ == "__main__":

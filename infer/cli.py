@@ -18,49 +18,24 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import logging
 import signal
 import sys
-from importlib.metadata import entry_points
 
-from keyshot.infer.common.errors import EXIT_USAGE, Interrupted, KeyshotError, require_training_stack
+from keyshot.infer.common.command import COMMANDS_GROUP, Command, loaded_commands
+from keyshot.infer.common.errors import Interrupted, error_exit
 from keyshot.infer.common.helptext import plain
 from keyshot.infer.common.logs import setup_logging
 
-#: Entry-point group of the subcommands: each names a module whose ``add_parser(subparsers)`` registers
-#: one subcommand and sets ``func`` (pyproject.toml lists them; a plug-in package may add its own).
-COMMANDS_GROUP = "keyshot.commands"
-#: What the terminal says when a command is stopped by a signal, unless the command sets its own ``on_stop``
-#: (``p.set_defaults(on_stop=...)``: a service has nothing to resume).
-RESUMABLE = "what was finished is saved, re-run the same command to resume"
 
-
-def subcommand_modules() -> list[str]:
-    """The modules that register subcommands, as the installed package declares them."""
-    found = [ep.value for ep in entry_points(group=COMMANDS_GROUP)]
+def subcommands() -> list[Command]:
+    """keyshot's subcommands, as the installed package declares them."""
+    found = loaded_commands(COMMANDS_GROUP)
     if not found:
         raise SystemExit(
             "keyshot: no subcommands are registered: install the package (pip install -e . from a checkout)"
         )
-    return found
-
-
-def _add_tiny_model(subparsers) -> None:
-    p = subparsers.add_parser(
-        "tiny-model", help="build a tiny random Qwen2.5-VL (tests, CPU demo; untrained)"
-    )
-    p.add_argument("out")
-    p.add_argument("--seed", type=int, default=0)
-
-    def run(args) -> int:
-        require_training_stack("keyshot tiny-model")
-        from keyshot.infer.model.tiny_model import build_tiny_qwen25vl
-
-        print(build_tiny_qwen25vl(args.out, seed=args.seed))
-        return 0
-
-    p.set_defaults(func=run)
+    return sorted(found, key=lambda c: c.name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,9 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in subcommand_modules():
-        importlib.import_module(name).add_parser(subparsers)
-    _add_tiny_model(subparsers)
+    for command in subcommands():
+        command.register(subparsers)
     return parser
 
 
@@ -132,24 +106,39 @@ def closest_option(parser: argparse.ArgumentParser, flag: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(build_parser(), argv)
+    """``keyshot``: parse, then run the chosen command under keyshot's signal and error handling."""
+    return run_parsed(parse(build_parser(), argv))
+
+
+def run_alone(command: Command, argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Run one command as a program of its own (``python -m keyshot.train.sft``, what ``accelerate
+    launch`` starts) with the same parsing, signals, error lines and exit codes as under ``keyshot``."""
+    parser = argparse.ArgumentParser(prog=prog or "keyshot")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+    command.register(sub)
+    return run_parsed(parse(parser, [command.name, *(sys.argv[1:] if argv is None else argv)]))
+
+
+def run_parsed(args: argparse.Namespace) -> int:
+    """The one place a command's outcome becomes an exit code: its return value; a signal's 128+N with
+    one line saying what was kept; a :class:`~keyshot.infer.common.errors.KeyshotError`'s one line and
+    code (:func:`~keyshot.infer.common.errors.error_exit`). Anything else is a bug and keeps its
+    traceback (exit 1)."""
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return int(args.func(args) or 0)
+        return int(args.handler(args) or 0)
     except (KeyboardInterrupt, Interrupted) as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         print(
-            f"keyshot {args.command}: stopped by {signal.Signals(signum).name}; "
-            + getattr(args, "on_stop", RESUMABLE),
+            f"keyshot {args.command}: stopped by {signal.Signals(signum).name}; {args.on_stop}",
             file=sys.stderr,
         )
         return 128 + signum
-    except KeyshotError as exc:
-        if args.debug:
-            raise
-        print(f"keyshot {args.command}: error: {exc}", file=sys.stderr)
-        return getattr(exc, "exit_code", EXIT_USAGE)
+    except Exception as exc:
+        return error_exit(exc, f"keyshot {args.command}", debug=args.debug)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

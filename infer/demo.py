@@ -27,7 +27,7 @@ from keyshot.infer.common.config import load_config
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.logs import setup_logging
 from keyshot.infer.common.text import shorten_middle
-from keyshot.infer.judge.command import run_judge, run_warnings
+from keyshot.infer.judge.run import run_judge, run_warnings
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.fingerprint import protocol_fingerprint
 from keyshot.infer.judge.inputs import load_all, other_inputs_message
@@ -46,7 +46,7 @@ from keyshot.infer.runs.counts import (
     total_split,
 )
 from keyshot.infer.runs.run_record import RUN_FILE, mark_stand_in
-from keyshot.infer.serve.command import VLLMServer
+from keyshot.infer.serve.server import VLLMServer
 from keyshot.infer.serve.plan import ENV_VLLM_PYTHON, ServeConfig
 
 SAMPLES = Path(__file__).with_name("samples")

@@ -4,7 +4,7 @@
     keyshot reward serve --config configs/reward/openrlhf.yaml --port 8100 --allow-root /data/rollouts
 
 Both take any keyshot judge config (configs/reward/*.yaml add a reward: section) and overrides written
-key=value after it, as keyshot judge does (judge.model=gpt-4o; --set key=value is the same).
+key=value after it, as every keyshot command does (judge.model=gpt-4o).
 
 ``filter`` judges every rollout under ROLLOUTS (any format ``keyshot judge`` reads) and writes
 ``OUT/rewards.jsonl`` (every rollout: id, agent, task, run, source, reward, progress, error) and
@@ -19,25 +19,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import sys
-from importlib.metadata import entry_points
 from pathlib import Path
 
+from keyshot.infer.common.command import Command
 from keyshot.infer.common.config import split_paths_and_overrides
-from keyshot.infer.common.errors import EXIT_INCOMPLETE, EXIT_USAGE, KeyshotError
+from keyshot.infer.common.errors import EXIT_INCOMPLETE, KeyshotError
 from keyshot.infer.common.fileio import write_text_atomic
-from keyshot.infer.common.helptext import plain
-from keyshot.infer.judge.scorer_factory import start_served_scorer
+from keyshot.infer.judge.scorer_factory import apply_serve_scorer, start_served_scorer
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
-from keyshot.infer.model.checkpoint import model_folder_problem
 from keyshot.reward.model import RewardModel, RewardResult, reward_config
 from keyshot.reward.shared import require_number_on_failure
 
 #: Entry-point group of ``keyshot reward``'s subcommands that live on other floors (``env``: keyshot.env.openenv),
-#: each a module with ``add_parser(subparsers)`` that sets its own ``func``: this floor never imports them.
+#: each a :class:`~keyshot.infer.cli.Command`: this floor never imports them.
 SUBCOMMANDS_GROUP = "keyshot.reward.commands"
 
 
@@ -100,7 +97,7 @@ def link_accepted(out: Path, accepted: list[tuple[Trajectory, Path]]) -> list[st
 
 def run_filter(args: argparse.Namespace) -> int:
     paths, overrides = split_paths_and_overrides(args.items)
-    rm = RewardModel.from_config(args.config, *overrides, *args.set_overrides)
+    rm = RewardModel.from_config(args.config, *overrides)
     found, errors = read_rollouts(paths)
     trajectories = [t for t, _ in found]
     if not trajectories and not errors:
@@ -168,9 +165,7 @@ def run_serve(args: argparse.Namespace) -> int:
     allow_root = Path(args.allow_root)
     if not allow_root.is_dir():
         raise RewardCommandError(f"--allow-root {allow_root}: not a folder")
-    cfg, settings = reward_config(
-        args.config, *args.overrides, *args.set_overrides, allow_root=str(allow_root.resolve())
-    )
+    cfg, settings = reward_config(args.config, *args.overrides, allow_root=str(allow_root.resolve()))
     # /get_reward answers OpenRLHF, which needs a number for every sample: refused before anything starts
     require_number_on_failure(settings, "the service's /get_reward (OpenRLHF's remote reward)", args.config)
     limits = ServiceLimits(
@@ -183,21 +178,13 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     server = None
     if args.serve_scorer:  # vLLM under the process guard: it ends with the service, even when killed
-        if problem := model_folder_problem(args.serve_scorer):
-            raise RewardCommandError(
-                f"--serve-scorer {args.serve_scorer}: not a model checkpoint ({problem})"
-            )
+        apply_serve_scorer(cfg, args.serve_scorer)  # as keyshot judge takes it: a folder or a hub id
         print(
             f"keyshot reward serve: starting vLLM for {args.serve_scorer} (log: {args.vllm_log})", flush=True
         )
         server, endpoint = start_served_scorer(cfg, args.serve_scorer, args.vllm_log)
         # the model is built on the served endpoint (and reads the checkpoint's description from it)
-        scorer = dataclasses.replace(
-            cfg.scorer,
-            endpoint=endpoint,
-            endpoints=None,
-            checkpoint=cfg.scorer.checkpoint or args.serve_scorer,
-        )
+        scorer = dataclasses.replace(cfg.scorer, endpoint=endpoint, endpoints=None)
         cfg = dataclasses.replace(cfg, scorer=scorer)
     try:
         run_service(RewardModel(cfg, settings), limits, args.host, args.port)
@@ -207,20 +194,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "reward",
-        help="keyshot as a reward model: rejection sampling (filter) and the HTTP service (serve)",
-        description=plain(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = p.add_subparsers(dest="reward_command", required=True)
-    f = sub.add_parser(
-        "filter",
-        help="judge rollouts, keep those with reward >= --min-reward",
-        description=plain(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def filter_arguments(f: argparse.ArgumentParser) -> None:
     f.add_argument(
         "items",
         nargs="+",
@@ -235,18 +209,13 @@ def add_parser(subparsers) -> None:
         action="store_true",
         help="link accepted trajectory folders into OUT/accepted/, named as below ROLLOUTS (judge them back there)",
     )
-    _set_option(f)
-    f.set_defaults(func=run)
-    s = sub.add_parser(
-        "serve",
-        help="the reward service (FastAPI/uvicorn)",
-        description=plain(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+
+def serve_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (judge.model=gpt-4o)")
     s.add_argument("--config", required=True, help="a keyshot judge config (configs/reward/*.yaml)")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8100)
+    s.add_argument("--port", type=int, default=8100, help="0: a free port (the start-up line names it)")
     s.add_argument("--allow-root", default=".", help="screenshot and trajectory paths must lie inside it")
     s.add_argument("--token-env", help="require 'Authorization: Bearer $TOKEN_ENV' on every request")
     s.add_argument("--max-body-mb", type=int, default=256)
@@ -256,34 +225,33 @@ def add_parser(subparsers) -> None:
     s.add_argument(
         "--serve-scorer",
         metavar="CHECKPOINT",
-        help="serve this scorer checkpoint with vLLM (scorer.serve settings) and score with it",
+        help="serve this scorer checkpoint with vLLM (scorer.serve settings) and score with it (a folder, or "
+        "a hub id such as osunlp/WebJudge-7B)",
     )
     s.add_argument("--vllm-log", default="vllm.log", help="the vLLM server's log with --serve-scorer")
-    _set_option(s)
-    # a signal ends the service once the requests in flight are answered: there is nothing to resume
-    s.set_defaults(func=run, on_stop="the service answered the requests in flight and stopped")
-    for entry in entry_points(group=SUBCOMMANDS_GROUP):
-        importlib.import_module(entry.value).add_parser(sub)
 
 
-def _set_option(parser: argparse.ArgumentParser) -> None:
-    """``--set KEY=VALUE``: the same as a ``KEY=VALUE`` item (kept for command lines written before)."""
-    parser.add_argument(
-        "--set",
-        dest="set_overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a config override, the same as KEY=VALUE after the command",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        return run_filter(args) if args.reward_command == "filter" else run_serve(args)
-    except KeyshotError as exc:
-        print(f"keyshot reward: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except ValueError as exc:
-        print(f"keyshot reward: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+COMMAND = Command(
+    "reward",
+    help="keyshot as a reward model: rejection sampling (filter) and the HTTP service (serve)",
+    description=__doc__,
+    subcommands=(
+        Command(
+            "filter",
+            help="judge rollouts, keep those with reward >= --min-reward",
+            description=__doc__,
+            arguments=filter_arguments,
+            run=run_filter,
+        ),
+        Command(
+            "serve",
+            help="the reward service (FastAPI/uvicorn)",
+            description=__doc__,
+            arguments=serve_arguments,
+            run=run_serve,
+            # a signal ends the service once the requests in flight are answered: there is nothing to resume
+            on_stop="the service answered the requests in flight and stopped",
+        ),
+    ),
+    plugins=SUBCOMMANDS_GROUP,
+)

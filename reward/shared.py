@@ -9,26 +9,26 @@ verl's reward loop, TRL's trainer) meet in one batch, ask key points once per ta
 twice. The batch window is the config's ``reward.batch_window_s``.
 
 A forked child does not inherit the parent's models (their loop threads stay behind): it builds its own on
-its first call (``os.register_at_fork``).
+its first call; the registry and its lock are new there
+(:class:`keyshot.infer.common.processes.PerProcess`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.common.processes import PerProcess
 from keyshot.reward.model import RewardModel, RewardResult, RewardSettings
 
 CONFIG_ENV = "KEYSHOT_REWARD_CONFIG"
 
-_lock = threading.Lock()
-_models: dict[str, RewardModel] = {}  # config path -> its model in this process
-_batchers: dict[str, RewardBatcher] = {}
+#: config path -> its batcher (and, through it, its model) in this process; new in a forked child
+_batchers: PerProcess[dict[str, RewardBatcher]] = PerProcess(dict)
 
 
 class RewardConfigError(KeyshotError):
@@ -65,11 +65,10 @@ def shared_batcher(config: str | os.PathLike | None = None) -> RewardBatcher:
     """The batcher of ``config`` (default ``$KEYSHOT_REWARD_CONFIG``) in this process, over its model; both
     built on the first call."""
     path = config_path(config)
-    with _lock:
-        if path not in _batchers:
-            model = RewardModel.from_config(path)
-            _models[path], _batchers[path] = model, RewardBatcher(model)
-        return _batchers[path]
+    with _batchers.lock:
+        if path not in _batchers.items:
+            _batchers.items[path] = RewardBatcher(RewardModel.from_config(path))
+        return _batchers.items[path]
 
 
 def shared_model(config: str | os.PathLike | None = None) -> RewardModel:
@@ -102,24 +101,11 @@ def score_shared_sync(
 
 def reset_shared() -> None:
     """Close and forget this process's shared models (tests; a changed ``$KEYSHOT_REWARD_CONFIG``)."""
-    with _lock:
-        models = list(_models.values())
-        _models.clear()
-        _batchers.clear()
+    with _batchers.lock:
+        models = [batcher.model for batcher in _batchers.items.values()]
+        _batchers.items.clear()
     for model in models:
         model.close()
-
-
-def _forget_after_fork() -> None:
-    """In a forked child: the parent's models are not usable here (their loop threads stayed behind);
-    forget them, so that the child's first call builds its own."""
-    global _lock
-    _lock = threading.Lock()  # another thread may have held it at the fork
-    _models.clear()
-    _batchers.clear()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 class RewardBatcher:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import urllib.request
 import weakref
 from collections.abc import Hashable
 
 from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.common.processes import ForkSafeLock
 from keyshot.reward.logs import warn_constant_groups
 from keyshot.reward.model import RewardModel
 
@@ -109,7 +109,7 @@ class VerlState:
         self._constant = warn_constant_groups(list(paths), list(groups), self.where, CONSTANT_FIX)
 
 
-_lock = threading.Lock()  # held only to find or add a model's state, never across I/O
+_lock = ForkSafeLock()  # held only to find or add a model's state, never across I/O; new in a forked child
 _states: weakref.WeakKeyDictionary[RewardModel, VerlState] = weakref.WeakKeyDictionary()
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from keyshot.infer.cli import main as keyshot
+from keyshot.infer.common.processes import free_port
 from keyshot.infer.protocol.verdicts import latest_verdicts, read_verdicts
 from keyshot.infer.runs.lock import RunLock
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge
@@ -425,10 +426,6 @@ def test_judge_refuses_an_escaping_reference_and_judges_the_rest(tmp_path, capsy
 
 
 # ----------------------------------------------------------------------------- preflight
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("case", ["closed port", "key refused", "model not served", "variable missing"])
@@ -442,7 +439,7 @@ def test_preflight_fails_fast_naming_url_model_and_variable(world, tmp_path, cap
         ) as judge,
         FakeOpenAI(make_judge()) as scorer,
     ):
-        url = f"http://127.0.0.1:{_free_port()}/v1" if case == "closed port" else judge.base_url
+        url = f"http://127.0.0.1:{free_port()}/v1" if case == "closed port" else judge.base_url
         argv = judge_argv(world, out, url, scorer.base_url, "judge.api_key_env=KEYSHOT_TEST_KEY")
         argv[argv.index("judge.model=fake-judge")] = "judge.model=" + (
             "gpt-5-typo" if case == "model not served" else "gpt-4o"

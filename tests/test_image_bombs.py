@@ -12,7 +12,6 @@ import base64
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from keyshot.infer.common.processes import free_port
 from keyshot.infer.protocol.decode import MAX_DECODED_PIXELS, ImageTooLarge, PixelBudget, read_header
 from keyshot.infer.protocol.images import (
     DEFAULT_POLICY,
@@ -152,10 +152,6 @@ def test_the_pixel_budget_holds_decodes_beyond_it_until_one_is_released():
 
 
 # ------------------------------------------------------------------------------------- the real service
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
@@ -175,7 +171,7 @@ def service(tmp_path_factory):
     root = tmp_path_factory.mktemp("bombs")
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
         config = write_config(root / "reward.yaml", judge, scorer, timeout_s=20, on_failure="zero")
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             [sys.executable, "-m", "keyshot.infer.cli", "reward", "serve", "--config", str(config)]
             + ["--port", str(port), "--allow-root", str(root)],

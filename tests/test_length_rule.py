@@ -236,7 +236,7 @@ def answered_checkpoint(scorer_checkpoint, tmp_path):
 def test_serve_allows_the_trained_answer_length(answered_checkpoint, scorer_checkpoint, tmp_path):
     import json
 
-    from keyshot.infer.serve.command import VLLMServer
+    from keyshot.infer.serve.server import VLLMServer
     from keyshot.infer.serve.plan import ServeConfig, ServeError, plan_server
 
     base = {"model": str(answered_checkpoint), "device": "cpu", "tmpdir": str(tmp_path)}

@@ -174,7 +174,7 @@ def test_reward_serve_with_serve_scorer_scores_through_vllm_and_takes_it_down_on
             f"scorer.serve.tmpdir={tmp_path / 'tmp'}",
             "reward.on_failure=zero",  # the service's /get_reward needs a number for every sample
         ):
-            argv += ["--set", override]
+            argv.append(override)
         env = {**os.environ, "KEYSHOT_VLLM_PYTHON": python}
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:

@@ -1,14 +1,13 @@
 """``keyshot reward filter --link`` output judges back with its identity (issue 35 item 9): the links keep
 the names identities are read from (AgentLab's ``<time>_<agent>_on_<task>``, Online-Mind2Web's
 ``<agent>/<task>``), ``keyshot judge OUT/accepted`` reads them inside the input, and the same runs reached
-twice are judged once. Overrides are written ``key=value`` as for ``keyshot judge`` (``--set`` too)."""
+twice are judged once. Overrides are written ``key=value`` as for every keyshot command."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from keyshot.infer.cli import main as keyshot
+from keyshot.infer.common.processes import free_port
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.protocol.verdicts import read_verdicts
 from tests.support.reward import OutputLines, write_config
@@ -50,8 +50,8 @@ def test_accepted_links_judge_back_with_their_agent_task_and_run(tmp_path, rollo
     assert len(originals) == 4 and len({o[3] for o in originals if o[1] != "SeeAct"}) == 2  # two seeds
     out = tmp_path / "filtered"
     argv = ["reward", "filter", str(rollouts), "--config", str(config), "--min-reward", "0"]
-    # an override after the command as judge takes it, and one through --set (the older spelling)
-    argv += ["--out", str(out), "--link", "concurrency=2", "--set", "pipeline.threshold=3"]
+    # overrides after the command and among its options, as judge takes them
+    argv += ["--out", str(out), "concurrency=2", "--link", "pipeline.threshold=3"]
     assert keyshot(argv) == 0, capsys.readouterr().err
     records = [json.loads(line) for line in (out / "accepted.jsonl").read_text().splitlines()]
     assert sorted((r["benchmark"], r["agent"], r["task_id"], r["run"]) for r in records) == originals
@@ -114,7 +114,7 @@ def test_a_stopped_service_says_it_stopped_not_that_it_can_resume(tmp_path, conf
     """SIGTERM ends ``keyshot reward serve`` with its own line, not the judge's "re-run ... to resume"; the
     service takes overrides as ``key=value`` too."""
     argv = [sys.executable, "-m", "keyshot.infer.cli", "reward", "serve", "--config", str(config)]
-    argv += ["--port", str(_free_port()), "--allow-root", str(tmp_path), "concurrency=2"]
+    argv += ["--port", str(free_port()), "--allow-root", str(tmp_path), "concurrency=2"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = OutputLines(proc)
     try:
@@ -129,9 +129,3 @@ def test_a_stopped_service_says_it_stopped_not_that_it_can_resume(tmp_path, conf
             proc.wait()
     assert "stopped by SIGTERM; the service answered the requests in flight and stopped" in rest, rest
     assert "re-run the same command" not in rest
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

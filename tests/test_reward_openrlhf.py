@@ -17,7 +17,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from keyshot.infer.common.processes import free_port
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, identify_step, make_judge
 from keyshot.reward import shared as reward_shared
 from keyshot.reward.logs import SAMPLE_KEYS
@@ -214,10 +214,6 @@ def test_the_reward_file_loaded_by_path_twice_keeps_one_model(tmp_path, servers,
 
 
 # ---------------------------------------------------------------------------- keyshot reward serve
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str) -> str:

@@ -7,7 +7,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -16,6 +15,7 @@ import urllib.request
 import pytest
 from PIL import Image
 
+from keyshot.infer.common.processes import free_port
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge
 from keyshot.reward.logs import SAMPLE_KEYS
@@ -26,12 +26,6 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 TOKEN = "s3cret-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def call(
@@ -65,7 +59,6 @@ def service(tmp_path_factory):
         folders.append(target)
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
         config = write_config(root / "reward.yaml", judge, scorer, timeout_s=5, on_failure="zero")
-        port = free_port()
         env = {**os.environ, "KEYSHOT_TEST_TOKEN": TOKEN}
         proc = subprocess.Popen(
             [
@@ -77,7 +70,7 @@ def service(tmp_path_factory):
                 "--config",
                 str(config),
                 "--port",
-                str(port),
+                "0",
                 "--allow-root",
                 str(root),
                 "--token-env",
@@ -91,7 +84,11 @@ def service(tmp_path_factory):
             text=True,
         )
         output = OutputLines(proc)
-        output.wait_for("listening on")  # printed once the port is bound and the signal handlers are in place
+        # printed once the port is bound and the signal handlers are in place; with --port 0 it names the
+        # port the kernel chose (it said ":0" before)
+        listening = output.wait_for("listening on")
+        port = int(listening.split("http://127.0.0.1:", 1)[1].split()[0])
+        assert port > 0, listening
         yield f"http://127.0.0.1:{port}", proc, folders, judge, output
         if proc.poll() is None:
             proc.kill()

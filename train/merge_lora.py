@@ -8,13 +8,14 @@ writes). The base model is the adapter's ``base_model_name_or_path`` unless ``--
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
 from pathlib import Path
 
-from keyshot.infer.common.errors import KeyshotError, require_training_stack
-from keyshot.infer.common.helptext import plain
+from keyshot.infer.common.command import Command
+from keyshot.infer.common.errors import require_training_stack
 from keyshot.infer.model.checkpoint import CheckpointError, CheckpointMeta, read_meta
 
 logger = logging.getLogger(__name__)
@@ -79,12 +80,7 @@ def merge_adapter(
     return out
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "merge-lora",
-        help="merge a LoRA adapter into its base model (servable keyshot checkpoint)",
-        description=plain(__doc__),
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("adapter_dir", type=Path, help="peft adapter folder (RUN/final_adapter)")
     p.add_argument("--out", type=Path, required=True, help="folder for the merged checkpoint")
     p.add_argument(
@@ -96,15 +92,18 @@ def add_parser(subparsers) -> None:
         default=None,
         help="only for adapters without keyshot.json: the prompt set they were trained on",
     )
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:
     require_training_stack("keyshot merge-lora")
-    try:
-        out = merge_adapter(args.adapter_dir, args.out, args.base, args.dtype, args.prompt_variant)
-    except KeyshotError as exc:
-        logger.error("%s", exc)
-        return exc.exit_code
-    print(out)
+    print(merge_adapter(args.adapter_dir, args.out, args.base, args.dtype, args.prompt_variant))
     return 0
+
+
+COMMAND = Command(
+    "merge-lora",
+    help="merge a LoRA adapter into its base model (servable keyshot checkpoint)",
+    description=__doc__,
+    arguments=add_arguments,
+    run=run,
+)

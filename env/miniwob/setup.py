@@ -20,12 +20,12 @@ import json
 import os
 import shutil
 import sys
-import threading
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.common.processes import ForkSafeLock
 
 CHROMIUM_ENV = "KEYSHOT_CHROMIUM"
 HOME_ENV = "KEYSHOT_BROWSER_HOME"
@@ -150,7 +150,7 @@ def _miniwob_pages() -> Path:
 
 
 _prepared: dict[tuple[Path, Path], BrowserSetup] = {}
-_lock = threading.Lock()
+_lock = ForkSafeLock()  # new in a forked child (a thread may have held it at the fork)
 
 
 def browser_setup(chromium: str | None = None) -> BrowserSetup:

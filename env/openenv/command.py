@@ -25,8 +25,8 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from keyshot.infer.common.command import Command
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.common.helptext import plain
 
 #: Entry-point group of the OpenEnv rubrics an environment is scored with, by name (pyproject.toml).
 RUBRICS_GROUP = "keyshot.openenv.rubrics"
@@ -118,14 +118,7 @@ def _serve(args: argparse.Namespace, config: Path, pool) -> int:
     return 0
 
 
-def add_parser(subparsers) -> None:
-    """``env`` under ``keyshot reward`` (registered through the ``keyshot.reward.commands`` entry points)."""
-    p = subparsers.add_parser(
-        "env",
-        help="live MiniWoB pages on OpenEnv's server, scored by keyshot's reward (OpenEnv clients, TRL)",
-        description=plain(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--miniwob", required=True, metavar="TASK", help="the MiniWoB task, e.g. click-test")
     p.add_argument("--config", required=True, help="a keyshot judge config (configs/reward/*.yaml)")
     p.add_argument("--host", default="127.0.0.1")
@@ -142,5 +135,15 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--keep", metavar="DIR", help="keep every scored episode in DIR (keyshot judge DIR reads it)"
     )
-    # keyshot's command line prints an EnvCommandError (any KeyshotError) as one line, with its exit code
-    p.set_defaults(func=run_env, on_stop="the environment server closed its browsers and stopped")
+
+
+#: ``env`` under ``keyshot reward`` (registered through the ``keyshot.reward.commands`` entry points);
+#: keyshot's command line prints an EnvCommandError (any KeyshotError) as one line, with its exit code
+COMMAND = Command(
+    "env",
+    help="live MiniWoB pages on OpenEnv's server, scored by keyshot's reward (OpenEnv clients, TRL)",
+    description=__doc__,
+    arguments=add_arguments,
+    run=run_env,
+    on_stop="the environment server closed its browsers and stopped",
+)

@@ -301,29 +301,48 @@ def split_paths_and_overrides(items: list[str]) -> tuple[list[str], list[str]]:
     return paths, overrides
 
 
-def load_config(cls: type[T], path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> T:
-    """Build ``cls`` from a YAML file (optional) and ``key.sub=value`` overrides (YAML-typed values)."""
+def read_config_file(path: str | os.PathLike) -> tuple[dict, dict[KeyPath, int]]:
+    """A YAML config file's mapping and the line of each of its keys (:func:`yaml_key_lines`); the one
+    reader of config files (its errors name the file and what to do)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+        loaded = yaml.safe_load(text)
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: a folder, not a config file: give --config a YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the config file ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping")
+    return loaded or {}, yaml_key_lines(text)
+
+
+def load_config(
+    cls: type[T],
+    path: str | os.PathLike | None = None,
+    overrides: list[str] | None = None,
+    *,
+    section: str | None = None,
+) -> T:
+    """Build ``cls`` from a YAML file (optional) and ``key.sub=value`` overrides (YAML-typed values).
+    ``section``: build it from that top-level section of the file (a synth config's ``build:``), its
+    errors still naming the file and the line."""
     data: dict = {}
     lines: dict[KeyPath, int] = {}
     if path is not None:
-        p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-            loaded = yaml.safe_load(text)
-        except FileNotFoundError:
-            raise ConfigError(f"{p}: config file not found") from None
-        except IsADirectoryError:
-            raise ConfigError(f"{p}: a folder, not a config file: give --config a YAML file") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
-        except OSError as exc:
-            raise ConfigError(f"{p}: cannot read the config file ({exc.strerror or exc})") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping")
-        data = loaded or {}
-        lines = yaml_key_lines(text)
+        data, lines = read_config_file(path)
+        if section is not None:
+            part = data.get(section) or {}
+            if not isinstance(part, dict):
+                raise ConfigError(f"{path}:{lines.get((section,), '')}: {section}: expected a mapping")
+            data = part
+            lines = {key[1:]: n for key, n in lines.items() if key[:1] == (section,) and len(key) > 1}
     return config_from_data(cls, data, overrides, where=str(path) if path is not None else "", lines=lines)
 
 

@@ -17,6 +17,8 @@ Exit codes of every keyshot command:
 
 from __future__ import annotations
 
+import sys
+
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_INCOMPLETE = 3
@@ -35,8 +37,9 @@ class KeyshotError(Exception):
     exit_code = EXIT_USAGE
 
 
-class RunStopError(RuntimeError):
-    """Stops a whole run (not one trajectory): a spent budget, an endpoint that is down.
+class RunStopError(KeyshotError, RuntimeError):
+    """Stops a whole run (not one trajectory): a spent budget, an endpoint that is down. A user-facing
+    error like any other: reaching the top, it is one line and its exit code.
 
     Trajectories in flight are not written; a re-run of the same command judges them."""
 
@@ -100,6 +103,17 @@ class CutAnswersError(RunStopError):
             f"completion tokens; the longest answer seen: {longest_tokens} tokens): the model answers at more "
             f"length than {setting} allows; {raise_advice(setting, cut_tokens, trained_tokens)}"
         )
+
+
+def error_exit(exc: BaseException, prog: str, *, debug: bool = False) -> int:
+    """The one place an error becomes its line and exit code (every command runs under
+    :func:`keyshot.infer.cli.run_parsed`): a :class:`KeyshotError` (a :class:`RunStopError` included) is
+    ``PROG: error: MESSAGE`` on stderr and its ``exit_code``; anything else is a bug and is raised again
+    with its traceback (exit 1), as is every error under ``--debug``."""
+    if debug or not isinstance(exc, KeyshotError):
+        raise exc
+    print(f"{prog}: error: {exc}", file=sys.stderr)
+    return exc.exit_code
 
 
 class Interrupted(KeyboardInterrupt):

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from keyshot.infer.client.usage import UsageLedger
+from keyshot.infer.common.command import Command
 from keyshot.infer.common.errors import EXIT_INCOMPLETE, EXIT_OK, KeyshotError
-from keyshot.infer.common.helptext import plain
 from keyshot.infer.protocol.verdicts import VERDICTS_FILE, Verdict, VerdictFileError, verdict_key
 from keyshot.infer.runs.run_record import PROTOCOL, protocol_differences, read_protocol, write_payload
 from keyshot.infer.runs.shard_merge import Shard, ShardKind, copy_shard, merging, stream_shards
@@ -174,27 +174,16 @@ def merge_shards(out: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------- CLI
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "merge",
-        help="join the shards of a judge run (OUT/shard-I-of-N) into OUT/verdicts.jsonl + summary",
-        description=plain(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", type=Path, help="the --out folder the shards were judged into")
     p.add_argument(
         "--human-labels", type=Path, help="Online-Mind2Web human_label.json: also write OUT/metrics"
     )
     p.add_argument("--arb-index", type=Path, help="AgentRewardBench index.csv: also write OUT/metrics")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        summary = merge_shards(args.out)
-    except KeyshotError as exc:
-        print(f"keyshot merge: {exc}", file=sys.stderr)
-        return exc.exit_code
+    summary = merge_shards(args.out)
     print(summary["markdown"])
     print(f"verdicts: {args.out / VERDICTS_FILE}")
     if args.human_labels or args.arb_index:
@@ -216,3 +205,12 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_INCOMPLETE
     return EXIT_OK
+
+
+COMMAND = Command(
+    "merge",
+    help="join the shards of a judge run (OUT/shard-I-of-N) into OUT/verdicts.jsonl + summary",
+    description=__doc__,
+    arguments=add_arguments,
+    run=run,
+)

@@ -14,11 +14,16 @@ from keyshot.infer.common.config import ConfigError
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError, ScorerConfig
 from keyshot.infer.judge.local_scorer import TransformersScorer
 from keyshot.infer.judge.scorers import KeyScreenshotScorer, OpenAIScorer
-from keyshot.infer.model.checkpoint import CheckpointDescription, describe_checkpoint
+from keyshot.infer.model.checkpoint import (
+    CheckpointDescription,
+    describe_checkpoint,
+    looks_like_local_path,
+    model_folder_problem,
+)
 from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy
 from keyshot.infer.protocol.prompts import load_prompt_set
-from keyshot.infer.serve.command import VLLMServer
 from keyshot.infer.serve.plan import ServeConfig
+from keyshot.infer.serve.server import VLLMServer
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +157,25 @@ def _configured_scorer(
         policy=policy,
         retry_invalid=sc.retry_invalid,
     )
+
+
+def check_model_folder(model: str) -> None:
+    """Refuse a checkpoint given as a local path that is not a model folder; a hub id
+    (``osunlp/WebJudge-7B``) passes, the server's plan reads it. The one check of ``--serve-scorer`` and
+    ``scorer.checkpoint`` under ``keyshot judge`` and ``keyshot reward serve``."""
+    if looks_like_local_path(model) and (problem := model_folder_problem(model)):
+        raise JudgeRunError(
+            f"{model}: not a model checkpoint ({problem}); pass the folder a training run wrote (RUN/final) "
+            "or a hub id such as osunlp/WebJudge-7B"
+        )
+
+
+def apply_serve_scorer(cfg: JudgeRunConfig, checkpoint: str) -> None:
+    """``--serve-scorer CHECKPOINT`` on ``cfg``, as every command takes it: the checkpoint checked
+    (:func:`check_model_folder`), and the scorer described by it unless ``scorer.checkpoint`` names its
+    folder already. The server starts later (:func:`start_served_scorer`), once nothing else is wrong."""
+    check_model_folder(checkpoint)
+    cfg.scorer.checkpoint = cfg.scorer.checkpoint or checkpoint
 
 
 def start_served_scorer(

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from pathlib import Path
 
+from keyshot.infer.common.command import Command
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.common.helptext import plain
-from keyshot.infer.common.logs import setup_logging
+from keyshot.infer.metrics.calibration import OBJECTIVES
 from keyshot.infer.metrics.compute import (
     INCOMPLETE,
     LABEL_2_POLICIES,
@@ -41,6 +40,8 @@ from keyshot.infer.metrics.compute import (
     records_from_verdicts,
 )
 from keyshot.infer.metrics.files import metrics_markdown, write_metrics
+from keyshot.infer.metrics.operating import write_operating_point, write_sweep_metrics
+from keyshot.infer.metrics.sweep_compare import is_sweep_folder
 from keyshot.infer.runs.run_record import stand_in_of
 from keyshot.infer.runs.verdict_sources import load_verdicts
 
@@ -83,52 +84,62 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="how to read the released records' outcome answers",
     )
     parser.add_argument("--out", type=Path, required=True, help="folder for metrics.{json,md,csv,png}")
-    parser.set_defaults(func=run)
+    parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="agreement",
+        help="what the p_success threshold maximises on the tune split (reported on the test split)",
+    )
+    parser.add_argument("--split-seed", default="0", help="seed of the task-hash tune/test split")
+    parser.add_argument("--bins", type=int, default=10, help="bins of the reliability diagram")
     return parser
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``metrics`` on a ``keyshot`` subcommand parser."""
-    parser = subparsers.add_parser(
-        "metrics",
-        help="success rate, agreement, SR gap, precision/recall/F1 against the truth (human labels or the "
-        "runs' own reward)",
-        description=plain(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    return _configure(parser)
-
-
 def run(args: argparse.Namespace) -> int:
-    try:
-        if args.verdicts is not None:
-            verdicts, kind = load_verdicts(args.verdicts)
-            folder = args.verdicts if args.verdicts.is_dir() else args.verdicts.parent
-            notes = evidence_notes(verdicts, stand_in_of(folder) if kind == "keyshot" else None)
-            labels = load_human_labels(args.human_labels) if args.human_labels else None
-            index = load_arb_index(args.arb_index) if args.arb_index else None
-            records = records_from_verdicts(
-                verdicts, human_labels=labels, arb_index=index, agent=args.agent, benchmark=args.benchmark
-            )
-            sources = {"verdicts": str(args.verdicts)}
-        elif args.arb_index is not None:
-            records = arb_records(args.arb_index, judge=args.arb_judge, parse_mode=args.arb_parse_mode)
-            notes = []
-            sources = {"arb_judge": args.arb_judge or "(the only one)", "arb_parse_mode": args.arb_parse_mode}
-        else:
-            print("error: give a verdict file, or --arb-index to score released records", file=sys.stderr)
-            return 2
-        for name in ("human_labels", "arb_index"):
-            if getattr(args, name) is not None:
-                sources[name] = str(getattr(args, name))
-        report = compute_metrics(records, label_2=args.label_2, sources=sources)
-        report.notes = notes
-        require_compared(report)
-        paths = write_metrics(report, args.out)
-    except KeyshotError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    options = {
+        "label_2": args.label_2,
+        "objective": getattr(args, "objective", "agreement"),
+        "seed": getattr(args, "split_seed", "0"),
+        "n_bins": getattr(args, "bins", 10),
+    }
+    labels = load_human_labels(args.human_labels) if args.human_labels else None
+    index = load_arb_index(args.arb_index) if args.arb_index else None
+    if args.verdicts is not None and is_sweep_folder(
+        args.verdicts
+    ):  # keyshot sweep's OUT: the δ's side by side
+        text, paths = write_sweep_metrics(
+            args.verdicts, args.out, labels, index, agent=args.agent, benchmark=args.benchmark, **options
+        )
+        print(text)
+        print("wrote " + ", ".join(str(p) for p in paths.values()))
+        return 0
+    if args.verdicts is not None:
+        verdicts, kind = load_verdicts(args.verdicts)
+        folder = args.verdicts if args.verdicts.is_dir() else args.verdicts.parent
+        notes = evidence_notes(verdicts, stand_in_of(folder) if kind == "keyshot" else None)
+        records = records_from_verdicts(
+            verdicts, human_labels=labels, arb_index=index, agent=args.agent, benchmark=args.benchmark
+        )
+        sources = {"verdicts": str(args.verdicts)}
+    elif args.arb_index is not None:
+        records = arb_records(args.arb_index, judge=args.arb_judge, parse_mode=args.arb_parse_mode)
+        notes = []
+        sources = {"arb_judge": args.arb_judge or "(the only one)", "arb_parse_mode": args.arb_parse_mode}
+    else:
+        raise KeyshotError("give a verdict file, or --arb-index to score released records")
+    for name in ("human_labels", "arb_index"):
+        if getattr(args, name) is not None:
+            sources[name] = str(getattr(args, name))
+    report = compute_metrics(records, label_2=args.label_2, sources=sources)
+    report.notes = notes
+    require_compared(report)
+    paths = write_metrics(report, args.out)
     print(metrics_markdown(report))
+    if args.verdicts is not None:  # p_success against the truth, every input counted
+        stand_in = stand_in_of(folder) if kind == "keyshot" else None
+        text, more = write_operating_point(records, args.out, labels, index, stand_in=stand_in, **options)
+        print(text)
+        paths.update(more)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 
@@ -176,18 +187,11 @@ def write_verdict_metrics(
     return run(args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _configure(
-        argparse.ArgumentParser(
-            prog="keyshot metrics",
-            description=plain(__doc__),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-    )
-    setup_logging()
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+COMMAND = Command(
+    "metrics",
+    help="success rate, agreement, SR gap, precision/recall/F1 against the truth (human labels or the "
+    "runs' own reward)",
+    description=__doc__,
+    arguments=_configure,
+    run=run,
+)

@@ -14,25 +14,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from keyshot.infer.common.command import Command
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.common.helptext import plain
 from keyshot.infer.metrics.compute import load_human_labels
 from keyshot.infer.runs.lock import RunLock
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "report",
-        help="a browsable HTML report of a judged run (index, metrics, plots, a page per trajectory)",
-        description=plain(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", type=Path, help="run folder, verdicts.jsonl, or released judge records")
     p.add_argument("--out", type=Path, help="report folder (default: RUN/report)")
     p.add_argument("--human-labels", type=Path, help="Online-Mind2Web human_label.json for the ground truth")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--wait", action="store_true", help="wait for another process writing in --out")
-    p.set_defaults(func=run)
 
 
 def default_out(run_path: Path) -> Path:
@@ -54,3 +47,12 @@ def run(args: argparse.Namespace) -> int:
         index = build_report(run, out, human_labels=labels, progress=not args.no_progress)
     print(f"report: {index}  (open it in a browser; the folder is self-contained)")
     return 0
+
+
+COMMAND = Command(
+    "report",
+    help="a browsable HTML report of a judged run (index, metrics, plots, a page per trajectory)",
+    description=__doc__,
+    arguments=add_arguments,
+    run=run,
+)

@@ -1,16 +1,14 @@
 """What ``keyshot serve`` will run: a serve config checked against the checkpoint (prompt version, pixel
 bounds, answer length, local path) and turned into vLLM's command line and environment (:func:`plan_server`).
-Starting, watching and stopping the process is :class:`keyshot.infer.serve.command.VLLMServer`'s.
+Starting, watching and stopping the process is :class:`keyshot.infer.serve.server.VLLMServer`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.common.processes import free_port
 from keyshot.infer.model.checkpoint import (
     META_FILE,
     CheckpointDescription,
@@ -124,12 +123,6 @@ class ServePlan:
 def vllm_python(configured: str | None = None) -> str:
     """The interpreter that has vLLM: the config's, else ``$KEYSHOT_VLLM_PYTHON``, else this one."""
     return configured or os.environ.get(ENV_VLLM_PYTHON) or sys.executable
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def check_vllm_installed(python: str) -> None:

@@ -1,47 +1,26 @@
 """Run a command that must not outlive the process that started it (a vLLM server keyshot starts).
 
-    python -I infer/serve/process_guard.py [--grace-s 20] -- COMMAND [ARG ...]
+    python -I -m keyshot.infer.serve.process_guard [--grace-s 20] -- COMMAND [ARG ...]
 
-The guard is started in a new session (its own process group) by :class:`keyshot.infer.serve.command.VLLMServer`.
-It asks the kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``; on other systems it
-polls its parent id), runs COMMAND in its process group, and on SIGTERM/SIGINT or its parent's
-death stops COMMAND: SIGTERM (vLLM shuts its engine down cleanly), then, after ``--grace-s``,
-SIGKILL to the whole group, so vLLM's engine-core and worker processes go too. It exits with
-COMMAND's exit code. Standard library only: it runs with ``-I`` beside any environment.
+The guard is started in a new session (its own process group) by :class:`keyshot.infer.serve.server.VLLMServer`.
+It asks the kernel for SIGTERM when its parent dies (:func:`~keyshot.infer.common.processes.die_with_parent`;
+on other systems it polls its parent id), runs COMMAND in its process group, and on SIGTERM/SIGINT or its
+parent's death stops COMMAND (:func:`~keyshot.infer.common.processes.stop_process`: SIGTERM, so vLLM shuts
+its engine down cleanly, then SIGKILL after ``--grace-s``), then SIGKILLs the rest of its group, so vLLM's
+engine-core and worker processes go too. It exits with COMMAND's exit code. It imports nothing but the
+standard library and keyshot.infer.common.processes (itself standard library only): it runs with ``-I``.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
 
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # the parent-id poll below still catches it
-
-
-def _stop(child: subprocess.Popen, grace_s: float) -> None:
-    if child.poll() is None:
-        try:
-            child.send_signal(signal.SIGTERM)
-            child.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        except ProcessLookupError:
-            pass
-    _kill_group()
+from keyshot.infer.common.processes import die_with_parent, stop_process
 
 
 def _kill_group() -> None:
@@ -67,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("no command given")
     parent = os.getppid()
-    _die_with_parent()
+    die_with_parent()  # where it cannot be armed, the parent-id poll below still catches it
     if os.getppid() != parent:  # the parent died before the death signal was armed
         return 1
     stop_requested: list[int] = []
@@ -81,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             pass
         if stop_requested or os.getppid() != parent:
-            _stop(child, args.grace_s)
+            stop_process(child, args.grace_s, what="the guarded command")
             code = child.wait()
             break
     time.sleep(0.1)

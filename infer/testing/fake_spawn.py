@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from keyshot.infer.common.processes import stop_process
 from keyshot.infer.testing.fake_faults import FaultPlan
 from keyshot.infer.testing.fake_responders import get_responder
 from keyshot.infer.testing.fake_server import FakeOpenAI, ServerStats, wait_settled
@@ -122,13 +123,7 @@ def spawn_fake_openai(
             base_url = _wait_ready(proc, startup_timeout_s, stderr)
             yield base_url, proc
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc, 10, what="fake OpenAI server")
             if proc.stdout is not None:
                 proc.stdout.close()
 

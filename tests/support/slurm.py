@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from keyshot.infer.common.processes import free_port
+
 DAEMONS = ("slurmctld", "slurmd", "sbatch", "squeue", "sinfo")
 
 
@@ -35,20 +37,14 @@ def ensure_slurm() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _conf(root: Path) -> str:
     host = socket.gethostname().split(".")[0]
     cpus = os.cpu_count() or 1
     mem_mb = max(1024, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 - 1024)
     return f"""ClusterName=keyshot-test
 SlurmctldHost={host}
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 AuthType=auth/none
 CredType=cred/none
 SlurmUser=root

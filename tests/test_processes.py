@@ -1,0 +1,116 @@
+"""keyshot.infer.common.processes: the one home of stopping a process, dying with the parent, a free
+port, and the process-wide registries a fork renews."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from keyshot.infer.common.processes import PerProcess, free_port, pid_alive, stop_process
+
+
+def _in_forked_child(check) -> int:
+    """Fork; in the child run ``check()`` (True: exit 0) with a watchdog; the child's exit code."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            code = 0 if check() else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _held_by_a_thread(lock) -> tuple[threading.Event, threading.Event]:
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            release.wait(30)
+
+    threading.Thread(target=hold, daemon=True).start()
+    assert held.wait(10)
+    return held, release
+
+
+@pytest.mark.parametrize("module", ["keyshot.reward.verl_state", "keyshot.env.miniwob.setup"])
+def test_a_fork_while_a_thread_holds_a_registry_lock_leaves_the_child_a_free_lock(module):
+    """The parent's thread that held the lock at the fork does not exist in the child: with a plain
+    threading.Lock the child's first use waited forever (this test's child timed out on the old code)."""
+    import importlib
+
+    lock = importlib.import_module(module)._lock
+    _, release = _held_by_a_thread(lock)
+    try:
+        code = _in_forked_child(lambda: lock.acquire(timeout=5))
+    finally:
+        release.set()
+    assert code == 0, f"{module}._lock was still held in the forked child"
+
+
+def test_the_shared_reward_registry_starts_over_in_a_forked_child():
+    from keyshot.reward import shared
+
+    sentinel = object()
+    _, release = _held_by_a_thread(shared._batchers.lock)
+    shared._batchers.items["parent-config"] = sentinel
+    try:
+        code = _in_forked_child(
+            lambda: shared._batchers.lock.acquire(timeout=5) and not shared._batchers.items
+        )
+    finally:
+        release.set()
+        shared._batchers.items.pop("parent-config", None)
+    assert code == 0
+
+
+def test_a_registry_hands_the_parents_items_to_forget_in_the_child():
+    forgotten: list[dict] = []
+    registry = PerProcess(dict, forget=forgotten.append)
+    registry.items["model"] = "parent's"
+    code = _in_forked_child(lambda: forgotten == [{"model": "parent's"}] and registry.items == {})
+    assert code == 0 and registry.items == {"model": "parent's"}  # the parent keeps its own
+
+
+def test_stop_process_kills_what_ignores_sigterm_and_its_group():
+    """SIGTERM, the grace, then SIGKILL of the whole group: a grandchild that outlived its parent goes too."""
+    script = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    grandchild = int(proc.stdout.readline())
+    t0 = time.monotonic()
+    code = stop_process(proc, 0.5, group=True)
+    assert code == -signal.SIGKILL and time.monotonic() - t0 < 15
+    deadline = time.monotonic() + 10
+    while pid_alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the grandchild is re-parented to init, which reaps it
+    assert not pid_alive(grandchild)
+    proc.stdout.close()
+
+
+def test_stop_process_lets_a_process_that_stops_on_sigterm_exit_by_itself():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert stop_process(proc, 10) == -signal.SIGTERM
+
+
+def test_free_port_can_be_bound():
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
