@@ -1,18 +1,22 @@
-"""Soak of the live environment (issue 41): hundreds of MiniWoB episodes through the TRL example's
-environment class (``examples/reward/trl_browsergym_grpo.py``: ``MiniWoBEnv`` over a ``BrowserPool``, its
-reward ``with_miniwob_reward(environment_reward(...))``), as GRPOTrainer drives them: a pool of
-environments reset one after another, acted in, rewarded together, reset again for the next batch. A
-mixed agent plays (half the environments the scripted agent, half random clicks, each on every task),
-and browsers are killed at random (``kill -9`` of a worker or of one of its Chromium instances) while the
-batches run.
+"""Soak of the live environment floor (issues 41, 45): hundreds of MiniWoB episodes through the TRL
+environment class (``keyshot.env.trl.MiniWoBEnv``: a session leased from a ``BrowserPool`` at each reset,
+given back at its reward; the reward ``with_miniwob_reward(environment_reward(...))``), as a trainer's
+batches drive them: a pool of environments reset, acted in, rewarded together, reset again for the next
+batch (resets and actions on threads, as an OpenEnv server's sessions come). A mixed agent plays (half
+the environments the scripted agent, half random clicks, each on every task), and pages and browsers
+are killed at random while the batches run (``kill -9`` of a page's renderer, of a Chromium, or of a
+browser's worker process).
 
-Reported: browsers alive (the most worker processes at once, against the budget), the memory of this
+Reported: the pages leased at once (against the budget) and the Chromium processes, the memory of this
 process and everything it started (PSS: at start, after the first batch, peak, at the end; the end
-within 10% of the first batch's is the target), episodes failed and why, the kills, both rewards reaching
-the log (MiniWoB's and keyshot's; with the fake judge, whose verdict does not read the page, that is
-plumbing, not agreement), and the processes left after the run (orphans: the target is 0).
+within 10% of the first batch's is the target), episodes failed and why, the kills, the failed episodes
+no kill touched (the target is 0: a killed browser's touched episodes are those in flight in it, a
+killed renderer touches at most one), both rewards reaching the log (MiniWoB's and keyshot's; with the
+fake judge, whose verdict does not read the page, that is plumbing, not agreement), and the processes
+left after the run (orphans: the target is 0).
 
-    nice .venv/bin/python bench/soak_live.py [--episodes 500] [--browsers 8] [--kill-every 15] [--json FILE]
+    nice .venv/bin/python bench/soak_live.py [--episodes 500] [--pages 32] [--pages-per-browser 16] \
+        [--kill-every 15] [--json FILE]
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import importlib.util
+import functools
 import json
 import os
 import random
@@ -41,20 +45,12 @@ from keyshot.env.miniwob.budget import BrowserBudget
 from keyshot.env.miniwob.pool import BrowserPool
 from keyshot.env.miniwob.setup import browser_setup
 from keyshot.env.page import Page
+from keyshot.env.trl import MiniWoBEnv, with_miniwob_reward
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import spawn_fake_openai
 from keyshot.reward.trl import environment_reward
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "reward" / "trl_browsergym_grpo.py"
 _CALL = re.compile(r"(\w+)\((.*)\)")
-
-
-def load_example():
-    spec = importlib.util.spec_from_file_location("trl_browsergym_grpo", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class Watch:
@@ -71,7 +67,7 @@ class Watch:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> tuple[float, int]:
-        """(PSS in MiB of this process tree, browser workers running)."""
+        """(PSS in MiB of this process tree, browser worker processes running: one per Chromium)."""
         total, workers = 0, 0
         for p in [self.me, *self.me.children(recursive=True)]:
             try:
@@ -116,30 +112,55 @@ class Watch:
 
 
 class Killer:
-    """Kills (SIGKILL) a random browser's worker or one of its Chromium instances every ``every_s``
-    seconds on average (exponential gaps, seeded)."""
+    """Kills (SIGKILL), every ``every_s`` seconds on average (exponential gaps, seeded), a page (one of a
+    random Chromium's renderers), a Chromium, or a browser's worker process; remembers which environments
+    each kill touched (those whose session was in the killed browser then; a renderer touches at most one,
+    unnamed)."""
 
-    def __init__(self, pool: BrowserPool, every_s: float, seed: int):
-        self.pool, self.every_s, self.rng = pool, every_s, random.Random(seed)
+    def __init__(self, pool: BrowserPool, envs: list, every_s: float, seed: int):
+        self.pool, self.envs, self.every_s, self.rng = pool, envs, every_s, random.Random(seed)
         self.kills: collections.Counter = collections.Counter()
+        self.touched: set[int] = set()  # environments in a killed browser, this batch
+        self.page_kills = 0  # renderers killed this batch
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.rng.expovariate(1 / self.every_s)):
-            browsers = [b for b in self.pool.browsers() if b.process is not None and b.pids]
-            if not browsers:
+            processes = [p for p in self.pool.processes() if p.alive and p.chromium_pid]
+            if not processes:
                 continue
-            browser = self.rng.choice(browsers)
-            kind, pid = self.rng.choice(
-                [("worker", browser.process.pid), ("page chromium", browser.pids[0])]
-                + [("chat chromium", p) for p in browser.pids[1:]]
-            )
-            try:
-                os.kill(pid, signal.SIGKILL)
+            process = self.rng.choice(processes)
+            kind = self.rng.choice(["page", "page", "chromium", "worker"])
+            with contextlib.suppress(psutil.Error, ProcessLookupError), self._lock:
+                if kind == "page":
+                    chromium = psutil.Process(process.chromium_pid)
+                    pages = [
+                        c
+                        for c in chromium.children(recursive=True)
+                        if "--type=renderer" in " ".join(c.cmdline())
+                    ]
+                    if not pages:
+                        continue
+                    self.rng.choice(pages).kill()
+                    self.page_kills += 1
+                else:
+                    in_it = {
+                        i
+                        for i, env in enumerate(self.envs)
+                        if env._browser is not None and env._browser.process is process
+                    }
+                    os.kill(process.chromium_pid if kind == "chromium" else process.pids[0], signal.SIGKILL)
+                    self.touched |= in_it
                 self.kills[kind] += 1
-            except ProcessLookupError:
-                pass
+
+    def batch_over(self) -> tuple[set[int], int]:
+        """What this batch's kills touched (environments, renderers killed), reset for the next batch."""
+        with self._lock:
+            touched, pages = self.touched, self.page_kills
+            self.touched, self.page_kills = set(), 0
+        return touched, pages
 
     def start(self) -> None:
         self._thread.start()
@@ -150,8 +171,10 @@ class Killer:
             self._thread.join()
 
 
-def play(env, text: str, agent, steps: int) -> None:
-    """Up to ``steps`` actions of ``agent`` through the environment's tools (as the policy calls them)."""
+def episode(env, row: dict, agent, steps: int) -> None:
+    """The environment reset on ``row``, then up to ``steps`` actions of ``agent`` through its tools (as the
+    policy calls them)."""
+    text = env.reset(**row)
     for _ in range(steps):
         if env.done:
             return
@@ -167,8 +190,8 @@ def play(env, text: str, agent, steps: int) -> None:
 def reason_kind(error: str) -> str:
     """A failure's reason, without its ids and step numbers (to count reasons)."""
     for pattern, kind in (
-        (r"did not open: ([^:;]+)", "the page did not open: {}"),
-        (r"the browser failed at step \d+: ([^:;]+)", "the browser failed mid-episode: {}"),
+        (r"did not open: ([^:;(]+)", "the page did not open: {}"),
+        (r"the browser failed at step \d+: ([^:;(]+)", "the browser failed mid-episode: {}"),
     ):
         if found := re.search(pattern, error):
             return kind.format(found.group(1).strip())
@@ -176,18 +199,15 @@ def reason_kind(error: str) -> str:
 
 
 def soak(args: argparse.Namespace, config: Path, watch: Watch) -> dict:
-    example = load_example()
-    example.WebEnv.max_steps = args.max_steps
     tasks = args.tasks.split(",")
-    budget = BrowserBudget.for_machine(args.browsers)
+    budget = BrowserBudget(args.pages, pages_per_browser=args.pages_per_browser)
     start_mib, _ = watch.sample()
     watch.start()
-    pool = example.MiniWoBEnv.pool = BrowserPool(
-        budget, tasks[0], setup=browser_setup(), max_steps=args.max_steps
-    )
-    envs = [example.MiniWoBEnv() for _ in range(args.browsers)]
-    reward = example.with_miniwob_reward(environment_reward(config))
-    killer = Killer(pool, args.kill_every, args.seed)
+    pool = BrowserPool(budget, tasks[0], setup=browser_setup(), max_steps=args.max_steps)
+    factory = functools.partial(MiniWoBEnv, pool=pool, max_steps=args.max_steps)
+    envs = [factory() for _ in range(args.pages)]
+    reward = with_miniwob_reward(environment_reward(config))
+    killer = Killer(pool, envs, args.kill_every, args.seed)
     rng = random.Random(args.seed)
     failures: collections.Counter = collections.Counter()
     counts = collections.Counter()
@@ -195,19 +215,20 @@ def soak(args: argparse.Namespace, config: Path, watch: Watch) -> dict:
     batch_s: list[float] = []
     t0 = time.perf_counter()
     try:
-        pool.warm(args.browsers)
+        pool.warm(args.pages)
         seed = 0
         while counts["episodes"] < args.episodes:
             started = time.perf_counter()
-            texts = []
-            for env in envs:  # GRPOTrainer resets its environments one after another
-                texts.append(env.reset(miniwob_task=tasks[seed % len(tasks)], seed=seed, prompt=[]))
-                seed += 1
+            rows = [
+                {"miniwob_task": tasks[(seed + i) % len(tasks)], "seed": seed + i, "prompt": []}
+                for i in range(len(envs))
+            ]
+            seed += len(envs)
             agents = [
                 ScriptedAgent() if scripted(i) else _random_agent(rng.random()) for i in range(len(envs))
             ]
-            with ThreadPoolExecutor(len(envs)) as acting:
-                list(acting.map(play, envs, texts, agents, [args.max_steps] * len(envs)))
+            with ThreadPoolExecutor(len(envs)) as threads:
+                list(threads.map(episode, envs, rows, agents, [args.max_steps] * len(envs)))
             extras: dict[str, list] = {}
             rewards = asyncio.run(
                 reward(
@@ -217,6 +238,10 @@ def soak(args: argparse.Namespace, config: Path, watch: Watch) -> dict:
                 )
             )
             batch_s.append(time.perf_counter() - started)
+            touched, page_kills = killer.batch_over()
+            failed = {i for i, r in enumerate(rewards) if r is None}
+            counts["failed_untouched"] += max(0, len(failed - touched) - page_kills)
+            counts["touched"] += len(touched) + page_kills
             for i, (r, truth, error) in enumerate(
                 zip(rewards, extras["miniwob_reward"], extras["keyshot_error"], strict=True)
             ):
@@ -230,17 +255,15 @@ def soak(args: argparse.Namespace, config: Path, watch: Watch) -> dict:
                 counts[f"miniwob_success_{agent}"] += truth == 1.0
                 counts["fake_judge_agrees"] += (r == 1.0) == (truth == 1.0)
             if first_batch_mib is None:
-                pool.wait_open(args.browsers, timeout_s=300)
                 first_batch_mib, _ = watch.sample()
-                killer.start()  # browsers die from the second batch on
-            if len(batch_s) % 10 == 0:
-                print(
-                    f"[soak] {counts['episodes']} episodes, {sum(failures.values())} failed, "
-                    f"{sum(killer.kills.values())} kills, {pool.alive} browsers",
-                    flush=True,
-                )
+                killer.start()  # pages and browsers die from the second batch on
+            print(
+                f"[soak] {counts['episodes']} episodes, {sum(failures.values())} failed, "
+                f"{sum(killer.kills.values())} kills, {len(pool.processes())} Chromium, batch {batch_s[-1]:.0f} s",
+                flush=True,
+            )
         killer.stop()
-        pool.wait_open(args.browsers, timeout_s=300)  # the last replacements open before the end's measure
+        killer.batch_over()
         end_mib, _ = watch.sample()
     finally:
         killer.stop()
@@ -250,16 +273,18 @@ def soak(args: argparse.Namespace, config: Path, watch: Watch) -> dict:
     return {
         "episodes": counts["episodes"],
         "batches": len(batch_s),
-        "browsers": args.browsers,
+        "pages": args.pages,
+        "pages_per_browser": args.pages_per_browser,
         "seconds": round(total_s, 1),
         "batch_s_p50": round(sorted(batch_s)[len(batch_s) // 2], 2),
-        "workers_alive_max": watch.max_workers,
-        "pool_most_open": pool.max_alive,
-        "browsers_opened": pool.opened,
-        "browsers_replaced": pool.replaced,
-        "failed_opens": pool.failed_opens,
+        "browsers_alive_max": watch.max_workers,
+        "most_leased": pool.max_leased,
+        "chromium_launched": pool.launched,
+        "chromium_replaced": pool.replaced,
         "kills": dict(killer.kills),
         "failed": sum(failures.values()),
+        "failed_untouched": counts["failed_untouched"],
+        "touched": counts["touched"],
         "failed_why": dict(failures.most_common()),
         "memory_mib": {
             "start": round(start_mib),
@@ -291,7 +316,8 @@ def _random_agent(seed: float):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--episodes", type=int, default=500)
-    ap.add_argument("--browsers", type=int, default=8, help="environments per batch (and the budget)")
+    ap.add_argument("--pages", type=int, default=32, help="environments per batch (and the budget)")
+    ap.add_argument("--pages-per-browser", type=int, default=16, help="pages a Chromium holds")
     ap.add_argument("--tasks", default="click-button,enter-text")
     ap.add_argument("--max-steps", type=int, default=3)
     ap.add_argument("--kill-every", type=float, default=15.0, help="seconds between kills, on average")
@@ -316,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
-    ok = not report["orphans"] and report["end_vs_first_batch"] <= 1.10
+    ok = not report["orphans"] and report["end_vs_first_batch"] <= 1.10 and report["failed_untouched"] == 0
     return 0 if ok else 1
 
 

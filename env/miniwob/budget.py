@@ -22,12 +22,13 @@ from pathlib import Path
 
 from keyshot.infer.common.errors import KeyshotError
 
-#: PSS of one page beyond the first (its context, renderer and share of the GPU process): measured by
-#: bench/measure_pages.py on 2026-11-27 (see bench/RESULTS.md, live rows)
-MIB_PER_PAGE = 52
+#: PSS of one page (its context, its renderer, its share of the GPU process): the slope over 16, 64 and
+#: 128 open click-button pages, measured by bench/measure_pages.py on 2026-11-27 (bench/RESULTS.md, live
+#: rows: 128 pages in two Chromium held 6,927 MiB, these figures say 6,966)
+MIB_PER_PAGE = 49
 #: PSS of one Chromium with no page: its worker (Python, BrowserGym), playwright's driver, Chromium's
 #: browser, GPU, network and utility processes (same measurement)
-MIB_PER_BROWSER = 420
+MIB_PER_BROWSER = 347
 #: Pages one Chromium holds (Chromium keeps each browser context's pages in renderers of their own)
 PAGES_PER_BROWSER = 64
 #: Memory left to the rest of the machine by default: an eighth of it, at least 1 GiB
@@ -123,8 +124,8 @@ class BrowserBudget:
         return pages * self.mib_per_page + self.browsers_for(pages) * self.mib_per_browser
 
     def describe(self) -> str:
-        """Where the number comes from, e.g. "this machine holds 340 live pages (20,950 MiB available less
-        a 3,013 MiB reserve, at 52 MiB a page and 420 MiB a Chromium of 64 pages)"."""
+        """Where the number comes from, e.g. "this machine holds 365 live pages (23,000 MiB available less
+        a 3,000 MiB reserve, at 49 MiB a page and 347 MiB a Chromium of 64 pages)"."""
         figures = f"at {self.mib_per_page} MiB a page and {self.mib_per_browser} MiB a Chromium of {self.pages_per_browser} pages"
         if self.available_mib is None:
             return f"--max-pages allows {self.max_pages} live pages ({self.mib_for(self.max_pages):,} MiB {figures})"

@@ -113,10 +113,11 @@ class BrowserPool:
         return all(process.wait_ready(timeout_s) for process in self.processes())
 
     def close(self) -> None:
-        """Close every Chromium, with the sessions in it, and lease no more (idempotent)."""
+        """Close every Chromium, with the sessions in it (their next reset raises), and lease no more
+        (idempotent)."""
         with self._lock:
             self._closed = True
-            processes, self._load = list(self._load), {}
+            processes, self._load, self._leased = list(self._load), {}, set()
         for process in processes:
             process.close()
 
