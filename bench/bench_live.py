@@ -11,9 +11,10 @@ Two ways of rewarding the same episodes (the same tasks, seeds and scripted acti
 
 Measured: episodes per second (from the first reset until the last reward is in), the reward's latency
 after an episode's last step (p50/p99), judge calls paid per episode, each browser's peak memory (the PSS
-of its process tree: keyshot's worker, playwright's driver, both Chromium instances), and where the time
-goes (the browser's reset and steps per episode against the reward's latency). Each browser's first
-episode launches Chromium; the next ones reuse its page. The judge and scorer are the fake server with
+of its process tree: keyshot's worker, playwright's driver, its Chromium), and where the time goes (the
+browser's reset and steps per episode against the reward's latency). Each browser is a session with a
+Chromium of its own (``MiniWoBBrowser`` made directly); its first episode launches it, the next ones open
+a fresh context in it. The judge and scorer are the fake server with
 ``--judge-latency`` / ``--scorer-latency``; its verdict does not read the page, so the count of episodes
 where MiniWoB's reward and keyshot's both reached the record (``both_rewards_logged``) checks the plumbing,
 not the judge's agreement with MiniWoB. Needs ``make setup-browser``.
@@ -69,7 +70,9 @@ class MemoryWatch:
             return 0
         total = 0
         try:
-            root = psutil.Process(browser.process.pid)
+            root = psutil.Process(
+                browser.process.pids[0]
+            )  # its worker: playwright's driver and Chromium below
             for p in [root, *root.children(recursive=True)]:
                 total += p.memory_full_info().pss
         except psutil.Error:  # a process ended between listing and reading

@@ -64,7 +64,7 @@ class AgentInstance(KeyshotAgentInstance, *([AgentInstanceBase] if AgentInstance
     async def start(self, label):
         if str(label).startswith("miniwob:"):  # a live page: miniwob:TASK:SEED (its own thread: it blocks)
             _, task, seed = str(label).split(":")
-            opened = self.pool.acquire if self.pool is not None else functools.partial(MiniWoBBrowser, task)
+            opened = self.pool.lease if self.pool is not None else functools.partial(MiniWoBBrowser, task)
             self.browser = await asyncio.to_thread(opened)
             self.page = page = await asyncio.to_thread(self.browser.reset, int(seed), task)
         else:
@@ -86,10 +86,8 @@ class AgentInstance(KeyshotAgentInstance, *([AgentInstanceBase] if AgentInstance
 
     async def close(self):
         """keyshot calls this once, however the episode ended (done, the token budget, an error): the
-        browser back to the pool (closed there if it failed), or closed."""
-        if self.pool is not None and isinstance(self.browser, MiniWoBBrowser):
-            await asyncio.to_thread(self.pool.release, self.browser)
-        elif self.browser is not None:
+        browser closed (a pool's page given back to it)."""
+        if self.browser is not None:
             await asyncio.to_thread(self.browser.close)
 
     def first_prompt(self, prompt, page):
