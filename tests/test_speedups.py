@@ -219,6 +219,15 @@ def test_cuda_switches_refuse_in_one_line_without_cuda(tiny_model_dir, switch, m
     assert "\n" not in str(caught.value)
 
 
+def test_liger_and_compile_together_are_refused_in_one_line(tiny_model_dir):
+    settings = _settings(tiny_model_dir, liger_kernel=True, compile="inductor")
+    with pytest.raises(
+        ModelSetupError, match=r"^model.liger_kernel and model.compile do not compose"
+    ) as caught:
+        apply_speedups(_load(tiny_model_dir), settings)
+    assert "\n" not in str(caught.value)
+
+
 def test_varlen_patches_every_vision_attention_and_refuses_a_cpu_tower(tiny_model_dir):
     from keyshot.infer.model.vision_varlen import VarlenUnavailable, use_varlen_vision_attention
 
@@ -291,19 +300,15 @@ def test_regional_compile_with_inductor_on_cuda(tiny_model_dir, batch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_every_switch_at_once_on_cuda(tiny_model_dir, batch):
-    """All five switches on a bf16 LoRA model, as the 7B would train: transformers' step within bf16 rounding."""
+    """Every switch that composes, on a bf16 LoRA model as the 7B would train (compile is refused beside
+    Liger): transformers' step within bf16 rounding."""
     pytest.importorskip("liger_kernel", reason="liger-kernel is not installed (pip install 'keyshot[liger]')")
     torch._dynamo.reset()
     lora = LoraSettings(enabled=True, r=4, dropout=0.0)
     settings = _settings(tiny_model_dir, dtype="bfloat16", gradient_checkpointing=True, lora=lora)
     reference = _prepare(_load(tiny_model_dir, torch.bfloat16, "cuda"), settings)
     want = _step(reference, batch, "cuda")
-    switches = {
-        "liger_kernel": True,
-        "compile": "inductor",
-        "vision_attention": "varlen",
-        "padding_free": True,
-    }
+    switches = {"liger_kernel": True, "vision_attention": "varlen", "padding_free": True}
     every = ModelSettings(**{**settings.__dict__, **switches, "checkpoint_every": 2})
     model = _prepare(_load(tiny_model_dir, torch.bfloat16, "cuda"), every)
     _assert_same_step(_step(model, batch, "cuda"), want, 3e-2)

@@ -57,6 +57,11 @@ def apply_speedups(model: torch.nn.Module, settings: ModelSettings) -> list[str]
     """Apply every switch ``settings`` turns on to ``model`` (peft-wrapped or not); returns what was applied,
     e.g. ``["liger_kernel: 13 norms, 2 MLPs, rotary", "compile(inductor): 2 layers, 2 blocks"]``.
     Raises :class:`ModelSetupError` (one line) where a switch cannot run here."""
+    if settings.liger_kernel and settings.compile != "off":
+        raise ModelSetupError(
+            "model.liger_kernel and model.compile do not compose (torch.compile fails to trace Liger's Triton "
+            "kernels: seen with torch 2.11, liger-kernel 0.8.5); turn one of them off"
+        )
     applied: list[str] = []
     if settings.checkpoint_every > 1 and settings.gradient_checkpointing:
         applied.append(
@@ -207,6 +212,16 @@ def compile_layers(model: torch.nn.Module, backend: str = "inductor") -> str:
     """``torch.compile`` each decoder layer and each vision block in place (``nn.Module.compile``); the
     modules, their parameters and their state dict are unchanged."""
     text, visual = _parts(model)
+    eager = 0
+    for block in visual.blocks:
+        mlp = getattr(block, "mlp", None)
+        if mlp is not None and "forward" in mlp.__dict__ and not getattr(mlp, "_keyshot_eager", False):
+            # a replaced MLP forward (vision_attention.py's padded frozen product) stays eager: it rebuilds its
+            # weights in place when they change, which a compiled graph traced on the old tensors cannot follow
+            mlp.forward = torch.compiler.disable(mlp.forward)
+            mlp._keyshot_eager = True
+        eager += bool(getattr(mlp, "_keyshot_eager", False))
     for layer in [*text.layers, *visual.blocks]:
         layer.compile(backend=backend, dynamic=None)
-    return f"{len(text.layers)} decoder layers, {len(visual.blocks)} vision blocks"
+    kept = f" ({eager} vision MLPs left eager)" if eager else ""
+    return f"{len(text.layers)} decoder layers, {len(visual.blocks)} vision blocks{kept}"
