@@ -38,8 +38,8 @@ from keyshot.infer.model.tiny_model import build_tiny_qwen25vl  # noqa: E402
 from keyshot.infer.protocol.images import DEFAULT_POLICY, prepare_image  # noqa: E402
 from keyshot.infer.protocol.messages import scorer_messages  # noqa: E402
 from keyshot.infer.protocol.prompts import load_prompt_set  # noqa: E402
-from keyshot.infer.serve.server import VLLMServer  # noqa: E402
 from keyshot.infer.serve.plan import ServeConfig  # noqa: E402
+from keyshot.infer.serve.server import VLLMServer  # noqa: E402
 
 SCREENSHOTS = REPO.parent / "shared" / "data" / "agentlab_workarena"
 TASK = "Order an iPad Pro with 256 GB of storage in silver"

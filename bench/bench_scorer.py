@@ -34,8 +34,8 @@ from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
 from keyshot.infer.judge.scorers import OpenAIScorer, checkpoint_image_policy
 from keyshot.infer.protocol.images import ImagePolicy, PreparedImage, prepare_image
 from keyshot.infer.protocol.prompts import load_prompt_set
-from keyshot.infer.serve.server import VLLMServer
 from keyshot.infer.serve.plan import ServeConfig
+from keyshot.infer.serve.server import VLLMServer
 
 logger = logging.getLogger(__name__)
 

@@ -36,6 +36,7 @@ from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
 from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.config import ConfigError, config_from_data, load_config
 from keyshot.infer.common.errors import RunStopError
+from keyshot.infer.common.processes import PerProcess
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.pipeline import WebJudge
 from keyshot.infer.judge.scorer_factory import build_scorer, describe_scorer
@@ -88,7 +89,8 @@ class RewardSettings:
     #: points met. A binary reward makes a GRPO group whose rollouts all fail (or all succeed) equal.
     value: RewardValue = "binary"
     #: the shared model's batch window: rollouts submitted within it of the first share one round of calls
-    #: (:mod:`keyshot.reward.shared`); unset: ``$KEYSHOT_REWARD_WINDOW_S``, else 0.05 s.
+    #: (:mod:`keyshot.reward.shared`); unset in the config: ``$KEYSHOT_REWARD_WINDOW_S``, else 0.05 s (read
+    #: by :func:`reward_config`, which loads the settings; the settings themselves read no environment).
     batch_window_s: float | None = None
     #: how long a tripped endpoint breaker stays down before a later batch tries the endpoint again.
     breaker_cooldown_s: float = 30.0
@@ -98,10 +100,8 @@ class RewardSettings:
             raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
         if self.value not in REWARD_VALUES:
             raise ValueError(f"reward.value must be one of {REWARD_VALUES}, got {self.value!r}")
-        if self.batch_window_s is None:
-            self.batch_window_s = _default_window_s()
         for name in ("batch_window_s", "breaker_cooldown_s"):
-            if getattr(self, name) < 0:
+            if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"reward.{name} must be >= 0, got {getattr(self, name)!r}")
 
     def check(self, cfg: JudgeRunConfig, where: str) -> None:
@@ -287,6 +287,8 @@ def reward_config(
         RewardSettings, {**(cfg.reward or {}), **reward_kw}, where=f"{path}: {REWARD_SECTION}"
     )
     reward.check(cfg, str(path))
+    if reward.batch_window_s is None:
+        reward.batch_window_s = _default_window_s()
     return cfg, reward
 
 
@@ -327,7 +329,7 @@ class RewardModel:
             self.cache,
             tmp,
         )
-        _live_models.add(self)
+        _live_models.items.add(self)
 
     @classmethod
     def from_config(cls, path: str | os.PathLike, *overrides: str, **settings: Any) -> RewardModel:
@@ -503,19 +505,18 @@ def _release(loop: LoopThread, close_clients: Any, cache: CallCache, tmp: str | 
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-_live_models: weakref.WeakSet[RewardModel] = weakref.WeakSet()
-
-
-def _forget_after_fork() -> None:
+def _forget_after_fork(models: weakref.WeakSet[RewardModel]) -> None:
     """In a forked child: the models' loop threads did not come along, and their cache and folders are the
     parent's. Each model there becomes unusable (its calls say so) and releases nothing."""
-    for model in list(_live_models):
+    for model in list(models):
         model._release.detach()
         model.loop.abandon(
             f"this RewardModel was built in process {os.getppid()}, before a fork; build one in this process "
             "(RewardModel.from_config, or keyshot.reward.shared_model)"
         )
-    _live_models.clear()
 
 
-os.register_at_fork(after_in_child=_forget_after_fork)
+#: The models of this process (keyshot.infer.common.processes.PerProcess: forgotten in a forked child)
+_live_models: PerProcess[weakref.WeakSet[RewardModel]] = PerProcess(
+    weakref.WeakSet, forget=_forget_after_fork
+)

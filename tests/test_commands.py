@@ -108,3 +108,24 @@ def test_serve_scorer_is_one_implementation_in_judge_and_reward_serve(tmp_path, 
     assert code == 2 and "not a model checkpoint" not in said and "no such folder" not in said
     # taken as a hub id: refused only where the server is planned or started (offline: the hub; else vLLM)
     assert "osunlp/WebJudge-7B" in said or "has no vLLM" in said, said
+
+
+def test_the_vllm_interpreter_is_found_by_one_rule(tmp_path, monkeypatch):
+    """keyshot serve (serve/plan.py) and the demo (demo.py) looked for vLLM's python by two rules: the
+    demo found .venv-vllm beside this environment, every command only $KEYSHOT_VLLM_PYTHON or this one."""
+    import sys
+
+    from keyshot.infer import demo
+    from keyshot.infer.serve import plan
+
+    monkeypatch.delenv(plan.ENV_VLLM_PYTHON, raising=False)
+    beside = tmp_path / ".venv-vllm" / "bin" / "python"
+    beside.parent.mkdir(parents=True)
+    beside.write_text("")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / ".venv"))
+    found = plan.vllm_python()
+    assert found == demo.default_vllm_python()
+    assert found == (sys.executable if plan.importlib.util.find_spec("vllm") else str(beside))
+    monkeypatch.setenv(plan.ENV_VLLM_PYTHON, "/opt/vllm/bin/python")
+    assert plan.vllm_python() == demo.default_vllm_python() == "/opt/vllm/bin/python"
+    assert plan.vllm_python("/configured/python") == "/configured/python"

@@ -236,8 +236,8 @@ def answered_checkpoint(scorer_checkpoint, tmp_path):
 def test_serve_allows_the_trained_answer_length(answered_checkpoint, scorer_checkpoint, tmp_path):
     import json
 
-    from keyshot.infer.serve.server import VLLMServer
     from keyshot.infer.serve.plan import ServeConfig, ServeError, plan_server
+    from keyshot.infer.serve.server import VLLMServer
 
     base = {"model": str(answered_checkpoint), "device": "cpu", "tmpdir": str(tmp_path)}
     plan = plan_server(ServeConfig(**base))

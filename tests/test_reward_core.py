@@ -347,13 +347,18 @@ def test_a_forked_child_builds_its_own_shared_model_and_leaves_the_parents_alone
     assert parent.score_sync([str(OM2W_V1[1])])[0].reward == report["own_reward"]
 
 
-def test_the_batch_window_is_a_config_key_with_the_documented_variable_as_its_fallback(monkeypatch):
-    from keyshot.reward.model import DEFAULT_WINDOW_S, WINDOW_ENV, RewardSettings
+def test_the_batch_window_is_a_config_key_with_the_documented_variable_as_its_fallback(monkeypatch, tmp_path):
+    """The variable is read where the config is (reward_config), not inside RewardSettings."""
+    from keyshot.reward.model import DEFAULT_WINDOW_S, WINDOW_ENV, RewardSettings, reward_config
+    from tests.support.reward import write_config
 
+    config = write_config(tmp_path / "reward.yaml", "http://127.0.0.1:9/v1")
     monkeypatch.delenv(WINDOW_ENV, raising=False)
-    assert RewardSettings().batch_window_s == DEFAULT_WINDOW_S
+    assert reward_config(config)[1].batch_window_s == DEFAULT_WINDOW_S
     monkeypatch.setenv(WINDOW_ENV, "0.5")
-    assert RewardSettings().batch_window_s == 0.5 and RewardSettings(batch_window_s=2).batch_window_s == 2
+    assert reward_config(config)[1].batch_window_s == 0.5
+    assert reward_config(config, batch_window_s=2)[1].batch_window_s == 2
+    assert RewardSettings().batch_window_s is None  # the settings read no environment
     monkeypatch.setenv(WINDOW_ENV, "soon")
     with pytest.raises(ConfigError, match=WINDOW_ENV):
-        RewardSettings()
+        reward_config(config)

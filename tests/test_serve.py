@@ -18,7 +18,6 @@ from keyshot.infer.common.config import load_config
 from keyshot.infer.model.checkpoint import read_meta, write_meta
 from keyshot.infer.model.tiny_model import TINY_MAX_PIXELS, TINY_MIN_PIXELS
 from keyshot.infer.protocol.prompts import load_prompt_set
-from keyshot.infer.serve.server import VLLMServer
 from keyshot.infer.serve.plan import (
     SOCKET_DIR_MAX,
     PromptVersionMismatchError,
@@ -27,6 +26,7 @@ from keyshot.infer.serve.plan import (
     check_prompt_version,
     plan_server,
 )
+from keyshot.infer.serve.server import VLLMServer
 from tests.support.vllm import (
     SERVED_NAME,
     find_vllm_python,
@@ -253,8 +253,8 @@ def test_image_limit_is_one_unless_the_server_also_judges(scorer_checkpoint, tmp
 def test_a_missing_checkpoint_and_a_python_without_vllm_are_refused_with_what_to_do(tiny_model_dir, tmp_path):
     import sys
 
-    from keyshot.infer.serve.server import VLLMServer
     from keyshot.infer.serve.plan import ServeConfig, ServeError, plan_server
+    from keyshot.infer.serve.server import VLLMServer
 
     with pytest.raises(ServeError, match=r"/no/such/ckpt: no such checkpoint folder"):
         plan_server(ServeConfig(model="/no/such/ckpt"))

@@ -5,6 +5,7 @@ Starting, watching and stopping the process is :class:`keyshot.infer.serve.serve
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -121,8 +122,16 @@ class ServePlan:
 
 
 def vllm_python(configured: str | None = None) -> str:
-    """The interpreter that has vLLM: the config's, else ``$KEYSHOT_VLLM_PYTHON``, else this one."""
-    return configured or os.environ.get(ENV_VLLM_PYTHON) or sys.executable
+    """The interpreter that has vLLM, by the one rule of every command and the demo: the config's
+    (``vllm_python``, ``--vllm-python``), else ``$KEYSHOT_VLLM_PYTHON``, else this one when it has vLLM,
+    else the python of ``.venv-vllm`` beside this environment (``make setup-vllm`` puts it beside
+    ``.venv``), else this one (:func:`check_vllm_installed` then says what to do)."""
+    if configured or os.environ.get(ENV_VLLM_PYTHON):
+        return configured or os.environ[ENV_VLLM_PYTHON]
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    beside = Path(sys.prefix).parent / ".venv-vllm" / "bin" / "python"
+    return str(beside) if beside.exists() else sys.executable
 
 
 def check_vllm_installed(python: str) -> None:

@@ -18,8 +18,8 @@ import httpx2
 import pytest
 
 from keyshot.infer.model.tiny_model import write_tiny_scorer_meta
-from keyshot.infer.serve.server import VLLMServer
 from keyshot.infer.serve.plan import ENV_VLLM_PYTHON, ServeConfig
+from keyshot.infer.serve.server import VLLMServer
 
 REPO = Path(__file__).resolve().parents[2]
 SERVED_NAME = "keyshot-tiny"
