@@ -43,7 +43,14 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 # reach the scheduler (pytest-xdist issue 1386), so the scheduler below reads the module from the test id.
 # Modules start longest first (a measured run: docs/contributing.md, "Tests"), so the last to end is short.
 SHARED = {
-    "vllm": {"test_judge_cli", "test_pipeline", "test_reward_trl", "test_scorer_parity", "test_serve"},
+    "vllm": {
+        "test_demo_constrained",
+        "test_judge_cli",
+        "test_pipeline",
+        "test_reward_trl",
+        "test_scorer_parity",
+        "test_serve",
+    },
     "openenv": {"test_openenv", "test_openenv_server"},
 }
 LONGEST_FIRST = (

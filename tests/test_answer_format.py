@@ -98,7 +98,10 @@ HAPPY = {
         "1. **Reasoning**: The cart shows two iPads.\n2. **Score**: 5",
     ],
     ("general", "key_screenshot"): ["### Reasoning: the search results are sorted by price.\n### Score: 3"],
-    ("online_mind2web", "outcome"): ['Thoughts: fine.\nStatus: "success"', 'Thoughts: no.\nStatus: "failure"'],
+    ("online_mind2web", "outcome"): [
+        'Thoughts: fine.\nStatus: "success"',
+        'Thoughts: no.\nStatus: "failure"',
+    ],
     ("general", "outcome"): ['Thoughts: the filter is applied.\nSo it is done.\nStatus: "success"'],
     ("online_mind2web", "key_points"): ["**Key Points**:\n1. Find a hotel\n2. Sort by price"],
     ("general", "key_points"): ["**Key Points**:\n1. Search for iPad\n2. Filter by highest rating"],
@@ -161,10 +164,30 @@ def test_constrained_is_per_role_off_by_default_and_recorded(tmp_path):
 
 
 def test_reference_mode_and_small_limits_refuse_constrained_answers(tmp_path):
-    with pytest.raises(ConfigError, match="scorer.endpoint.constrained=true with pipeline.parse_mode=reference"):
+    with pytest.raises(
+        ConfigError, match="scorer.endpoint.constrained=true with pipeline.parse_mode=reference"
+    ):
         _config(tmp_path, "scorer.endpoint.constrained=true", "pipeline.parse_mode=reference")
     least = answer_format("online_mind2web", "key_screenshot").min_tokens()
     with pytest.raises(ConfigError, match=f"scorer.endpoint.max_tokens=20 .* set it to {least} or more"):
         _config(tmp_path, "scorer.endpoint.constrained=true", "scorer.endpoint.max_tokens=20")
     with pytest.raises(ConfigError, match="pipeline.outcome_max_tokens=16 .* constrained outcome"):
         _config(tmp_path, "judge.constrained=true", "pipeline.outcome_max_tokens=16")
+
+
+def test_preflight_refuses_a_constrained_endpoint_not_known_to_be_vllm():
+    """An API judge (here the fake OpenAI server, whose model card is not vLLM's) is refused in one line
+    naming the key; the same endpoint unconstrained passes. (A vLLM server passes: test_demo_constrained.)"""
+    from keyshot.infer.client.preflight import PreflightError, preflight
+    from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+
+    with FakeOpenAI(make_judge(), model="gpt-4o") as server:
+        held = EndpointConfig(base_url=server.base_url, model="gpt-4o", api_key_env=None, constrained=True)
+        with pytest.raises(PreflightError) as refused:
+            preflight([held], sections=["judge"])
+        line = str(refused.value)
+        assert "\n" not in line and "judge.constrained=true needs a vLLM server" in line
+        assert "owned_by 'keyshot-tests', not 'vllm'" in line and line.endswith("set judge.constrained=false")
+        free = EndpointConfig(base_url=server.base_url, model="gpt-4o", api_key_env=None)
+        preflight([free], sections=["judge"])
+        assert server.stats.completions_served == 0  # nothing was asked, constrained or not
