@@ -480,3 +480,46 @@ def test_the_judge_sends_the_dataset_rows_image_bytes(tmp_path):
     sent = [user_parts(r)[1] for r in server.requests if identify_step(r) == "key_screenshot"]
     assert all(len(images) == 1 for images in sent) and len(sent) == len(set(dataset_urls.values()))
     assert sorted(images[0] for images in sent) == sorted(set(dataset_urls.values()))
+
+
+# ---------------------------------------------------------------------------- one way to decode
+def test_a_whole_decode_is_rgb_on_white_like_every_other_decode():
+    """decode_image (Screenshot.load) decodes through decode.decoded, as prepare_image does: the same
+    pixels, transparency on white (it returned PIL's own mode, RGBA with its alpha, before)."""
+    from keyshot.infer.protocol.images import decode_image
+
+    rgba = Image.new("RGBA", (40, 30), (255, 0, 0, 0))
+    buffer = io.BytesIO()
+    rgba.save(buffer, format="PNG")
+    image = decode_image(buffer.getvalue())
+    assert image.mode == "RGB" and image.size == (40, 30)
+    assert image.getpixel((0, 0)) == (255, 255, 255)
+
+
+def test_a_dataset_jpeg_kept_as_it_is_is_decoded_within_the_pixel_budget(tiny_model_dir):
+    """The scorer's renderer keeps a dataset JPEG that already has the policy's size; it decodes it the
+    one way (header first, its pixels drawn from the process-wide budget), to PIL's pixels. It opened
+    and decoded it with PIL, outside the budget, before: this test's decode then did not wait."""
+    import threading
+
+    from transformers import AutoProcessor
+
+    from keyshot.infer.protocol.chat_template import ScorerRenderer, image_policy_for
+    from keyshot.infer.protocol.decode import DECODE_BUDGET
+
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    policy = image_policy_for(processor)
+    renderer = ScorerRenderer(processor, policy, max_length=4096)
+    page = np.random.default_rng(0).integers(0, 256, (224, 336, 3), dtype=np.uint8)
+    jpeg = prepare_image(Image.fromarray(page), policy).jpeg
+    done: list[Image.Image] = []
+    with DECODE_BUDGET.hold(DECODE_BUDGET.capacity):
+        cell = {"bytes": jpeg, "path": None}  # a datasets Image cell
+        worker = threading.Thread(target=lambda: done.append(renderer.prepare(cell)))
+        worker.start()
+        assert DECODE_BUDGET.wait_for_waiters(1, timeout=20), "the decode did not draw from the budget"
+        assert not done
+    worker.join(timeout=30)
+    [image] = done
+    expected = Image.open(io.BytesIO(jpeg)).convert("RGB")
+    assert image.size == expected.size and np.array_equal(np.asarray(image), np.asarray(expected))

@@ -18,7 +18,6 @@ dropped with :data:`NO_IMAGE_ROOM`.
 from __future__ import annotations
 
 import dataclasses
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +27,10 @@ import torch
 from PIL import Image
 
 from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.protocol.decode import read_header
 from keyshot.infer.protocol.images import (
     ImagePolicy,
+    decode_image,
     open_header,
     pixel_bounds,
     plan_image,
@@ -254,17 +255,22 @@ class ScorerRenderer:
         """
         policy = self._policy(max_pixels)
         src = image_source(image)
-        prepared = src if isinstance(src, Image.Image) else None
-        if isinstance(src, bytes) and src[:3] == b"\xff\xd8\xff":
-            prepared = Image.open(io.BytesIO(src))
+        if isinstance(src, Image.Image):
+            img = src
+        elif isinstance(src, bytes) and src[:3] == b"\xff\xd8\xff":
+            img = read_header(src).image  # its header only: nothing is decoded here
+        else:
+            img = None
         if (
-            prepared is not None
-            and prepared.format == "JPEG"
-            and prepared.mode == "RGB"
-            and prepared.size == target_size(*prepared.size, policy)
+            img is not None
+            and img.format == "JPEG"
+            and img.mode == "RGB"
+            and img.size == target_size(*img.size, policy)
         ):
-            prepared.load()
-            return prepared
+            if img is src:
+                img.load()
+                return img
+            return decode_image(src)  # the one decode: the size checked, the pixels in the budget
         return prepare_image(src, policy).pil()
 
     def render(

@@ -177,9 +177,14 @@ class Header:
         )
 
 
-def open_header(data: bytes, name: str) -> Image.Image:
+def _too_large(name: str, exc: Image.DecompressionBombError) -> ImageTooLarge:
+    """PIL's own size limit (the second line behind :func:`check_size`) as keyshot's one-line refusal."""
+    return ImageTooLarge(name, f"over PIL's decompression-bomb limit: {exc}")
+
+
+def _pil_open(data: bytes, name: str) -> Image.Image:
     """PIL's image of ``data`` opened for its header only, without PIL's decompression-bomb check (nothing
-    is decoded here; :func:`decoded_pixels` is the check). Raises ImageError if no format fits."""
+    is decoded here; :func:`check_size` is the check). Raises ImageError if no format fits."""
     Image.preinit()
     Image.init()
     prefix = data[:16]
@@ -188,7 +193,7 @@ def open_header(data: bytes, name: str) -> Image.Image:
             try:
                 img = factory(io.BytesIO(data), "")
             except Image.DecompressionBombError as exc:  # a format whose opening checks the size
-                raise ImageTooLarge(name, f"over PIL's decompression-bomb limit: {exc}") from exc
+                raise _too_large(name, exc) from exc
             except _DECODE_ERRORS:
                 continue
             img.format = img.format or fmt
@@ -216,7 +221,7 @@ def read_header(src: Path | str | bytes | Image.Image) -> Header:
         raise TypeError(f"a screenshot is a path, bytes or a PIL image, not {type(src).__name__}")
     if not data:
         raise ImageError(name, "empty file (0 bytes), not an image")
-    return Header(name, open_header(data, name), data)
+    return Header(name, _pil_open(data, name), data)
 
 
 def jpeg_reduction(header: Header, crop: tuple[int, int], out: tuple[int, int]) -> int:
@@ -283,7 +288,7 @@ def decode_rgb(header: Header, crop: tuple[int, int], out: tuple[int, int]) -> n
     except ImageError:
         raise
     except Image.DecompressionBombError as exc:  # PIL's own limit, the second line
-        raise ImageTooLarge(name, f"over PIL's decompression-bomb limit: {exc}") from exc
+        raise _too_large(name, exc) from exc
     except _DECODE_ERRORS as exc:
         raise ImageError(name, f"corrupt or truncated image: {exc}") from exc
     # the crop in the decoded image's coordinates (a JPEG decoded at a reduced scale is smaller)
@@ -305,6 +310,18 @@ def decoded(header: Header, crop: tuple[int, int], out: tuple[int, int]) -> Iter
         yield decode_rgb(header, crop, out)
 
 
+def decode_image(src: Path | str | bytes | Image.Image) -> Image.Image:
+    """The whole screenshot (a path, encoded bytes or a PIL image) as an RGB PIL image, decoded the one
+    way (:func:`decoded`: its size checked from the header first, its pixels drawn from the budget while
+    they are decoded; transparency on white). A caller's PIL image is returned as it is. Errors (a refused
+    size included) are :class:`ImageError` naming the source."""
+    header = read_header(src)
+    if header.data is None:
+        return header.image
+    with decoded(header, header.size, header.size) as rgb:
+        return Image.fromarray(rgb)
+
+
 def _spng_rgb(data: bytes, img: Image.Image) -> np.ndarray:
     """An 8-bit PNG through libspng; transparency (a tRNS key, or alpha not all opaque) goes to PIL's
     compositing so that both paths give the same pixels."""
@@ -323,7 +340,7 @@ def _pil_decode(header: Header, rows: int | None, crop: tuple[int, int], out: tu
     its reduced scale), with PIL's own decompression-bomb limit in force for whole decodes."""
     assert header.data is not None
     if rows is not None and rows < header.size[1]:
-        img = open_header(header.data, header.name)  # a fresh reader: the header's is not consumed
+        img = _pil_open(header.data, header.name)  # a fresh reader: the header's is not consumed
         tile = img.tile[0]
         img._size = (img.size[0], rows)
         img.tile = [tile._replace(extents=(0, 0, img.size[0], rows))]

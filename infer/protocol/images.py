@@ -43,16 +43,15 @@ import numpy as np
 from PIL import Image
 
 from keyshot.infer.protocol.decode import (
-    DECODE_BUDGET,
     Header,
     ImageError,
-    ImageTooLarge,
     check_size,
     decoded,
     decoded_extent,
     read_header,
     single_threaded_opencv,
 )
+from keyshot.infer.protocol.decode import decode_image as decode_image  # the whole screenshot, RGB
 from keyshot.infer.protocol.decode import to_rgb as to_rgb  # any PIL mode → RGB, part of the policy's API
 
 logger = logging.getLogger(__name__)
@@ -290,25 +289,6 @@ def check_screenshot(
     pixels = decoded_pixels(header, policy)
     check_size(header, pixels)
     return header, pixels
-
-
-def decode_image(src: Path | str | bytes | Image.Image) -> Image.Image:
-    """Open and fully decode an image (any format PIL reads) after checking its size from its header,
-    within the decode budget; errors (a refused size included) become :class:`ImageError`."""
-    header = read_header(src)
-    if header.data is None:
-        return header.image
-    pixels = header.size[0] * header.size[1]
-    check_size(header, pixels)
-    with DECODE_BUDGET.hold(pixels):
-        try:
-            img = Image.open(io.BytesIO(header.data))
-            img.load()
-        except Image.DecompressionBombError as exc:
-            raise ImageTooLarge(header.name, f"over PIL's decompression-bomb limit: {exc}") from exc
-        except (OSError, SyntaxError, ValueError, EOFError) as exc:
-            raise ImageError(header.name, f"corrupt or truncated image: {exc}") from exc
-    return img
 
 
 def fit(pixels: np.ndarray, width: int, height: int) -> np.ndarray:

@@ -23,12 +23,15 @@ from PIL import Image
 
 from keyshot.infer.common.fileio import write_bytes_atomic, write_text_atomic
 from keyshot.infer.protocol.decode import decoded, read_header
+from keyshot.infer.protocol.images import DEFAULT_POLICY, kept_size
 
 logger = logging.getLogger(__name__)
 
 THUMB_WIDTH = 320
 VIEW_WIDTH = 1280
 INDEX_FILE = "index.json"
+#: The tall-page rule of keyshot's image policy, applied to the report's copies.
+TALL_PAGE_ASPECT = DEFAULT_POLICY.max_aspect
 _HEX_KEY = re.compile(r"[0-9a-f]{32}")
 
 
@@ -95,9 +98,11 @@ class ThumbnailCache:
             for target, width, quality in ((view, VIEW_WIDTH, 82), (thumb, THUMB_WIDTH, 75)):
                 scaled = img
                 if img.width > width:
-                    # cap very tall full pages at 4:1 so a thumbnail stays readable
-                    height = min(round(img.height * width / img.width), 4 * width)
-                    crop = img.crop((0, 0, img.width, min(img.height, round(height * img.width / width))))
+                    # a very tall full page is cut by the policy's tall-page rule (kept_size: its top
+                    # 4:1), so a thumbnail stays readable and shows the part the judge is shown
+                    crop_w, crop_h = kept_size(img.width, img.height, TALL_PAGE_ASPECT)
+                    height = max(1, round(crop_h * width / crop_w))
+                    crop = img.crop((0, 0, crop_w, crop_h))
                     scaled = crop.resize((width, height), Image.Resampling.BILINEAR, reducing_gap=2.0)
                 _write_jpeg(scaled, target, quality)
 
