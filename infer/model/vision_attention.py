@@ -16,13 +16,21 @@ Two more changes make the tower fast on a GPU (bench/RESULTS-gpu.md, H200 at the
 screenshots/s at batch 1, 25 -> 34 at batch 8): :func:`use_linear_patch_embed` runs the patch
 embedding (a Conv3d whose kernel is its stride) as one matrix product, and :func:`use_padded_vision_mlp`
 runs each MLP over an intermediate padded with zeros to a multiple of 128 (the 7B's 3,420 is no multiple
-of 16, which cuBLAS pays for), gate and up in one product, from copies kept outside the state dict and
-rebuilt when a weight changes; where the tower trains, its own weights run. :func:`use_fast_vision_tower`
-applies all three (the scorer and the training recipe call it).
+of 16, which cuBLAS pays for), gate and up in one product. The padding is done once, in place: gate and up
+become views of one zero-padded buffer and down of another, so the model holds its weights once (plus the
+padding) and an optimizer step or a loaded state dict updates the padded product too; where the tower
+trains, its own modules run. :func:`use_fast_vision_tower` applies all three (the scorer and the training
+recipe call it).
+
+Each patch is applied once however often it is called (a second call changes nothing and counts the
+layers already patched), and says in a warning when it found nothing to patch in a Qwen2.5-VL: a transformers
+upgrade that renamed a class or changed a forward's arguments would otherwise switch it off in silence
+(tests/test_vision_attention.py).
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import types
 from collections import defaultdict
@@ -64,22 +72,66 @@ def _batched_forward(
     return self.proj(out.reshape(seq_length, -1))
 
 
-def use_batched_window_attention(model: torch.nn.Module) -> int:
-    """Patch every Qwen2.5-VL vision attention module of ``model`` that does not use flash-attn;
-    returns how many were patched."""
+def _looks_like_qwen25_vl(model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds modules of transformers' Qwen2.5-VL (whatever their classes are called)."""
+    return any("qwen2_5_vl" in type(m).__module__ for m in model.modules())
+
+
+def _qwen25_vl_class(name: str):
+    """transformers' Qwen2.5-VL class ``name``, or None where this transformers has none of that name."""
     try:
-        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLVisionAttention
-    except ImportError:  # an older or newer transformers without this class: leave the model as it is
-        return 0
-    patched = 0
+        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+    except ImportError:
+        return None
+    return getattr(modeling_qwen2_5_vl, name, None)
+
+
+def _takes(cls, *names: str) -> bool:
+    """Whether ``cls.forward`` takes each of ``names`` (the arguments a replacement relies on)."""
+    try:
+        parameters = inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(n in parameters for n in names)
+
+
+def _runs(module: torch.nn.Module, function) -> bool:
+    """Whether ``module``'s forward is already ``function`` (patched before)."""
+    return getattr(module.__dict__.get("forward"), "__func__", None) is function
+
+
+def _nothing_patched(model: torch.nn.Module, what: str, why: str) -> int:
+    if _looks_like_qwen25_vl(model):
+        logger.warning(
+            "%s: nothing patched in this Qwen2.5-VL (%s); transformers' own forward runs", what, why
+        )
+    return 0
+
+
+def use_batched_window_attention(model: torch.nn.Module) -> int:
+    """Patch every Qwen2.5-VL vision attention module of ``model`` that does not use flash-attn; returns how
+    many run the batched windows (those patched by an earlier call included)."""
+    what = "batched vision windows"
+    cls = _qwen25_vl_class("Qwen2_5_VLVisionAttention")
+    if cls is None:
+        return _nothing_patched(model, what, "transformers has no Qwen2_5_VLVisionAttention")
+    if not _takes(cls, "hidden_states", "cu_seqlens", "position_embeddings"):
+        return _nothing_patched(model, what, "Qwen2_5_VLVisionAttention.forward's arguments changed")
+    patched = found = 0
     for module in model.modules():
-        if not isinstance(module, Qwen2_5_VLVisionAttention):
+        if not isinstance(module, cls):
             continue
+        found += 1
         implementation = getattr(module.config, "_attn_implementation", "sdpa") or "sdpa"
         if "flash" in implementation:
             continue
-        module.forward = types.MethodType(_batched_forward, module)
+        if not _runs(module, _batched_forward):
+            if "forward" in module.__dict__:  # someone else's forward (another switch): left as it is
+                continue
+            module.forward = types.MethodType(_batched_forward, module)
         patched += 1
+    if not found:
+        return _nothing_patched(model, what, "no Qwen2_5_VLVisionAttention module")
     if patched:
         logger.info("vision attention: %d layers run their windows as batched SDPA calls", patched)
     return patched
@@ -94,63 +146,142 @@ def _linear_patch_embed_forward(self, hidden_states: torch.Tensor) -> torch.Tens
 
 
 def use_linear_patch_embed(model: torch.nn.Module) -> int:
-    """Run Qwen2.5-VL's patch embedding (a Conv3d whose kernel is its stride) as the matrix product it is."""
-    try:
-        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionPatchEmbed
-    except ImportError:
-        return 0
-    patched = 0
+    """Run Qwen2.5-VL's patch embedding (a Conv3d whose kernel is its stride) as the matrix product it is;
+    returns how many run so (those patched by an earlier call included)."""
+    what = "patch embedding as a matrix product"
+    cls = _qwen25_vl_class("Qwen2_5_VisionPatchEmbed")
+    if cls is None:
+        return _nothing_patched(model, what, "transformers has no Qwen2_5_VisionPatchEmbed")
+    patched = found = 0
     for module in model.modules():
-        if isinstance(module, Qwen2_5_VisionPatchEmbed):
+        if not isinstance(module, cls):
+            continue
+        found += 1
+        proj = getattr(module, "proj", None)
+        if not (
+            isinstance(proj, torch.nn.Conv3d)
+            and proj.kernel_size == proj.stride
+            and proj.bias is None
+            and proj.padding == (0, 0, 0)
+        ):
+            logger.warning(
+                "%s: %s's proj is no bias-free Conv3d with kernel = stride; left as it is", what, cls
+            )
+            continue
+        if not _runs(module, _linear_patch_embed_forward):
+            if "forward" in module.__dict__:
+                continue
             module.forward = types.MethodType(_linear_patch_embed_forward, module)
-            patched += 1
+        patched += 1
+    if not found:
+        return _nothing_patched(model, what, "no Qwen2_5_VisionPatchEmbed module")
     return patched
 
 
+def _partitioned(module: torch.nn.Module) -> bool:
+    """Whether DeepSpeed ZeRO-3 holds ``module``'s weights in shards (gathered only around each submodule's
+    own forward: the padded product, which reads them directly, cannot run)."""
+    return any(hasattr(p, "ds_id") for p in module.parameters())
+
+
+def _pad_in_place(mlp: torch.nn.Module) -> None:
+    """Move gate, up and down into zero-padded buffers whose views they become: the weights stay held once."""
+    gate, up, down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+    n, multiple = gate.out_features, mlp._pad_multiple
+    padded = -(-n // multiple) * multiple
+    # Outside inference mode even when called in it: the parameters must stay usable by autograd afterwards.
+    with torch.inference_mode(False), torch.no_grad():
+        w = gate.weight.new_zeros(2 * padded, gate.in_features)  # rows: gate, zeros, up, zeros
+        w[:n], w[padded : padded + n] = gate.weight, up.weight
+        gate.weight.data, up.weight.data = w[:n], w[padded : padded + n]
+        b = None
+        if gate.bias is not None:
+            b = gate.bias.new_zeros(2 * padded)
+            b[:n], b[padded : padded + n] = gate.bias, up.bias
+            gate.bias.data, up.bias.data = b[:n], b[padded : padded + n]
+        d = down.weight.new_zeros(
+            padded, down.out_features
+        )  # down's weight transposed: padded rows at the end
+        d[:n] = down.weight.t()
+        down.weight.data = d[:n].t()
+    mlp._padded = (w, b, d)
+
+
+def _padding_holds(mlp: torch.nn.Module) -> bool:
+    """Whether gate, up and down are still the views of the padded buffers (a ``.to()`` of the model, or a
+    load that replaced a parameter's tensor, makes them tensors of their own: then the padding is redone)."""
+    padded = mlp.__dict__.get("_padded")
+    if padded is None:
+        return False
+    w, b, d = padded
+    half = w.shape[0] // 2
+    gate, up, down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+    views = [(gate.weight, w, 0), (up.weight, w, half), (down.weight, d, 0)]
+    if b is not None:
+        views += [(gate.bias, b, 0), (up.bias, b, half)]
+    return all(
+        p is not None
+        and p.device == base.device
+        and p.dtype == base.dtype
+        and p.data_ptr() == base[row].data_ptr()
+        for p, base, row in views
+    )
+
+
 def _padded_mlp_forward(self, hidden_state: torch.Tensor) -> torch.Tensor:
-    gate, up, down = self.gate_proj, self.up_proj, self.down_proj
-    if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
-        return self._unpadded_forward(hidden_state)
-    key = (gate.weight.device, gate.weight.dtype, *(p._version for p in self.parameters()))
-    if getattr(self, "_padded_key", None) != key:
-        n, multiple = gate.out_features, self._pad_multiple
-        padded = -(-n // multiple) * multiple
-        with torch.no_grad():
-            w = gate.weight.new_zeros(2, padded, gate.in_features)
-            w[0, :n], w[1, :n] = gate.weight, up.weight
-            b = gate.weight.new_zeros(2, padded)
-            if gate.bias is not None:
-                b[0, :n], b[1, :n] = gate.bias, up.bias
-            d = down.weight.new_zeros(down.out_features, padded)
-            d[:, :n] = down.weight
-        self._padded = (w.reshape(2 * padded, -1), b.reshape(-1), d)
-        self._padded_key = key
+    if (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())) or _partitioned(self):
+        return type(self).forward(self, hidden_state)  # a trained tower (or ZeRO-3 shards): its own modules
+    if not _padding_holds(self):
+        _pad_in_place(self)
     w, b, d = self._padded
     g, u = F.linear(hidden_state, w, b).chunk(2, dim=-1)
-    return F.linear(self.act_fn(g) * u, d, down.bias)
+    return F.linear(self.act_fn(g) * u, d.t(), self.down_proj.bias)
+
+
+def _contiguous_state(module, state_dict, prefix, local_metadata) -> None:
+    """down_proj.weight is a transposed view once padded: the state dict gets it contiguous (safetensors
+    saves no other); parameters themselves (``keep_vars=True``) are left as they are."""
+    for key in ("gate_proj.weight", "up_proj.weight", "down_proj.weight"):
+        value = state_dict.get(prefix + key)
+        if value is not None and not isinstance(value, torch.nn.Parameter) and not value.is_contiguous():
+            state_dict[prefix + key] = value.contiguous()
 
 
 def use_padded_vision_mlp(model: torch.nn.Module, multiple: int = 128) -> int:
     """Run the vision MLPs (intermediate 3,420 in the 7B: no multiple of 16) as one gate+up product and one
-    down product over an intermediate padded with zeros to ``multiple``, where no gradient is asked of them."""
-    try:
-        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLMLP
-    except ImportError:
-        return 0
+    down product over an intermediate padded with zeros to ``multiple``, where no gradient is asked of them;
+    returns how many run so (those patched by an earlier call included). The weights are padded in place at
+    the first such forward (see :func:`_pad_in_place`): no second copy."""
+    what = "padded vision MLPs"
+    cls = _qwen25_vl_class("Qwen2_5_VLMLP")
+    if cls is None:
+        return _nothing_patched(model, what, "transformers has no Qwen2_5_VLMLP")
     visual = getattr(getattr(model, "model", model), "visual", model)
-    patched = 0
+    patched = found = 0
     for module in visual.modules():
-        if isinstance(module, Qwen2_5_VLMLP):
-            module._unpadded_forward = module.forward
+        if not isinstance(module, cls):
+            continue
+        found += 1
+        parts = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+        if not (all(isinstance(p, torch.nn.Linear) for p in parts) and hasattr(module, "act_fn")):
+            logger.warning("%s: %s has no gate_proj, up_proj, down_proj and act_fn; left as it is", what, cls)
+            continue
+        if not _runs(module, _padded_mlp_forward):
+            if "forward" in module.__dict__:
+                continue
             module._pad_multiple = multiple
             module.forward = types.MethodType(_padded_mlp_forward, module)
-            patched += 1
+            module.register_state_dict_post_hook(_contiguous_state)
+        patched += 1
+    if not found:
+        return _nothing_patched(model, what, "no Qwen2_5_VLMLP module in the vision tower")
     return patched
 
 
 def use_fast_vision_tower(model: torch.nn.Module) -> None:
     """Every change above, each equal to transformers' output within the dtype's rounding: batched windows,
-    the patch embedding as a matrix product, padded vision MLPs (where the tower asks no gradient)."""
+    the patch embedding as a matrix product, padded vision MLPs (where the tower asks no gradient). Applied
+    once however often it is called (the training recipe and the in-process scorer each call it)."""
     use_batched_window_attention(model)
     use_linear_patch_embed(model)
     use_padded_vision_mlp(model)
