@@ -15,8 +15,7 @@ What most users call is re-exported here, loaded on first use (``import keyshot`
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from keyshot.infer.common.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -46,16 +45,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'keyshot' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

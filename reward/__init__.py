@@ -19,8 +19,7 @@ This floor imports keyshot.infer (never its test room), never env, data_synth or
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from keyshot.infer.common.lazy import lazy_exports
 
 #: public name -> module that defines it, imported on first use: importing one module of this floor
 #: (the environment floor imports ``keyshot.reward.episode`` alone) loads that module only, not the model,
@@ -39,16 +38,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'keyshot.reward' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
