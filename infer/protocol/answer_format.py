@@ -31,7 +31,7 @@ LINE_CHAR = "[ -~]"
 TEXT_CHAR = "[ -~\\n]"
 #: The first character of free text: not blank (a key point of spaces is no key point).
 FIRST_CHAR = "[!-~]"
-#: The fewest free-text characters a pattern asks for; a token limit that leaves fewer is refused.
+#: The least room for free text (characters) a token limit must leave; a smaller limit is refused.
 MIN_TEXT = 8
 #: The most key points a constrained key-point answer lists.
 MAX_KEY_POINTS = 5
