@@ -112,13 +112,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_alone(command: Command, argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run one command as a program of its own (``python -m keyshot.train.sft``, what ``accelerate
-    launch`` starts) with the same parsing, signals, error lines and exit codes as under ``keyshot``."""
-    parser = argparse.ArgumentParser(prog=prog or "keyshot")
+    launch`` starts; ``python -m keyshot.data_synth.cli``) with the same parsing, signals, error lines and
+    exit codes as under ``keyshot``; its error lines name it ``keyshot NAME``."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=plain(command.description or command.help),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
-    sub = parser.add_subparsers(dest="command", required=True)
-    command.register(sub)
-    return run_parsed(parse(parser, [command.name, *(sys.argv[1:] if argv is None else argv)]))
+    command.configure(parser).set_defaults(command=command.name)
+    return run_parsed(parse(parser, sys.argv[1:] if argv is None else argv))
 
 
 def run_parsed(args: argparse.Namespace) -> int:

@@ -27,7 +27,11 @@ from keyshot.infer.common.command import Command
 from keyshot.infer.common.config import split_paths_and_overrides
 from keyshot.infer.common.errors import EXIT_INCOMPLETE, KeyshotError
 from keyshot.infer.common.fileio import write_text_atomic
-from keyshot.infer.judge.scorer_factory import apply_serve_scorer, start_served_scorer
+from keyshot.infer.judge.scorer_factory import (
+    add_serve_scorer_argument,
+    apply_serve_scorer,
+    start_served_scorer,
+)
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.reward.model import RewardModel, RewardResult, reward_config
@@ -222,12 +226,7 @@ def serve_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-screenshots", type=int, default=200, help="per rollout")
     s.add_argument("--queue-size", type=int, default=64, help="requests admitted at once (others: 429)")
     s.add_argument("--deadline-s", type=float, default=600.0, help="per request (504 past it)")
-    s.add_argument(
-        "--serve-scorer",
-        metavar="CHECKPOINT",
-        help="serve this scorer checkpoint with vLLM (scorer.serve settings) and score with it (a folder, or "
-        "a hub id such as osunlp/WebJudge-7B)",
-    )
+    add_serve_scorer_argument(s, "and score with it while the service runs")
     s.add_argument("--vllm-log", default="vllm.log", help="the vLLM server's log with --serve-scorer")
 
 

@@ -800,7 +800,7 @@ def test_training_on_a_model_name_that_is_no_folder_and_not_reachable_says_how_t
             [*argv, *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
         )
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
-        errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
+        errors = [line for line in done.stderr.splitlines() if "keyshot sft: error: " in line]
         assert len(errors) == 1, done.stderr[-3000:]
         assert "nonexistent/model: model.name_or_path is no local folder" in errors[0]
         assert "model.name_or_path=/path/to/folder" in errors[0] and "HF_HUB_OFFLINE=1" in errors[0]

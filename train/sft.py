@@ -22,19 +22,15 @@ import os
 import sys
 from pathlib import Path
 
-from keyshot.infer.cli import parse
+from keyshot.infer.cli import run_alone
+from keyshot.infer.common.command import Command
 from keyshot.infer.common.config import dump_config, load_config
-from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.common.logs import setup_logging
 from keyshot.train.train_config import TrainConfig
 
 logger = logging.getLogger("keyshot.train.sft")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="YAML file (configs/train/*.yaml)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
     parser.add_argument(
@@ -45,21 +41,21 @@ def main(argv: list[str] | None = None) -> int:
         "model weights are loaded): run it before `accelerate launch` or sbatch, whose launchers add their "
         "own traceback to any failure",
     )
-    args = parse(parser, argv)
+
+
+def run(args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
-    setup_logging(
-        logging.INFO if rank == 0 else logging.WARNING,
-        f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s",
-    )
+    root = logging.getLogger()  # each rank's lines say which rank wrote them; rank 0 alone says INFO
+    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    for handler in root.handlers:
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
+        )
     from keyshot.train.recipe import check_inputs, check_training_rows, run_training
 
-    try:
-        cfg = load_config(TrainConfig, args.config, args.overrides)
-        checked = check_inputs(cfg)  # before anything is written or a model is loaded
-        rendered = check_training_rows(cfg) if args.check else ""
-    except KeyshotError as exc:
-        logger.error("%s", exc)
-        return exc.exit_code
+    cfg = load_config(TrainConfig, args.config, args.overrides)
+    checked = check_inputs(cfg)  # before anything is written or a model is loaded
+    rendered = check_training_rows(cfg) if args.check else ""
     if args.check:
         print(f"ok: {checked}\nok: {rendered}")
         return 0
@@ -70,9 +66,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         run_training(cfg)
-    except KeyshotError as exc:
-        logger.error("%s", exc)
-        return exc.exit_code
     except Preempted as stop:
         if rank == 0:
             write_marker(Path(cfg.run_dir), stop)
@@ -81,6 +74,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_REQUEUE
     return 0
+
+
+COMMAND = Command("sft", help="fine-tune the scorer", description=__doc__, arguments=add_arguments, run=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The entry ``accelerate launch`` starts: keyshot's parsing, signals, error lines and exit codes."""
+    return run_alone(COMMAND, argv)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,10 @@ class Command:
             description=plain(self.description or self.help),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        return self.configure(parser)
+
+    def configure(self, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Give ``parser`` this command's arguments, subcommands and what runs it."""
         if self.arguments is not None:
             self.arguments(parser)
         parser.set_defaults(handler=self.run, on_stop=self.on_stop)

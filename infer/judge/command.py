@@ -32,6 +32,7 @@ from keyshot.infer.common.errors import EXIT_USAGE, KeyshotError
 from keyshot.infer.judge.agentlab_summary import report_lines
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.judge.run import check_endpoints, dry_run, run_folder, run_judge, run_warnings
+from keyshot.infer.judge.scorer_factory import add_serve_scorer_argument
 from keyshot.infer.protocol.verdicts import VERDICTS_FILE
 from keyshot.infer.runs.lock import RunLock
 from keyshot.infer.runs.shards import ShardSpec
@@ -52,11 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--resume-from", help="reference implementation output (JSONL / ARB records) to import first"
     )
-    p.add_argument(
-        "--serve-scorer",
-        metavar="CHECKPOINT",
-        help="start vLLM for this checkpoint (a folder, or a hub id such as osunlp/WebJudge-7B) for the run",
-    )
+    add_serve_scorer_argument(p, "for the run (its log: OUT/vllm.log)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--agent",

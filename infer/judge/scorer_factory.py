@@ -3,6 +3,7 @@ policy it was trained with and its answer limit."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 
@@ -168,6 +169,17 @@ def check_model_folder(model: str) -> None:
             f"{model}: not a model checkpoint ({problem}); pass the folder a training run wrote (RUN/final) "
             "or a hub id such as osunlp/WebJudge-7B"
         )
+
+
+def add_serve_scorer_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--serve-scorer CHECKPOINT``, the same flag on every
+    command that takes it (``keyshot judge``, ``keyshot reward serve``)."""
+    parser.add_argument(
+        "--serve-scorer",
+        metavar="CHECKPOINT",
+        help=f"start vLLM for this scorer checkpoint (a folder, or a hub id such as osunlp/WebJudge-7B; the "
+        f"config's scorer.serve settings) {what}",
+    )
 
 
 def apply_serve_scorer(cfg: JudgeRunConfig, checkpoint: str) -> None:
