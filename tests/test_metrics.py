@@ -3,14 +3,13 @@ real AgentRewardBench numbers, and the ``keyshot metrics`` command."""
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 from pathlib import Path
 
 import pytest
 
-from keyshot.infer.metrics import command as metrics_cli
+from keyshot.infer.cli import main as keyshot
 from keyshot.infer.metrics.compute import (
     JudgedRecord,
     MetricsInputError,
@@ -259,7 +258,7 @@ def test_metrics_command_writes_all_outputs(tmp_path, capsys):
         )
     )
     out = tmp_path / "metrics"
-    rc = metrics_cli.main([str(verdicts), "--arb-index", str(ARB / "index.csv"), "--out", str(out)])
+    rc = keyshot(["metrics", str(verdicts), "--arb-index", str(ARB / "index.csv"), "--out", str(out)])
     assert rc == 0
     assert {p.name for p in out.iterdir()} == {"metrics.json", "metrics.md", "metrics.csv", "metrics.png"}
     assert (out / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -275,27 +274,29 @@ def test_metrics_command_writes_all_outputs(tmp_path, capsys):
     with (out / "metrics.csv").open() as fh:
         assert sum(1 for _ in csv.DictReader(fh)) == len(saved["agreement"]) + len(saved["classification"])
     assert "| overall | **Overall** |" in (out / "metrics.md").read_text()
-    assert "precision" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "precision" in printed
+    assert "p_success: no verdict carries p_success" in printed  # said, no calibration files
 
-    assert metrics_cli.main([str(tmp_path / "nope.jsonl"), "--out", str(out)]) == 2
+    assert keyshot(["metrics", str(tmp_path / "nope.jsonl"), "--out", str(out)]) == 2
     assert "nope.jsonl" in capsys.readouterr().err
 
 
-def test_add_parser_registers_the_subcommand(tmp_path):
-    parser = argparse.ArgumentParser(prog="keyshot")
-    metrics_cli.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(
-        [
-            "metrics",
-            "--arb-index",
-            str(ARB / "index.csv"),
-            "--arb-judge",
-            "webjudge_gpt4o",
-            "--out",
-            str(tmp_path),
-        ]
+def test_metrics_command_scores_released_records(tmp_path):
+    assert (
+        keyshot(
+            [
+                "metrics",
+                "--arb-index",
+                str(ARB / "index.csv"),
+                "--arb-judge",
+                "webjudge_gpt4o",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
     )
-    assert args.func(args) == 0
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["n_records"] == sum(
         1

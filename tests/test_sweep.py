@@ -4,7 +4,6 @@ request paid once."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -13,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from keyshot.infer.judge.sweep import COMMAND, SweepError, delta_folder, parse_deltas, plan_sweep
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.judge.sweep import SweepError, delta_folder, parse_deltas, plan_sweep
 from keyshot.infer.loaders.judge_records import recorded_actions
-from keyshot.infer.metrics.command import COMMAND as METRICS
 from keyshot.infer.protocol.verdicts import read_verdicts, select_kept
 from keyshot.infer.runs.run_record import read_protocol
 from keyshot.infer.runs.verdict_sources import read_reference_records
@@ -26,19 +25,8 @@ RECORDS = FIXTURES / "arb_records"
 O4_MINI = RECORDS / "webjudge_o4_mini"
 
 
-def keyshot(argv: list[str]) -> int:
-    """``keyshot sweep ARGV`` through the command's own arguments and run."""
-    assert argv[0] == "sweep"
-    parser = argparse.ArgumentParser(prog="keyshot sweep")
-    COMMAND.arguments(parser)
-    return COMMAND.run(parser.parse_intermixed_args(argv[1:]))
-
-
 def metrics(argv: list[str]) -> int:
-    """``keyshot metrics ARGV`` through the command's own arguments and run."""
-    parser = argparse.ArgumentParser(prog="keyshot metrics")
-    METRICS.arguments(parser)
-    return METRICS.run(parser.parse_intermixed_args(argv))
+    return keyshot(["metrics", *argv])
 
 
 class Recording:
@@ -126,13 +114,14 @@ def test_sweep_of_released_records_reuses_every_score(tmp_path, capsys):
     assert [r["already"] for r in again["per_delta"]] == [3, 3, 3]
 
 
-def test_sweep_refuses_records_of_several_judges(tmp_path):
+def test_sweep_refuses_records_of_several_judges(tmp_path, capsys):
     with FakeOpenAI(make_judge()) as server:
-        with pytest.raises(SweepError, match="7 records of 3 trajectories, by 3 judges"):
-            keyshot(
-                ["sweep", str(RECORDS), "--out", str(tmp_path / "s"), "--no-progress", *_overrides(server)]
-            )
+        rc = keyshot(
+            ["sweep", str(RECORDS), "--out", str(tmp_path / "s"), "--no-progress", *_overrides(server)]
+        )
         assert server.stats.requests == 0
+    assert rc == SweepError.exit_code != 0
+    assert "7 records of 3 trajectories, by 3 judges" in capsys.readouterr().err
 
 
 def test_a_record_without_action_history_is_counted(tmp_path):
@@ -198,7 +187,7 @@ def test_metrics_put_the_deltas_side_by_side(tmp_path, capsys):
     assert (tmp_path / "m3" / "reliability.png").is_file() and (tmp_path / "m3" / "pr_curve.png").is_file()
 
 
-def test_p_success_threshold_decides_and_is_recorded(tmp_path):
+def test_p_success_threshold_decides_and_is_recorded(tmp_path, capsys):
     """pipeline.p_success_threshold (the operating point keyshot metrics chooses): the fake judge's status
     word has probability 0.8, so at 0.9 no verdict is a success, and the protocol records the threshold."""
     out = tmp_path / "sweep"
@@ -221,8 +210,8 @@ def test_p_success_threshold_decides_and_is_recorded(tmp_path):
     assert [v.success for v in chosen] == [False] * 3
     assert read_protocol(delta_folder(out, 3))["p_success_threshold"] == 0.9
     assert "p_success_threshold" not in read_protocol(delta_folder(tmp_path / "plain", 3))
-    with pytest.raises(ValueError, match="pipeline.outcome_logprobs"):
-        keyshot([*args, "pipeline.p_success_threshold=0.9", "pipeline.outcome_logprobs=null"])
+    assert keyshot([*args, "pipeline.p_success_threshold=0.9", "pipeline.outcome_logprobs=null"]) != 0
+    assert "p_success_threshold needs the outcome call's log-probabilities" in capsys.readouterr().err
 
 
 def test_report_shows_reliability_and_deltas_beside_the_histogram(tmp_path):

@@ -60,7 +60,10 @@ def write_operating_point(
     stand_in: str | None = None,
     **options,
 ) -> tuple[str, dict[str, Path]]:
-    """Calibration files of one run into ``out``; the Markdown and the paths."""
+    """Calibration files of one run into ``out``; the Markdown and the paths. A run whose verdicts carry no
+    p_success gets one line saying how to have it, and no files."""
+    if not any(r.p_success is not None for r in records):
+        return f"p_success: {NO_P_SUCCESS_NOTE}.\n", {}
     cal = calibration_of(records, human_labels, arb_index, **options)
     if stand_in:
         cal.notes.insert(0, stand_in)
