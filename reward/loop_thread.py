@@ -71,6 +71,11 @@ class LoopThread:
             raise RuntimeError(f"{self.name}: {self._unusable}")
         return asyncio.run_coroutine_threadsafe(coro, loop)
 
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on this loop and return at once, from any thread: its future (a caller that
+        stops waiting on it leaves it running: cancel the future to cancel it)."""
+        return self._submit(coro)
+
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on this loop from any loop (cancelling the await cancels it there)."""
         if self.owns_current():

@@ -2,16 +2,17 @@
 (``GenericEnvClient`` over its WebSocket, tests/framework/openenv_client.py), in the OpenEnv venv (make
 setup-openenv; ``$KEYSHOT_OPENENV_PYTHON``) with Debian's Chromium (make setup-browser). One server for the
 module, against the fake judge: several sessions at once sharing one key-point call, keyshot's reward
-beside MiniWoB's, the server's max_steps, a judge gone dead, and SIGTERM closing every browser.
+beside MiniWoB's, OpenEnv's own BrowserGym models field for field, the server's max_steps, both OpenEnv
+client generations (BrowserGymEnv of openenv 0.10 and of openenv-core, .venv-openenv-core), a verdict past
+the server's deadline, a judge gone dead, and SIGTERM closing every browser.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import select
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
@@ -19,32 +20,22 @@ import pytest
 
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
-from tests.support.openenv import FRAMEWORK, openenv_python
+from tests.support.openenv import (
+    FRAMEWORK,
+    client_python,
+    first_line,
+    openenv_python,
+    served_url,
+    start_env,
+)
 from tests.support.processes import gone
 from tests.support.reward import write_config
 
 pytestmark = pytest.mark.slow
 
 MAX_STEPS = 3
+ANSWER_WITHIN_S = 30.0  # a loaded 2-core machine takes seconds for a step before the verdict
 WIRE_FIELDS = ["axtree_txt", "error", "goal", "last_action_error", "pruned_html", "screenshot", "text", "url"]
-
-
-def start_env(python: str, config: Path, *extra: str, stderr) -> subprocess.Popen:
-    return subprocess.Popen(
-        [python, "-m", "keyshot.infer.cli", "reward", "env", "--config", str(config), "--port", "0", *extra],
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-    )
-
-
-def first_line(proc: subprocess.Popen, timeout_s: float) -> str:
-    """The process's first output line, or a failure when it ends or says nothing in ``timeout_s``."""
-    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-    assert ready, f"no start-up line in {timeout_s:g} s"
-    line = proc.stdout.readline()
-    assert line, f"the server ended (exit {proc.wait()}) before it listened"
-    return line
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +44,14 @@ def env_server(tmp_path_factory):
     python = openenv_python()
     tmp = tmp_path_factory.mktemp("openenv-server")
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
-        config = write_config(tmp / "reward.yaml", judge, scorer, timeout_s=5)
+        config = write_config(tmp / "reward.yaml", judge, scorer, timeout_s=90)
         with open(tmp / "stderr.log", "w") as log:
             extra = ("--miniwob", "click-test", "--max-steps", str(MAX_STEPS), "--keep", str(tmp / "kept"))
-            proc = start_env(python, config, *extra, stderr=log)
+            extra += ("--answer-within-s", str(ANSWER_WITHIN_S), "--viewport", "miniwob")
+            proc = start_env(config, *extra, stderr=log, python=python)
             try:
-                line = first_line(proc, 180)
-                url = re.search(r"on (http://\S+)", line)
-                assert url, line
                 yield {
-                    "url": url[1],
+                    "url": served_url(proc),
                     "proc": proc,
                     "judge": judge,
                     "kept": tmp / "kept",
@@ -104,9 +93,11 @@ def test_openenv_clients_get_keyshot_reward_beside_miniwob_and_share_key_points(
         {"client": 0, "seed": 1}, {"client": 1, "seed": 2}, {"client": 2, "seed": 3, "agent": "noop"}
     )
     for summary in summaries:
-        assert summary["fields"] == WIRE_FIELDS  # OpenEnv's BrowserGym observation, field for field
+        # OpenEnv's BrowserGym observation, field for field: its own model's fields, which read the answer
+        assert summary["fields"] == summary["model_fields"] == WIRE_FIELDS
         assert summary["goal"] == "Click the button." and "[13] button 'Click Me!'" in summary["first_text"]
-        assert len(summary["shape"]) == 3 and summary["shape"][2] == 3 and summary["shape"][0] > 100
+        # --viewport miniwob: the task's own page (the default, 1280x720, is tests/test_openenv_trl.py's)
+        assert summary["shape"][2] == 3 and 100 < summary["shape"][1] < 1280
         assert summary["rewards"][0] is None  # no reward at reset
         meta = summary["metadata"]
         assert meta["keyshot_reward"] == summary["rewards"][-1] and summary["rewards"][-1] in (0.0, 1.0)
@@ -134,6 +125,58 @@ def test_openenv_clients_get_keyshot_reward_beside_miniwob_and_share_key_points(
         "click('13')"
     ]
     assert kept["miniwob.click-test.3"].actions == ["noop()"] * MAX_STEPS
+
+
+@pytest.mark.parametrize("generation", ["openenv", "openenv-core"])
+def test_both_openenv_client_generations_get_keyshots_reward_in_the_observation(env_server, generation):
+    python = openenv_python() if generation == "openenv" else client_python("core")
+    done = subprocess.run(
+        [python, str(FRAMEWORK / "openenv_browsergym_client.py"), env_server["url"], "11"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["package"] == generation and summary["is_openenv_model"]
+    # openenv 0.10 resolves a bare call (TRL's example works as shipped); openenv-core's are coroutines
+    assert summary["bare_reset_is_coroutine"] is (generation == "openenv-core")
+    assert summary["rewards"][0] is None and summary["rewards"][-1] in (0.0, 1.0)
+    meta = summary["observation_metadata"]  # where BrowserGymEnv puts it: StepResult.metadata stays None
+    assert meta["keyshot_reward"] == summary["rewards"][-1] and meta["keyshot_error"] is None
+    assert summary["result_metadata"] is None and summary["task_id"] == "miniwob.click-test.11"
+
+
+def test_a_verdict_past_the_deadline_is_answered_in_time_without_reward_and_finished_into_the_cache(
+    env_server, clients
+):
+    judge, log = env_server["judge"], env_server["stderr"]
+    outcomes = sum(identify_step(r) == "outcome" for r in judge.requests)
+    came = "the verdict past the deadline came"
+    judge.latency_s = ANSWER_WITHIN_S + 10  # the outcome call answers after the server's deadline
+    try:
+        [summary] = clients({"client": 1, "seed": 7})
+        late_before = log.read_text().count(came)
+    finally:
+        judge.latency_s = 0
+    meta = summary["metadata"]
+    assert summary["rewards"][-1] is None and meta["keyshot_reward"] is None and meta["keyshot_failed"] == 1.0
+    assert meta["keyshot_error"].startswith("deadline: no verdict within")
+    assert meta["miniwob_reward"] == 1.0
+    # the step was answered at its deadline, before the judge answered; the judging went on: its outcome
+    # call was answered (into the call cache) and the late verdict logged
+    assert wait_for(lambda: log.read_text().count(came) == late_before + 1, within_s=90)
+    assert sum(identify_step(r) == "outcome" for r in judge.requests) == outcomes + 1
+
+
+def wait_for(condition, within_s: float) -> bool:
+    """Whether ``condition()`` holds within ``within_s`` seconds (checked every 0.2 s)."""
+    end = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def test_a_dead_judge_gives_none_with_the_reason_beside_miniwob_reward(env_server, clients):

@@ -1,7 +1,9 @@
 """A live page as the fields of OpenEnv's BrowserGym observation (the wire format TRL's OpenEnv examples
-read): ``text`` and ``axtree_txt`` (the accessibility tree with BrowserGym ids), ``goal``, ``error`` (the
-last action's error, or why the browser failed), ``last_action_error``, ``screenshot`` (H×W×3 0-255
-integers, nested lists) and ``pruned_html``, which keyshot's browser does not read (always empty).
+read), filled as OpenEnv's own BrowserGym server fills them: ``text`` and ``axtree_txt`` (the
+accessibility tree with BrowserGym ids), ``goal``, ``last_action_error`` (whether the last action failed,
+or the browser did), ``error`` (empty, as OpenEnv's server leaves it for an action's own error: only a
+failed browser says why there), ``screenshot`` (H×W×3 0-255 integers, nested lists) and ``pruned_html``,
+which keyshot's browser does not read yet (empty; OpenEnv's server fills it).
 
 Plain Python (no OpenEnv), so it is checked where OpenEnv is not installed.
 """
@@ -29,16 +31,15 @@ def split_text(text: str) -> tuple[str, str]:
 
 
 def wire_fields(page: Page, goal: str) -> dict[str, Any]:
-    """The BrowserGym observation fields of ``page`` (the reward, ``done`` and metadata excepted)."""
-    error, tree = split_text(page.text)
-    error = page.error or error
+    """The BrowserGym observation fields of ``page`` (``url``, the reward, ``done`` and metadata excepted)."""
+    action_error, tree = split_text(page.text)
     image = page.image()
     return {
         "text": tree,
         "axtree_txt": tree,
         "pruned_html": "",
         "goal": goal,
-        "error": error,
-        "last_action_error": bool(error),
+        "error": page.error or "",
+        "last_action_error": bool(page.error or action_error),
         "screenshot": None if image is None else np.asarray(image).tolist(),
     }

@@ -8,7 +8,7 @@ serves its next episode), then reads requests from stdin, one JSON line each:
 ``[{"client": 0, "seed": 1, "agent": "scripted" | "noop"}, ...]``: those episodes are played at once,
 each until the server says ``done``, and one JSON line answers them: per episode, the rewards of every
 step, the last observation's metadata (top-level and inside the observation), the first observation's
-fields and screenshot shape, the state, and what the server says to a step after the end. When stdin
+fields (beside those of OpenEnv's own BrowserGym model, which reads it) and screenshot shape, the state, and what the server says to a step after the end. When stdin
 closes, the clients close and the driver exits.
 """
 
@@ -20,6 +20,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from browsergym_env.models import BrowserGymObservation
 from openenv.core.generic_client import GenericEnvClient
 
 from keyshot.env.miniwob.agents import ScriptedAgent
@@ -55,8 +56,12 @@ def play(client, episode: dict) -> dict:
         after_done = None
     except RuntimeError as exc:  # the episode is over: the server says so
         after_done = str(exc)
+    # OpenEnv's own BrowserGym observation model (browsergym_env, installed in this venv) reads the answer
+    own = sorted(set(BrowserGymObservation.model_fields) - {"done", "reward", "metadata"})
+    BrowserGymObservation.model_validate({**first, "done": False, "reward": None})
     return {
         "fields": sorted(set(first) - {"metadata"}),
+        "model_fields": own,
         "shape": list(np.asarray(first["screenshot"]).shape) if first["screenshot"] is not None else None,
         "goal": first["goal"],
         "first_text": first["text"][:200],

@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from browsergym_env.models import BrowserGymAction, BrowserGymObservation
 from PIL import Image
 
-from keyshot.env.openenv.server import BrowserGymAction, BrowserGymObservation
 from keyshot.reward import shared
 from keyshot.reward.openenv import KeyshotRubric
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import select
 import subprocess
 from pathlib import Path
 
@@ -13,6 +15,47 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PYTHON_ENV = "KEYSHOT_OPENENV_PYTHON"
 FRAMEWORK = REPO / "tests" / "framework"
+
+
+def client_python(kind: str) -> str:
+    """The python of a client venv built beside the OpenEnv venv by tools/setup_openenv.sh: ``core``
+    (openenv-core's client generation) or ``trl`` (OpenEnv's client over .venv's training stack); skips,
+    naming the set-up, when it is not built."""
+    path = Path(openenv_python()).parent.parent
+    python = path.with_name(f"{path.name}-{kind}") / "bin" / "python"
+    if not python.exists():
+        pytest.skip(
+            f"no {python.parent.parent.name}: build it with `make setup-openenv` (tools/setup_openenv.sh)"
+        )
+    return str(python)
+
+
+def start_env(config: Path, *extra: str, stderr, python: str | None = None) -> subprocess.Popen:
+    """``keyshot reward env --config CONFIG --port 0 EXTRA...`` in the OpenEnv venv."""
+    return subprocess.Popen(
+        [python or openenv_python(), "-m", "keyshot.infer.cli", "reward", "env", "--config", str(config)]
+        + ["--port", "0", *extra],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+    )
+
+
+def first_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    """The process's first output line, or a failure when it ends or says nothing in ``timeout_s``."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    assert ready, f"no start-up line in {timeout_s:g} s"
+    line = proc.stdout.readline()
+    assert line, f"the server ended (exit {proc.wait()}) before it listened"
+    return line
+
+
+def served_url(proc: subprocess.Popen, timeout_s: float = 180) -> str:
+    """The URL ``keyshot reward env`` names in its start-up line."""
+    line = first_line(proc, timeout_s)
+    url = re.search(r"on (http://\S+)", line)
+    assert url, line
+    return url[1]
 
 
 def openenv_python() -> str:
