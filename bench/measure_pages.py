@@ -1,7 +1,8 @@
 """What a live MiniWoB page costs in memory on this machine: the figures keyshot's page budget is made from
 (``keyshot.env.miniwob.budget``: MIB_PER_PAGE, MIB_PER_BROWSER).
 
-    .venv/bin/python bench/measure_pages.py [--pages 16,64,128] [--task click-button] [--record]
+    .venv/bin/python bench/measure_pages.py [--pages 16,64,128] [--task click-button] [--viewport 1280x720]
+        [--record]
 
 A pool opens the pages (each a session in a browser context of its own, reset on ``--task`` and left
 open, as a trainer's pages are between its reset and its reward), then the PSS of every process it
@@ -55,7 +56,9 @@ def measure(pool: BrowserPool, pages: int, task: str) -> dict:
         list(threads.map(lambda i: sessions[i].reset(seed=i, task=task), range(pages)))
     opened_s = time.perf_counter() - started
     time.sleep(2)  # the pages settle (their first paint's buffers freed)
-    pids = [pid for process in pool.processes() for pid in process.pids[:1]]  # workers: Chromium is under them
+    pids = [
+        pid for process in pool.processes() for pid in process.pids[:1]
+    ]  # workers: Chromium is under them
     mib, processes = pss_mib(pids)
     row = {"pages": pages, "browsers": len(pool.processes()), "pss_mib": round(mib), "processes": processes}
     row["opened_s"] = round(opened_s, 1)
@@ -68,13 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", default="16,64,128", help="page counts, comma-separated")
     parser.add_argument("--task", default="click-button")
+    parser.add_argument("--viewport", help="WIDTHxHEIGHT of every page (default: the task's own)")
     parser.add_argument("--record", action="store_true", help="print the lines to paste into budget.py")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.pages.split(",")]
+    viewport = tuple(int(v) for v in args.viewport.split("x")) if args.viewport else None
     rows = []
     for pages in [0, *counts]:
         budget = BrowserBudget(max(pages, 1))
-        with BrowserPool(budget, args.task) as pool:
+        with BrowserPool(budget, args.task, viewport=viewport) as pool:
             pool.warm(max(pages, 1))
             pool.wait_ready(120)
             row = measure(pool, pages, args.task)

@@ -5,7 +5,7 @@ batches drive them: a pool of environments reset, acted in, rewarded together, r
 batch (resets and actions on threads, as an OpenEnv server's sessions come). A mixed agent plays (half
 the environments the scripted agent, half random clicks, each on every task), and pages and browsers
 are killed at random while the batches run (``kill -9`` of a page's renderer, of a Chromium, or of a
-browser's worker process).
+browser's worker process; a page four times as often as each of the others).
 
 Reported: the pages leased at once (against the budget) and the Chromium processes, the memory of this
 process and everything it started (PSS: at start, after the first batch, peak, at the end; the end
@@ -15,8 +15,8 @@ killed renderer touches at most one), both rewards reaching the log (MiniWoB's a
 fake judge, whose verdict does not read the page, that is plumbing, not agreement), and the processes
 left after the run (orphans: the target is 0).
 
-    nice .venv/bin/python bench/soak_live.py [--episodes 500] [--pages 32] [--pages-per-browser 16] \
-        [--kill-every 15] [--json FILE]
+    nice .venv/bin/python bench/soak_live.py [--episodes 500] [--pages 32] [--pages-per-browser 8] \
+        [--kill-every 20] [--json FILE]
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class Killer:
             if not processes:
                 continue
             process = self.rng.choice(processes)
-            kind = self.rng.choice(["page", "page", "chromium", "worker"])
+            kind = self.rng.choices(["page", "chromium", "worker"], weights=[4, 1, 1])[0]
             with contextlib.suppress(psutil.Error, ProcessLookupError), self._lock:
                 if kind == "page":
                     chromium = psutil.Process(process.chromium_pid)
@@ -317,10 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--episodes", type=int, default=500)
     ap.add_argument("--pages", type=int, default=32, help="environments per batch (and the budget)")
-    ap.add_argument("--pages-per-browser", type=int, default=16, help="pages a Chromium holds")
+    ap.add_argument("--pages-per-browser", type=int, default=8, help="pages a Chromium holds")
     ap.add_argument("--tasks", default="click-button,enter-text")
     ap.add_argument("--max-steps", type=int, default=3)
-    ap.add_argument("--kill-every", type=float, default=15.0, help="seconds between kills, on average")
+    ap.add_argument("--kill-every", type=float, default=20.0, help="seconds between kills, on average")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)

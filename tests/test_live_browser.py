@@ -40,11 +40,11 @@ from keyshot.env.trl import MiniWoBEnv, with_miniwob_reward
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.protocol.verdicts import read_verdicts
-from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 from keyshot.reward import Episode, RewardModel
 from keyshot.reward.trl import environment_reward
 from tests.support.processes import gone
+from tests.support.reward import write_config
 
 REPO = Path(__file__).resolve().parents[1]
 TRL_EXAMPLE = REPO / "examples" / "reward" / "trl_browsergym_grpo.py"
@@ -163,13 +163,7 @@ def live():
 def config(tmp_path_factory, live):
     """The fake server as judge and scorer; a failed call is a reward of None (on_failure: none)."""
     with FakeOpenAI(make_judge()) as judge:
-        path = fake_judge_config(
-            tmp_path_factory.mktemp("live") / "reward.yaml",
-            judge.base_url,
-            {"endpoint": {"base_url": judge.base_url, "model": "webjudge-7b", "api_key_env": None}},
-            judge={"backoff_base_s": 0.01, "max_retries": 1, "timeout_s": 10},
-        )
-        yield path
+        yield write_config(tmp_path_factory.mktemp("live") / "reward.yaml", judge)
 
 
 def chromium_under(pid: int) -> list[int]:
@@ -303,9 +297,10 @@ def test_crashed_pages_fail_their_own_episodes_and_a_dead_chromium_only_its_sess
 
 @pytest.mark.slow
 def test_a_chromium_that_stops_answering_fails_its_sessions_and_is_replaced(live):
-    with BrowserPool(BrowserBudget(2, pages_per_browser=1), "click-button", setup=live, timeout_s=3) as pool:
+    with BrowserPool(BrowserBudget(2, pages_per_browser=1), "click-button", setup=live) as pool:
         stuck, fine = pool.lease(), pool.lease()
         pages = [stuck.reset(seed=1), fine.reset(seed=2)]
+        stuck.process.timeout_s = 3  # (a launch on a loaded machine takes longer: set once it is up)
         os.kill(stuck.process.pids[0], signal.SIGSTOP)  # its worker stops answering
         failed = stuck.act(ScriptedAgent()(pages[0]))
         assert "no answer in 3 s (the browser process was stopped)" in failed.error and stuck.reward is None
