@@ -16,7 +16,7 @@ from keyshot.infer.cli import main as keyshot
 from keyshot.infer.judge.sweep import SweepError, delta_folder, parse_deltas, plan_sweep
 from keyshot.infer.loaders.judge_records import recorded_actions
 from keyshot.infer.protocol.verdicts import read_verdicts, select_kept
-from keyshot.infer.runs.run_record import read_protocol
+from keyshot.infer.runs.run_record import mark_stand_in, read_protocol, stand_in_of
 from keyshot.infer.runs.verdict_sources import read_reference_records
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
 
@@ -216,7 +216,6 @@ def test_p_success_threshold_decides_and_is_recorded(tmp_path, capsys):
 
 def test_report_shows_reliability_and_deltas_beside_the_histogram(tmp_path):
     from keyshot.infer.report import build_report
-    from keyshot.infer.runs.run_record import mark_stand_in
 
     out = tmp_path / "sweep"
     with FakeOpenAI(make_judge("task_hash")) as server:
@@ -265,6 +264,7 @@ def test_sweep_of_a_keyshot_run_shows_the_kept_screenshots_and_calls_no_scorer(t
         assert judged_scores == 16
         judge.steps.clear()
         images_seen.clear()
+        mark_stand_in(tmp_path / "run", "STAND-IN VERDICTS: noise")  # a sweep of a stand-in run says so
         assert (
             keyshot(
                 [
@@ -282,6 +282,9 @@ def test_sweep_of_a_keyshot_run_shows_the_kept_screenshots_and_calls_no_scorer(t
     assert set(judge.steps) == {"outcome"}
     result = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert result["not_swept"] == {} and result["sweepable"] == 4
+    assert (
+        result["stand_in"] == stand_in_of(delta_folder(tmp_path / "sweep", 2)) == "STAND-IN VERDICTS: noise"
+    )
     assert result["totals"]["scorer_calls_sent"] == 0
     # δ=3 is the judged run's own: its outcome requests come from the run's cache
     assert [r["outcome_sent"] for r in result["per_delta"]][1] == 0
