@@ -78,7 +78,7 @@ def test_sweep_of_released_records_reuses_every_score(tmp_path, capsys):
     assert recording.steps["outcome"] == served == distinct == 4  # 9 asked, identical requests paid once
     result = json.loads((out / "sweep.json").read_text())
     totals = result["totals"]
-    assert (totals["scorer_calls_sent"], totals["key_point_calls_sent"]) == (0, 0)
+    assert (totals["scorer_calls_sent"], totals["key_point_calls_sent"]) == (0, 0)  # from the verdicts
     assert totals["outcome_calls_sent"] == 4 and totals["outcome_calls_cached"] == 5
     for row, delta in zip(result["per_delta"], (2, 3, 4), strict=True):
         assert row["delta"] == delta and row["trajectories"] == 3

@@ -121,7 +121,9 @@ class DeltaCounts:
     outcome_completion_tokens: int = 0
     key_point_calls_reused: int = 0
     screenshot_scores_reused: int = 0
-    scorer_calls_sent: int = 0  # the sweep calls no scorer: always 0, counted to say so
+    #: what the swept verdicts' usage records beyond their outcome calls: 0 unless something asked again
+    scorer_calls_sent: int = 0
+    key_point_calls_sent: int = 0
     kept: int = 0  # screenshots shown to the outcome calls
     seconds: float = 0.0
     left_out: dict[str, int] = field(default_factory=dict)
@@ -361,7 +363,7 @@ def run_sweep(
                 "outcome_calls_sent": sum(r.outcome_sent for r in rows),
                 "outcome_calls_cached": sum(r.outcome_cached for r in rows),
                 "scorer_calls_sent": sum(r.scorer_calls_sent for r in rows),
-                "key_point_calls_sent": 0,
+                "key_point_calls_sent": sum(r.key_point_calls_sent for r in rows),
                 "calls_saved": sum(r.calls_saved for r in rows),
                 "outcome_prompt_tokens": sum(r.outcome_prompt_tokens for r in rows),
                 "seconds": time.perf_counter() - t_all,
@@ -453,7 +455,11 @@ def _count(row: DeltaCounts, v: Verdict) -> None:
     row.screenshot_scores_reused += sum(s.score is not None and s.same_as is None for s in v.screenshots)
     row.kept += len(v.kept)
     usage = v.usage["judge"]
-    row.outcome_calls += usage.calls + usage.errors
+    asked = len(v.outcome_calls) if v.outcome_calls else usage.calls + usage.errors
+    scorer = v.usage["scorer"]
+    row.scorer_calls_sent += scorer.calls - scorer.cached
+    row.key_point_calls_sent += max(usage.calls + usage.errors - asked, 0)
+    row.outcome_calls += asked
     row.outcome_cached += usage.cached
     row.outcome_sent += usage.calls - usage.cached
     row.outcome_failed += usage.errors
