@@ -121,7 +121,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         ]
         + ([f"vllm_python={python}"] if python else []),
     )
-    trajectories = load_trajectories(SAMPLES, on_error="skip")
+    trajectories = list(load_trajectories(SAMPLES, on_error="skip"))
     tasks = [t.task for t in trajectories]
     policy = describe_checkpoint(model).require_image_policy()
     images = [prepare_image(s.load(), policy).data_url for t in trajectories for s in t.screenshots]
