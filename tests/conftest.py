@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-# The reward tests' fake judge and scorer, and the reset of the process-wide reward models.
-from tests.support.reward import no_shared_model, servers  # noqa: F401
-
 # The shared vLLM scorer server (one per session) and its checkpoint, for every test module.
 from tests.support.vllm import scorer_checkpoint, vllm_server  # noqa: F401
+
+# Fixtures of tests/support/ for every module: the reward tests' fake servers, their config and the reset of
+# the process-wide reward models (tests/support/reward.py).
+pytest_plugins = ("tests.support.reward",)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

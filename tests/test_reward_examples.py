@@ -16,11 +16,10 @@ import pytest
 import yaml
 
 from keyshot.env.replay import ReplayBrowser, ReplayError
-from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from keyshot.infer.testing.fake_openai import identify_step
 from keyshot.reward import RewardModel
 from keyshot.reward import shared as reward_shared
 from keyshot.reward.trl import environment_reward
-from tests.support.reward import write_config
 
 pytestmark = pytest.mark.usefixtures("no_shared_model")
 
@@ -38,15 +37,9 @@ def load_by_path(path: Path, name: str):
 
 
 @pytest.fixture
-def judge():
-    with FakeOpenAI(make_judge()) as server:
-        yield server
-
-
-@pytest.fixture
-def config(tmp_path, judge) -> Path:
-    """The fake server as judge and scorer; a failed call is a counted 0 (OpenRLHF needs a number)."""
-    return write_config(tmp_path / "reward.yaml", judge, on_failure="zero")
+def on_failure() -> str:
+    """A failed call is a counted 0 in this module's configs (OpenRLHF needs a number)."""
+    return "zero"
 
 
 def folder_rewards(config: Path, folders: list[Path]) -> list[float | None]:

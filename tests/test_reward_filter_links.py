@@ -18,7 +18,7 @@ from keyshot.infer.cli import main as keyshot
 from keyshot.infer.common.processes import free_port
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.protocol.verdicts import read_verdicts
-from tests.support.reward import OutputLines, write_config
+from tests.support.reward import OutputLines
 
 TRAJECTORIES = Path(__file__).parent / "fixtures" / "trajectories"
 AGENTLAB_RUN = next((TRAJECTORIES / "agentlab").iterdir())
@@ -41,8 +41,8 @@ def rollouts(tmp_path) -> Path:
 
 
 @pytest.fixture
-def config(tmp_path, servers):
-    return write_config(tmp_path / "reward.yaml", *servers, on_failure="zero")  # the service needs a number
+def on_failure() -> str:
+    return "zero"  # the service needs a number
 
 
 def test_accepted_links_judge_back_with_their_agent_task_and_run(tmp_path, rollouts, config, capsys):

@@ -56,18 +56,6 @@ EXTRA_COLUMNS = {*logs.SAMPLE_KEYS, "keyshot_error", EPISODE_COLUMN}
 
 
 @pytest.fixture
-def judge():
-    with FakeOpenAI(make_judge()) as server:
-        yield server
-
-
-@pytest.fixture
-def config(tmp_path, judge):
-    """The fake server as judge and scorer; no ``on_failure``, so a failed call is None (TRL's "no reward")."""
-    return write_config(tmp_path / "healthy.yaml", judge)
-
-
-@pytest.fixture
 def dead_config(tmp_path):
     with FakeOpenAI(make_judge(), faults={"500": 1.0}) as server:
         yield write_config(tmp_path / "dead.yaml", server)

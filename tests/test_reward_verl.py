@@ -80,10 +80,6 @@ def verl_python() -> str | None:
     return path if Path(path).exists() else None
 
 
-def keyshot_config(path: Path, judge_url: str, scorer_url: str, on_failure: str | None = "zero") -> Path:
-    return write_config(path, judge_url, scorer_url, timeout_s=5, on_failure=on_failure)
-
-
 def copies(tmp_path: Path, per_prompt: int) -> list[tuple[int, str]]:
     """``(prompt index, folder)`` per sample: each sample's own trajectory folder, as an agent loop writes
     one per rollout (copies of the two fixture folders)."""
@@ -141,7 +137,9 @@ def test_every_sample_gets_the_same_numeric_keys_and_the_router_is_asked_for_its
         FakeOpenAI(make_judge()) as scorer,
         FakeOpenAI(make_judge(), model=served, strict_model=True) as router,
     ):
-        config = keyshot_config(tmp_path / "verl.yaml", judge.base_url, scorer.base_url)
+        config = write_config(
+            tmp_path / "verl.yaml", judge.base_url, scorer.base_url, timeout_s=5, on_failure="zero"
+        )
         samples = copies(tmp_path, 2)
         # half the samples through two more copies of the file, loaded by path as verl loads it
         functions = (
@@ -163,7 +161,9 @@ def test_every_sample_gets_the_same_numeric_keys_and_the_router_is_asked_for_its
 
 def test_a_router_listing_no_model_is_refused_and_one_not_answering_is_a_counted_failure(tmp_path):
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as router:  # lists no model
-        config = keyshot_config(tmp_path / "verl.yaml", judge.base_url, judge.base_url)
+        config = write_config(
+            tmp_path / "verl.yaml", judge.base_url, judge.base_url, timeout_s=5, on_failure="zero"
+        )
         with pytest.raises(verl_reward.RouterModelError, match="lists 0 models"):
             run_samples(config, copies(tmp_path, 1)[:1], router=f"127.0.0.1:{router.port}")
         down = run_samples(config, copies(tmp_path / "down", 1)[:1], router="127.0.0.1:9")
@@ -227,12 +227,20 @@ def test_a_slow_router_holds_up_only_its_own_samples_and_each_router_is_asked_on
 def test_a_dataset_column_rollout_warns_once_and_a_dead_judge_is_a_counted_zero(tmp_path, caplog):
     caplog.set_level(logging.WARNING)
     with FakeOpenAI(make_judge()) as judge:
-        config = keyshot_config(tmp_path / "verl.yaml", judge.base_url, judge.base_url)
+        config = write_config(
+            tmp_path / "verl.yaml", judge.base_url, judge.base_url, timeout_s=5, on_failure="zero"
+        )
         column = [(p, str(folder)) for p, folder in enumerate(OM2W_V1) for _ in range(3)]
         results = run_samples(config, column)
     assert caplog.text.count(CONSTANT_WARNING) == 1 and "record an Episode per rollout" in caplog.text
     assert [r["score"] for r in results[:3]] == [results[0]["score"]] * 3
-    dead = keyshot_config(tmp_path / "dead.yaml", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1")
+    dead = write_config(
+        tmp_path / "dead.yaml",
+        "http://127.0.0.1:9/v1",
+        "http://127.0.0.1:9/v1",
+        timeout_s=5,
+        on_failure="zero",
+    )
     failed = run_samples(dead, copies(tmp_path, 1))
     assert [(r["score"], r["keyshot_failed"]) for r in failed] == [(0.0, 1.0), (0.0, 1.0)]
     assert all(set(r) == SAMPLE_KEYS for r in failed)
@@ -246,7 +254,9 @@ def test_compute_score_sync_scores_on_the_shared_model_from_any_thread(tmp_path)
     function, and its samples meet in the same model (key points once per task)."""
     assert not inspect.iscoroutinefunction(compute_score_sync)
     with FakeOpenAI(make_judge()) as judge:
-        config = keyshot_config(tmp_path / "verl.yaml", judge.base_url, judge.base_url)
+        config = write_config(
+            tmp_path / "verl.yaml", judge.base_url, judge.base_url, timeout_s=5, on_failure="zero"
+        )
 
         def one(sample: tuple[int, str]) -> dict:
             extra_info = {"trajectory": sample[1], "index": sample[0]}
@@ -267,7 +277,9 @@ def test_a_rollout_not_readable_on_the_worker_is_a_counted_failure_naming_the_fi
     elsewhere.add_step(shot, action="click")
     shutil.rmtree(elsewhere.root)
     with FakeOpenAI(make_judge()) as judge:
-        config = keyshot_config(tmp_path / "verl.yaml", judge.base_url, judge.base_url)
+        config = write_config(
+            tmp_path / "verl.yaml", judge.base_url, judge.base_url, timeout_s=5, on_failure="zero"
+        )
 
         async def both():
             return await asyncio.gather(
@@ -287,7 +299,9 @@ def test_a_rollout_not_readable_on_the_worker_is_a_counted_failure_naming_the_fi
 
 
 def test_a_config_without_on_failure_zero_is_refused_at_the_first_call(tmp_path):
-    config = keyshot_config(tmp_path / "verl.yaml", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1", None)
+    config = write_config(
+        tmp_path / "verl.yaml", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1", timeout_s=5, on_failure=None
+    )
     with pytest.raises(reward_shared.RewardConfigError, match="reward.on_failure: zero"):
         run_samples(config, copies(tmp_path, 1)[:1])
 
@@ -327,12 +341,22 @@ def verl_run(tmp_path_factory):
         router = {"upstream": upstream.base_url.removesuffix("/v1")}
 
         def healthy(name: str, scorer_url: str = scorer.base_url) -> str:  # its workers share a cache file
-            path = keyshot_config(tmp / f"{name}.yaml", judges[name].base_url, scorer_url)
+            path = write_config(
+                tmp / f"{name}.yaml", judges[name].base_url, scorer_url, timeout_s=5, on_failure="zero"
+            )
             path.write_text(path.read_text() + f"cache: {tmp / name}-calls.sqlite\n")
             return str(path)
 
-        dead = keyshot_config(tmp / "dead.yaml", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1")
-        unset = keyshot_config(tmp / "none.yaml", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1", None)
+        dead = write_config(
+            tmp / "dead.yaml",
+            "http://127.0.0.1:9/v1",
+            "http://127.0.0.1:9/v1",
+            timeout_s=5,
+            on_failure="zero",
+        )
+        unset = write_config(
+            tmp / "none.yaml", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1", timeout_s=5, on_failure=None
+        )
         own = [{"index": p, "trajectory": t, "answer": "the price is found"} for p, t in copies(tmp, 2)]
         column = [
             {"index": p, "trajectory": str(f), "answer": "done"}
@@ -495,7 +519,9 @@ def test_the_documented_verl_snippet_runs_here(tmp_path):
     text = (REPO / "docs" / "reward.md").read_text()
     snippet = re.search(r"# verl: compute_score.*?<<'PY'\n(.*?)\nPY\n", text, re.S).group(1)
     with FakeOpenAI(make_judge()) as judge:
-        config = keyshot_config(tmp_path / "local.yaml", judge.base_url, judge.base_url)
+        config = write_config(
+            tmp_path / "local.yaml", judge.base_url, judge.base_url, timeout_s=5, on_failure="zero"
+        )
         env = {**os.environ, reward_shared.CONFIG_ENV: str(config)}
         done = subprocess.run(
             [sys.executable, "-c", snippet], cwd=REPO, env=env, capture_output=True, text=True, timeout=60

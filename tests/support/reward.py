@@ -45,6 +45,26 @@ def write_config(
 
 
 @pytest.fixture
+def judge():
+    """A fake judge (the deterministic WebJudge responder), also the scorer of :func:`config`."""
+    with FakeOpenAI(make_judge()) as server:
+        yield server
+
+
+@pytest.fixture
+def on_failure() -> str | None:
+    """``reward.on_failure`` of :func:`config`: None, so a failed call is None (TRL's "no reward"). A module
+    whose reward must be a number (OpenRLHF, the service) overrides this fixture with ``"zero"``."""
+    return None
+
+
+@pytest.fixture
+def config(tmp_path, judge, on_failure) -> Path:
+    """A reward config at ``tmp_path/reward.yaml``: :func:`judge` as judge and scorer, :func:`on_failure`."""
+    return write_config(tmp_path / "reward.yaml", judge, on_failure=on_failure)
+
+
+@pytest.fixture
 def servers():
     """A fake judge and a fake scorer (the deterministic WebJudge responder)."""
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
