@@ -184,6 +184,22 @@ def test_metrics_put_the_deltas_side_by_side(tmp_path, capsys):
     assert metrics([str(delta_folder(out, 3)), "--arb-index", str(index), "--out", str(tmp_path / "m3")]) == 0
     cal = json.loads((tmp_path / "m3" / "calibration.json").read_text())
     assert cal["n_records"] == 3 and cal["n_used"] == 2 and cal["counts"] == {"label Unsure": 1}
+    # the released index labels trajectories this δ folder does not hold: counted, not dropped silently
+    labels = tmp_path / "labels.csv"
+    labels.write_text(
+        "task_id,label,agent\n"
+        + "".join(
+            f"{t},{y},GenericAgent-gpt-4o-2024-11-20\n"
+            for t, y in (("webarena.344", 1), ("webarena.427", 0), ("not-judged", 0))
+        )
+    )
+    assert (
+        metrics([str(delta_folder(out, 3)), "--human-labels", str(labels), "--out", str(tmp_path / "m4")])
+        == 0
+    )
+    cal = json.loads((tmp_path / "m4" / "calibration.json").read_text())
+    # the third trajectory has no label in the file: its record's reward (cum_reward) is its truth
+    assert cal["counts"] == {"label for a trajectory not judged": 1} and cal["n_used"] == 3
     assert (tmp_path / "m3" / "reliability.png").is_file() and (tmp_path / "m3" / "pr_curve.png").is_file()
 
 

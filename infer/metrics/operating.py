@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from keyshot.infer.loaders.judge_records import ArbIndexRow
-from keyshot.infer.metrics.calibration import Calibration, compute_calibration
+from keyshot.infer.metrics.calibration import LABEL_NOT_JUDGED, Calibration, compute_calibration
 from keyshot.infer.metrics.compute import JudgedRecord, labels_not_judged, records_from_verdicts
 from keyshot.infer.metrics.operating_files import (
     calibration_markdown,
@@ -63,7 +63,14 @@ def write_operating_point(
     """Calibration files of one run into ``out``; the Markdown and the paths. A run whose verdicts carry no
     p_success gets one line saying how to have it, and no files."""
     if not any(r.p_success is not None for r in records):
-        return f"p_success: {NO_P_SUCCESS_NOTE}.\n", {}
+        mine, other = labels_not_judged(records, human_labels, arb_index)
+        unmet = f"{LABEL_NOT_JUDGED}: {mine}" + (f" (and {other} of agents not judged)" if other else "")
+        return (
+            f"p_success: {NO_P_SUCCESS_NOTE}.\n{unmet}.\n"
+            if mine or other
+            else f"p_success: {NO_P_SUCCESS_NOTE}.\n",
+            {},
+        )
     cal = calibration_of(records, human_labels, arb_index, **options)
     if stand_in:
         cal.notes.insert(0, stand_in)
