@@ -14,12 +14,9 @@ Human labels come from ``index.csv`` (found in DIR or a parent, or given).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +34,7 @@ from keyshot.data_synth.importers import (
 from keyshot.data_synth.labels import KeyPointsRecord, LabelStore, OutcomeRecord, TrajectoryRecord
 from keyshot.data_synth.run_folder import store_image
 from keyshot.infer.loaders import load_trajectory
+from keyshot.infer.loaders.common import data_url_bytes
 from keyshot.infer.loaders.human_labels import normalize_agent
 from keyshot.infer.loaders.judge_records import find_index, outcome_text, read_arb_index
 from keyshot.infer.loaders.trajectory import TrajectoryError
@@ -46,8 +44,6 @@ from keyshot.infer.protocol.prompts import load_prompt_set
 from keyshot.infer.runs.lock import RunLock
 
 logger = logging.getLogger(__name__)
-
-_DATA_URL = re.compile(r"^data:[\w.+-]+/[\w.+-]+(?:;[^,;]*)*;base64,", re.DOTALL)
 
 
 def _embedded_images(messages: object, where: str) -> list[bytes]:
@@ -64,13 +60,11 @@ def _embedded_images(messages: object, where: str) -> list[bytes]:
                 continue
             url = part.get("image_url")
             url = url.get("url", "") if isinstance(url, dict) else str(url or "")
-            match = _DATA_URL.match(url)
-            if not match:
-                raise RecordImportError(f"{where}: an image in chat_messages is not a base64 data URL")
-            try:
-                data = base64.b64decode(url[match.end() :], validate=False)
-            except (binascii.Error, ValueError) as exc:
-                raise RecordImportError(f"{where}: an embedded image is not valid base64 ({exc})") from None
+            data = data_url_bytes(url)  # keyshot's one reader of a data URL
+            if data is None:
+                raise RecordImportError(
+                    f"{where}: an image in chat_messages is not a data URL with valid base64 data"
+                )
             try:
                 decode_image(data)
             except ImageError as exc:

@@ -79,7 +79,7 @@ class ThumbnailCache:
         else:
             try:
                 self._convert(data if data is not None else path.read_bytes(), thumb, view)  # type: ignore[union-attr]
-            except (OSError, ValueError, Image.DecompressionBombError) as exc:
+            except (OSError, ValueError) as exc:  # ImageError (a ValueError): PIL's bomb limit included
                 logger.warning("report: cannot decode screenshot %s (%s)", path, exc)
                 return None
             self.converted += 1
