@@ -26,9 +26,11 @@ from keyshot.env.miniwob.agents import ScriptedAgent, random_action
 from keyshot.env.miniwob.budget import (
     MIB_PER_BROWSER,
     MIB_PER_PAGE,
+    MIB_PER_PAGE_1280X720,
     PAGES_PER_BROWSER,
     BrowserBudget,
     BrowserBudgetError,
+    page_mib,
 )
 from keyshot.env.miniwob.client import MiniWoBBrowser
 from keyshot.env.miniwob.pool import BrowserPool
@@ -115,6 +117,11 @@ def test_the_budget_counts_measured_pages_and_refuses_in_one_line():
     with pytest.raises(BrowserBudgetError, match="--max-pages must be at least 1"):
         BrowserBudget.for_machine(0)
     assert BrowserBudget.for_machine(memory_mib=500, reserve_mib=1024).max_pages == 0
+    # OpenEnv's 1280x720 pages weigh what was measured at that size: fewer of them fit, still 256+
+    openenv = BrowserBudget.for_machine(memory_mib=23_000, reserve_mib=3_000, viewport=(1280, 720))
+    assert openenv.mib_per_page == MIB_PER_PAGE_1280X720 > MIB_PER_PAGE
+    assert 256 <= openenv.max_pages < budget.max_pages
+    assert page_mib((2560, 1440)) > MIB_PER_PAGE_1280X720 == page_mib((800, 600))
     assert BrowserBudget.for_machine().available_mib > 0  # this machine's memory is read
 
 

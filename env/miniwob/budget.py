@@ -26,6 +26,9 @@ from keyshot.infer.common.errors import KeyshotError
 #: 128 open click-button pages, measured by bench/measure_pages.py on 2026-11-27 (bench/RESULTS.md, live
 #: rows: 128 pages in two Chromium held 6,927 MiB, these figures say 6,966)
 MIB_PER_PAGE = 49
+#: PSS of one page at OpenEnv's 1280x720 (``keyshot reward env``'s default viewport): the slope over 16 and
+#: 32 pages, bench/measure_pages.py --viewport 1280x720 on 2026-11-27 (32 pages in one Chromium: 1,950 MiB)
+MIB_PER_PAGE_1280X720 = 57
 #: PSS of one Chromium with no page: its worker (Python, BrowserGym), playwright's driver, Chromium's
 #: browser, GPU, network and utility processes (same measurement)
 MIB_PER_BROWSER = 347
@@ -69,6 +72,16 @@ def available_mib() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
 
 
+def page_mib(viewport: tuple[int, int] | None = None) -> int:
+    """The measured PSS of a page of ``viewport`` (None: the MiniWoB task's own size, BrowserGym's): the
+    1280x720 figure up to that size, grown with the pixels beyond it."""
+    if viewport is None:
+        return MIB_PER_PAGE
+    pixels = viewport[0] * viewport[1]
+    grown = (MIB_PER_PAGE_1280X720 - MIB_PER_PAGE) * max(1.0, pixels / (1280 * 720))
+    return math.ceil(MIB_PER_PAGE + grown)
+
+
 def total_mib() -> int:
     return _meminfo_mib("MemTotal") or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
 
@@ -93,23 +106,26 @@ class BrowserBudget:
         memory_mib: int | None = None,
         reserve_mib: int | None = None,
         pages_per_browser: int = PAGES_PER_BROWSER,
+        viewport: tuple[int, int] | None = None,
     ) -> BrowserBudget:
-        """``max_pages`` when given (``--max-pages``), else the most pages that fit in ``memory_mib``
-        (default: the memory available now) less ``reserve_mib`` (default: an eighth of the machine's
-        memory, at least 1 GiB) at the measured figures."""
+        """``max_pages`` when given (``--max-pages``), else the most pages of ``viewport`` (the pool's;
+        None: the task's own size) that fit in ``memory_mib`` (default: the memory available now) less
+        ``reserve_mib`` (default: an eighth of the machine's memory, at least 1 GiB) at the measured
+        figures."""
+        per_page = page_mib(viewport)
         if max_pages is not None:
             if max_pages < 1:
                 raise BrowserBudgetError(f"--max-pages must be at least 1 (got {max_pages})")
-            return cls(max_pages, pages_per_browser)
+            return cls(max_pages, pages_per_browser, per_page)
         memory = available_mib() if memory_mib is None else memory_mib
         reserve = (
             max(MIN_RESERVE_MIB, total_mib() // RESERVE_FRACTION) if reserve_mib is None else reserve_mib
         )
-        budget = cls(0, pages_per_browser, available_mib=memory, reserve_mib=reserve)
-        pages = max(0, (memory - reserve) // MIB_PER_PAGE)
+        budget = cls(0, pages_per_browser, per_page, available_mib=memory, reserve_mib=reserve)
+        pages = max(0, (memory - reserve) // per_page)
         while pages > 0 and budget.mib_for(pages) > memory - reserve:
             pages -= 1
-        return cls(pages, pages_per_browser, available_mib=memory, reserve_mib=reserve)
+        return cls(pages, pages_per_browser, per_page, available_mib=memory, reserve_mib=reserve)
 
     @property
     def max_browsers(self) -> int:
