@@ -9,19 +9,15 @@ from dataclasses import dataclass
 
 import torch
 
-from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.model.vision_attention import use_fast_vision_tower
-from keyshot.train.train_config import ModelSettings, OptimSettings
+from keyshot.train.speedups import apply_speedups
+from keyshot.train.train_config import ModelSettings, ModelSetupError, OptimSettings
 
 logger = logging.getLogger(__name__)
 
 VISION_PREFIX = "visual."  # model.visual.* (blocks, patch_embed) and model.visual.merger.*
 MERGER_PREFIX = "visual.merger."
 NO_DECAY_MARKERS = ("bias", "norm", "ln_q")
-
-
-class ModelSetupError(KeyshotError, RuntimeError):
-    """The model cannot be set up as the config asks."""
 
 
 def attention_implementation(requested: str = "auto") -> str:
@@ -75,7 +71,6 @@ def prepare_for_training(model, settings: ModelSettings):
     if settings.lora.enabled:
         model = add_lora(model, settings)
     keep_frozen_tower_out_of_backward(model)
-    from keyshot.train.speedups import apply_speedups  # imported here: speedups imports this module
 
     apply_speedups(model, settings)  # the speed switches: liger_kernel, compile, vision_attention, ...
     log_trainable(model)

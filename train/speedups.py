@@ -29,8 +29,7 @@ import types
 
 import torch
 
-from keyshot.train.scorer_model import ModelSetupError
-from keyshot.train.train_config import ModelSettings
+from keyshot.train.train_config import ModelSettings, ModelSetupError
 
 logger = logging.getLogger(__name__)
 

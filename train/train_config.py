@@ -11,9 +11,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from keyshot.infer.common.config import ConfigError
+from keyshot.infer.common.errors import KeyshotError
 
 #: peft target for the language model only: the vision blocks also have gate/up/down_proj.
 LLM_LORA_TARGET = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+
+
+class ModelSetupError(KeyshotError, RuntimeError):
+    """The model cannot be set up as the config asks (a switch this machine cannot run, a LoRA target that
+    matches nothing)."""
 
 
 @dataclass
