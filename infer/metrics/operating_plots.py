@@ -5,44 +5,21 @@ without data says so."""
 
 from __future__ import annotations
 
-import io
-
 from keyshot.infer.metrics.calibration import Calibration
+from keyshot.infer.metrics.figures import figure, no_data, png
 from keyshot.infer.metrics.sweep_compare import SweepComparison
-
-
-def _figure(width: float, height: float):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _png(fig) -> bytes:
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
-
-
-def _no_data(ax, what: str) -> None:
-    ax.text(0.5, 0.5, f"no data: {what}", ha="center", va="center", fontsize=10, color="#5b6475")
-    ax.set_xticks([])
-    ax.set_yticks([])
 
 
 def reliability_diagram(cal: Calibration | None, banner: str | None = None) -> bytes:
     """Per bin the share that succeeded against the mean p_success (the diagonal is a calibrated judge),
     the bins' sizes under it; ECE and Brier in the title."""
-    fig = _figure(5.2, 4.2)
+    fig = figure(5.2, 4.2)
     ax = fig.add_subplot(4, 1, (1, 3))
     hist = fig.add_subplot(4, 1, 4)
     if cal is None or not cal.n_used:
-        _no_data(ax, "no verdict has both p_success and a truth")
+        no_data(ax, "no verdict has both p_success and a truth", fontsize=10)
         hist.set_axis_off()
-        return _png(fig)
+        return png(fig)
     filled = [b for b in cal.bins if b.n]
     ax.plot([0, 1], [0, 1], ls="--", color="#8fa3c7", lw=1, label="calibrated")
     ax.plot(
@@ -62,17 +39,17 @@ def reliability_diagram(cal: Calibration | None, banner: str | None = None) -> b
     hist.set_xlim(0, 1)
     hist.set_xlabel("p_success (bin)")
     hist.set_ylabel("n", fontsize=8)
-    return _png(fig)
+    return png(fig)
 
 
 def pr_curve_plot(cal: Calibration | None) -> bytes:
     """Precision against recall of "success iff p_success ≥ t", the chosen threshold marked."""
-    fig = _figure(5.2, 3.6)
+    fig = figure(5.2, 3.6)
     ax = fig.add_subplot(1, 1, 1)
     points = [p for p in (cal.pr_curve if cal else []) if p.precision is not None and p.recall is not None]
     if not points:
-        _no_data(ax, "no verdict has both p_success and a truth")
-        return _png(fig)
+        no_data(ax, "no verdict has both p_success and a truth", fontsize=10)
+        return png(fig)
     ax.plot([p.recall for p in points], [p.precision for p in points], "o-", color="#2f5bd3", ms=3)
     op = cal.operating_point
     if op and op.threshold is not None:
@@ -93,20 +70,20 @@ def pr_curve_plot(cal: Calibration | None) -> bytes:
     ax.set_ylabel("precision")
     ax.set_title("Precision-recall of p_success thresholds (all records)", fontsize=9)
     ax.grid(alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
 def sweep_plot(comparison: SweepComparison | None, banner: str | None = None) -> bytes:
     """Agreement, precision, recall and F1 per δ (overall; agreement per agent dotted), and the screenshots
     kept and outcome prompt tokens per δ beside them."""
-    fig = _figure(9.0, 3.6)
+    fig = figure(9.0, 3.6)
     left = fig.add_subplot(1, 2, 1)
     right = fig.add_subplot(1, 2, 2)
     overall = comparison.overall() if comparison else []
     if not overall:
-        _no_data(left, "no sweep to compare")
+        no_data(left, "no sweep to compare", fontsize=10)
         right.set_axis_off()
-        return _png(fig)
+        return png(fig)
     deltas = [r.delta for r in overall]
     for key, color in (
         ("agreement", "#2f5bd3"),
@@ -154,4 +131,4 @@ def sweep_plot(comparison: SweepComparison | None, banner: str | None = None) ->
     right.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="lower left")
     if banner:
         fig.suptitle(banner, fontsize=9, color="#b35c00")
-    return _png(fig)
+    return png(fig)

@@ -3,45 +3,23 @@ per agent, and the confusion matrix of verdicts against ground truth. A plot wit
 
 from __future__ import annotations
 
-import io
 from collections import Counter
 
 from keyshot.infer.common.text import shorten_middle
 from keyshot.infer.loaders.trajectory import FAILURE, NOT_EXECUTABLE, SUCCESS, UNSURE
 from keyshot.infer.metrics.compute import MetricsReport
+from keyshot.infer.metrics.figures import figure, no_data, png
 from keyshot.infer.runs.counts import OUTCOME_LABELS, OUTCOMES
-
-
-def _figure(width: float = 5.2, height: float = 3.4):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _png(fig) -> bytes:
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
-
-
-def _no_data(ax, what: str) -> None:
-    ax.text(0.5, 0.5, f"no data: {what}", ha="center", va="center", fontsize=11, color="#5b6475")
-    ax.set_xticks([])
-    ax.set_yticks([])
 
 
 def score_histogram(scores: list[int | None], threshold: float) -> bytes:
     """One bar per score 1-5 and one for the screenshots with no readable score (None: the answer held
     none, was cut, or the call failed)."""
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot(1, 1, 1)
     counts = Counter("no score" if s is None else str(s) for s in scores)
     if not scores:
-        _no_data(ax, "no screenshot was scored")
+        no_data(ax, "no screenshot was scored")
     else:
         labels = ["1", "2", "3", "4", "5", "no score"]
         colors = [
@@ -59,18 +37,18 @@ def score_histogram(scores: list[int | None], threshold: float) -> bytes:
             f"Screenshot scores (blue: kept, score ≥ {threshold:g}; amber: no readable score)", fontsize=9
         )
         ax.grid(axis="y", alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
 def agent_success_rates(report: MetricsReport | None) -> bytes:
     import numpy as np
 
     rows = [r for r in report.agreement if r.scope == "agent" and r.n] if report else []
-    fig = _figure(max(5.2, 1.1 * len(rows) + 2.5))
+    fig = figure(max(5.2, 1.1 * len(rows) + 2.5))
     ax = fig.add_subplot(1, 1, 1)
     if not rows:
-        _no_data(ax, "no ground truth to compare with")
-        return _png(fig)
+        no_data(ax, "no ground truth to compare with")
+        return png(fig)
     x = np.arange(len(rows))
     ax.bar(x - 0.2, [100 * (r.judge_sr or 0) for r in rows], 0.4, label="keyshot", color="#2f5bd3")
     ax.bar(x + 0.2, [100 * (r.human_sr or 0) for r in rows], 0.4, label="ground truth", color="#8fa3c7")
@@ -86,18 +64,18 @@ def agent_success_rates(report: MetricsReport | None) -> bytes:
     ax.set_title("Success rate per agent: keyshot vs ground truth", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
 def confusion_matrix(pairs: list[tuple[str, str]]) -> bytes:
     """``pairs`` of (outcome, ground-truth word) for the trajectories that have ground truth; the rows are
     the outcomes of :mod:`keyshot.infer.runs.counts` (a verdict judged without readable scores is counted
     under "no readable scores", as everywhere)."""
-    fig = _figure(4.6, 3.6)
+    fig = figure(4.6, 3.6)
     ax = fig.add_subplot(1, 1, 1)
     if not pairs:
-        _no_data(ax, "no ground truth to compare with")
-        return _png(fig)
+        no_data(ax, "no ground truth to compare with")
+        return png(fig)
     rows = list(OUTCOMES)
     cols = sorted({t for _, t in pairs}, key=[SUCCESS, FAILURE, NOT_EXECUTABLE, UNSURE].index)
     counts = Counter(pairs)
@@ -123,4 +101,4 @@ def confusion_matrix(pairs: list[tuple[str, str]]) -> bytes:
     ax.set_xlabel("ground truth")
     ax.set_ylabel("keyshot verdict")
     ax.set_title("Verdicts vs ground truth", fontsize=10)
-    return _png(fig)
+    return png(fig)
