@@ -191,7 +191,9 @@ class BrowserProcess:
 
     def close(self) -> None:
         """Close Chromium and the worker; anything still running is killed. Idempotent."""
-        if self.process.poll() is None and self.failure is None:
+        if self.process.poll() is not None:  # it ended on its own: its reader says why before "closed" would
+            self._reader.join(timeout=5)
+        elif self.failure is None:
             with contextlib.suppress(OSError), self._lock:
                 self.process.stdin.write(b'{"op": "close"}\n')
                 self.process.stdin.flush()
