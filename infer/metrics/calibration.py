@@ -26,8 +26,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from keyshot.infer.loaders.trajectory import NOT_EXECUTABLE, UNSURE
-from keyshot.infer.metrics.compute import JudgedRecord, human_outcome
+from keyshot.infer.metrics.compute import JudgedRecord, labelled_pairs
 
 OBJECTIVES = ("agreement", "f1")
 TUNE, TEST = "tune", "test"
@@ -39,6 +38,13 @@ NO_LABEL = "trajectory without a label"
 UNSURE_LABEL = "label Unsure"
 NOT_EXECUTABLE_LABEL = "label not executable (--label-2 drop)"
 LABEL_NOT_JUDGED = "label for a trajectory not judged"
+#: labelled_pairs' reasons, as the calibration's tables name them
+_WHY_NO_TRUTH = {
+    "no_human_label": NO_LABEL,
+    "other": NO_LABEL,
+    "unsure": UNSURE_LABEL,
+    "not_executable": NOT_EXECUTABLE_LABEL,
+}
 
 
 @dataclass
@@ -101,20 +107,10 @@ def probability_pairs(
     records: Iterable[JudgedRecord], label_2: str = "not_success"
 ) -> tuple[list[tuple[JudgedRecord, float, bool]], Counter]:
     """(record, p_success, truth) of every record that has both; the others counted by why not."""
+    pairs, dropped = labelled_pairs(records, label_2)
+    left = Counter({_WHY_NO_TRUTH.get(why, why): n for why, n in dropped.items()})
     used: list[tuple[JudgedRecord, float, bool]] = []
-    left: Counter = Counter()
-    for r in records:
-        if r.withheld:
-            left[r.withheld] += 1
-            continue
-        truth = human_outcome(r.human, label_2)
-        if truth is None:
-            left[
-                {None: NO_LABEL, UNSURE: UNSURE_LABEL, NOT_EXECUTABLE: NOT_EXECUTABLE_LABEL}.get(
-                    r.human, NO_LABEL
-                )
-            ] += 1
-            continue
+    for r, truth in pairs:
         if r.p_success is None:
             left[NO_P_SUCCESS] += 1
             continue

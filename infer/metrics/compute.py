@@ -187,7 +187,11 @@ class MetricsReport:
         raise KeyError(f"no {section} row for group {group!r}")
 
 
-def _usable(records: Iterable[JudgedRecord], label_2: str) -> tuple[list[tuple[JudgedRecord, bool]], Counter]:
+def labelled_pairs(
+    records: Iterable[JudgedRecord], label_2: str
+) -> tuple[list[tuple[JudgedRecord, bool]], Counter]:
+    """(record, truth) of every judged record with a truth to compare with; the others counted by why not
+    (withheld reasons, ``no_human_label``, ``unsure``, ``not_executable``, ``other``)."""
     used: list[tuple[JudgedRecord, bool]] = []
     dropped: Counter = Counter()
     for r in records:
@@ -276,7 +280,7 @@ def agreement_metrics(records: Iterable[JudgedRecord], label_2: str = "not_succe
     """Success rates, agreement rate and SR gap per agent (per benchmark when there are several),
     pooled ("Overall") and, with several agents, the mean of the per-agent rows ("Macro average",
     the paper's "average SR gap")."""
-    pairs, _ = _usable(records, label_2)
+    pairs, _ = labelled_pairs(records, label_2)
     by_agent = _groups(pairs, "agent")
     rows = [_agreement("agent", a, p) for a, p in by_agent.items()]
     by_bench = _groups(pairs, "benchmark")
@@ -304,7 +308,7 @@ def classification_metrics(
     records: Iterable[JudgedRecord], label_2: str = "not_success"
 ) -> list[ClassificationRow]:
     """Precision, recall and F1 of the judge's "success" per agent, per benchmark and pooled."""
-    pairs, _ = _usable(records, label_2)
+    pairs, _ = labelled_pairs(records, label_2)
     rows = [_classification("agent", a, p) for a, p in _groups(pairs, "agent").items()]
     rows += [_classification("benchmark", b, p) for b, p in _groups(pairs, "benchmark").items()]
     rows.append(_classification("overall", OVERALL, pairs))
@@ -315,7 +319,7 @@ def compute_metrics(
     records: Sequence[JudgedRecord], label_2: str = "not_success", sources: dict[str, str] | None = None
 ) -> MetricsReport:
     records = list(records)
-    pairs, dropped = _usable(records, label_2)
+    pairs, dropped = labelled_pairs(records, label_2)
     return MetricsReport(
         label_2=label_2,
         n_records=len(records),
