@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from keyshot.env.miniwob.client import VIEWPORT_OPENENV
 from keyshot.env.openenv import command as env_command
 from keyshot.env.openenv.wire import split_text, wire_fields
 from keyshot.env.page import Page
@@ -88,6 +89,8 @@ def test_the_documented_command_line_is_keyshot_reward_env():
     # the default port is none of the ports the reward's config and TRL's vLLM server use
     assert args.port == env_command.DEFAULT_PORT == 8020 and args.answer_within_s < 60
     assert f":{args.port}" not in (REPO / "configs" / "reward" / "trl.yaml").read_text()
+    # pages as OpenEnv's BrowserGym server renders them, unless asked for MiniWoB's own
+    assert args.viewport == "{}x{}".format(*VIEWPORT_OPENENV) == "1280x720"
 
 
 @pytest.fixture(scope="module")
