@@ -179,8 +179,12 @@ def chromium_under(pid: int) -> list[int]:
 
 def renderers(process) -> set[int]:
     """The renderer processes of a pool's Chromium (one per browser context's page)."""
-    chromium = psutil.Process(process.chromium_pid)
-    return {p.pid for p in chromium.children(recursive=True) if "--type=renderer" in " ".join(p.cmdline())}
+    found = set()
+    for child in psutil.Process(process.chromium_pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # one that ended meanwhile (a zombie) is no page
+            if "--type=renderer" in " ".join(child.cmdline()):
+                found.add(child.pid)
+    return found
 
 
 def play(browser, seed: int, task: str = "click-button") -> float | None:
@@ -279,7 +283,11 @@ def test_crashed_pages_fail_their_own_episodes_and_a_dead_chromium_only_its_sess
             episode.add_step(after.screenshot, action=action)
             record_failure(episode, after)
             episode.finish(None)
-        assert [s.reward is None for s in sessions] == on_first and first.alive
+        assert [s.reward is None for s in sessions] == on_first
+        # its Chromium lives on, or (its worker wedged by the crashed pages past timeout_s on a loaded
+        # machine) is killed as stuck and replaced: the other Chromium's sessions are untouched either way
+        stuck = 0 if first.alive else 1
+        assert stuck == 0 or "no answer in 60 s" in first.failure
         assert all(s.error.startswith("the browser failed at step 1:") for s in sessions if s.reward is None)
         rm = RewardModel.from_config(config)
         try:
@@ -289,15 +297,18 @@ def test_crashed_pages_fail_their_own_episodes_and_a_dead_chromium_only_its_sess
         assert [r.reward is None for r in results] == on_first
         assert all("the browser failed at step 1" in r.error for r in results if r.reward is None)
         assert [play(s, 10 + i) for i, s in enumerate(sessions)] == [1.0] * 4
-        assert [s.process is first for s in sessions] == on_first and pool.replaced == 0
+        assert pool.replaced == stuck and all(
+            s.process is second for s, mine in zip(sessions, on_first, strict=True) if not mine
+        )
 
         pages = [s.reset(seed=20 + i) for i, s in enumerate(sessions)]
+        on_first = [s.process is not second for s in sessions]
         os.kill(second.chromium_pid, signal.SIGKILL)
         after = [s.act(ScriptedAgent()(p)) for s, p in zip(sessions, pages, strict=True)]
         assert [a.error is None for a in after] == on_first
         assert [s.reward for s, mine in zip(sessions, on_first, strict=True) if mine] == [1.0, 1.0]
         assert [play(s, 30 + i) for i, s in enumerate(sessions)] == [1.0] * 4  # a replacement serves them
-        assert pool.replaced == 1 and second not in pool.processes() and pool.launched == 3
+        assert pool.replaced == stuck + 1 and second not in pool.processes() and pool.launched == stuck + 3
         pids = [pid for p in pool.processes() for pid in p.pids] + second.pids
     assert gone(pids) == []
 
