@@ -100,7 +100,7 @@ def run_env(args: argparse.Namespace) -> int:
             f"--config {config}: no such file (a keyshot judge config, configs/reward/*.yaml)"
         )
     budget = BrowserBudget.for_machine(args.max_pages)
-    sessions = args.max_sessions or budget.max_pages
+    sessions = args.max_sessions or max(1, budget.max_pages)  # none at all: refused below, naming why
     budget.require(
         sessions,
         f"keyshot reward env --max-sessions {sessions}",
