@@ -287,9 +287,16 @@ class TrainSetting:
         items = tuple(o.strip() for o in overrides.split(",") if o.strip())
         return cls(label=label if label != rest else mode, mode=mode, overrides=items)
 
-    def model_settings(self) -> ModelSettings:
+    def model_settings(self, device: torch.device) -> tuple[ModelSettings, list[str]]:
+        """The row's settings, and what the device could not run: off the GPU the switches that need CUDA
+        (Liger's Triton kernels, torch's varlen attention) are turned off and named."""
         cfg = load_config(TrainConfig, TRAIN_CONFIGS[self.mode], [f"model.{o}" for o in self.overrides])
-        return dataclasses.replace(cfg.model, name_or_path="(random)")
+        settings = dataclasses.replace(cfg.model, name_or_path="(random)")
+        if device.type == "cuda":
+            return settings, []
+        off = {"liger_kernel": False, "vision_attention": "batched"}
+        dropped = [f"{k}={v}" for k, v in off.items() if getattr(settings, k) != v]
+        return dataclasses.replace(settings, **off), dropped
 
 
 def checkpointed_share(model) -> float:
@@ -327,7 +334,7 @@ def train_bench(
     processor = kit.processor
     renderer = ScorerRenderer(processor, image_policy_for(processor), max_length=4096)
     data = Rendered(rows, renderer)
-    settings = setting.model_settings()
+    settings, not_here = setting.model_settings(kit.device)
     model = prepare_for_training(build_model(kit, depth), settings)
     model.train()
     mode = setting.mode
@@ -425,7 +432,7 @@ def train_bench(
     spread = {key: _spread([w[key] for w in windows]) for key in ("samples_per_s", "step_s", "mfu", "hfu")}
     return {
         "mode": setting.label,
-        "overrides": list(setting.overrides),
+        "overrides": list(setting.overrides) + [f"{o} (CUDA only: off here)" for o in not_here],
         "batching": batching,
         "micro_batch": batch,
         "workers": workers,

@@ -19,9 +19,9 @@ def test_kit_runs_end_to_end_on_cpu(tmp_path):
     assert gpu.main([*argv, "--no-vllm", "--out", str(out), "--json", str(raw)]) == 0
     text = out.read_text()
     for needle in (
-        "| lora | — | random |",
-        "| full | — | random |",
-        "| lora (no checkpointing) | `gradient_checkpointing=false` | random |",
+        "| lora | `liger_kernel=False (CUDA only: off here)`, `vision_attention=batched (CUDA only: off here)` | random |",
+        "| full | `liger_kernel=False (CUDA only: off here)`, `vision_attention=batched (CUDA only: off here)` | random |",
+        "| lora (no checkpointing) | `gradient_checkpointing=false`, `liger_kernel=False (CUDA only: off here)`, `vision_attention=batched (CUDA only: off here)` | random |",
         "| transformers | 2 |",
         "vLLM (keyshot serve)",
         "| batched windows |",
