@@ -101,55 +101,55 @@ class WebEnv(ABC):
         return page.text
 
     def click(self, bid: str) -> list:
-        """Click an element on the page.
+        """Click one element of the page.
 
         Args:
-            bid: The BrowserGym ID of the element to click.
+            bid: the element's id, as the page's text shows it (BrowserGym's bid).
 
         Returns:
-            The updated page observation with screenshot.
+            The page after the click: its text, and its screenshot.
         """
         return self._act(f"click('{bid}')")
 
     def fill(self, bid: str, text: str) -> list:
-        """Fill an input field with text.
+        """Type text into one input of the page, replacing what it held.
 
         Args:
-            bid: The BrowserGym ID of the input field.
-            text: The text to type into the field.
+            bid: the input's id, as the page's text shows it (BrowserGym's bid).
+            text: what to type.
 
         Returns:
-            The updated page observation with screenshot.
+            The page after typing: its text, and its screenshot.
         """
         return self._act(f"fill('{bid}', '{text}')")
 
     def send_keys(self, text: str) -> list:
-        """Send keyboard input to the page.
+        """Press keys on the page where its focus is (Enter, Tab, letters...).
 
         Args:
-            text: The keyboard input to send.
+            text: the keys to press.
 
         Returns:
-            The updated page observation with screenshot.
+            The page after the keys: its text, and its screenshot.
         """
         return self._act(f"send_keys('{text}')")
 
     def scroll(self, direction: str) -> list:
-        """Scroll the page.
+        """Move the page's view up or down.
 
         Args:
-            direction: Direction to scroll, either 'up' or 'down'.
+            direction: 'up' or 'down'.
 
         Returns:
-            The updated page observation with screenshot.
+            The page after scrolling: its text, and its screenshot.
         """
         return self._act(f"scroll('{direction}')")
 
     def noop(self) -> list:
-        """Do nothing and observe the current page state.
+        """Look at the page again without acting.
 
         Returns:
-            The current page observation with screenshot.
+            The page as it is now: its text, and its screenshot.
         """
         return self._act("noop()")
 

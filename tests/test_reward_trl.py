@@ -149,13 +149,13 @@ class BrowserGymStyleEnv:
         return f"Goal: {self.browser.task}\n\nPage structure:\n{page.text[:200]}"
 
     def click(self, bid: str) -> list:
-        """Click an element on the page.
+        """Click one element of the page.
 
         Args:
-            bid: The BrowserGym ID of the element to click.
+            bid: the element's id in the page's text.
 
         Returns:
-            The updated page observation with screenshot.
+            The page after the click, as an image and its text.
         """
         page = self.browser.act(f"click('{bid}')")
         return [{"type": "image", "image": page.image(56)}, {"type": "text", "text": page.text[:200]}]
