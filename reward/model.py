@@ -58,7 +58,7 @@ REWARD_VALUES = ("binary", "p_success", "progress")
 #: (an endpoint is down or a budget spent), ``judge`` (a key-point or outcome call failed, or the judge's
 #: verdict could not be read), ``scorer`` (the screenshot scores: a call failed, none could be read, or the
 #: scorer's endpoint did not answer), ``value`` (a verdict without the configured ``reward.value``).
-FailureKind = Literal["input", "stopped", "judge", "scorer", "value"]
+FailureKind = Literal["input", "stopped", "judge", "scorer", "value", "deadline"]
 #: The config's own section for the reward model (``keyshot judge`` ignores it): ``reward: {on_failure: zero}``.
 REWARD_SECTION = "reward"
 #: The batch window's documented fallback when the config sets no ``reward.batch_window_s``.

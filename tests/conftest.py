@@ -52,7 +52,7 @@ SHARED = {
         "test_scorer_parity",
         "test_serve",
     },
-    "openenv": {"test_openenv", "test_openenv_server"},
+    "openenv": {"test_openenv", "test_openenv_server", "test_openenv_trl"},
 }
 LONGEST_FIRST = (
     "test_train_run",
