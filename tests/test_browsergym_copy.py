@@ -91,3 +91,14 @@ def test_an_episode_is_the_same_in_browsergyms_environment_and_in_a_keyshot_sess
             assert steps >= 1 and ours.reward == 1.0  # the scripted agent does these tasks right, both ways
     finally:
         theirs.close()
+        _stop_browsergyms_playwright()
+
+
+def _stop_browsergyms_playwright() -> None:
+    """BrowserGym starts one sync playwright for the process and never stops it: its event loop stays the
+    thread's running loop, and every later ``asyncio.run`` in this pytest worker would fail."""
+    import browsergym.core as core
+
+    if core._PLAYWRIGHT is not None:
+        core._PLAYWRIGHT.stop()
+        core._set_global_playwright(None)
