@@ -202,6 +202,18 @@ def test_padding_keeps_no_second_copy_of_the_weights(tiny_model_dir, tmp_path):
     again = AutoModelForImageTextToText.from_pretrained(tmp_path / "saved", attn_implementation="sdpa")
     reference = _tiny(tiny_model_dir).state_dict()
     assert all(torch.equal(v, reference[k]) for k, v in again.state_dict().items())
+    # a training checkpoint (accelerate's save_state: the state dict through safetensors, which refuses
+    # tensors sharing a storage) holds every weight, and loads back into the padded views
+    from safetensors.torch import load_file, save_file
+
+    save_file(model.state_dict(), tmp_path / "state.safetensors")
+    state = load_file(tmp_path / "state.safetensors")
+    assert state.keys() == reference.keys() and all(torch.equal(v, reference[k]) for k, v in state.items())
+    with torch.no_grad():
+        mlp.up_proj.weight.zero_()
+    model.load_state_dict(state)
+    assert torch.equal(mlp.up_proj.weight, reference["model.visual.blocks.0.mlp.up_proj.weight"])
+    assert mlp.up_proj.weight.data_ptr() == mlp._padded[0][mlp._padded[0].shape[0] // 2].data_ptr()
     with torch.no_grad():
         torch.testing.assert_close(
             _pooled(again.model.visual(pixels, grid_thw=grid)), first, rtol=1e-5, atol=1e-5

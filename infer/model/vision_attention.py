@@ -239,12 +239,18 @@ def _padded_mlp_forward(self, hidden_state: torch.Tensor) -> torch.Tensor:
 
 
 def _contiguous_state(module, state_dict, prefix, local_metadata) -> None:
-    """down_proj.weight is a transposed view once padded: the state dict gets it contiguous (safetensors
-    saves no other); parameters themselves (``keep_vars=True``) are left as they are."""
-    for key in ("gate_proj.weight", "up_proj.weight", "down_proj.weight"):
+    """Once padded, gate and up are views of one buffer and down a transposed view of another: the state
+    dict gets each as a tensor of its own (safetensors saves no view, and keeps one of the tensors sharing a
+    storage: accelerate's ``save_state`` dropped ``up_proj`` and the resumed run could not load it); the
+    parameters themselves (``keep_vars=True``) are left as they are, and loading copies into the views."""
+    padded = module.__dict__.get("_padded")
+    buffers = {t.untyped_storage().data_ptr() for t in padded or () if t is not None}
+    for key in ("gate_proj.weight", "up_proj.weight", "down_proj.weight", "gate_proj.bias", "up_proj.bias"):
         value = state_dict.get(prefix + key)
-        if value is not None and not isinstance(value, torch.nn.Parameter) and not value.is_contiguous():
-            state_dict[prefix + key] = value.contiguous()
+        if value is None or isinstance(value, torch.nn.Parameter):
+            continue
+        if not value.is_contiguous() or value.untyped_storage().data_ptr() in buffers:
+            state_dict[prefix + key] = value.clone(memory_format=torch.contiguous_format)
 
 
 def use_padded_vision_mlp(model: torch.nn.Module, multiple: int = 128) -> int:
