@@ -303,7 +303,7 @@ def run_job(job: dict, processor) -> dict:
         seconds = time.perf_counter() - t0
         rounds = shared_batcher().batches  # the rounds of calls the rollouts' rewards shared
         pool = getattr(executor, "pool", None)  # the agent file's browser pool, where it has one
-        opened = None if pool is None else pool.opened
+        opened = None if pool is None else pool.launched  # Chromium processes the pool started
     finally:
         if callable(getattr(executor, "close", None)):  # keyshot's executor: what it holds (a browser pool)
             executor.close()
