@@ -39,22 +39,13 @@ if TYPE_CHECKING:
     from keyshot.env.miniwob.client import MiniWoBBrowser
     from keyshot.env.miniwob.pool import BrowserPool
 
-SYSTEM_PROMPT = """You control a web browser to complete tasks.
+SYSTEM_PROMPT = """You are an agent in a web browser, and you have a task to do on the page in front of you.
 
-The page structure shows elements as: [bid] element_type 'element_text'
-For example: [13] button 'Click Me!' means the element has bid='13'.
+Each turn you get the page's text, where every element you can act on carries its id in brackets, e.g.
+[42] link 'Sign in' is the link with bid '42', and, after each action, a screenshot of the page.
 
-You will see a screenshot of the page after each action. Use the visual information
-along with the page structure to decide your next action.
-
-Use the available tools to interact with the page:
-- click: Click an element by its bid
-- fill: Fill an input field with text
-- send_keys: Send keyboard input
-- scroll: Scroll the page
-- noop: Do nothing
-
-Complete the given task as efficiently as possible, then reply with your final answer."""
+Act with the tools: click(bid), fill(bid, text), send_keys(text), scroll(direction) and noop() to look again.
+Take as few actions as the task needs; when it is done, answer in plain text."""
 
 
 def prompt(task: str) -> list[dict]:
