@@ -108,6 +108,43 @@ def _nothing_patched(model: torch.nn.Module, what: str, why: str) -> int:
     return 0
 
 
+def _patch_forwards(
+    model: torch.nn.Module,
+    root: torch.nn.Module,
+    cls: type,
+    forward,
+    what: str,
+    none_found: str,
+    refuse=None,
+    on_patch=None,
+) -> int:
+    """The one rule of every patch here: each ``cls`` module under ``root`` runs ``forward`` once, however
+    often this is called (a module already running it counts; one running another switch's forward is left
+    as it is). ``refuse(module)`` says why a module cannot take it (warned, left; ``""``: left silently);
+    ``on_patch(module)`` readies a module before its forward is replaced. Returns how many run ``forward``;
+    says when ``model`` is a Qwen2.5-VL and no such module was found (``none_found``)."""
+    patched = found = 0
+    for module in root.modules():
+        if not isinstance(module, cls):
+            continue
+        found += 1
+        why = refuse(module) if refuse is not None else None
+        if why is not None:
+            if why:
+                logger.warning("%s: %s; left as it is", what, why)
+            continue
+        if not _runs(module, forward):
+            if "forward" in module.__dict__:  # someone else's forward (another switch): left as it is
+                continue
+            if on_patch is not None:
+                on_patch(module)
+            module.forward = types.MethodType(forward, module)
+        patched += 1
+    if not found:
+        return _nothing_patched(model, what, none_found)
+    return patched
+
+
 def use_batched_window_attention(model: torch.nn.Module) -> int:
     """Patch every Qwen2.5-VL vision attention module of ``model`` that does not use flash-attn; returns how
     many run the batched windows (those patched by an earlier call included)."""
@@ -117,21 +154,14 @@ def use_batched_window_attention(model: torch.nn.Module) -> int:
         return _nothing_patched(model, what, "transformers has no Qwen2_5_VLVisionAttention")
     if not _takes(cls, "hidden_states", "cu_seqlens", "position_embeddings"):
         return _nothing_patched(model, what, "Qwen2_5_VLVisionAttention.forward's arguments changed")
-    patched = found = 0
-    for module in model.modules():
-        if not isinstance(module, cls):
-            continue
-        found += 1
+
+    def refuse(module) -> str | None:  # flash-attn runs its own varlen kernel: nothing to batch
         implementation = getattr(module.config, "_attn_implementation", "sdpa") or "sdpa"
-        if "flash" in implementation:
-            continue
-        if not _runs(module, _batched_forward):
-            if "forward" in module.__dict__:  # someone else's forward (another switch): left as it is
-                continue
-            module.forward = types.MethodType(_batched_forward, module)
-        patched += 1
-    if not found:
-        return _nothing_patched(model, what, "no Qwen2_5_VLVisionAttention module")
+        return "" if "flash" in implementation else None
+
+    patched = _patch_forwards(
+        model, model, cls, _batched_forward, what, "no Qwen2_5_VLVisionAttention module", refuse
+    )
     if patched:
         logger.info("vision attention: %d layers run their windows as batched SDPA calls", patched)
     return patched
@@ -152,30 +182,21 @@ def use_linear_patch_embed(model: torch.nn.Module) -> int:
     cls = _qwen25_vl_class("Qwen2_5_VisionPatchEmbed")
     if cls is None:
         return _nothing_patched(model, what, "transformers has no Qwen2_5_VisionPatchEmbed")
-    patched = found = 0
-    for module in model.modules():
-        if not isinstance(module, cls):
-            continue
-        found += 1
+
+    def refuse(module) -> str | None:
         proj = getattr(module, "proj", None)
-        if not (
+        if (
             isinstance(proj, torch.nn.Conv3d)
             and proj.kernel_size == proj.stride
             and proj.bias is None
             and proj.padding == (0, 0, 0)
         ):
-            logger.warning(
-                "%s: %s's proj is no bias-free Conv3d with kernel = stride; left as it is", what, cls
-            )
-            continue
-        if not _runs(module, _linear_patch_embed_forward):
-            if "forward" in module.__dict__:
-                continue
-            module.forward = types.MethodType(_linear_patch_embed_forward, module)
-        patched += 1
-    if not found:
-        return _nothing_patched(model, what, "no Qwen2_5_VisionPatchEmbed module")
-    return patched
+            return None
+        return f"{cls}'s proj is no bias-free Conv3d with kernel = stride"
+
+    return _patch_forwards(
+        model, model, cls, _linear_patch_embed_forward, what, "no Qwen2_5_VisionPatchEmbed module", refuse
+    )
 
 
 def _partitioned(module: torch.nn.Module) -> bool:
@@ -263,25 +284,27 @@ def use_padded_vision_mlp(model: torch.nn.Module, multiple: int = 128) -> int:
     if cls is None:
         return _nothing_patched(model, what, "transformers has no Qwen2_5_VLMLP")
     visual = getattr(getattr(model, "model", model), "visual", model)
-    patched = found = 0
-    for module in visual.modules():
-        if not isinstance(module, cls):
-            continue
-        found += 1
+
+    def refuse(module) -> str | None:
         parts = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-        if not (all(isinstance(p, torch.nn.Linear) for p in parts) and hasattr(module, "act_fn")):
-            logger.warning("%s: %s has no gate_proj, up_proj, down_proj and act_fn; left as it is", what, cls)
-            continue
-        if not _runs(module, _padded_mlp_forward):
-            if "forward" in module.__dict__:
-                continue
-            module._pad_multiple = multiple
-            module.forward = types.MethodType(_padded_mlp_forward, module)
-            module.register_state_dict_post_hook(_contiguous_state)
-        patched += 1
-    if not found:
-        return _nothing_patched(model, what, "no Qwen2_5_VLMLP module in the vision tower")
-    return patched
+        if all(isinstance(p, torch.nn.Linear) for p in parts) and hasattr(module, "act_fn"):
+            return None
+        return f"{cls} has no gate_proj, up_proj, down_proj and act_fn"
+
+    def ready(module) -> None:
+        module._pad_multiple = multiple
+        module.register_state_dict_post_hook(_contiguous_state)
+
+    return _patch_forwards(
+        model,
+        visual,
+        cls,
+        _padded_mlp_forward,
+        what,
+        "no Qwen2_5_VLMLP module in the vision tower",
+        refuse,
+        ready,
+    )
 
 
 def use_fast_vision_tower(model: torch.nn.Module) -> None:
