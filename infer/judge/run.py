@@ -86,15 +86,20 @@ async def judge_all(
     concurrency: int,
     *,
     progress: bool = True,
+    judge_one=None,
+    desc: str = "judging",
 ) -> list[Verdict]:
-    """Judge ``trajectories`` (at most ``concurrency`` at once), appending each verdict as it is done.
+    """Judge ``trajectories`` (at most ``concurrency`` at once), appending each verdict as it is done;
+    ``judge_one(item)`` in place of ``webjudge.judge`` judges another kind of item (``keyshot sweep``: a
+    judged verdict's outcome asked again).
 
     Stops starting new trajectories once an endpoint's budget is spent, an endpoint is down or the first
     answers under a token limit were all cut (they are judged on resume).
     """
+    judge_one = judge_one or webjudge.judge
     slots = asyncio.Semaphore(max(1, concurrency))
     done: list[Verdict] = []
-    bar = tqdm(total=len(trajectories), desc="judging", unit="traj", disable=not progress)
+    bar = tqdm(total=len(trajectories), desc=desc, unit="traj", disable=not progress)
     stop = asyncio.Event()
 
     async def one(t: Trajectory) -> None:
@@ -102,7 +107,7 @@ async def judge_all(
             if stop.is_set():
                 return
             try:
-                verdict = await webjudge.judge(t)
+                verdict = await judge_one(t)
             except RunStopError as exc:
                 if not stop.is_set():
                     logger.error("%s; stopping%s", exc, f": {exc.advice}" if exc.advice else "")

@@ -40,8 +40,6 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tqdm import tqdm
-
 from keyshot.infer.client.cache import CallCache
 from keyshot.infer.client.judge_client import JudgeCallError, JudgeClient
 from keyshot.infer.client.usage import UsageLedger
@@ -51,6 +49,7 @@ from keyshot.infer.common.errors import RunStopError
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.judge.pipeline import PipelineConfig, WebJudge
+from keyshot.infer.judge.run import FirstVerdictRecord, judge_all
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.judge_records import recorded_actions
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
@@ -264,7 +263,8 @@ async def _sweep_one(judge: WebJudge, item: _Item, delta: float, swept_from: str
         images = dict(zip(verdict.kept, prepared, strict=True))
     try:
         await judge._outcome(item.trajectory, verdict, images)  # the pipeline's own outcome step
-    except RunStopError:
+    except RunStopError as exc:
+        judge.stop_error = judge.stop_error or exc  # as the pipeline records it: the sweep says it
         raise
     except (JudgeCallError, RuntimeError) as exc:  # a failed call, or an answer the pipeline cannot read
         verdict.success, verdict.status_valid = None, False
@@ -415,36 +415,23 @@ def _sweep_delta(
     done = ResumeIndex(latest_verdicts(read_verdicts(path)))
     todo = [i for i in items if not done.done(i.verdict.task_id, i.verdict.agent, i.verdict.run)]
     row.already = len(items) - len(todo)
-    bar = tqdm(total=len(todo), desc=f"δ={delta}", unit="traj", disable=not progress)
-
-    async def all_of() -> None:
-        slots = asyncio.Semaphore(concurrency)
-        recorded = False
-
-        async def one(item: _Item) -> None:
-            nonlocal recorded
-            async with slots:
-                verdict = await _sweep_one(judge, item, delta, swept_from)
-            writer.append(verdict)
-            if not recorded:
-                check_fingerprint(folder, fingerprint)
-                recorded = True
-            _count(row, verdict)
-            bar.update()
-
-        try:
-            await asyncio.gather(*(one(i) for i in todo))
-        finally:
-            await judge.judge_client.aclose()
-
-    try:
-        with VerdictWriter(path) as writer:
-            asyncio.run(all_of())
-    except RunStopError as exc:
-        row.stopped = str(exc)
-        logger.error("δ=%s: the judge stopped the sweep: %s", delta, exc)
-    finally:
-        bar.close()
+    with VerdictWriter(path) as writer:
+        judged = asyncio.run(
+            judge_all(
+                judge,
+                todo,
+                FirstVerdictRecord(writer, folder, fingerprint),  # run.json with the first verdict
+                concurrency,
+                progress=progress,
+                judge_one=lambda item: _sweep_one(judge, item, delta, swept_from),
+                desc=f"δ={delta}",
+            )
+        )
+    for verdict in judged:
+        _count(row, verdict)
+    if judge.stop_error is not None:
+        row.stopped = str(judge.stop_error)
+        logger.error("δ=%s: the judge stopped the sweep: %s", delta, judge.stop_error)
     row.seconds = time.perf_counter() - t0
     return row
 
