@@ -238,6 +238,9 @@ def test_varlen_patches_every_vision_attention_and_refuses_a_cpu_tower(tiny_mode
     pixels = torch.zeros(16, model.model.visual.patch_embed.proj.weight[0].numel())
     with pytest.raises(VarlenUnavailable, match="runs on CUDA in bfloat16/float16; the tower runs on cpu"):
         model.model.visual(pixels, grid_thw=torch.tensor([[1, 4, 4]]))
+    # a model with no Qwen2.5-VL vision attention (a renamed class after an upgrade): said, not a silent no-op
+    with pytest.raises(VarlenUnavailable, match="found no Qwen2_5_VLVisionAttention in Linear"):
+        use_varlen_vision_attention(torch.nn.Linear(2, 2))
 
 
 @pytest.mark.gpu

@@ -71,8 +71,8 @@ def _varlen_forward(
 
 def use_varlen_vision_attention(model: torch.nn.Module) -> int:
     """Patch every Qwen2.5-VL vision attention module of ``model`` to run its windows through torch's
-    variable-length attention; returns how many were patched (the tower's depth). Applying it again
-    patches the same modules again (the forward is replaced, never wrapped)."""
+    variable-length attention; returns how many were patched (the tower's depth), and refuses a model with
+    none. Applying it again patches the same modules again (the forward is replaced, never wrapped)."""
     varlen_attn = varlen_attention_function()
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLVisionAttention
 
@@ -87,6 +87,10 @@ def use_varlen_vision_attention(model: torch.nn.Module) -> int:
             module._varlen_attn = varlen_attn
             module.forward = types.MethodType(_varlen_forward, module)
             patched += 1
-    if patched:
-        logger.info("vision attention: %d layers run their windows through torch's varlen_attn", patched)
+    if not patched:  # asked for by name: finding nothing is an error, not a silent no-op
+        raise VarlenUnavailable(
+            f"model.vision_attention=varlen found no Qwen2_5_VLVisionAttention in {type(model).__name__} (a "
+            "transformers upgrade may have renamed it): use vision_attention=batched"
+        )
+    logger.info("vision attention: %d layers run their windows through torch's varlen_attn", patched)
     return patched
