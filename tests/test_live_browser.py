@@ -30,6 +30,7 @@ from keyshot.env.miniwob.budget import (
     PAGES_PER_BROWSER,
     BrowserBudget,
     BrowserBudgetError,
+    observation_mib,
     page_mib,
 )
 from keyshot.env.miniwob.client import MiniWoBBrowser
@@ -123,6 +124,21 @@ def test_the_budget_counts_measured_pages_and_refuses_in_one_line():
     assert 256 <= openenv.max_pages < budget.max_pages
     assert page_mib((2560, 1440)) > MIB_PER_PAGE_1280X720 == page_mib((800, 600))
     assert BrowserBudget.for_machine().available_mib > 0  # this machine's memory is read
+
+
+def test_the_openenv_servers_budget_counts_its_own_memory_per_session():
+    """keyshot reward env holds each session's observations beside Chromium's page: at the page alone TRL's
+    256 sessions at 1280x720 were admitted on a 24 GB machine and the server was OOM-killed (bench/RESULTS.md).
+    Counting both, that request is refused at start with the numbers."""
+    per_session = observation_mib((1280, 720))
+    assert per_session == 75 and observation_mib(None) <= 15  # MiniWoB's own small page
+    server = BrowserBudget.for_machine(
+        memory_mib=23_000, reserve_mib=3_000, viewport=(1280, 720), session_mib=per_session
+    )
+    assert server.mib_per_page == MIB_PER_PAGE_1280X720 + per_session
+    assert 100 < server.max_pages < 256
+    with pytest.raises(BrowserBudgetError, match=r"needs 256 live MiniWoB pages at once \((\d|,)+ MiB\)"):
+        server.require(256, "keyshot reward env --max-sessions 256", "lower --max-sessions")
 
 
 def test_the_trl_example_refuses_a_generation_batch_beyond_the_budget_before_opening_anything(tmp_path):

@@ -82,6 +82,19 @@ def page_mib(viewport: tuple[int, int] | None = None) -> int:
     return math.ceil(MIB_PER_PAGE + grown)
 
 
+#: The OpenEnv server's own memory per 1280x720 session, beside Chromium's page: measured 2026-11-27 with TRL's
+#: example at its defaults (256 sessions): the server's Python process reached 19,077 MiB RSS (OOM-killed),
+#: 74.5 MiB a session, mostly OpenEnv's observation (a nested list of 2.8 M integers) (bench/RESULTS.md).
+MIB_PER_SESSION_1280X720 = 75
+
+
+def observation_mib(viewport: tuple[int, int] | None) -> int:
+    """The OpenEnv server's own memory per session at ``viewport`` (None: MiniWoB's small page), scaled
+    with the pixels from the 1280x720 measurement."""
+    width, height = viewport or (500, 350)  # MiniWoB's own page is about 500x330
+    return math.ceil(MIB_PER_SESSION_1280X720 * width * height / (1280 * 720))
+
+
 def total_mib() -> int:
     return _meminfo_mib("MemTotal") or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
 
@@ -107,12 +120,14 @@ class BrowserBudget:
         reserve_mib: int | None = None,
         pages_per_browser: int = PAGES_PER_BROWSER,
         viewport: tuple[int, int] | None = None,
+        session_mib: int = 0,
     ) -> BrowserBudget:
         """``max_pages`` when given (``--max-pages``), else the most pages of ``viewport`` (the pool's;
         None: the task's own size) that fit in ``memory_mib`` (default: the memory available now) less
         ``reserve_mib`` (default: an eighth of the machine's memory, at least 1 GiB) at the measured
-        figures."""
-        per_page = page_mib(viewport)
+        figures; ``session_mib``: what the serving process itself holds per page beside Chromium (keyshot
+        reward env: :func:`observation_mib`)."""
+        per_page = page_mib(viewport) + session_mib
         if max_pages is not None:
             if max_pages < 1:
                 raise BrowserBudgetError(f"--max-pages must be at least 1 (got {max_pages})")

@@ -90,7 +90,7 @@ def rubric_factory(name: str, **options):
 def run_env(args: argparse.Namespace) -> int:
     if any(importlib.util.find_spec(name) is None for name in ("openenv", "browsergym_env")):
         raise EnvCommandError(OPENENV_SETUP)
-    from keyshot.env.miniwob.budget import BrowserBudget
+    from keyshot.env.miniwob.budget import BrowserBudget, observation_mib
     from keyshot.env.miniwob.pool import BrowserPool
     from keyshot.env.miniwob.setup import browser_setup
 
@@ -99,14 +99,18 @@ def run_env(args: argparse.Namespace) -> int:
         raise EnvCommandError(
             f"--config {config}: no such file (a keyshot judge config, configs/reward/*.yaml)"
         )
-    budget = BrowserBudget.for_machine(args.max_pages)
+    viewport = None if args.viewport == "miniwob" else tuple(int(n) for n in args.viewport.split("x"))
+    # each session costs its page in Chromium and its observations in this server (the budget counts both:
+    # at the page alone, TRL's 256 sessions were admitted and the server was OOM-killed)
+    budget = BrowserBudget.for_machine(
+        args.max_pages, viewport=viewport, session_mib=observation_mib(viewport)
+    )
     sessions = args.max_sessions or max(1, budget.max_pages)  # none at all: refused below, naming why
     budget.require(
         sessions,
         f"keyshot reward env --max-sessions {sessions}",
         "lower --max-sessions (each session holds a page), or set --max-pages",
     )
-    viewport = None if args.viewport == "miniwob" else tuple(int(n) for n in args.viewport.split("x"))
     pool = BrowserPool(
         budget, args.miniwob, setup=browser_setup(), max_steps=args.max_steps, viewport=viewport
     )
