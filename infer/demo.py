@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+from keyshot.infer.cli import run_alone
+from keyshot.infer.common.command import Command
 from keyshot.infer.common.config import load_config
-from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.common.logs import setup_logging
 from keyshot.infer.common.text import shorten_middle
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.fingerprint import protocol_fingerprint
@@ -160,8 +160,7 @@ def _forget_other_run(judged: Path, cfg: JudgeRunConfig, samples: Path) -> None:
         shutil.rmtree(judged)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def demo_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/demo"))
     ap.add_argument(
         "--samples",
@@ -175,13 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="python with vllm (default: $KEYSHOT_VLLM_PYTHON, else .venv-vllm/bin/python beside this environment)",
     )
-    args = ap.parse_args(argv)
-    setup_logging()
-    try:
-        return demo(args)
-    except KeyshotError as exc:
-        print(f"keyshot demo: {exc}", file=sys.stderr)
-        return exc.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m keyshot.infer.demo`` (``make demo``): the demo under keyshot's signal and error handling
+    (:func:`keyshot.infer.cli.run_alone`): an error is one ``keyshot demo: error: ...`` line and its code."""
+    return run_alone(COMMAND, argv, prog="python -m keyshot.infer.demo")
 
 
 @contextlib.contextmanager
@@ -260,6 +258,15 @@ def demo(args: argparse.Namespace) -> int:
     )
     print(f"\n{MEANINGLESS}")
     return 0
+
+
+COMMAND = Command(
+    "demo",
+    help="judge the bundled sample trajectories (or --samples DIR) with a tiny untrained stand-in model on vLLM",
+    description=__doc__,
+    arguments=demo_arguments,
+    run=demo,
+)
 
 
 if __name__ == "__main__":

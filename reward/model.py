@@ -37,7 +37,7 @@ from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.config import ConfigError, config_from_data, load_config
 from keyshot.infer.common.errors import RunStopError
 from keyshot.infer.common.processes import PerProcess
-from keyshot.infer.judge.config import JudgeRunConfig
+from keyshot.infer.judge.config import REWARD_SECTION, JudgeRunConfig, RewardSettings  # the reward: section
 from keyshot.infer.judge.pipeline import WebJudge
 from keyshot.infer.judge.scorer_factory import build_scorer, describe_scorer
 from keyshot.infer.loaders.trajectory import Trajectory
@@ -50,17 +50,11 @@ from keyshot.reward.rollouts import RolloutError, read_rollout
 
 logger = logging.getLogger(__name__)
 
-OnFailure = Literal["none", "zero"]
-ON_FAILURE = ("none", "zero")
-RewardValue = Literal["binary", "p_success", "progress"]
-REWARD_VALUES = ("binary", "p_success", "progress")
 #: Why a rollout got no verdict (``RewardResult.kind``): ``input`` (the rollout cannot be read), ``stopped``
 #: (an endpoint is down or a budget spent), ``judge`` (a key-point or outcome call failed, or the judge's
 #: verdict could not be read), ``scorer`` (the screenshot scores: a call failed, none could be read, or the
 #: scorer's endpoint did not answer), ``value`` (a verdict without the configured ``reward.value``).
 FailureKind = Literal["input", "stopped", "judge", "scorer", "value", "deadline"]
-#: The config's own section for the reward model (``keyshot judge`` ignores it): ``reward: {on_failure: zero}``.
-REWARD_SECTION = "reward"
 #: The batch window's documented fallback when the config sets no ``reward.batch_window_s``.
 WINDOW_ENV = "KEYSHOT_REWARD_WINDOW_S"
 DEFAULT_WINDOW_S = 0.05
@@ -77,45 +71,6 @@ def _default_window_s() -> float:
         raise ConfigError(
             f"${WINDOW_ENV}={raw!r} is not a number of seconds: unset it or set reward.batch_window_s"
         ) from None
-
-
-@dataclass
-class RewardSettings:
-    """The ``reward:`` section of a judge config (or keyword overrides of :meth:`RewardModel.from_config`)."""
-
-    on_failure: OnFailure = "none"
-    allow_root: str | None = None  # where dict rollouts' screenshot paths may point (default: cwd)
-    #: what the reward is: the verdict (1.0/0.0), P(success) at the status word, or the fraction of key
-    #: points met. A binary reward makes a GRPO group whose rollouts all fail (or all succeed) equal.
-    value: RewardValue = "binary"
-    #: the shared model's batch window: rollouts submitted within it of the first share one round of calls
-    #: (:mod:`keyshot.reward.shared`); unset in the config: ``$KEYSHOT_REWARD_WINDOW_S``, else 0.05 s (read
-    #: by :func:`reward_config`, which loads the settings; the settings themselves read no environment).
-    batch_window_s: float | None = None
-    #: how long a tripped endpoint breaker stays down before a later batch tries the endpoint again.
-    breaker_cooldown_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.on_failure not in ON_FAILURE:
-            raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
-        if self.value not in REWARD_VALUES:
-            raise ValueError(f"reward.value must be one of {REWARD_VALUES}, got {self.value!r}")
-        for name in ("batch_window_s", "breaker_cooldown_s"):
-            if (getattr(self, name) or 0) < 0:
-                raise ValueError(f"reward.{name} must be >= 0, got {getattr(self, name)!r}")
-
-    def check(self, cfg: JudgeRunConfig, where: str) -> None:
-        """Refuse a value the judge config cannot produce, naming the keys to set."""
-        if self.value == "p_success" and cfg.pipeline.outcome_logprobs is None:
-            raise ConfigError(
-                f"{where}: reward.value p_success needs the outcome call's log-probabilities: "
-                "set pipeline.outcome_logprobs (e.g. 5)"
-            )
-        if self.value == "progress" and cfg.pipeline.outcome_mode != "key_point":
-            raise ConfigError(
-                f"{where}: reward.value progress needs the outcome judged key point by key point: "
-                f"set pipeline.outcome_mode: key_point (it is {cfg.pipeline.outcome_mode!r})"
-            )
 
 
 NO_LOGPROBS = "not available: the outcome call asks for no logprobs (set pipeline.outcome_logprobs, e.g. 5)"
@@ -283,9 +238,8 @@ def reward_config(
     first and builds the model with the served endpoint."""
     reward_kw, config_overrides = split_overrides(settings)
     cfg = load_config(JudgeRunConfig, path, [*overrides, *config_overrides])
-    reward = config_from_data(
-        RewardSettings, {**(cfg.reward or {}), **reward_kw}, where=f"{path}: {REWARD_SECTION}"
-    )
+    section = dataclasses.asdict(cfg.reward) if cfg.reward is not None else {}  # checked by load_config
+    reward = config_from_data(RewardSettings, {**section, **reward_kw}, where=f"{path}: {REWARD_SECTION}")
     reward.check(cfg, str(path))
     if reward.batch_window_s is None:
         reward.batch_window_s = _default_window_s()

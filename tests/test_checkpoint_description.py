@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import yaml
 
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.common.config import ConfigError, load_config
@@ -395,8 +396,6 @@ def test_a_judge_run_takes_a_hub_id_as_its_scorer_checkpoint(tmp_path, monkeypat
 def keyshot_reward_configs() -> list[str]:
     """configs/reward/*.yaml that are keyshot configs (a Hydra config for verl's trainer, with its
     ``defaults:`` list, is verl's to read)."""
-    import yaml
-
     shipped = sorted((REPO / "configs" / "reward").glob("*.yaml"))
     return [p.name for p in shipped if "defaults" not in (yaml.safe_load(p.read_text()) or {})]
 
@@ -413,4 +412,26 @@ def test_judge_accepts_every_shipped_reward_config(config, tmp_path, capsys):
     assert "dry run: 2 trajectories found" in captured.out
     assert code in (0, 6)  # 6: an endpoint not up or a key not set, said after the plan
     cfg = load_config(JudgeRunConfig, path)
-    assert cfg.reward and "on_failure" in cfg.reward
+    assert (
+        cfg.reward is not None
+        and cfg.reward.on_failure == yaml.safe_load(path.read_text())["reward"]["on_failure"]
+    )
+
+
+def test_judge_refuses_an_unknown_key_under_reward_in_one_line(tmp_path, capsys):
+    """The reward: section was an untyped mapping: a typo under it (``on_falure: zero``) passed keyshot
+    judge silently. It is typed (RewardSettings), so the loader refuses it as it does a typo of any other
+    section: one line naming the key, its file and line, and the key it most likely meant (exit 2)."""
+    data = yaml.safe_load((REPO / "configs" / "reward" / "local.yaml").read_text())
+    data["reward"]["on_falure"] = data["reward"].pop("on_failure")
+    path = tmp_path / "reward.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    code = keyshot(["judge", str(TRAJ), "--config", str(path), f"out={tmp_path / 'out'}", "--dry-run"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    assert code == 2 and len(errors) == 1, errors
+    assert (
+        f"{path}:" in errors[0]
+        and "reward: unknown key(s) 'on_falure' (did you mean 'on_failure'?)" in errors[0]
+    )
+    with pytest.raises(ConfigError, match="reward.value: 'p_sucess' is not one of"):
+        load_config(JudgeRunConfig, REPO / "configs" / "reward" / "local.yaml", ["reward.value=p_sucess"])

@@ -129,3 +129,31 @@ def test_the_vllm_interpreter_is_found_by_one_rule(tmp_path, monkeypatch):
     monkeypatch.setenv(plan.ENV_VLLM_PYTHON, "/opt/vllm/bin/python")
     assert plan.vllm_python() == demo.default_vllm_python() == "/opt/vllm/bin/python"
     assert plan.vllm_python("/configured/python") == "/configured/python"
+
+
+def test_the_demo_ends_through_the_one_command_layer(tmp_path, monkeypatch, capsys):
+    """``python -m keyshot.infer.demo`` (``make demo``) built its own parser and printed its own error line;
+    it is a :class:`Command` run by ``run_alone``: a KeyshotError is one ``keyshot demo: error:`` line and
+    its code, a signal is 128+N with what was kept, and its flags are as before."""
+    import signal
+
+    from keyshot.infer import demo
+    from keyshot.infer.common.errors import Interrupted
+
+    assert isinstance(demo.COMMAND, Command) and demo.COMMAND.name == "demo"
+
+    def refused(folder):
+        raise KeyshotError(f"{folder}: no room for the tiny model")
+
+    monkeypatch.setattr(demo, "tiny_checkpoint", refused)
+    argv = ["--out", str(tmp_path), "--samples", str(tmp_path), "--agent", "A", "--vllm-python", "/x/python"]
+    assert demo.main(argv) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("keyshot demo")]
+    assert errors == [f"keyshot demo: error: {tmp_path / 'tiny-qwen25vl'}: no room for the tiny model"]
+
+    def stopped(folder):
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(demo, "tiny_checkpoint", stopped)
+    assert demo.main(["--out", str(tmp_path)]) == 128 + signal.SIGTERM
+    assert "keyshot demo: stopped by SIGTERM" in capsys.readouterr().err

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from keyshot.infer.client.judge_client import EndpointConfig
 from keyshot.infer.client.pool import DEFAULT_COOLDOWN_S, member_configs
+from keyshot.infer.common.config import ConfigError
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.judge.pipeline import PipelineConfig
 from keyshot.infer.protocol.answer_format import answer_format
@@ -88,6 +89,58 @@ class ScorerConfig:
         )
 
 
+OnFailure = Literal["none", "zero"]
+ON_FAILURE = ("none", "zero")
+RewardValue = Literal["binary", "p_success", "progress"]
+REWARD_VALUES = ("binary", "p_success", "progress")
+#: The config's own section for the reward model (``keyshot judge`` checks it and does not use it):
+#: ``reward: {on_failure: zero}``.
+REWARD_SECTION = "reward"
+
+
+@dataclass
+class RewardSettings:
+    """The ``reward:`` section of a judge config (or keyword overrides of
+    :meth:`keyshot.reward.model.RewardModel.from_config`): settings only, no runtime. It lives here, beside
+    :class:`JudgeRunConfig`, so that the config loader refuses a typo under ``reward:`` for ``keyshot judge``
+    too; :mod:`keyshot.reward.model` re-exports it."""
+
+    on_failure: OnFailure = "none"
+    allow_root: str | None = None  # where dict rollouts' screenshot paths may point (default: cwd)
+    #: what the reward is: the verdict (1.0/0.0), P(success) at the status word, or the fraction of key
+    #: points met. A binary reward makes a GRPO group whose rollouts all fail (or all succeed) equal.
+    value: RewardValue = "binary"
+    #: the shared model's batch window: rollouts submitted within it of the first share one round of calls
+    #: (:mod:`keyshot.reward.shared`); unset in the config: ``$KEYSHOT_REWARD_WINDOW_S``, else 0.05 s (read
+    #: by :func:`keyshot.reward.model.reward_config`, which loads the settings; the settings themselves read
+    #: no environment).
+    batch_window_s: float | None = None
+    #: how long a tripped endpoint breaker stays down before a later batch tries the endpoint again.
+    breaker_cooldown_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.on_failure not in ON_FAILURE:
+            raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
+        if self.value not in REWARD_VALUES:
+            raise ValueError(f"reward.value must be one of {REWARD_VALUES}, got {self.value!r}")
+        for name in ("batch_window_s", "breaker_cooldown_s"):
+            if (getattr(self, name) or 0) < 0:
+                raise ValueError(f"reward.{name} must be >= 0, got {getattr(self, name)!r}")
+
+    def check(self, cfg: JudgeRunConfig, where: str) -> None:
+        """Refuse a value the judge config cannot produce, naming the keys to set."""
+        if self.value == "p_success" and cfg.pipeline.outcome_logprobs is None:
+            raise ConfigError(
+                f"{where}: reward.value p_success needs the outcome call's log-probabilities: "
+                "set pipeline.outcome_logprobs (e.g. 5)"
+            )
+        if self.value == "progress" and cfg.pipeline.outcome_mode != "key_point":
+            raise ConfigError(
+                f"{where}: reward.value progress needs the outcome judged key point by key point: "
+                f"set pipeline.outcome_mode: key_point (it is {cfg.pipeline.outcome_mode!r})"
+            )
+
+
 @dataclass
 class JudgeRunConfig:
     """One ``keyshot judge`` run (``configs/judge/*.yaml``)."""
@@ -104,8 +157,9 @@ class JudgeRunConfig:
     limit: int | None = None
     shard_by: Literal["task", "trajectory"] = "task"  # what --shard I/N hashes (keyshot.infer.runs.shards)
     # The reward model's options (keyshot.reward, docs/reward.md): one config file serves judging and
-    # rewards. keyshot judge accepts the section and ignores it; it changes no verdict.
-    reward: dict[str, Any] | None = None
+    # rewards. keyshot judge checks the section (an unknown key or value is refused) and does not use it;
+    # it changes no verdict.
+    reward: RewardSettings | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
