@@ -6,8 +6,9 @@ HTTP clients, the in-flight coalescing of identical requests and the batcher are
 so a reward model runs every round of calls on its own loop: calls from everywhere meet there, share
 batches, and nothing is asked twice because it was asked from another thread.
 
-The owner starts the thread (:meth:`LoopThread.start`, in its ``__init__``) and stops it (:meth:`stop`,
-from its ``close`` and its exit finaliser); nothing starts on first use. A forked child has no copy of the
+Building a LoopThread starts nothing: its thread starts on first use (the first coroutine submitted), or
+at an explicit :meth:`LoopThread.start`, once. The owner stops it (:meth:`stop`, from its ``close`` and its
+exit finaliser; a loop stopped, or never started, is not started again). A forked child has no copy of the
 thread: the owner :meth:`abandon`\\ s it there (``os.register_at_fork``), and a later call says so instead
 of hanging.
 """
@@ -28,32 +29,37 @@ STOP_TIMEOUT_S = 5.0
 
 
 class LoopThread:
-    """One event loop on a daemon thread: :meth:`start` it, submit coroutines with :meth:`run` (async) or
-    :meth:`run_sync`, :meth:`stop` it."""
+    """One event loop on a daemon thread, started on first use (or by :meth:`start`): submit coroutines
+    with :meth:`run` (async) or :meth:`run_sync`, :meth:`stop` it."""
 
     def __init__(self, name: str = "keyshot-reward-loop"):
         self.name = name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._unusable = "not started (LoopThread.start())"
+        self._unusable: str | None = None  # why it cannot start (stopped, abandoned); None: it can
+        self._starting = threading.Lock()
 
     def start(self) -> LoopThread:
-        """Start the loop's thread and return once the loop runs."""
-        if self._thread is not None:
-            raise RuntimeError(f"{self.name}: already started")
-        loop = asyncio.new_event_loop()
-        ready = threading.Event()
+        """Start the loop's thread unless it runs, and return once the loop runs (from any thread; the
+        first use calls it). A loop stopped or abandoned raises RuntimeError saying why."""
+        with self._starting:
+            if self._thread is not None:
+                return self
+            if self._unusable is not None:
+                raise RuntimeError(f"{self.name}: {self._unusable}")
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
 
-        def serve() -> None:
-            asyncio.set_event_loop(loop)
-            loop.call_soon(ready.set)
-            loop.run_forever()
+            def serve() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
 
-        thread = threading.Thread(target=serve, name=self.name, daemon=True)
-        thread.start()
-        ready.wait()
-        self._loop, self._thread = loop, thread
-        return self
+            thread = threading.Thread(target=serve, name=self.name, daemon=True)
+            thread.start()
+            ready.wait()
+            self._loop, self._thread = loop, thread
+            return self
 
     @property
     def running(self) -> bool:
@@ -65,8 +71,12 @@ class LoopThread:
         return self._thread is not None and threading.current_thread() is self._thread
 
     def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        loop = self._loop
-        if loop is None:
+        try:
+            loop = self.start()._loop
+        except RuntimeError:
+            coro.close()
+            raise
+        if loop is None:  # abandoned or stopped meanwhile
             coro.close()
             raise RuntimeError(f"{self.name}: {self._unusable}")
         return asyncio.run_coroutine_threadsafe(coro, loop)
@@ -99,14 +109,17 @@ class LoopThread:
 
     def abandon(self, why: str) -> None:
         """Forget the thread without stopping it (a forked child has no copy of it); later calls raise
-        RuntimeError saying ``why``."""
-        self._loop = self._thread = None
+        RuntimeError saying ``why`` (nothing starts again)."""
         self._unusable = why
+        self._loop = self._thread = None
+        self._starting = threading.Lock()  # a forked child's: the parent's may have been held at the fork
 
     def stop(self) -> None:
-        """Cancel the loop's pending work, stop it and join its thread (a no-op once stopped)."""
-        loop, thread = self._loop, self._thread
-        self.abandon("stopped by its owner's close(); build a new one")
+        """Cancel the loop's pending work, stop it and join its thread (a no-op once stopped; a loop never
+        started stays so)."""
+        with self._starting:  # a first use starting the loop meanwhile finds it stopped, not started after
+            loop, thread = self._loop, self._thread
+            self.abandon("stopped by its owner's close(); build a new one")
         if loop is None or thread is None:
             return
         if thread is threading.current_thread():

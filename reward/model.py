@@ -7,9 +7,10 @@ rollouts of one task share one key-point call, within a batch (the judge client 
 in flight once) and across batches (the call cache). A failed call is never a reward of 0: the reward
 is None with the reason, unless ``on_failure="zero"`` (recorded in the result as ``on_failure_applied``).
 
-A RewardModel starts its own event loop (:mod:`keyshot.reward.loop_thread`) when it is built and ends it in
-:meth:`RewardModel.close`, or at exit if nobody closed it; a forked child cannot use its parent's model
-(it has no copy of the loop's thread) and builds its own.
+A RewardModel runs its calls on an event loop of its own (:mod:`keyshot.reward.loop_thread`), whose thread
+starts at its first score (building a model starts no thread) and ends in :meth:`RewardModel.close`, or at
+exit if nobody closed it; a forked child cannot use its parent's model (it has no copy of the loop's
+thread) and builds its own.
 """
 
 from __future__ import annotations
@@ -272,8 +273,9 @@ class RewardModel:
         self._down_since: dict[int, float] = {}
         self.failures = 0  # rollouts given no verdict (any cause), for metrics and logs
         self.applied_on_failure = 0
-        #: every round of calls runs on this loop, whoever asks (:mod:`keyshot.reward.loop_thread`)
-        self.loop = LoopThread().start()
+        #: every round of calls runs on this loop, whoever asks (:mod:`keyshot.reward.loop_thread`); its
+        #: thread starts at the first call
+        self.loop = LoopThread()
         # the one way this model's resources are released: close(), or at exit / when it is collected
         self._release = weakref.finalize(
             self,

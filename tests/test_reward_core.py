@@ -276,13 +276,15 @@ def test_an_episode_keeps_every_action_records_failures_and_lets_nobody_append(t
 
 
 # ---------------------------------------------------------------------------- the model's life
-def test_the_model_starts_its_loop_when_built_and_closes_once_from_any_thread(tmp_path, servers):
+def test_the_model_starts_its_loop_at_its_first_score_and_closes_once_from_any_thread(tmp_path, servers):
     judge, scorer = servers
     config = write_config(tmp_path / "reward.yaml", judge, scorer)
+    before = set(threading.enumerate())
     rm = reward_shared.RewardModel.from_config(config)
-    assert rm.loop.running  # started by the constructor, not by a first call
+    assert not set(threading.enumerate()) - before and not rm.loop.running  # building starts no thread
     folder = rm.cache.path.parent
     assert rm.score_sync([str(OM2W_V1[0])])[0].error is None
+    assert rm.loop.running  # the first score started it
     closers = [threading.Thread(target=rm.close) for _ in range(3)]
     for t in closers:
         t.start()
@@ -309,6 +311,17 @@ def test_the_model_starts_its_loop_when_built_and_closes_once_from_any_thread(tm
 
     assert asyncio.run(from_a_loop())
     assert not another.loop.running
+
+    # a model closed before any score: no thread was started, none is left, and it cannot score after
+    around = set(threading.enumerate())
+    unused = reward_shared.RewardModel.from_config(config)
+    unused_folder = unused.cache.path.parent
+    unused.close()
+    unused.close()
+    assert not set(threading.enumerate()) - around
+    assert not unused.loop.running and not unused_folder.exists()
+    with pytest.raises(RuntimeError, match="stopped"):
+        unused.score_sync([str(OM2W_V1[0])])
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
