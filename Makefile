@@ -65,18 +65,22 @@ $(OPENENV_VENV)/bin/keyshot: pyproject.toml tools/setup_openenv.sh
 setup-openenv: $(OPENENV_VENV)/bin/keyshot
 
 # The test command (README): every tier that runs on a CPU machine, vLLM servers included, in TEST_WORKERS
-# pytest-xdist workers (tests/conftest.py groups what shares a server; TEST_WORKERS=0 runs in one process).
+# pytest-xdist workers, whole work units each (`--dist loadgroup`: tests/conftest.py marks every test with its
+# module's xdist_group, or the group of the modules that share a server), longest first by tests/durations.json;
+# TEST_WORKERS=0 runs in one process. TEST_ARGS goes to pytest (`TEST_ARGS=--record-durations` rewrites
+# tests/durations.json from a passing run).
 TEST_WORKERS ?= 3
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
+TEST_ARGS ?=
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 test: setup setup-vllm setup-openrlhf setup-verl setup-browser setup-openenv
 	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
 	KEYSHOT_OPENRLHF_PYTHON=$(CURDIR)/$(OPENRLHF_VENV)/bin/python \
 	KEYSHOT_VERL_PYTHON=$(CURDIR)/$(VERL_VENV)/bin/python \
 	KEYSHOT_OPENENV_PYTHON=$(CURDIR)/$(OPENENV_VENV)/bin/python \
-	$(BIN)/pytest -q $(XDIST) tests
+	$(BIN)/pytest -q $(XDIST) $(TEST_ARGS) tests
 
 test-fast: setup
-	$(BIN)/pytest -q $(XDIST) -m "not slow" tests
+	$(BIN)/pytest -q $(XDIST) -m "not slow" $(TEST_ARGS) tests
 
 # The main job (README): judge the bundled sample trajectories end to end on CPU, no API key; the
 # tiny untrained model on a real vLLM server stands in for scorer and judge (its verdicts are noise).
