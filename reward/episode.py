@@ -1,4 +1,5 @@
-"""The recorder an RL environment keeps: one :class:`Episode` per rollout, scored at its end.
+"""The recorder an RL environment keeps: one :class:`Episode` per rollout, scored at its end; and the
+:class:`Page` an environment shows its agent after each action.
 
 Screenshots are written to disk as they arrive (nothing decoded stays in memory): a temporary folder,
 removed once the episode is scored, or ``keep_dir`` (kept). The folder is a keyshot JSONL trajectory set
@@ -21,6 +22,7 @@ import os
 import shutil
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from PIL import Image
 
 from keyshot.infer.loaders.jsonl import write_jsonl
 from keyshot.infer.loaders.trajectory import Screenshot, Trajectory
+from keyshot.infer.protocol.decode import decoded, read_header
 from keyshot.infer.protocol.images import sniff_image_type
 from keyshot.reward.rollouts import RolloutError, encoded_image, is_path_like, task_key
 
@@ -37,6 +40,49 @@ _counter = itertools.count()
 def _view(name: str, doc: str) -> property:
     """A read-only view (a tuple) of the list an Episode keeps as ``name``: nobody appends from outside."""
     return property(lambda self: tuple(getattr(self, name)), doc=doc)
+
+
+@dataclass
+class Page:
+    """One page an agent is shown: what every environment's ``reset``/``act`` return
+    (:class:`keyshot.env.page.Browser`; :mod:`keyshot.env.page` re-exports this class) and what an OpenRLHF
+    agent's ``start``/``act`` return (:mod:`keyshot.reward.openrlhf`, whose ``Observation`` is this class
+    under its former name). It lives beside :class:`Episode`, the recorder of the pages, so that both floors
+    share it (the reward floor imports nothing of the environment floor).
+
+    Attributes:
+        text: what the agent reads (the goal, the page's structure, the last action's error).
+        screenshot: the page's image: a file path, or encoded bytes (PNG/JPEG); None when the page could
+            not be shown (``error`` says why). An OpenRLHF agent's page may also hold what OpenRLHF's
+            ``load_images`` reads (a PIL image, base64 text): it is recorded and shown as it is.
+        step: the page's 0-based step in its episode.
+        done: the episode is over (no action follows this page).
+        answer: the final answer, on an episode's last page (the replay's recorded one, an agent's own).
+        reward: the environment's own reward after this page (MiniWoB's: 1.0 once the task is done right,
+            else 0.0); None where the environment has none or the browser failed.
+        error: why the browser failed, if it did (the episode is then over and not scored).
+    """
+
+    text: str
+    screenshot: Path | bytes | None = None
+    step: int = 0
+    done: bool = False
+    answer: str | None = None
+    reward: float | None = None
+    error: str | None = None
+
+    def image(self, max_side: int = 0) -> Image.Image | None:
+        """The screenshot decoded (for a VLM policy), shrunk to fit ``max_side`` pixels when given; through
+        the protocol's decoder, so an image no screenshot can be (a replayed file) is refused, naming it
+        (:class:`~keyshot.infer.protocol.decode.ImageError`), not decoded; transparency on white."""
+        if self.screenshot is None:
+            return None
+        header = read_header(self.screenshot)
+        with decoded(header, header.size, header.size) as rgb:
+            image = Image.fromarray(rgb)
+        if max_side > 0:
+            image.thumbnail((max_side, max_side))
+        return image
 
 
 class Episode:

@@ -3,8 +3,8 @@
 installed, is :mod:`keyshot.reward.openrlhf_executor`).
 
 OpenRLHF loads this file by path with no arguments (``spec_from_file_location``, no ``sys.modules``
-entry: this module therefore has no ``from __future__ import annotations``, which a dataclass cannot
-resolve there), so the ``keyshot judge`` config comes from ``$KEYSHOT_REWARD_CONFIG``. Loaded that way the
+entry: this module therefore has no ``from __future__ import annotations`` and defines no dataclass,
+whose annotations could not be resolved there; the page type is :class:`keyshot.reward.episode.Page`), so the ``keyshot judge`` config comes from ``$KEYSHOT_REWARD_CONFIG``. Loaded that way the
 file exists twice in a process (once as ``keyshot.reward.openrlhf``, once under OpenRLHF's name), so it
 keeps no state of its own: the model, its batcher and its caches live in :mod:`keyshot.reward.shared`.
 
@@ -25,10 +25,9 @@ import logging
 import os
 import warnings
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import Any
 
-from keyshot.reward.episode import Episode
+from keyshot.reward.episode import Episode, Page
 from keyshot.reward.logs import sample_logs
 from keyshot.reward.model import RewardResult
 from keyshot.reward.rollouts import RolloutError, label_rollout
@@ -42,6 +41,7 @@ from keyshot.reward.shared import (
 __all__ = [
     "KeyshotAgentInstance",
     "Observation",
+    "Page",
     "label_rollout",
     "openrlhf_logs",
     "policy_image",
@@ -92,15 +92,13 @@ def reward_func(queries: list[str], prompts: list[str], labels: list[Any]) -> di
     return {"rewards": rewards, "scores": rewards.clone(), "extra_logs": openrlhf_logs(results)}
 
 
-@dataclass
-class Observation:
-    """What the environment shows the policy after a step: text, a screenshot (PIL image, bytes,
-    base64 or path), whether the episode is over, and the agent's final answer when it is."""
-
-    text: str
-    screenshot: Any = None
-    done: bool = False
-    answer: str | None = None
+#: What the environment shows the policy after a step: :class:`~keyshot.reward.episode.Page` (the page
+#: every keyshot environment returns), under the name this module gave it before: text, a screenshot (a
+#: path, PNG/JPEG bytes, or what OpenRLHF's ``load_images`` reads: a PIL image, base64 text), whether the
+#: episode is over and the agent's final answer when it is (``Observation(text, screenshot, done=True,
+#: answer=...)``; give ``done`` and ``answer`` by keyword: the third positional field is the page's
+#: ``step``).
+Observation = Page
 
 
 def policy_image(screenshot: Any) -> Any:
@@ -118,9 +116,9 @@ class KeyshotAgentInstance(ABC):
     the environment part only::
 
         class AgentInstance(KeyshotAgentInstance, AgentInstanceBase):
-            async def start(self, label):            # -> (task, first Observation)
+            async def start(self, label):            # -> (task, first Page)
                 ...
-            async def act(self, action_text):        # -> Observation after the action
+            async def act(self, action_text):        # -> the Page after the action
                 ...
             async def close(self):                   # release the environment (its browser)
                 ...
@@ -149,26 +147,26 @@ class KeyshotAgentInstance(ABC):
         self.ended = False  # end() ran
 
     @abstractmethod
-    async def start(self, label: Any) -> tuple[str | dict, Observation]:
+    async def start(self, label: Any) -> tuple[str | dict, Page]:
         """Open the environment for ``label``: the task (text, or ``{"task", "start_url", "task_id"}``)
-        and the first Observation."""
+        and the first Page."""
 
     @abstractmethod
-    async def act(self, action_text: str) -> Observation:
-        """Carry out the policy's action; the Observation after it."""
+    async def act(self, action_text: str) -> Page:
+        """Carry out the policy's action; the Page after it."""
 
     async def close(self) -> None:  # noqa: B027  (optional: an environment holding nothing needs none)
         """Release what :meth:`start` opened (close the browser). keyshot calls it exactly once per
         rollout, when the episode ends whichever way (after a failed ``start`` too: release what is
         there). The default holds nothing."""
 
-    def first_prompt(self, prompt: str, page: Observation) -> str:
+    def first_prompt(self, prompt: str, page: Page) -> str:
         """The first text the policy reads: the dataset's prompt with the first page joined. Override it
         for your chat template; with keyshot's executor the page's screenshot is the last image, so the
         text must hold its image placeholder."""
         return prompt + page.text
 
-    async def open(self, label: Any) -> Observation:
+    async def open(self, label: Any) -> Page:
         """Start the environment and the Episode; the first page (its screenshot recorded). A failure
         ends the episode (:meth:`end`) and is raised."""
         try:

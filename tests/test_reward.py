@@ -276,6 +276,19 @@ class AgentInstance(KeyshotAgentInstance):
 """
 
 
+def test_an_openrlhf_agents_page_is_the_environments_page():
+    """One page type: OpenRLHF's Observation is keyshot's Page under its former name, built as before
+    (text, screenshot, done= and answer= by keyword), so a keyshot browser's page can be returned as it is."""
+    from keyshot.env.page import Page
+    from keyshot.reward.openrlhf import Observation
+
+    assert Observation is Page
+    first = Observation("page 0")
+    assert (first.screenshot, first.step, first.done, first.answer) == (None, 0, False, None)
+    last = Observation("page 1", b"png", done=True, answer="done")
+    assert last == Page("page 1", b"png", 0, True, "done")
+
+
 def load_agent_file(tmp_path: Path):
     path = tmp_path / "agent_func.py"
     path.write_text(AGENT_FILE)

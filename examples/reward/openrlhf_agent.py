@@ -25,6 +25,7 @@ Here, without OpenRLHF: the file drives its own instances through reset/step, as
 """
 
 import asyncio
+import dataclasses
 import functools
 import json
 import sys
@@ -36,7 +37,7 @@ from keyshot.env.miniwob.pool import BrowserPool
 from keyshot.env.play import record_failure
 from keyshot.env.replay import ReplayBrowser
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.reward.openrlhf import KeyshotAgentInstance, Observation
+from keyshot.reward.openrlhf import KeyshotAgentInstance
 
 try:
     from openrlhf.utils.agent import AgentInstanceBase
@@ -75,14 +76,14 @@ class AgentInstance(KeyshotAgentInstance, *([AgentInstanceBase] if AgentInstance
             "start_url": self.browser.start_url,
             "task_id": self.browser.task_id,
         }
-        return spec, Observation(self._page_text(page), page.screenshot)
+        return spec, dataclasses.replace(page, text=self._page_text(page))  # its text for the policy
 
     async def act(self, action_text):
         self.page = page = await asyncio.to_thread(self.browser.act, action_text)
         record_failure(self.episode, page)  # a browser that died: no reward, the reason logged
         if page.done:  # the episode is over: no turn of the policy's follows (the page is judged, not shown)
-            return Observation("\n<|im_end|>\n", page.screenshot, done=True, answer=page.answer)
-        return Observation(f"{USER_START}{self._page_text(page)}{USER_END}", page.screenshot)
+            return dataclasses.replace(page, text="\n<|im_end|>\n")
+        return dataclasses.replace(page, text=f"{USER_START}{self._page_text(page)}{USER_END}")
 
     async def close(self):
         """keyshot calls this once, however the episode ended (done, the token budget, an error): the
