@@ -61,6 +61,8 @@ class Page:
         reward: the environment's own reward after this page (MiniWoB's: 1.0 once the task is done right,
             else 0.0); None where the environment has none or the browser failed.
         error: why the browser failed, if it did (the episode is then over and not scored).
+        html: the page's pruned HTML (BrowserGym's ``prune_html`` of its DOM), where the environment reads
+            it (the live MiniWoB browser does); None elsewhere.
     """
 
     text: str
@@ -70,6 +72,7 @@ class Page:
     answer: str | None = None
     reward: float | None = None
     error: str | None = None
+    html: str | None = None
 
     def image(self, max_side: int = 0) -> Image.Image | None:
         """The screenshot decoded (for a VLM policy), shrunk to fit ``max_side`` pixels when given; through

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import shlex
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pydantic
 import pytest
 from PIL import Image
 
 from keyshot.env.miniwob.client import VIEWPORT_OPENENV
 from keyshot.env.openenv import command as env_command
-from keyshot.env.openenv.wire import split_text, wire_fields
+from keyshot.env.openenv.wire import Pixels, split_text, wire_fields
 from keyshot.env.page import Page
 from keyshot.infer.cli import build_parser, parse
 from keyshot.infer.cli import main as keyshot
@@ -48,8 +51,16 @@ def test_a_live_page_becomes_the_browsergym_fields():
     # as OpenEnv's BrowserGym server: an action's own error sets last_action_error and leaves error empty
     assert fields["error"] == "" and fields["last_action_error"]
     assert split_text(text)[0] == 'ValueError: Could not find element with bid "99"'  # the server's metadata
-    assert np.asarray(fields["screenshot"]).shape == (5, 7, 3) and fields["screenshot"][0][0] == [10, 200, 30]
-    assert fields["pruned_html"] == ""
+    assert np.asarray(fields["screenshot"]).shape == (5, 7, 3) and fields["screenshot"].tolist()[0][0] == [
+        10,
+        200,
+        30,
+    ]
+    assert fields["pruned_html"] == ""  # a page without its HTML read
+    html = '<body bid="1"><button bid="13">Click Me!</button></body>'
+    assert wire_fields(Page(text, png(7, 5), 1, False, html=html), "Click.")["pruned_html"] == html
+    # OpenEnv's server: the tree as text, else the pruned HTML
+    assert wire_fields(Page("Goal: Click.", png(7, 5), 0, False, html=html), "Click.")["text"] == html
     assert split_text(f"Goal: Click.\n\nPage structure:\n{TREE}") == ("", TREE)
     failed = Page(
         "Error: the browser failed at step 2: gone",
@@ -63,6 +74,29 @@ def test_a_live_page_becomes_the_browsergym_fields():
     fields = wire_fields(failed, "Click the button.")
     assert fields["screenshot"] is None and fields["error"] == "the browser failed at step 2: gone"
     assert fields["last_action_error"] and fields["text"] == ""
+
+
+def test_a_screenshot_is_held_as_its_array_and_sent_as_nested_lists():
+    """pydantic, as OpenEnv's server uses it: a Python-mode dump keeps the array; JSON has the lists."""
+    pixels = np.random.default_rng(0).integers(0, 256, size=(4, 6, 3), dtype=np.uint8)
+
+    class Answer(pydantic.BaseModel):
+        data: dict[str, Any]
+
+    answer = Answer(data={"screenshot": Pixels(pixels)})
+    assert isinstance(answer.model_dump()["data"]["screenshot"], Pixels)
+    assert json.loads(answer.model_dump_json())["data"]["screenshot"] == pixels.tolist()
+    assert np.asarray(Pixels(pixels)) is pixels
+
+
+@pytest.mark.slow
+def test_a_1280x720_observation_keeps_its_array_not_77_mib_of_lists_on_openenvs_own_path():
+    """OpenEnv's serialize_observation and WSObservationResponse (its WebSocket handler keeps both until
+    the session's next message), read back by its BrowserGymEnv client (tests/framework/openenv_wire.py)."""
+    out = run_driver("openenv_wire.py", {})
+    assert out["same_text"] and out["client_reads_the_array"] and out["rubric_reads_the_array"]
+    assert out["client_reads_html"] == "<p>x</p>"
+    assert out["kept_mib"]["nested_lists"] > 50 and out["kept_mib"]["pixels"] < 1
 
 
 def test_without_openenv_the_command_says_how_to_get_it(tmp_path, capsys):

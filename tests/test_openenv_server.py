@@ -96,6 +96,8 @@ def test_openenv_clients_get_keyshot_reward_beside_miniwob_and_share_key_points(
         # OpenEnv's BrowserGym observation, field for field: its own model's fields, which read the answer
         assert summary["fields"] == summary["model_fields"] == WIRE_FIELDS
         assert summary["goal"] == "Click the button." and "[13] button 'Click Me!'" in summary["first_text"]
+        # pruned_html as OpenEnv's server makes it (BrowserGym's prune_html of the DOM, with its ids)
+        assert "<button" in summary["pruned_html"] and 'bid="13"' in summary["pruned_html"]
         # --viewport miniwob: the task's own page (the default, 1280x720, is tests/test_openenv_trl.py's)
         assert summary["shape"][2] == 3 and 100 < summary["shape"][1] < 1280
         assert summary["rewards"][0] is None  # no reward at reset

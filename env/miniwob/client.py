@@ -242,6 +242,7 @@ class MiniWoBBrowser:
         viewport: tuple[int, int] | None = None,
         setup: BrowserSetup | None = None,
         pool: SessionHost | None = None,
+        html: bool = False,
     ):
         self.setup = setup or (pool.setup if pool is not None else browser_setup(chromium))
         self.task_name = task.removeprefix("miniwob.")
@@ -249,6 +250,7 @@ class MiniWoBBrowser:
         self.max_steps = max_steps
         self.timeout_s = timeout_s
         self.viewport = viewport
+        self.html = html
         self.pool = pool
         self.name = f"s{next(_sessions)}"
         self.goal: str | None = None
@@ -304,12 +306,13 @@ class MiniWoBBrowser:
         self.step, self.reward, self.error, self.done, self.goal = 0, 0.0, None, False, None
         viewport = list(self.viewport) if self.viewport else None
         request = {"op": "reset", "session": self.name, "task": self.task_name, "seed": self.seed}
-        answer = self.process.request({**request, "viewport": viewport})
+        request.update(viewport=viewport, html=self.html)
+        answer = self.process.request(request)
         if answer.get("dead"):
             self.process.fail("the browser (Chromium) died")
         if not self.process.alive:  # its Chromium died between episodes: the page opens in a live one
             self._replace_process()
-            answer = self.process.request({**request, "viewport": viewport})
+            answer = self.process.request(request)
         if "error" in answer:
             self.error, self.reward = answer["error"], None
             if _unknown(answer["error"]):
@@ -348,7 +351,8 @@ class MiniWoBBrowser:
         return self._page(answer)
 
     def _page(self, answer: dict) -> Page:
-        return Page(answer["text"], base64.b64decode(answer["png"]), self.step, self.done, None, self.reward)
+        png = base64.b64decode(answer["png"])
+        return Page(answer["text"], png, self.step, self.done, None, self.reward, html=answer.get("html"))
 
     def close(self) -> None:
         """End the session: its context closed; a pool's session goes back to the pool (its place in the

@@ -44,6 +44,7 @@ class BrowserPool:
         max_steps: int = 10,
         viewport: tuple[int, int] | None = None,
         timeout_s: float = 60.0,
+        html: bool = False,
     ):
         self.budget = budget
         self.task = task
@@ -51,6 +52,7 @@ class BrowserPool:
         self.max_steps = max_steps
         self.viewport = viewport
         self.timeout_s = timeout_s
+        self.html = html
         self._lock = threading.Lock()
         self._load: dict[BrowserProcess, int] = {}  # live processes and the sessions placed in each
         self._leased: set[MiniWoBBrowser] = set()
@@ -93,6 +95,7 @@ class BrowserPool:
                 max_steps=self.max_steps,
                 timeout_s=self.timeout_s,
                 viewport=self.viewport,
+                html=self.html,
                 setup=self.setup,
                 pool=self,
             )

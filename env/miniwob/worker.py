@@ -103,11 +103,13 @@ class Session:
         self.goal = ""
         self.last_action_error = ""
         self.infeasible = False
+        self.html = False  # send the page's pruned HTML (BrowserGym's prune_html of its DOM) too
         self.start_time = time.time()
 
     # --- BrowserEnv.reset, for one context of the shared browser
-    def reset(self, task: str, seed: int, viewport: list[int] | None) -> dict:
+    def reset(self, task: str, seed: int, viewport: list[int] | None, html: bool = False) -> dict:
         self.end()
+        self.html = html
         entrypoint = self.worker.entrypoint(task)  # an unknown task fails here, before anything is opened
         self.task = entrypoint(seed=seed)
         size = {"width": viewport[0], "height": viewport[1]} if viewport else self.task.viewport
@@ -231,16 +233,18 @@ class Session:
             MarkingError,
             _post_extract,
             _pre_extract,
+            extract_dom_snapshot,
             extract_merged_axtree,
             extract_screenshot,
         )
-        from browsergym.utils.obs import flatten_axtree_to_str
+        from browsergym.utils.obs import flatten_axtree_to_str, flatten_dom_to_str, prune_html
         from PIL import Image
 
         for retries_left in reversed(range(EXTRACT_OBS_MAX_TRIES)):
             try:
                 _pre_extract(self.page, tags_to_mark="standard_html", lenient=(retries_left == 0))
                 axtree = extract_merged_axtree(self.page)
+                dom = extract_dom_snapshot(self.page) if self.html else None
             except (playwright.sync_api.Error, MarkingError) as exc:
                 if retries_left > 0 and any(known in str(exc) for known in RETRYABLE):
                     _post_extract(self.page)
@@ -257,7 +261,7 @@ class Session:
         parts.append(f"Page structure:\n{tree[: self.worker.text_chars]}")
         buffer = io.BytesIO()
         Image.fromarray(screenshot).save(buffer, format="PNG", compress_level=1)
-        return {
+        observation = {
             "goal": self.goal,
             "url": self.page.url,
             "text": "\n\n".join(parts),
@@ -267,6 +271,9 @@ class Session:
             "reward": reward,
             "done": done,
         }
+        if dom is not None:  # as OpenEnv's BrowserGym server makes its pruned_html
+            observation["html"] = prune_html(flatten_dom_to_str(dom))
+        return observation
 
 
 class Worker:
@@ -319,7 +326,12 @@ class Worker:
                 answer(
                     {
                         "id": rid,
-                        **self.session(name).reset(request["task"], request["seed"], request.get("viewport")),
+                        **self.session(name).reset(
+                            request["task"],
+                            request["seed"],
+                            request.get("viewport"),
+                            request.get("html", False),
+                        ),
                     }
                 )
             elif op == "step":

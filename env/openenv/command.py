@@ -112,7 +112,7 @@ def run_env(args: argparse.Namespace) -> int:
         "lower --max-sessions (each session holds a page), or set --max-pages",
     )
     pool = BrowserPool(
-        budget, args.miniwob, setup=browser_setup(), max_steps=args.max_steps, viewport=viewport
+        budget, args.miniwob, setup=browser_setup(), max_steps=args.max_steps, viewport=viewport, html=True
     )
     try:
         # the first page opens now (an unknown task fails here, before the server listens); more Chromium
@@ -129,6 +129,7 @@ def _serve(args: argparse.Namespace, config: Path, pool, sessions: int) -> int:
 
     from keyshot.env.openenv import server
 
+    server.return_large_buffers()  # each session's screenshots, freed, go back to the system
     rubric = rubric_factory(RUBRIC, config=str(config.resolve()), keep_dir=args.keep)
     settings = server.EnvSettings(
         task=args.miniwob, pool=pool, rubric=rubric, answer_within_s=args.answer_within_s

@@ -65,6 +65,7 @@ def play(client, episode: dict) -> dict:
         "shape": list(np.asarray(first["screenshot"]).shape) if first["screenshot"] is not None else None,
         "goal": first["goal"],
         "first_text": first["text"][:200],
+        "pruned_html": first["pruned_html"],
         "rewards": rewards,
         "steps": len(rewards) - 1,
         "metadata": result.metadata or {},
