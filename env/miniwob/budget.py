@@ -82,10 +82,11 @@ def page_mib(viewport: tuple[int, int] | None = None) -> int:
     return math.ceil(MIB_PER_PAGE + grown)
 
 
-#: The OpenEnv server's own memory per 1280x720 session, beside Chromium's page: measured 2026-11-27 with TRL's
-#: example at its defaults (256 sessions): the server's Python process reached 19,077 MiB RSS (OOM-killed),
-#: 74.5 MiB a session, mostly OpenEnv's observation (a nested list of 2.8 M integers) (bench/RESULTS.md).
-MIB_PER_SESSION_1280X720 = 75
+#: The OpenEnv server's own memory per 1280x720 session (MiniWoB's 1.5x zoom: a 1920x1080 screenshot), beside
+#: Chromium's page: the slope of the server's RSS over 4 and 20 sessions, each holding its last answer,
+#: bench/measure_sessions.py on 2026-11-27 (5.6 MiB: the screenshot's array). It was 75 MiB (19,077 MiB at 256
+#: sessions, OOM-killed) while the observation was a nested list of integers (bench/RESULTS.md).
+MIB_PER_SESSION_1280X720 = 6
 
 
 def observation_mib(viewport: tuple[int, int] | None) -> int:

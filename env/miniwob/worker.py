@@ -14,15 +14,17 @@ Requests are JSON lines on stdin, answers JSON lines on the stdout it was given 
 print goes to stderr). Every request but ``close`` carries an ``id`` its answer repeats, and a
 ``session`` (any string the client picks):
 
-- ``{"op": "reset", "session": S, "task": "click-button", "seed": N, "viewport": [W, H] | null}``: a new
-  MiniWoB episode in a fresh browser context (the session's previous one closed);
+- ``{"op": "reset", "session": S, "task": "click-button", "seed": N, "viewport": [W, H] | null, "html":
+  false}``: a new MiniWoB episode in a fresh browser context (the session's previous one closed); with
+  ``html``, every answer of the episode also carries the page's pruned HTML;
 - ``{"op": "step", "session": S, "action": "click('12')"}``: a BrowserGym action;
 - ``{"op": "end", "session": S}``: the session's context closed (its memory given back);
 - ``{"op": "close"}``: everything closed, then the process ends.
 
 An answer holds the goal, URL, the page's text (goal, last action's error, accessibility tree), its
 screenshot (PNG, base64), MiniWoB's reward and whether the task is over, or ``{"error": "..."}`` when that
-session's page failed (a crashed page fails its own session only). Answers may come in another order than
+session's page failed (a crashed page fails its own session only, at once: its page is closed when its
+renderer ends, so no call waits on it). Answers may come in another order than
 the requests: a step waits BrowserGym's 0.5 s for the page's events before its observation, and the worker
 serves the other sessions meanwhile. When Chromium itself is gone the worker answers the pending requests
 with the reason and exits (code 3): the client then fails that browser's sessions only.
@@ -36,7 +38,7 @@ here per context, because ``BrowserEnv`` launches a Chromium (and a second one f
 environment; ``tests/test_browsergym_copy.py`` pins this copy to the BrowserGym version keyshot pins (the
 source of every copied method is hashed) and plays the same episodes both ways. Not copied: the chat
 window's browser (its messages are kept as a list, which is all MiniWoB's ``validate`` reads), video
-recording, the DOM snapshot and element properties (no field keyshot sends), and the task's ``slow_mo``
+recording, the element properties (no field keyshot sends; the DOM snapshot is taken for ``html`` only), and the task's ``slow_mo``
 (a launch option of the whole browser, which here serves many pages).
 
 Imports nothing of keyshot (it runs by path).
@@ -104,6 +106,7 @@ class Session:
         self.last_action_error = ""
         self.infeasible = False
         self.html = False  # send the page's pruned HTML (BrowserGym's prune_html of its DOM) too
+        self.crashed = False  # a page of the context crashed (its renderer ended): the episode is over
         self.start_time = time.time()
 
     # --- BrowserEnv.reset, for one context of the shared browser
@@ -117,6 +120,8 @@ class Session:
             viewport=size, locale=self.task.locale, timezone_id=self.task.timezone_id
         )
         self.context.set_default_timeout(self.worker.page_timeout_ms)  # BrowserEnv's timeout= override
+        self.crashed = False
+        self.context.on("page", lambda page: page.on("crash", self._crashed))
         self.page_history = {}
         self.context.expose_binding(
             "browsergym_page_activated", lambda source: self._activated(source["page"])
@@ -146,6 +151,7 @@ class Session:
 
         if self.task is None:
             raise RuntimeError("step before reset")
+        self._check_not_crashed()
         try:
             code = self.worker.actions.to_python_code(action)
             execute_python_code(
@@ -159,6 +165,7 @@ class Session:
             self.last_action_error = f"{type(exc).__name__}: {exc}"
 
     def after_action(self) -> dict:
+        self._check_not_crashed()
         self.context.cookies()  # BrowserGym's way to run playwright's waiting callbacks
         self._wait_dom_loaded()
         self._active_page_check()
@@ -178,6 +185,18 @@ class Session:
         if context is not None:
             with contextlib.suppress(Exception):
                 context.close()
+
+    def _crashed(self, page) -> None:
+        """A page's renderer ended: the page is closed now, so a call waiting on it (BrowserGym's
+        ``wait_for_function`` in MiniWoB's setup waits out its timeout on a crashed page, and meanwhile the
+        worker's other sessions wait) fails at once."""
+        self.crashed = True
+        with contextlib.suppress(Exception):
+            page.close()
+
+    def _check_not_crashed(self) -> None:
+        if self.crashed:
+            raise RuntimeError("the page's renderer ended; reset the session for a new page")
 
     def _say(self, role: str, text: str) -> None:
         self.messages.append({"role": role, "timestamp": time.time(), "message": text})
@@ -347,7 +366,7 @@ class Worker:
             else:
                 answer({"id": rid, "error": f"unknown op {op!r}"})
         except Exception as exc:  # that session's page failed (or Chromium died: ``dead``): said, not raised
-            answer({"id": rid, "error": _first_line(exc), "dead": not self.connected})
+            answer(self._failed(rid, self.sessions.get(name), exc))
 
     def next_due_s(self) -> float | None:
         return max(0.0, self._due[0][0] - time.monotonic()) if self._due else None
@@ -358,7 +377,15 @@ class Worker:
             try:
                 answer({"id": rid, **session.after_action()})
             except Exception as exc:
-                answer({"id": rid, "error": _first_line(exc), "dead": not self.connected})
+                answer(self._failed(rid, session, exc))
+
+    def _failed(self, rid, session: Session | None, exc: Exception) -> dict:
+        """The answer to a request whose page failed: why (a crashed page says so), and whether Chromium
+        itself is gone."""
+        error = _first_line(exc)
+        if session is not None and session.crashed:
+            error = f"the page crashed (its renderer ended): {error}"
+        return {"id": rid, "error": error, "dead": not self.connected}
 
     @property
     def connected(self) -> bool:
