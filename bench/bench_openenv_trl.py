@@ -51,6 +51,7 @@ class Tree:
         self.root = psutil.Process(pid)
         self.every_s = every_s
         self.peak_mib = 0.0
+        self.root_peak_mib = 0.0  # the root process alone (the server's Python: its sessions' answers)
         self.most_chromium = 0
         self.chromium: dict[int, float] = {}
         self._stop = threading.Event()
@@ -65,7 +66,10 @@ class Tree:
             return
         for p in procs:
             try:
-                total += p.memory_full_info().pss
+                pss = p.memory_full_info().pss
+                total += pss
+                if p.pid == self.root.pid:
+                    self.root_peak_mib = max(self.root_peak_mib, pss / 2**20)
                 if "chrom" in p.name():
                     browsers += 1
                     self.chromium.setdefault(p.pid, p.create_time())
@@ -171,6 +175,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
         "train_s": round(trained_s, 1),
         "generation_batch_s": [round(s, 1) for s in history.get("generation_s", [])],
         "server_peak_pss_mib": round(server_tree.peak_mib),
+        "server_process_peak_pss_mib": round(server_tree.root_peak_mib),
         "trainer_peak_pss_mib": round(trainer_tree.peak_mib),
         "most_sessions": int(most[1]) if most else None,
         "most_chromium_processes": server_tree.most_chromium,
