@@ -64,9 +64,9 @@ def return_large_buffers() -> bool:
 
     A step's screenshot passes through several such buffers (the PNG, its decoded pixels, the rubric's
     copy) in the session's own thread. glibc raises its mmap threshold to the largest block freed so far,
-    so after the first screenshot they come from per-thread heaps that keep what is freed: measured at
-    1920x1080 screenshots, 45 MiB a session stayed in the server against 7 MiB with the threshold fixed
-    (the screenshot itself is 6 MiB). False where the C library is not glibc (nothing changed)."""
+    so after the first screenshot they come from per-thread heaps that keep what is freed: at 1920x1080
+    screenshots 35.9 MiB a session stayed in the server, 7.4 MiB with the threshold fixed (the screenshot
+    itself is 5.9: bench/bench_step_buffers.py). False where the C library is not glibc (nothing changed)."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name)
