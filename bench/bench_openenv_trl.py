@@ -121,45 +121,56 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
         if not url:
             server.wait()
             raise SystemExit(f"the server did not start: {log_path.read_text()[-2000:]}")
-        opened_s = time.monotonic() - started
-        server_tree = Tree(server.pid)
-        plan = {
-            "example": str(EXAMPLE),
-            "policy": str(tmp / "policy"),
-            "args": ["--space-url", url[1], "--max-steps", str(args.max_steps)]
-            + ["--gradient-accumulation-steps", str(args.accumulation)],
-            "config": {
-                "per_device_train_batch_size": args.batch,
-                "max_steps": 1,
-                "max_tool_calling_iterations": args.max_steps,
-                "log_completions": False,  # TRL 1.16's table fails on multimodal tool answers
-            },
-            "call": {"name": "noop", "arguments": {}},
-            "out": str(tmp / "history.json"),
-        }
-        started = time.monotonic()
-        trainer = subprocess.Popen(
-            [str(TRAINER_PYTHON), str(DRIVER), json.dumps(plan)],
-            cwd=tmp,
-            stdout=subprocess.DEVNULL,
-            stderr=open(tmp / "trainer.log", "w"),  # noqa: SIM115 (closed with the process)
-        )
-        trainer_tree = Tree(trainer.pid)
+        trainer = None
         try:
-            code = trainer.wait(timeout=args.time_limit_s)
-        except subprocess.TimeoutExpired:  # stopped: what it reached is reported
-            for child in trainer_tree.root.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    child.kill()
-            trainer.kill()
-            code = f"stopped after {args.time_limit_s:g} s"
-        trained_s = time.monotonic() - started
-        trainer_tree.stop()
-        server_tree.sample()
-        server_tree.stop()
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=120)
-        left = server_tree.chromium_left(within_s=30)
+            opened_s = time.monotonic() - started
+            server_tree = Tree(server.pid)
+            plan = {
+                "example": str(EXAMPLE),
+                "policy": str(tmp / "policy"),
+                "args": ["--space-url", url[1], "--max-steps", str(args.max_steps)]
+                + ["--gradient-accumulation-steps", str(args.accumulation)],
+                "config": {
+                    "per_device_train_batch_size": args.batch,
+                    "max_steps": 1,
+                    "max_tool_calling_iterations": args.max_steps,
+                    "log_completions": False,  # TRL 1.16's table fails on multimodal tool answers
+                },
+                "call": {"name": "noop", "arguments": {}},
+                "out": str(tmp / "history.json"),
+            }
+            started = time.monotonic()
+            trainer = subprocess.Popen(
+                [str(TRAINER_PYTHON), str(DRIVER), json.dumps(plan)],
+                cwd=tmp,
+                stdout=subprocess.DEVNULL,
+                stderr=open(tmp / "trainer.log", "w"),  # noqa: SIM115 (closed with the process)
+            )
+            trainer_tree = Tree(trainer.pid)
+            try:
+                code = trainer.wait(timeout=args.time_limit_s)
+            except subprocess.TimeoutExpired:  # stopped: what it reached is reported
+                for child in trainer_tree.root.children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        child.kill()
+                trainer.kill()
+                code = f"stopped after {args.time_limit_s:g} s"
+            trained_s = time.monotonic() - started
+            trainer_tree.stop()
+            server_tree.sample()
+            server_tree.stop()
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=120)
+            left = server_tree.chromium_left(within_s=30)
+        finally:  # a bench stopped (SIGTERM, Ctrl-C, an error) ends what it started
+            if trainer is not None and trainer.poll() is None:
+                for child in psutil.Process(trainer.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        child.kill()
+                trainer.kill()
+            if server.poll() is None:
+                server.send_signal(signal.SIGTERM)
+                server.wait(timeout=120)
         steps = [identify_step(r) for r in judge.requests]
     stderr = log_path.read_text()
     ended = re.search(r"(\d+) episode\(s\) ended, (\d+) with a reward, (\d+) without", stderr)
@@ -210,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     for python in (SERVER_PYTHON, TRAINER_PYTHON):
         if not python.exists():
             raise SystemExit(f"{python} missing: make setup setup-openenv")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds run(): its server and trainer end
     with tempfile.TemporaryDirectory(prefix="bench-openenv-trl-") as tmp:
         figures = run(args, Path(tmp))
     print(json.dumps(figures, indent=1))
