@@ -71,6 +71,17 @@ def test_a_missing_chromium_is_named_with_what_to_install(monkeypatch, tmp_path)
     assert f"from {CHROMIUM_ENV}" in message and "apt-get install chromium" in message
 
 
+def test_the_set_up_check_ends_through_the_command_layer(tmp_path):
+    """``python -m keyshot.env.miniwob``: a set-up that cannot run is one line naming what to do, exit 2."""
+    env = {**os.environ, CHROMIUM_ENV: str(tmp_path / "no-chromium")}
+    done = subprocess.run(
+        [sys.executable, "-m", "keyshot.env.miniwob", "click-button"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("keyshot miniwob: error: ") and "apt-get install chromium" in line
+
+
 def test_the_scripted_agent_types_then_submits_and_clicks_what_the_goal_names():
     agent = ScriptedAgent()
     page = Page(ENTER_TEXT, None, 0, False)

@@ -6,36 +6,47 @@ import argparse
 import json
 import sys
 
-from keyshot.env.miniwob.agents import ScriptedAgent
-from keyshot.env.miniwob.client import MiniWoBBrowser
-from keyshot.env.miniwob.setup import MiniWoBError
-from keyshot.env.play import run_episode
+from keyshot.infer.common.command import Command
+
+
+def check_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("task", nargs="?", default="click-button")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def check(args: argparse.Namespace) -> int:
+    """One scripted episode of ``args.task``; its report as one JSON line (exit 1: no MiniWoB reward)."""
+    from keyshot.env.miniwob.agents import ScriptedAgent
+    from keyshot.env.miniwob.client import MiniWoBBrowser
+    from keyshot.env.play import run_episode
+
+    with MiniWoBBrowser(args.task, seed=args.seed) as browser:
+        episode = run_episode(browser, ScriptedAgent())
+        report = {
+            "task": browser.task_id,
+            "goal": browser.task,
+            "steps": len(episode.screenshots),
+            "miniwob_reward": browser.reward,
+            "chromium": str(browser.setup.chromium),
+        }
+        episode.discard()
+    print(json.dumps(report))
+    return 0 if report["miniwob_reward"] is not None else 1
+
+
+COMMAND = Command(
+    "miniwob",
+    help="check the live browser set-up: one scripted MiniWoB episode",
+    arguments=check_arguments,
+    run=check,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m keyshot.env.miniwob",
-        description="Check the live browser set-up: one scripted MiniWoB episode.",
-    )
-    parser.add_argument("task", nargs="?", default="click-button")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    try:
-        with MiniWoBBrowser(args.task, seed=args.seed) as browser:
-            episode = run_episode(browser, ScriptedAgent())
-            report = {
-                "task": browser.task_id,
-                "goal": browser.task,
-                "steps": len(episode.screenshots),
-                "miniwob_reward": browser.reward,
-                "chromium": str(browser.setup.chromium),
-            }
-            episode.discard()
-    except MiniWoBError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(report))
-    return 0 if report["miniwob_reward"] is not None else 1
+    """Through keyshot's one command layer: a MiniWoBError (no Chromium, an unknown task) is one line, exit 2."""
+    from keyshot.infer.cli import run_alone
+
+    return run_alone(COMMAND, argv, prog="python -m keyshot.env.miniwob")
 
 
 if __name__ == "__main__":
