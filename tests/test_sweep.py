@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from keyshot.infer.cli import main as keyshot
+from keyshot.infer.common.errors import EXIT_BUDGET
 from keyshot.infer.judge.sweep import SweepError, delta_folder, parse_deltas, plan_sweep
 from keyshot.infer.loaders.judge_records import recorded_actions
 from keyshot.infer.protocol.verdicts import read_verdicts, select_kept
@@ -336,3 +337,22 @@ def test_recorded_action_history_gives_the_prompt_back_exactly():
     record = {"input_text": f"User Task: t\n\nKey Points: k\n\nAction History:\n{history}"}
     assert format_actions(recorded_actions(record), None, prompts) == history
     assert recorded_actions({"input_text": "no history"}) is None
+
+
+def test_a_spent_budget_stops_the_sweep_and_says_so(tmp_path, capsys):
+    """The judge's budget runs out at the first δ: the sweep stops there, records why in sweep.json, and
+    exits with the budget's code (the run loop records the stop; the sweep reads it from the judge)."""
+    out = tmp_path / "sweep"
+    prices = [
+        "judge.budget_usd=0.0000001",
+        "judge.price_input_per_mtok=1000",
+        "judge.price_output_per_mtok=1000",
+    ]
+    with FakeOpenAI(make_judge("task_hash")) as server:
+        rc = keyshot(
+            ["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *_overrides(server), *prices]
+        )
+    capsys.readouterr()
+    assert rc == EXIT_BUDGET
+    first = json.loads((out / "sweep.json").read_text())["per_delta"][0]
+    assert "budget" in first["stopped"] and "no further call is sent" in first["stopped"]

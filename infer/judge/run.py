@@ -109,6 +109,7 @@ async def judge_all(
             try:
                 verdict = await judge_one(t)
             except RunStopError as exc:
+                webjudge.stop_error = webjudge.stop_error or exc  # what the run (or the sweep) reports
                 if not stop.is_set():
                     logger.error("%s; stopping%s", exc, f": {exc.advice}" if exc.advice else "")
                 stop.set()

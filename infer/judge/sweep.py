@@ -45,7 +45,7 @@ from keyshot.infer.client.judge_client import JudgeCallError, JudgeClient
 from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.command import Command
 from keyshot.infer.common.config import load_config, split_paths_and_overrides
-from keyshot.infer.common.errors import RunStopError
+from keyshot.infer.common.errors import EXIT_INCOMPLETE, RunStopError
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.judge.pipeline import PipelineConfig, WebJudge
@@ -127,6 +127,7 @@ class DeltaCounts:
     seconds: float = 0.0
     left_out: dict[str, int] = field(default_factory=dict)
     stopped: str | None = None  # why the judge stopped the sweep (a spent budget, an endpoint down)
+    exit_code: int | None = None  # that stop's exit code (docs/reliability.md), as keyshot judge exits
 
     @property
     def calls_saved(self) -> int:
@@ -263,8 +264,7 @@ async def _sweep_one(judge: WebJudge, item: _Item, delta: float, swept_from: str
         images = dict(zip(verdict.kept, prepared, strict=True))
     try:
         await judge._outcome(item.trajectory, verdict, images)  # the pipeline's own outcome step
-    except RunStopError as exc:
-        judge.stop_error = judge.stop_error or exc  # as the pipeline records it: the sweep says it
+    except RunStopError:
         raise
     except (JudgeCallError, RuntimeError) as exc:  # a failed call, or an answer the pipeline cannot read
         verdict.success, verdict.status_valid = None, False
@@ -320,6 +320,7 @@ def run_sweep(
     out.mkdir(parents=True, exist_ok=True)
     rows: list[DeltaCounts] = []
     stopped: str | None = None
+    exit_code: int | None = None
     with RunLock(out, what="keyshot sweep"):
         cache = CallCache(cache_path)
         ledger = UsageLedger()
@@ -344,6 +345,7 @@ def run_sweep(
                 rows.append(row)
                 if row.stopped:
                     stopped = f"δ={delta}: {row.stopped}; run keyshot sweep again to go on"
+                    exit_code = row.exit_code
                     break
         finally:
             cache.close()
@@ -369,6 +371,7 @@ def run_sweep(
                 "seconds": time.perf_counter() - t_all,
             },
             "stopped": stopped,
+            "exit_code": exit_code,
         }
         write_text_atomic(out / SWEEP_FILE, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return result
@@ -430,7 +433,7 @@ def _sweep_delta(
     for verdict in judged:
         _count(row, verdict)
     if judge.stop_error is not None:
-        row.stopped = str(judge.stop_error)
+        row.stopped, row.exit_code = str(judge.stop_error), judge.stop_error.exit_code
         logger.error("δ=%s: the judge stopped the sweep: %s", delta, judge.stop_error)
     row.seconds = time.perf_counter() - t0
     return row
@@ -580,8 +583,10 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"compare them: keyshot metrics {args.out} --human-labels LABELS (or --arb-index INDEX.csv) --out METRICS"
     )
-    if result["stopped"]:
-        return 1
+    if result[
+        "stopped"
+    ]:  # the stop's own code, as keyshot judge exits (a spent budget: 5, a dead endpoint: 4)
+        return result["exit_code"] or EXIT_INCOMPLETE
     return 0
 
 
