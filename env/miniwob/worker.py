@@ -196,7 +196,7 @@ class Session:
 
     def _check_not_crashed(self) -> None:
         if self.crashed:
-            raise RuntimeError("the page's renderer ended; reset the session for a new page")
+            raise RuntimeError("no page to act on: reset the session")  # _failed says why: the page crashed
 
     def _say(self, role: str, text: str) -> None:
         self.messages.append({"role": role, "timestamp": time.time(), "message": text})

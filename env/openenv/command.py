@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import logging
 import re
 import socket
 import sys
@@ -34,6 +35,8 @@ from pathlib import Path
 
 from keyshot.infer.common.command import Command
 from keyshot.infer.common.errors import KeyshotError
+
+logger = logging.getLogger(__name__)
 
 #: Entry-point group of the OpenEnv rubrics an environment is scored with, by name (pyproject.toml).
 RUBRICS_GROUP = "keyshot.openenv.rubrics"
@@ -129,7 +132,11 @@ def _serve(args: argparse.Namespace, config: Path, pool, sessions: int) -> int:
 
     from keyshot.env.openenv import server
 
-    server.return_large_buffers()  # each session's screenshots, freed, go back to the system
+    if not server.return_large_buffers():  # each session's screenshots, freed, go back to the system
+        logger.warning(
+            "the C library is not glibc: freed screenshot buffers may stay in the server (about 36 MiB a "
+            "session at 1280x720 where glibc keeps them; the page budget counts 6)"
+        )
     rubric = rubric_factory(RUBRIC, config=str(config.resolve()), keep_dir=args.keep)
     settings = server.EnvSettings(
         task=args.miniwob, pool=pool, rubric=rubric, answer_within_s=args.answer_within_s
