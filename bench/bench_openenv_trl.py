@@ -14,7 +14,7 @@ judged (with a reward) and not, those past the server's deadline, resets refused
 error), TRL's logged mean reward, and the browser processes left 30 s after SIGTERM (the target: 0).
 
     nice .venv/bin/python bench/bench_openenv_trl.py [--batch 8] [--accumulation 32] [--json FILE]
-    nice .venv/bin/python bench/bench_openenv_trl.py --batch 2 --accumulation 1   # a quick check
+    nice .venv/bin/python bench/bench_openenv_trl.py --batch 4 --accumulation 1 --max-steps 2  # a quick check (TRL: 4 generations)
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import psutil
 
+from keyshot.env.openenv.launch import served_url, start_env
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
 
@@ -110,17 +111,22 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
             judge={"timeout_s": 120},
         )
         log_path = tmp / "server.log"
-        command = [str(SERVER_PYTHON), "-m", "keyshot.infer.cli", "reward", "env", "--config", str(config)]
-        command += ["--miniwob", "click-test", "--port", "0", "--max-steps", str(args.max_steps)]
-        command += ["--max-sessions", str(sessions), *args.server_arg]
+        extra = [
+            "--miniwob",
+            "click-test",
+            "--max-steps",
+            str(args.max_steps),
+            "--max-sessions",
+            str(sessions),
+        ]
         with open(log_path, "w") as log:
-            server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+            server = start_env(SERVER_PYTHON, config, *extra, *args.server_arg, stderr=log)
         started = time.monotonic()
-        line = server.stdout.readline()
-        url = re.search(r"on (http://\S+)", line)
-        if not url:
-            server.wait()
-            raise SystemExit(f"the server did not start: {log_path.read_text()[-2000:]}")
+        try:
+            url = served_url(server, timeout_s=1800)
+        except RuntimeError as exc:
+            server.kill()
+            raise SystemExit(f"{exc}: {log_path.read_text()[-2000:]}") from None
         trainer = None
         try:
             opened_s = time.monotonic() - started
@@ -128,7 +134,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
             plan = {
                 "example": str(EXAMPLE),
                 "policy": str(tmp / "policy"),
-                "args": ["--space-url", url[1], "--max-steps", str(args.max_steps)]
+                "args": ["--space-url", url, "--max-steps", str(args.max_steps)]
                 + ["--gradient-accumulation-steps", str(args.accumulation)],
                 "config": {
                     "per_device_train_batch_size": args.batch,

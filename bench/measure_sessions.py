@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from pathlib import Path
 import psutil
 
 from keyshot.env.miniwob import budget as recorded
+from keyshot.env.openenv.launch import served_url, start_env
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 
@@ -41,20 +41,17 @@ def measure(count: int, viewport: str, max_steps: int, tmp: Path) -> dict:
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
         scorer_endpoint = {"base_url": scorer.base_url, "model": "webjudge-7b", "api_key_env": None}
         config = fake_judge_config(tmp / "reward.yaml", judge.base_url, {"endpoint": scorer_endpoint})
-        command = [str(SERVER_PYTHON), "-m", "keyshot.infer.cli", "reward", "env", "--config", str(config)]
-        command += ["--port", "0", "--miniwob", "click-test", "--max-steps", str(max_steps)]
-        command += ["--viewport", viewport, "--max-sessions", str(count)]
+        extra = ["--miniwob", "click-test", "--max-steps", str(max_steps), "--viewport", viewport]
         with open(tmp / f"server-{count}.log", "w") as log:
-            server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+            server = start_env(SERVER_PYTHON, config, *extra, "--max-sessions", str(count), stderr=log)
         try:
-            url = re.search(r"on (http://\S+)", server.stdout.readline())
-            if not url:
-                raise SystemExit(
-                    f"the server did not start: {(tmp / f'server-{count}.log').read_text()[-2000:]}"
-                )
+            try:
+                url = served_url(server, timeout_s=600)
+            except RuntimeError as exc:
+                raise SystemExit(f"{exc}: {(tmp / f'server-{count}.log').read_text()[-2000:]}") from None
             idle = rss_mib(server.pid)
             driver = subprocess.Popen(
-                [str(SERVER_PYTHON), str(CLIENT), url[1], str(count)],
+                [str(SERVER_PYTHON), str(CLIENT), url, str(count)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import select
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from keyshot.env.openenv import launch
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON_ENV = "KEYSHOT_OPENENV_PYTHON"
@@ -31,14 +32,9 @@ def client_python(kind: str) -> str:
 
 
 def start_env(config: Path, *extra: str, stderr, python: str | None = None) -> subprocess.Popen:
-    """``keyshot reward env --config CONFIG --port 0 EXTRA...`` in the OpenEnv venv."""
-    return subprocess.Popen(
-        [python or openenv_python(), "-m", "keyshot.infer.cli", "reward", "env", "--config", str(config)]
-        + ["--port", "0", *extra],
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-    )
+    """``keyshot reward env --config CONFIG --port 0 EXTRA...`` in the OpenEnv venv
+    (:func:`keyshot.env.openenv.launch.start_env`)."""
+    return launch.start_env(python or openenv_python(), config, *extra, stderr=stderr)
 
 
 def first_line(proc: subprocess.Popen, timeout_s: float) -> str:
@@ -51,11 +47,8 @@ def first_line(proc: subprocess.Popen, timeout_s: float) -> str:
 
 
 def served_url(proc: subprocess.Popen, timeout_s: float = 180) -> str:
-    """The URL ``keyshot reward env`` names in its start-up line."""
-    line = first_line(proc, timeout_s)
-    url = re.search(r"on (http://\S+)", line)
-    assert url, line
-    return url[1]
+    """The URL ``keyshot reward env`` names in its start-up line (:func:`keyshot.env.openenv.launch.served_url`)."""
+    return launch.served_url(proc, timeout_s)
 
 
 def openenv_python() -> str:
