@@ -1,5 +1,5 @@
 """What a ``keyshot reward env`` step leaves behind in the server's memory, with and without the fixed
-glibc mmap threshold (``keyshot.env.openenv.server.return_large_buffers``), measured in the same run.
+glibc mmap threshold (``keyshot.infer.common.processes.return_large_buffers``), measured in the same run.
 
     .venv-openenv/bin/python bench/bench_step_buffers.py [--sessions 24] [--steps 3]
 
@@ -30,9 +30,10 @@ def step_memory(sessions: int, steps: int, fixed: bool) -> float:
     from openenv.core.env_server.serialization import serialize_observation
     from openenv.core.env_server.types import WSObservationResponse
 
-    from keyshot.env.openenv.server import PixelObservation, return_large_buffers
+    from keyshot.env.openenv.server import PixelObservation
     from keyshot.env.openenv.wire import wire_fields
     from keyshot.env.page import Page
+    from keyshot.infer.common.processes import return_large_buffers
     from keyshot.reward.openenv import screenshot_of
 
     if fixed:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from keyshot.infer.common.command import Command
 from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.common.processes import return_large_buffers
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def _serve(args: argparse.Namespace, config: Path, pool, sessions: int) -> int:
 
     from keyshot.env.openenv import server
 
-    if not server.return_large_buffers():  # each session's screenshots, freed, go back to the system
+    if not return_large_buffers():  # each session's screenshots, freed, go back to the system
         logger.warning(
             "the C library is not glibc: freed screenshot buffers may stay in the server (about 36 MiB a "
             "session at 1280x720 where glibc keeps them; the page budget counts 6)"

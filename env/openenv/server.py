@@ -28,8 +28,6 @@ server stops, SIGTERM included).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import random
 import threading
@@ -52,30 +50,6 @@ from keyshot.env.openenv.wire import Pixels, split_text, wire_fields
 from keyshot.env.page import Page
 
 ENV_NAME = "keyshot_miniwob"
-
-#: glibc's mallopt parameters (malloc.h) and the values the server sets
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-MMAP_THRESHOLD = 1 << 20
-TRIM_THRESHOLD = 2 << 20
-
-
-def return_large_buffers() -> bool:
-    """Have glibc give every buffer of 1 MiB or more back to the system when it is freed (``mallopt``).
-
-    A step's screenshot passes through several such buffers (the PNG, its decoded pixels, the rubric's
-    copy) in the session's own thread. glibc raises its mmap threshold to the largest block freed so far,
-    so after the first screenshot they come from per-thread heaps that keep what is freed: at 1920x1080
-    screenshots 35.9 MiB a session stayed in the server, 7.4 MiB with the threshold fixed (the screenshot
-    itself is 5.9: bench/bench_step_buffers.py). False where the C library is not glibc (nothing changed)."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-    )
 
 
 class EpisodeCounts:

@@ -87,6 +87,30 @@ def stop_process(
         return None
 
 
+#: glibc's mallopt parameters (malloc.h) and the values the server sets
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD = 1 << 20
+TRIM_THRESHOLD = 2 << 20
+
+
+def return_large_buffers() -> bool:
+    """Have glibc give every buffer of 1 MiB or more back to the system when it is freed (``mallopt``).
+
+    In ``keyshot reward env`` (which calls it) a step's screenshot passes through several such buffers
+    (the PNG, its decoded pixels, the rubric's copy) in the session's own thread. glibc raises its mmap threshold to the largest block freed so far,
+    so after the first screenshot they come from per-thread heaps that keep what is freed: at 1920x1080
+    screenshots 35.9 MiB a session stayed in the server, 7.4 MiB with the threshold fixed (the screenshot
+    itself is 5.9: bench/bench_step_buffers.py). Setting it again changes nothing. False where the C
+    library is not glibc (nothing changed)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
+
+
 def die_with_parent(signum: int = signal.SIGTERM) -> bool:
     """Ask the kernel to send this process ``signum`` when its parent dies (``PR_SET_PDEATHSIG``, Linux).
     Returns whether it was armed; elsewhere the caller polls ``os.getppid()``. A caller that must not
