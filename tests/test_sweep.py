@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from keyshot.infer.cli import main as keyshot
-from keyshot.infer.common.errors import EXIT_BUDGET
+from keyshot.infer.common.errors import EXIT_BUDGET, EXIT_INCOMPLETE
 from keyshot.infer.judge.sweep import SweepError, delta_folder, parse_deltas, plan_sweep
 from keyshot.infer.loaders.judge_records import recorded_actions
 from keyshot.infer.protocol.verdicts import read_verdicts, select_kept
@@ -356,3 +356,16 @@ def test_a_spent_budget_stops_the_sweep_and_says_so(tmp_path, capsys):
     assert rc == EXIT_BUDGET
     first = json.loads((out / "sweep.json").read_text())["per_delta"][0]
     assert "budget" in first["stopped"] and "no further call is sent" in first["stopped"]
+
+
+def test_a_dead_judge_leaves_the_sweep_incomplete_and_the_next_run_asks_again(tmp_path, capsys):
+    """Every outcome call fails: no verdict is a result, the sweep exits 3 (incomplete) saying so, and a
+    run against a judge that answers finishes them."""
+    out = tmp_path / "sweep"
+    dead = ["judge.base_url=http://127.0.0.1:9/v1", "judge.model=fake-judge", "judge.api_key_env=null"]
+    dead += ["judge.backoff_base_s=0.01", "judge.timeout_s=10", "pipeline.outcome_logprobs=2"]
+    assert keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *dead]) == EXIT_INCOMPLETE
+    assert "incomplete (a failed outcome call): run keyshot sweep again" in capsys.readouterr().out
+    with FakeOpenAI(make_judge("task_hash")) as server:
+        assert keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *_overrides(server)]) == 0
+        assert server.stats.requests > 0

@@ -116,6 +116,7 @@ class DeltaCounts:
     outcome_sent: int = 0  # of them, sent to the judge
     outcome_cached: int = 0  # of them, answered by the cache
     outcome_failed: int = 0
+    incomplete: int = 0  # verdicts built on a failed call: asked again by the next run
     outcome_prompt_tokens: int = 0
     outcome_completion_tokens: int = 0
     key_point_calls_reused: int = 0
@@ -441,6 +442,7 @@ def _sweep_delta(
 
 def _count(row: DeltaCounts, v: Verdict) -> None:
     row.trajectories += 1
+    row.incomplete += not v.finished
     row.key_point_calls_reused += 1
     row.screenshot_scores_reused += sum(s.score is not None and s.same_as is None for s in v.screenshots)
     row.kept += len(v.kept)
@@ -583,10 +585,16 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"compare them: keyshot metrics {args.out} --human-labels LABELS (or --arb-index INDEX.csv) --out METRICS"
     )
-    if result[
-        "stopped"
-    ]:  # the stop's own code, as keyshot judge exits (a spent budget: 5, a dead endpoint: 4)
+    # as keyshot judge exits: a stop with its own code (a spent budget 5, a dead endpoint 4), and a verdict
+    # built on a failed call is not a result (3)
+    if result["stopped"]:
         return result["exit_code"] or EXIT_INCOMPLETE
+    incomplete = sum(r["incomplete"] for r in result["per_delta"])
+    if incomplete:
+        print(
+            f"{incomplete} swept verdict(s) incomplete (a failed outcome call): run keyshot sweep again to ask them"
+        )
+        return EXIT_INCOMPLETE
     return 0
 
 
