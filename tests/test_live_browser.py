@@ -16,6 +16,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -380,6 +381,19 @@ def test_a_chromium_that_stops_answering_fails_its_sessions_and_is_replaced(live
         assert "no answer in 3 s (the browser process was stopped)" in failed.error and stuck.reward is None
         assert fine.act(ScriptedAgent()(pages[1])).error is None and fine.reward == 1.0
         assert play(stuck, 3) == 1.0 and pool.replaced == 1
+
+
+@pytest.mark.slow
+def test_a_browser_idle_longer_than_its_timeout_is_not_taken_for_stuck_by_its_next_request(live):
+    # the silence that counts is since the request was sent (or the worker's last answer): a worker idle
+    # for longer than its timeout (TRL steps 256 sessions one at a time) was killed by a slow next request
+    with BrowserPool(BrowserBudget(1), "click-button", setup=live) as pool:
+        browser = pool.lease()
+        browser.reset(seed=1)
+        browser.process.timeout_s = 8.0
+        time.sleep(8.5)  # idle past the timeout
+        page = browser.act("noop(wait_ms=5500)")  # answered after the first look at the silence (5 s)
+        assert page.error is None and browser.process.alive and pool.replaced == 0
 
 
 def trl_reward(config):

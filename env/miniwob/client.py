@@ -126,11 +126,14 @@ class BrowserProcess:
             except OSError as exc:
                 self._pending.pop(rid, None)
                 return {"error": f"the browser process does not listen: {exc}"}
+        sent = time.monotonic()
         while True:
             try:
                 return future.result(timeout=min(5.0, self.timeout_s))
             except FutureTimeout:
-                if time.monotonic() - self._last_heard > self.timeout_s:
+                # silent since this request was sent, or since it last answered another one: a worker
+                # idle before the request is not stuck for having been idle
+                if time.monotonic() - max(sent, self._last_heard) > self.timeout_s:
                     self.fail(f"no answer in {self.timeout_s:.0f} s (the browser process was stopped)")
 
     def send(self, message: dict) -> None:
