@@ -16,7 +16,8 @@ reward (None when no verdict could be had: the observation's ``metadata.keyshot_
 MiniWoB's own reward beside it (``metadata.miniwob_reward``). Sessions ending together are judged as one
 batch. Every step answers within ``--answer-within-s`` (OpenEnv's client waits 60 s): a verdict not
 ready by then leaves its episode without a reward, saying so, and its judging goes on into the call
-cache. ``--keep DIR`` keeps every scored episode there (``keyshot judge DIR`` reads it). SIGTERM or
+cache; a browser that stays silent that long is killed as stuck, and the steps waiting on it answer
+with the reason (their sessions' next resets open in a new Chromium). ``--keep DIR`` keeps every scored episode there (``keyshot judge DIR`` reads it). SIGTERM or
 Ctrl-C closes every Chromium the server opened, and the last line counts the episodes. Runs where
 OpenEnv is installed: make setup-openenv, then ``.venv-openenv/bin/keyshot reward env ...``.
 """
@@ -115,8 +116,16 @@ def run_env(args: argparse.Namespace) -> int:
         f"keyshot reward env --max-sessions {sessions}",
         "lower --max-sessions (each session holds a page), or set --max-pages",
     )
+    # a browser silent for the step's deadline is stuck: it is killed and its sessions' steps answer with
+    # the reason, before OpenEnv's client gives up on them (a client that times out kills TRL's trainer)
     pool = BrowserPool(
-        budget, args.miniwob, setup=browser_setup(), max_steps=args.max_steps, viewport=viewport, html=True
+        budget,
+        args.miniwob,
+        setup=browser_setup(),
+        max_steps=args.max_steps,
+        viewport=viewport,
+        timeout_s=args.answer_within_s,
+        html=True,
     )
     try:
         # the first page opens now (an unknown task fails here, before the server listens); more Chromium
@@ -188,7 +197,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_positive,
         default=ANSWER_WITHIN_S,
         help="seconds within which every step answers (OpenEnv's client waits 60); a verdict not ready "
-        "by then: no reward for that episode, the reason in its metadata",
+        "by then: no reward for that episode, the reason in its metadata; a browser silent that long is "
+        "killed as stuck",
     )
     p.add_argument(
         "--max-sessions",
