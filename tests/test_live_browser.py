@@ -384,6 +384,23 @@ def test_a_chromium_that_stops_answering_fails_its_sessions_and_is_replaced(live
 
 
 @pytest.mark.slow
+def test_a_chromium_that_dies_under_a_silent_worker_fails_its_sessions_within_seconds(live):
+    # a worker stuck in a playwright call that never returns once its Chromium is killed (seen in the
+    # soak) cannot say so: the waiting request sees Chromium's end itself, not after the 60 s timeout
+    with BrowserPool(BrowserBudget(1), "click-button", setup=live) as pool:
+        browser = pool.lease()
+        page = browser.reset(seed=1)
+        process = browser.process
+        os.kill(process.pids[0], signal.SIGSTOP)  # the worker says nothing from now on
+        os.kill(process.chromium_pid, signal.SIGKILL)
+        started = time.monotonic()
+        failed = browser.act(ScriptedAgent()(page))
+        assert time.monotonic() - started < 15 and process.timeout_s == 60
+        assert "the browser (Chromium) died (its worker did not answer)" in failed.error
+        assert not process.alive and play(browser, 1) == 1.0 and pool.replaced == 1
+
+
+@pytest.mark.slow
 def test_a_browser_idle_longer_than_its_timeout_is_not_taken_for_stuck_by_its_next_request(live):
     # the silence that counts is since the request was sent (or the worker's last answer): a worker idle
     # for longer than its timeout (TRL steps 256 sessions one at a time) was killed by a slow next request

@@ -63,6 +63,18 @@ def _started(pid: int) -> str | None:
         return None
 
 
+def _gone(pid: int, started: str) -> bool:
+    """Whether process ``pid``, started at ``started`` (:func:`_started`), has ended: gone, a zombie, or
+    its pid taken by another process."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        return False
+    return fields[0] == "Z" or fields[19] != started
+
+
 class BrowserProcess:
     """One Chromium and the worker process that drives it (``worker.py``), holding many sessions (browser
     contexts); started at construction (Chromium launches in the background: the first request waits for
@@ -131,9 +143,12 @@ class BrowserProcess:
             try:
                 return future.result(timeout=min(5.0, self.timeout_s))
             except FutureTimeout:
+                if self._chromium_start and _gone(self.chromium_pid, self._chromium_start):
+                    # its worker did not say so: stuck in a playwright call that never returns after it
+                    self.fail("the browser died: the browser (Chromium) died (its worker did not answer)")
                 # silent since this request was sent, or since it last answered another one: a worker
                 # idle before the request is not stuck for having been idle
-                if time.monotonic() - max(sent, self._last_heard) > self.timeout_s:
+                elif time.monotonic() - max(sent, self._last_heard) > self.timeout_s:
                     self.fail(f"no answer in {self.timeout_s:.0f} s (the browser process was stopped)")
 
     def send(self, message: dict) -> None:
