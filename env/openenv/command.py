@@ -17,9 +17,10 @@ MiniWoB's own reward beside it (``metadata.miniwob_reward``). Sessions ending to
 batch. Every step answers within ``--answer-within-s`` (OpenEnv's client waits 60 s): a verdict not
 ready by then leaves its episode without a reward, saying so, and its judging goes on into the call
 cache; a browser that stays silent that long is killed as stuck, and the steps waiting on it answer
-with the reason (their sessions' next resets open in a new Chromium). ``--keep DIR`` keeps every scored episode there (``keyshot judge DIR`` reads it). SIGTERM or
-Ctrl-C closes every Chromium the server opened, and the last line counts the episodes. Runs where
-OpenEnv is installed: make setup-openenv, then ``.venv-openenv/bin/keyshot reward env ...``.
+with the reason (their sessions' next resets open in a new Chromium). ``--keep DIR`` keeps every scored
+episode there (``keyshot judge DIR`` reads it). SIGTERM or Ctrl-C closes every Chromium the server
+opened, and the last line counts the episodes. Runs where OpenEnv is installed: make setup-openenv, then
+``.venv-openenv/bin/keyshot reward env ...``.
 """
 
 from __future__ import annotations
