@@ -54,25 +54,27 @@ TASK_NAMES = (
 VIEWPORT_OPENENV = (1280, 720)
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of process ``pid``'s /proc stat after its name (state first); None when it is gone or
+    this is not Linux."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def _started(pid: int) -> str | None:
     """When process ``pid`` started (its /proc start time), so a pid reused by another process is told
     apart; None when it is gone or this is not Linux."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    fields = _stat(pid)
+    return fields[19] if fields else None
 
 
 def _gone(pid: int, started: str) -> bool:
     """Whether process ``pid``, started at ``started`` (:func:`_started`), has ended: gone, a zombie, or
     its pid taken by another process."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return True
-    except (OSError, IndexError):
-        return False
-    return fields[0] == "Z" or fields[19] != started
+    fields = _stat(pid)
+    return fields is None or fields[0] == "Z" or fields[19] != started
 
 
 class BrowserProcess:

@@ -97,11 +97,11 @@ def return_large_buffers() -> bool:
     """Have glibc give every buffer of 1 MiB or more back to the system when it is freed (``mallopt``).
 
     In ``keyshot reward env`` (which calls it) a step's screenshot passes through several such buffers
-    (the PNG, its decoded pixels, the rubric's copy) in the session's own thread. glibc raises its mmap threshold to the largest block freed so far,
-    so after the first screenshot they come from per-thread heaps that keep what is freed: at 1920x1080
-    screenshots 35.9 MiB a session stayed in the server, 7.4 MiB with the threshold fixed (the screenshot
-    itself is 5.9: bench/bench_step_buffers.py). Setting it again changes nothing. False where the C
-    library is not glibc (nothing changed)."""
+    (the PNG, its decoded pixels, the rubric's copy) in the session's own thread. glibc raises its mmap
+    threshold to the largest block freed so far, so after the first screenshot they come from per-thread
+    heaps that keep what is freed: at 1920x1080 screenshots 35.9 MiB a session stayed in the server, 7.4
+    MiB with the threshold fixed (the screenshot itself is 5.9: bench/bench_step_buffers.py). Setting it
+    again changes nothing. False where the C library is not glibc (nothing changed)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError, TypeError):

@@ -265,7 +265,7 @@ async def _sweep_one(judge: WebJudge, item: _Item, delta: float, swept_from: str
         images = dict(zip(verdict.kept, prepared, strict=True))
     try:
         await judge._outcome(item.trajectory, verdict, images)  # the pipeline's own outcome step
-    except RunStopError:
+    except RunStopError:  # a RuntimeError, but not a failed call: the run stops (judge_all says why)
         raise
     except (JudgeCallError, RuntimeError) as exc:  # a failed call, or an answer the pipeline cannot read
         verdict.success, verdict.status_valid = None, False

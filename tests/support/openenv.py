@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 from pathlib import Path
 
@@ -38,16 +37,14 @@ def start_env(config: Path, *extra: str, stderr, python: str | None = None) -> s
 
 
 def first_line(proc: subprocess.Popen, timeout_s: float) -> str:
-    """The process's first output line, or a failure when it ends or says nothing in ``timeout_s``."""
-    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-    assert ready, f"no start-up line in {timeout_s:g} s"
-    line = proc.stdout.readline()
-    assert line, f"the server ended (exit {proc.wait()}) before it listened"
-    return line
+    """The process's first output line (a driver's JSON answer), or a failure when it ends or says nothing
+    in ``timeout_s`` (:func:`keyshot.env.openenv.launch.first_line`)."""
+    return launch.first_line(proc, timeout_s, what="the process")
 
 
 def served_url(proc: subprocess.Popen, timeout_s: float = 180) -> str:
-    """The URL ``keyshot reward env`` names in its start-up line (:func:`keyshot.env.openenv.launch.served_url`)."""
+    """The URL ``keyshot reward env`` names in its start-up line
+    (:func:`keyshot.env.openenv.launch.served_url`)."""
     return launch.served_url(proc, timeout_s)
 
 
