@@ -67,18 +67,29 @@ def play(url: str, steps: int) -> dict:
 
 
 def measure(viewport: str, steps: int, tmp: Path) -> dict:
-    from keyshot.env.openenv.launch import env_on_fake_judge
+    from keyshot.env.openenv.launch import served_url, start_env
+    from keyshot.infer.testing.configs import fake_judge_config
+    from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 
-    extra = ["--miniwob", "click-test", "--max-steps", str(steps + 1), "--viewport", viewport]
-    with env_on_fake_judge(SERVER_PYTHON, tmp, *extra, "--max-sessions", "1") as (url, _):
-        client = subprocess.run(
-            [str(CLIENT_PYTHON), __file__, "--client", url, "--steps", str(steps)],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    if client.returncode:
-        raise SystemExit(f"the client failed: {client.stderr[-2000:]}")
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
+        scorer_endpoint = {"base_url": scorer.base_url, "model": "webjudge-7b", "api_key_env": None}
+        config = fake_judge_config(tmp / "reward.yaml", judge.base_url, {"endpoint": scorer_endpoint})
+        extra = ["--miniwob", "click-test", "--max-steps", str(steps + 1), "--viewport", viewport]
+        with open(tmp / "server.log", "w") as log:
+            server = start_env(SERVER_PYTHON, config, *extra, "--max-sessions", "1", stderr=log)
+        try:
+            url = served_url(server, timeout_s=300)
+            client = subprocess.run(
+                [str(CLIENT_PYTHON), __file__, "--client", url, "--steps", str(steps)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            if client.returncode:
+                raise SystemExit(f"the client failed: {client.stderr[-2000:]}")
+        finally:
+            server.terminate()
+            server.wait(timeout=120)
     return {"viewport": viewport, **json.loads(client.stdout.strip().splitlines()[-1])}
 
 

@@ -24,7 +24,9 @@ from pathlib import Path
 import psutil
 
 from keyshot.env.miniwob import budget as recorded
-from keyshot.env.openenv.launch import env_on_fake_judge
+from keyshot.env.openenv.launch import served_url, start_env
+from keyshot.infer.testing.configs import fake_judge_config
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_PYTHON = REPO / ".venv-openenv" / "bin" / "python"
@@ -36,27 +38,39 @@ def rss_mib(pid: int) -> float:
 
 
 def measure(count: int, viewport: str, max_steps: int, tmp: Path) -> dict:
-    extra = ["--miniwob", "click-test", "--max-steps", str(max_steps), "--viewport", viewport]
-    with env_on_fake_judge(SERVER_PYTHON, tmp, *extra, "--max-sessions", str(count)) as (url, pid):
-        idle = rss_mib(pid)
-        driver = subprocess.Popen(
-            [str(SERVER_PYTHON), str(CLIENT), url, str(count)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        started = time.monotonic()
-        episodes = [{"client": i, "seed": i, "agent": "noop"} for i in range(count)]
-        driver.stdin.write(json.dumps(episodes) + "\n")
-        driver.stdin.flush()
-        played = json.loads(driver.stdout.readline() or "null")
-        if not played:
-            raise SystemExit(f"the clients ended (exit {driver.wait()}) before their episodes did")
-        seconds = time.monotonic() - started
-        time.sleep(2)
-        held = rss_mib(pid)  # the sessions still connected, their last answers held
-        driver.stdin.close()
-        driver.wait(timeout=120)
+    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
+        scorer_endpoint = {"base_url": scorer.base_url, "model": "webjudge-7b", "api_key_env": None}
+        config = fake_judge_config(tmp / "reward.yaml", judge.base_url, {"endpoint": scorer_endpoint})
+        extra = ["--miniwob", "click-test", "--max-steps", str(max_steps), "--viewport", viewport]
+        with open(tmp / f"server-{count}.log", "w") as log:
+            server = start_env(SERVER_PYTHON, config, *extra, "--max-sessions", str(count), stderr=log)
+        try:
+            try:
+                url = served_url(server, timeout_s=600)
+            except RuntimeError as exc:
+                raise SystemExit(f"{exc}: {(tmp / f'server-{count}.log').read_text()[-2000:]}") from None
+            idle = rss_mib(server.pid)
+            driver = subprocess.Popen(
+                [str(SERVER_PYTHON), str(CLIENT), url, str(count)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            started = time.monotonic()
+            episodes = [{"client": i, "seed": i, "agent": "noop"} for i in range(count)]
+            driver.stdin.write(json.dumps(episodes) + "\n")
+            driver.stdin.flush()
+            played = json.loads(driver.stdout.readline() or "null")
+            if not played:
+                raise SystemExit(f"the clients ended (exit {driver.wait()}) before their episodes did")
+            seconds = time.monotonic() - started
+            time.sleep(2)
+            held = rss_mib(server.pid)  # the sessions still connected, their last answers held
+            driver.stdin.close()
+            driver.wait(timeout=120)
+        finally:
+            server.terminate()
+            server.wait(timeout=120)
     shape = played[0]["shape"]
     return {
         "sessions": count,

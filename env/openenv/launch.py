@@ -1,15 +1,13 @@
 """``keyshot reward env`` started as a process of its own, and the URL it serves read from its first line
-(for tests and benches, which run the server in the OpenEnv venv and its clients elsewhere); for benches,
-the server against the fake judge and scorer. Imports nothing of OpenEnv."""
+(for tests and benches, which run the server in the OpenEnv venv and its clients elsewhere). Imports
+nothing of OpenEnv."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import select
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 #: The server's first line names where it listens: ``... on http://HOST:PORT (...)``.
@@ -45,28 +43,3 @@ def served_url(proc: subprocess.Popen, timeout_s: float = 180) -> str:
     if not url:
         raise RuntimeError(f"keyshot reward env's first line names no URL: {line.strip()!r}")
     return url[1]
-
-
-@contextlib.contextmanager
-def env_on_fake_judge(python: str | os.PathLike, tmp: Path, *extra: str) -> Iterator[tuple[str, int]]:
-    """``keyshot reward env EXTRA...`` against the fake judge and scorer (for benches): ``(url, pid)``
-    while it serves; its stderr goes to ``tmp/server.log`` (quoted when it does not start); terminated
-    at the end."""
-    from keyshot.infer.testing.configs import fake_judge_config
-    from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
-
-    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
-        endpoint = {"base_url": scorer.base_url, "model": "webjudge-7b", "api_key_env": None}
-        config = fake_judge_config(tmp / "reward.yaml", judge.base_url, {"endpoint": endpoint})
-        log_path = tmp / "server.log"
-        with open(log_path, "w") as log:
-            server = start_env(python, config, *extra, stderr=log)
-        try:
-            try:
-                url = served_url(server, timeout_s=600)
-            except RuntimeError as exc:
-                raise SystemExit(f"{exc}: {log_path.read_text()[-2000:]}") from None
-            yield url, server.pid
-        finally:
-            server.terminate()
-            server.wait(timeout=120)
