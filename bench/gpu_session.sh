@@ -32,7 +32,7 @@ fi
 if [ "${GPU_TESTS:-1}" = 1 ]; then  # GPU_TESTS=0: the kit alone (a rerun after a change to the kit)
   started=$(date +%s)
   # every module with CUDA tests (the recipe and scorer on CUDA, the speed switches' CUDA checks)
-  mapfile -t gpu_modules < <(grep -l "pytest.mark.gpu" tests/test_*.py)
+  mapfile -t gpu_modules < <(grep -rl "pytest.mark.gpu" tests --include="test_*.py")
   timeout "${GPU_TEST_TIMEOUT:-200}" python3 -m pytest -q -m gpu "${gpu_modules[@]}" -p no:cacheprovider 2>&1 \
     | tee "$out/tests.txt"
   echo "tests: rc ${PIPESTATUS[0]} in $(( $(date +%s) - started )) s" | tee -a "$out/tests.txt"

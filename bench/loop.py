@@ -16,7 +16,7 @@
 
 Writes WORK/loop.json and WORK/loop.md, prints the table and exits 1 when the trained scorer misses a floor
 (:func:`short_of`). It measures (about 6 minutes on 2 cores), so it is a benchmark, not part of ``make test``:
-the suite checks learning with tests/test_train_run.py's loss on a learnable dataset.
+the suite checks learning with tests/train/test_launches.py's loss on a learnable dataset.
 """
 
 from __future__ import annotations

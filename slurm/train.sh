@@ -1,7 +1,7 @@
 #!/bin/bash
 # Multi-node scorer training: one srun task per node, each runs `accelerate launch` for that node's GPUs.
 #   sbatch --nodes 2 slurm/train.sh configs/train/webjudge7b_full.yaml world_size=8 [key=value ...]
-# On one CPU node (how tests/test_slurm.py runs it on a real one-node cluster):
+# On one CPU node (how tests/e2e/test_slurm_cluster.py runs it on a real one-node cluster):
 #   sbatch --nodes 1 --gpus-per-node=0 --cpus-per-task=2 --export=ALL,ACCELERATE_CONFIG=configs/accelerate/cpu1.yaml,GPUS_PER_NODE=1 \
 #     slurm/train.sh configs/train/tiny_cpu.yaml model.name_or_path=runs/tiny-model data.path=runs/tiny-dataset
 # The node rank is escaped (\$SLURM_NODEID inside the double-quoted bash -c) so that each node's shell

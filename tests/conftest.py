@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import FIXTURES, TESTS
+
 # The shared vLLM scorer server (one per session) and its checkpoint, for every test module.
 from tests.support.vllm import scorer_checkpoint, vllm_server  # noqa: F401
 
@@ -16,7 +18,6 @@ from tests.support.vllm import scorer_checkpoint, vllm_server  # noqa: F401
 # the process-wide reward models (tests/support/reward.py).
 pytest_plugins = ("tests.support.reward",)
 
-FIXTURES = Path(__file__).parent / "fixtures"
 
 # Keep third-party caches and sockets out of $HOME and away from other runs.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -47,21 +48,29 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 # last to end is short.
 SHARED = {
     "vllm": {
-        "test_demo_constrained",
-        "test_judge_cli",
-        "test_pipeline",
-        "test_reward_trl",
-        "test_scorer_parity",
-        "test_serve",
+        "e2e/test_demo",
+        "infer/judge/test_judge_command",
+        "infer/judge/test_pipeline",
+        "infer/judge/test_scorer_parity",
+        "infer/serve/test_serve",
+        "reward/test_trl",
     },
-    "openenv": {"test_openenv", "test_openenv_server", "test_openenv_trl"},
+    "openenv": {"reward/test_openenv_rubric", "env/test_openenv_server", "env/test_trl_browsergym_example"},
 }
-DURATIONS = Path(__file__).parent / "durations.json"
+DURATIONS = TESTS / "durations.json"
+
+
+def module_of(nodeid: str) -> str:
+    """A test's module as tests/durations.json and SHARED name it: its path under tests/, without .py
+    (``infer/judge/test_pipeline``)."""
+    path = Path(nodeid.split("::", 1)[0]).with_suffix("")
+    parts = path.parts[path.parts.index("tests") + 1 :] if "tests" in path.parts else path.parts
+    return "/".join(parts)
 
 
 def work_unit(nodeid: str) -> str:
     """The unit of work a test belongs to: its module, or the shared group its module is in."""
-    module = Path(nodeid.split("::", 1)[0]).stem
+    module = module_of(nodeid)
     return next((group for group, modules in SHARED.items() if module in modules), module)
 
 
@@ -93,7 +102,9 @@ def pytest_collection_modifyitems(config, items):
     """Mark every test with its work unit's xdist_group, order the work units longest first (units not in
     tests/durations.json after the others, in collection order), and refuse a module that uses the shared
     vLLM server without being in its group (it would start a second server on another worker)."""
-    strays = sorted({item.path.stem for item in items if "vllm_server" in item.fixturenames} - SHARED["vllm"])
+    strays = sorted(
+        {module_of(item.nodeid) for item in items if "vllm_server" in item.fixturenames} - SHARED["vllm"]
+    )
     if strays:
         raise pytest.UsageError(
             f"tests/conftest.py: add {', '.join(strays)} to SHARED['vllm'] (they use vllm_server)"

@@ -28,7 +28,7 @@ fi
 # the extra's pins, read from pyproject.toml (keyshot's own install is left as it is)
 mapfile -t PINS < <("$V/bin/python" "$HERE/pyproject_deps.py" browser)
 stage "browser extra (pins of pyproject.toml)" "$V/bin/pip" install -q -c "$ROOT/.ci/constraints-cpu.txt" "${PINS[@]}"
-# AgentLab's experiment loop and result loading (its studies in tests/test_agentlab_study.py): its release
+# AgentLab's experiment loop and result loading (its studies in tests/infer/loaders/test_agentlab_study.py): its release
 # requires ray, torch, gradio and litellm, which neither its loop nor its result loading imports; what they
 # do import comes with the extra above (and pandas with keyshot's own datasets)
 stage "AgentLab 0.4.2 (without its dependencies)" "$V/bin/pip" install -q --no-deps agentlab==0.4.2

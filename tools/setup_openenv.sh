@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the venv in which keyshot's OpenEnv environment runs on OpenEnv's own server and is driven by its own
-# client (keyshot reward env, tests/test_openenv*.py, docs/reward.md's OpenEnv section).
+# client (keyshot reward env, tests/env/test_openenv_server.py, tests/reward/test_openenv_rubric.py, docs/reward.md's OpenEnv section).
 # usage: [SETUP_LOG=runs/setup.log] tools/setup_openenv.sh [VENV=.venv-openenv]
 # OpenEnv has a venv of its own: its release pulls gradio, which pins pillow below the version .venv's
 # training stack runs. What is installed: OpenEnv (the `openenv` extra's pin in pyproject.toml), keyshot's
@@ -13,9 +13,9 @@
 # Then two small client venvs, each a site-packages of its own over a built venv's (a .pth line), holding
 # only what that venv lacks (seconds, not a new stack):
 #   $V-core: OpenEnv's older client generation, openenv-core (OPENENV_CORE, what the BrowserGym Space's
-#            package pulls in), over $V: tests/test_openenv_clients.py drives keyshot reward env with it;
+#            package pulls in), over $V: tests/env/test_openenv_server.py drives keyshot reward env with it;
 #   $V-trl:  OpenEnv and browsergym_env over .venv's training stack (torch, transformers, TRL): TRL's own
-#            BrowserGym example runs there unchanged (tests/test_openenv_trl.py, bench/bench_openenv_trl.py);
+#            BrowserGym example runs there unchanged (tests/env/test_trl_browsergym_example.py, bench/bench_openenv_trl.py);
 #            skipped until .venv is built (make setup).
 # One line per stage with its time (tools/stage.sh); the installers' output goes to SETUP_LOG. Running it
 # again on a built venv only re-checks the pins (pip finds every requirement satisfied).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the venv in which keyshot's verl tests run verl 0.9.1's own released code (tests/test_reward_verl.py).
+# Build the venv in which keyshot's verl tests run verl 0.9.1's own released code (tests/reward/test_verl.py).
 # usage: [TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu] [SETUP_LOG=runs/setup.log] tools/setup_verl.sh [VENV=.venv-verl]
 # verl's wheel is installed without its dependencies: its extras pin CUDA torch, vLLM and flash-attn, and its
 # core pins transformers<5.11 (the training stack in .venv has a newer one). What is installed instead is

@@ -6,7 +6,7 @@ language model's FLOPs, and a float32 (batch, length, 152k) logits tensor of gig
 :func:`label_position_loss` asks the model for logits only at the positions whose next token is labelled
 (transformers' ``logits_to_keep`` with a boolean mask: ``lm_head`` runs on those hidden states alone) and
 takes the cross-entropy there: the mean over labelled tokens, as transformers' own loss, and equal to it
-to the last bit in float32 on the tiny model (tests/test_label_logits.py). The call goes through the
+to the last bit in float32 on the tiny model (tests/train/test_label_loss.py). The call goes through the
 model's own forward, so DDP, DeepSpeed and peft wrappers run as they do for ``model(**batch).loss``.
 """
 

@@ -2,7 +2,7 @@
 
 :func:`apply_speedups` is called by :func:`keyshot.train.scorer_model.prepare_for_training` after freezing,
 checkpointing and LoRA, and can be called by bench/gpu.py on a model it built. Each switch is off by default,
-gives transformers' output within the dtype's rounding when on (tests/test_speedups.py), and refuses in one
+gives transformers' output within the dtype's rounding when on (tests/train/test_speedups.py), and refuses in one
 line where it cannot run:
 
 - ``liger_kernel``: Liger-Kernel's Triton RMSNorm (every norm of the language model, the vision blocks and

@@ -35,7 +35,7 @@ task's JavaScript), actions go through BrowserGym's ``HighLevelActionSet`` and `
 the observation through its extractors. What :class:`browsergym.core.env.BrowserEnv` does around them
 (its context set-up, the active-page tracking, the waits, the chat messages ``validate`` reads) is written
 here per context, because ``BrowserEnv`` launches a Chromium (and a second one for its chat window) per
-environment; ``tests/test_browsergym_copy.py`` pins this copy to the BrowserGym version keyshot pins (the
+environment; ``tests/env/test_browsergym_copy.py`` pins this copy to the BrowserGym version keyshot pins (the
 source of every copied method is hashed) and plays the same episodes both ways. Not copied: the chat
 window's browser (its messages are kept as a list, which is all MiniWoB's ``validate`` reads), video
 recording, the element properties (no field keyshot sends; the DOM snapshot is taken for ``html`` only), and the task's ``slow_mo``

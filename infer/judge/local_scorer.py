@@ -4,7 +4,7 @@ the endpoint back-end (:class:`keyshot.infer.judge.scorers.KeyScreenshotScorer`)
 Batched greedy generation with left padding. It renders exactly the messages the endpoint back-end sends
 (:func:`keyshot.infer.protocol.messages.scorer_messages`) through the scorer's one renderer (:mod:`keyshot.infer.protocol.chat_template`) with
 the checkpoint's chat template, so for the same checkpoint (fp32, greedy) both back-ends give the same
-answers (tests/test_scorer_parity.py). torch and transformers are imported when a scorer is built.
+answers (tests/infer/judge/test_scorer_parity.py). torch and transformers are imported when a scorer is built.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ H100 the tower then runs at a few percent of peak.
 :func:`use_batched_window_attention` replaces that loop in a model's vision attention modules: the
 windows are grouped by length (nearly all windows are full; edge windows are shorter), and each group
 is ONE ``scaled_dot_product_attention`` call over a batch of windows. No padding and no mask, so every
-window attends exactly as before (checked against transformers' own path in tests/test_vision_attention.py).
+window attends exactly as before (checked against transformers' own path in tests/infer/model/test_vision_attention.py).
 With flash-attn (``attn_implementation="flash_attention_2"``) nothing is changed.
 
 Two more changes make the tower fast on a GPU (bench/RESULTS-gpu.md, H200 at the 7B shape: 16 -> 22
@@ -25,7 +25,7 @@ recipe call it).
 Each patch is applied once however often it is called (a second call changes nothing and counts the
 layers already patched), and says in a warning when it found nothing to patch in a Qwen2.5-VL: a transformers
 upgrade that renamed a class or changed a forward's arguments would otherwise switch it off in silence
-(tests/test_vision_attention.py).
+(tests/infer/model/test_vision_attention.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ answer to (vLLM's structured outputs, ``constrained: true`` on an endpoint; docs
 
 One pattern per prompt variant and step, written from the format the prompt set asks for
 (``prompts/webjudge_prompts.json``) and read back by the protocol's own parsers
-(:mod:`keyshot.infer.protocol.parsing`, strict mode; ``tests/test_answer_format.py`` checks every kind
+(:mod:`keyshot.infer.protocol.parsing`, strict mode; ``tests/infer/protocol/test_answer_format.py`` checks every kind
 of string a pattern allows):
 
 * key points: ``**Key Points**:`` and a numbered list, one point per line;

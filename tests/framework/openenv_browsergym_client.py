@@ -1,7 +1,7 @@
 """OpenEnv's BrowserGym client (``browsergym_env.BrowserGymEnv``, what TRL's example uses) playing one episode
 on ``keyshot reward env``, with whichever OpenEnv client generation the venv holds: ``openenv`` 0.10 (a
 call resolves when its result is read) or ``openenv-core`` 0.2.x/0.3 (coroutines; its ``.sync()``
-wrapper). Run by tests/test_openenv_server.py in .venv-openenv and .venv-openenv-core.
+wrapper). Run by tests/env/test_openenv_server.py in .venv-openenv and .venv-openenv-core.
 
     python tests/framework/openenv_browsergym_client.py URL SEED
 

@@ -1,5 +1,5 @@
 """OpenEnv's own client (``GenericEnvClient``, WebSocket) playing episodes on ``keyshot reward env``; run in
-the OpenEnv venv by tests/test_openenv_server.py (openenv is not installed in .venv).
+the OpenEnv venv by tests/env/test_openenv_server.py (openenv is not installed in .venv).
 
     python tests/framework/openenv_client.py URL CLIENTS
 

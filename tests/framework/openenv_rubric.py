@@ -1,6 +1,6 @@
 """keyshot's OpenEnv rubric (keyshot.reward.openenv.KeyshotRubric) called as OpenEnv calls a rubric
 (``Rubric.__call__``, OpenEnv's released code), on BrowserGym observations of keyshot's environment; run in
-the OpenEnv venv by tests/test_openenv_rubric.py (openenv is not installed in .venv).
+the OpenEnv venv by tests/reward/test_openenv_rubric.py (openenv is not installed in .venv).
 
     python tests/framework/openenv_rubric.py PLAN_JSON
 

@@ -1,5 +1,5 @@
 """keyshot's observation on OpenEnv's own serialisation path, in the OpenEnv venv (run by
-tests/test_openenv.py): a 1280x720 screenshot held as ``Pixels`` in keyshot's ``PixelObservation`` against
+tests/reward/test_openenv_rubric.py): a 1280x720 screenshot held as ``Pixels`` in keyshot's ``PixelObservation`` against
 the same page as nested lists in OpenEnv's ``BrowserGymObservation``, both through OpenEnv's
 ``serialize_observation`` and ``WSObservationResponse.model_dump_json`` (what its WebSocket handler sends),
 then read back by OpenEnv's ``BrowserGymEnv`` client.

@@ -1,4 +1,4 @@
-"""A page that crashes while its worker waits on it (run by tests/test_live_browser.py with the browser
+"""A page that crashes while its worker waits on it (run by tests/env/test_miniwob_live.py with the browser
 set-up's environment, as the pool runs env/miniwob/worker.py): two sessions of one Chromium, the first's
 renderer crashed (CDP ``Page.crash``) while BrowserGym's ``wait_for_function`` waits on it, as MiniWoB's
 setup does; then the second session steps.

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from keyshot.env.openenv import launch
+from tests.support import paths
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = paths.REPO
 PYTHON_ENV = "KEYSHOT_OPENENV_PYTHON"
 FRAMEWORK = REPO / "tests" / "framework"
 

@@ -1,5 +1,5 @@
 """Strings a regular expression allows, drawn at random from its parse tree (Python's own regex parser),
-for tests that must hold for every string a pattern allows (``tests/test_answer_format.py``).
+for tests that must hold for every string a pattern allows (``tests/infer/protocol/test_answer_format.py``).
 
 The draw leans on the edges: a repetition takes its least or its most count as often as any other, and
 the free text of a character class is filled, where ``fragments`` fit the class, with strings chosen to

@@ -15,8 +15,9 @@ import pytest
 
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+from tests.support import paths
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = paths.FIXTURES
 OM2W_V1 = sorted((FIXTURES / "trajectories" / "online_mind2web_v1").iterdir())
 
 

@@ -16,8 +16,9 @@ from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.infer.protocol.images import DEFAULT_POLICY
 from keyshot.infer.testing.fake_openai import score_image
+from tests.support import paths
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = paths.FIXTURES
 TRAJECTORIES = FIXTURES / "trajectories"
 
 #: 6 trajectories, 20 screenshots, 4 agents (SeeAct twice: an Online-Mind2Web folder and a JSONL line)

@@ -20,8 +20,9 @@ import pytest
 from keyshot.infer.model.tiny_model import write_tiny_scorer_meta
 from keyshot.infer.serve.plan import ENV_VLLM_PYTHON, ServeConfig
 from keyshot.infer.serve.server import VLLMServer
+from tests.support import paths
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = paths.REPO
 SERVED_NAME = "keyshot-tiny"
 
 _lock = threading.Lock()

@@ -1,0 +1,198 @@
+"""The slurm/ scripts on a real one-node SLURM cluster (slow tier; slurm-wlm installed if missing).
+
+Through the real ``sbatch``: the judge job array against the fake OpenAI server and its dependent merge
+job (merged verdicts equal one process), a lost shard re-submitted alone, and slurm/train.sh with the
+tiny CPU training config on one node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.testing.fake_openai import spawn_fake_openai
+from keyshot.infer.testing.scorer_data import build_scorer_dataset
+from tests.infer.judge.test_shards_merge import _comparable, _config, _input, _totals
+from tests.support import paths
+from tests.support.slurm import ensure_slurm, job_state, sbatch, slurm_cluster, wait_for
+
+pytestmark = pytest.mark.slow
+
+REPO = paths.REPO
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = ensure_slurm()
+    if reason:
+        print(f"SKIP e2e/test_slurm_cluster: {reason}")
+        pytest.skip(reason)
+    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as env:
+        env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"  # keyshot and accelerate for the jobs
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        yield env
+
+
+def _logs(folder: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(folder.glob("*.out")))
+
+
+def test_judge_array_then_merge_equals_one_process(cluster, tmp_path):
+    inputs = _input(tmp_path, n=12, shots=3)
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()  # SLURM does not create the folder of --output
+    with spawn_fake_openai("judge") as (url, _):
+        cfg = _config(tmp_path, {"base_url": url})
+        array = sbatch(
+            cluster,
+            "--array=0-2",
+            "--cpus-per-task=1",
+            f"--output={logs}/judge-%A_%a.out",
+            "slurm/judge.sh",
+            inputs[0],
+            cfg,
+            str(out),
+            inputs[1],  # more inputs may follow among keyshot judge's arguments
+            cwd=REPO,
+        )
+        merge = sbatch(
+            cluster,
+            f"--dependency=afterok:{array}",
+            f"--output={logs}/merge-%j.out",
+            "slurm/merge.sh",
+            str(out),
+            cwd=REPO,
+        )
+        wait_for(cluster, [array, merge], timeout_s=600)
+        assert job_state(cluster, merge) == "COMPLETED", _logs(logs)
+        assert (
+            keyshot(["judge", *inputs, "--config", cfg, "--out", str(tmp_path / "one"), "--no-progress"]) == 0
+        )
+
+        merged = json.loads((out / "summary.json").read_text())
+        single = json.loads((tmp_path / "one/summary.json").read_text())
+        assert merged["run"]["merged_shards"] == 3
+        assert _totals(merged) == _totals(single)
+        one = sorted(map(_comparable, read_verdicts(tmp_path / "one/verdicts.jsonl")))
+        assert sorted(map(_comparable, read_verdicts(out / "verdicts.jsonl"))) == one and len(one) == 24
+
+        # a shard lost: re-submit that array task alone (SHARDS says how many there are), merge again
+        kept = {i: (out / f"shard-{i}-of-3/summary.json").stat().st_mtime_ns for i in (0, 2)}
+        shutil.rmtree(out / "shard-1-of-3")
+        again = sbatch(
+            cluster,
+            "--array=1",
+            "--cpus-per-task=1",
+            "--export=ALL,SHARDS=3",
+            f"--output={logs}/again-%A_%a.out",
+            "slurm/judge.sh",
+            inputs[0],
+            cfg,
+            str(out),
+            inputs[1],
+            cwd=REPO,
+        )
+        merge = sbatch(
+            cluster,
+            f"--dependency=afterok:{again}",
+            f"--output={logs}/merge2-%j.out",
+            "slurm/merge.sh",
+            str(out),
+            cwd=REPO,
+        )
+        wait_for(cluster, [again, merge], timeout_s=600)
+    assert job_state(cluster, merge) == "COMPLETED", _logs(logs)
+    assert sorted(map(_comparable, read_verdicts(out / "verdicts.jsonl"))) == one
+    assert all((out / f"shard-{i}-of-3/summary.json").stat().st_mtime_ns == t for i, t in kept.items())
+
+
+def test_a_partial_array_without_a_shard_count_is_refused(cluster, tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    job = sbatch(
+        cluster,
+        "--array=1",
+        "--cpus-per-task=1",
+        f"--output={logs}/judge-%A_%a.out",
+        "slurm/judge.sh",
+        str(tmp_path),
+        "configs/judge/webjudge7b.yaml",
+        str(tmp_path / "run"),
+        cwd=REPO,
+    )
+    wait_for(cluster, [job], timeout_s=120)
+    assert "FAILED" in job_state(cluster, job)
+    assert "SHARDS=N" in _logs(logs)
+
+
+def test_train_script_on_one_cpu_node(cluster, tiny_model_dir, tmp_path):
+    data = build_scorer_dataset(tmp_path / "data", n_train=8, n_val=4, seed=0)
+    run_dir, logs = tmp_path / "train", tmp_path / "logs"
+    logs.mkdir()
+    job = sbatch(
+        cluster,
+        "--nodes=1",
+        "--gpus-per-node=0",
+        "--cpus-per-task=2",
+        f"--output={logs}/train-%j.out",
+        "--export=ALL,ACCELERATE_CONFIG=configs/accelerate/cpu1.yaml,GPUS_PER_NODE=1",
+        "slurm/train.sh",
+        "configs/train/tiny_cpu.yaml",
+        f"model.name_or_path={tiny_model_dir}",
+        f"data.path={data}",
+        f"run_dir={run_dir}",
+        "max_steps=3",
+        "log.tracker=none",
+        cwd=REPO,
+    )
+    wait_for(cluster, [job], timeout_s=900)
+    assert job_state(cluster, job) == "COMPLETED", _logs(logs)
+    assert (run_dir / "final" / "config.json").is_file(), _logs(logs)
+
+
+def test_synth_array_then_merge_builds_the_dataset_of_one_run(cluster, tmp_path):
+    from datasets import load_from_disk
+
+    from keyshot.data_synth.labelling_run import run_synth
+    from keyshot.infer.testing.fake_openai import FakeOpenAI, make_teacher
+    from tests.support.synth_env import RULES, synth_config, teacher_set
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with FakeOpenAI(make_teacher(RULES["bright"])) as bright, FakeOpenAI(make_teacher(RULES["dark"])) as dark:
+        teachers = teacher_set({"bright": bright.base_url, "dark": dark.base_url})
+        assert run_synth(synth_config(tmp_path / "one.yaml", tmp_path / "one", teachers)).exit_code == 0
+        synth_config(tmp_path / "many.yaml", tmp_path / "many", teachers)
+        array = sbatch(
+            cluster,
+            "--array=0-1",
+            "--cpus-per-task=1",
+            f"--output={logs}/synth-%A_%a.out",
+            "slurm/synth.sh",
+            str(tmp_path / "many.yaml"),
+            cwd=REPO,
+        )
+        merge = sbatch(
+            cluster,
+            f"--dependency=afterok:{array}",
+            "--cpus-per-task=1",
+            f"--output={logs}/merge-%j.out",
+            "slurm/synth_merge.sh",
+            str(tmp_path / "many.yaml"),
+            cwd=REPO,
+        )
+        wait_for(cluster, [array, merge], timeout_s=600)
+    assert job_state(cluster, merge) == "COMPLETED", _logs(logs)
+    one = load_from_disk(str(tmp_path / "one/dataset"))
+    many = load_from_disk(str(tmp_path / "many/dataset"))
+    assert {k: sorted(map(str, v["messages"])) for k, v in one.items()} == {
+        k: sorted(map(str, v["messages"])) for k, v in many.items()
+    }

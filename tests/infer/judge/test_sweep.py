@@ -1,0 +1,372 @@
+"""``keyshot sweep`` over the bundled real records: every screenshot score reused (no scorer or key-point
+call sent), one outcome call per trajectory per δ asked of a local OpenAI-compatible server, each outcome
+request paid once."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from keyshot.infer.cli import main as keyshot
+from keyshot.infer.common.errors import EXIT_BUDGET, EXIT_INCOMPLETE
+from keyshot.infer.judge.sweep import SweepError, delta_folder, parse_deltas, plan_sweep
+from keyshot.infer.loaders.judge_records import recorded_actions
+from keyshot.infer.protocol.verdicts import read_verdicts, select_kept
+from keyshot.infer.runs.run_record import mark_stand_in, read_protocol, stand_in_of
+from keyshot.infer.runs.verdict_sources import read_reference_records
+from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from tests.support import paths
+
+FIXTURES = paths.FIXTURES
+RECORDS = FIXTURES / "arb_records"
+O4_MINI = RECORDS / "webjudge_o4_mini"
+
+
+def metrics(argv: list[str]) -> int:
+    return keyshot(["metrics", *argv])
+
+
+class Recording:
+    """The fake judge, counting the WebJudge step of every request it answers."""
+
+    def __init__(self) -> None:
+        self.judge = make_judge("task_hash")
+        self.steps: Counter = Counter()
+
+    def __call__(self, request: dict) -> str:
+        self.steps[identify_step(request)] += 1
+        return self.judge(request)
+
+
+def _overrides(server: FakeOpenAI) -> list[str]:
+    return [
+        f"judge.base_url={server.base_url}",
+        "judge.model=fake-judge",
+        "judge.api_key_env=null",
+        "judge.backoff_base_s=0.01",
+        "judge.timeout_s=10",
+        "pipeline.outcome_logprobs=2",
+    ]
+
+
+def _kept_sets(deltas: list[int]) -> dict[str, set[tuple[int, ...]]]:
+    """Per trajectory, the distinct kept sets over ``deltas``: the outcome requests that differ."""
+    out: dict[str, set] = {}
+    for v in read_reference_records(O4_MINI):
+        out[v.task_id] = {tuple(select_kept(v.screenshots, d, mode="strict")) for d in deltas}
+    return out
+
+
+def test_sweep_of_released_records_reuses_every_score(tmp_path, capsys):
+    records = read_reference_records(O4_MINI)
+    assert len(records) == 3 and all(
+        recorded_actions(json.loads(Path(v.source).read_text())) for v in records
+    )
+    scored = sum(s.score is not None for v in records for s in v.screenshots)
+    recording = Recording()
+    out = tmp_path / "sweep"
+    with FakeOpenAI(recording) as server:
+        rc = keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *_overrides(server)])
+        served = server.stats.completions_served
+    assert rc == 0, capsys.readouterr()
+    # only outcome calls reached the judge: no scorer call, no key points
+    assert set(recording.steps) == {"outcome"}
+    distinct = sum(len(s) for s in _kept_sets([2, 3, 4]).values())
+    assert recording.steps["outcome"] == served == distinct == 4  # 9 asked, identical requests paid once
+    result = json.loads((out / "sweep.json").read_text())
+    totals = result["totals"]
+    assert (totals["scorer_calls_sent"], totals["key_point_calls_sent"]) == (0, 0)  # from the verdicts
+    assert totals["outcome_calls_sent"] == 4 and totals["outcome_calls_cached"] == 5
+    for row, delta in zip(result["per_delta"], (2, 3, 4), strict=True):
+        assert row["delta"] == delta and row["trajectories"] == 3
+        assert row["outcome_calls"] == 3  # exactly one outcome call per trajectory per δ
+        assert row["key_point_calls_reused"] == 3 and row["screenshot_scores_reused"] == scored
+        assert row["calls_saved"] == 3 + scored + row["outcome_cached"]
+        folder = delta_folder(out, delta)
+        protocol = read_protocol(folder)
+        assert protocol["threshold"] == delta and protocol["swept_from"] == str(O4_MINI)
+        assert protocol["outcome_images"] == "none"  # released records hold no pixels of unkept shots
+        verdicts = read_verdicts(folder / "verdicts.jsonl")
+        assert len(verdicts) == 3
+        for v in verdicts:
+            assert len(v.outcome_calls) == 1 and v.usage["judge"].calls == 1
+            assert v.usage["scorer"].calls == 0 and v.key_points
+            assert v.kept == select_kept(v.screenshots, delta, mode="strict")
+            assert v.config["threshold"] == delta and v.p_success is not None
+            assert v.success is not None
+    printed = capsys.readouterr().out
+    assert "Sent: 4 outcome calls, 0 scorer calls, 0 key-point calls" in printed
+    # the plan, read from the records alone, said so before any call
+    plan = plan_sweep(O4_MINI, [2, 3, 4])
+    assert (
+        [r["outcome_requests"] for r in plan] == [r["outcome_sent"] for r in result["per_delta"]] == [3, 1, 0]
+    )
+    assert [r["kept"] for r in plan] == [r["kept"] for r in result["per_delta"]] == [4, 2, 2]
+
+    # a second run asks nothing: every δ folder is finished
+    with FakeOpenAI(recording) as server:
+        assert keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *_overrides(server)]) == 0
+        assert server.stats.requests == 0
+    again = json.loads((out / "sweep.json").read_text())
+    assert [r["already"] for r in again["per_delta"]] == [3, 3, 3]
+
+
+def test_sweep_refuses_records_of_several_judges(tmp_path, capsys):
+    with FakeOpenAI(make_judge()) as server:
+        rc = keyshot(
+            ["sweep", str(RECORDS), "--out", str(tmp_path / "s"), "--no-progress", *_overrides(server)]
+        )
+        assert server.stats.requests == 0
+    assert rc == SweepError.exit_code != 0
+    assert "7 records of 3 trajectories, by 3 judges" in capsys.readouterr().err
+
+
+def test_a_record_without_action_history_is_counted(tmp_path):
+    folder = tmp_path / "records"
+    shutil.copytree(RECORDS / "webjudge_7B", folder)
+    one = next(folder.rglob("webarena.427.json"))
+    record = json.loads(one.read_text())
+    record["input_text"] = "no history here"
+    one.write_text(json.dumps(record))
+    with FakeOpenAI(make_judge()) as server:
+        rc = keyshot(
+            [
+                "sweep",
+                str(folder),
+                "--out",
+                str(tmp_path / "s"),
+                "--deltas",
+                "3",
+                "--no-progress",
+                *_overrides(server),
+            ]
+        )
+    assert rc == 0
+    result = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert result["not_swept"] == {"trajectory not readable": 1}
+    assert result["per_delta"][0]["trajectories"] == 1
+
+
+def test_deltas_are_checked():
+    assert parse_deltas("2,3,4") == [2, 3, 4]
+    for bad in ("0,3", "3,3", "two", ""):
+        with pytest.raises(SweepError, match="--deltas"):
+            parse_deltas(bad)
+
+
+def test_metrics_put_the_deltas_side_by_side(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    with FakeOpenAI(make_judge("task_hash")) as server:
+        assert keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *_overrides(server)]) == 0
+    index = RECORDS / "index.csv"
+    assert metrics([str(out), "--arb-index", str(index), "--out", str(tmp_path / "m")]) == 0
+    data = json.loads((tmp_path / "m" / "delta_comparison.json").read_text())
+    assert data["deltas"] == [2, 3, 4]
+    overall = {r["delta"]: r for r in data["rows"] if r["scope"] == "overall"}
+    for delta in (2, 3, 4):
+        verdicts = read_verdicts(delta_folder(out, delta) / "verdicts.jsonl")
+        row = overall[delta]
+        assert row["verdicts"] == 3 and row["n"] == 2  # one trajectory's label is Unsure
+        assert row["kept"] == sum(len(select_kept(v.screenshots, delta, mode="strict")) for v in verdicts)
+        assert row["outcome_prompt_tokens"] == sum(v.usage["judge"].prompt_tokens for v in verdicts) > 0
+        assert data["dropped"][str(delta)] == {"unsure": 1}
+    assert [overall[d]["kept"] for d in (2, 3, 4)] == [4, 2, 2]
+    agents = {r["group"] for r in data["rows"] if r["scope"] == "agent"}
+    assert len(agents) == 2
+    assert (tmp_path / "m" / "delta_comparison.png").read_bytes()[:4] == b"\x89PNG"
+    printed = capsys.readouterr().out
+    assert "Highest overall agreement" in printed
+
+    # one δ folder alone: its metrics and p_success's calibration, every input counted
+    assert metrics([str(delta_folder(out, 3)), "--arb-index", str(index), "--out", str(tmp_path / "m3")]) == 0
+    cal = json.loads((tmp_path / "m3" / "calibration.json").read_text())
+    assert cal["n_records"] == 3 and cal["n_used"] == 2 and cal["counts"] == {"label Unsure": 1}
+    # the released index labels trajectories this δ folder does not hold: counted, not dropped silently
+    labels = tmp_path / "labels.csv"
+    labels.write_text(
+        "task_id,label,agent\n"
+        + "".join(
+            f"{t},{y},GenericAgent-gpt-4o-2024-11-20\n"
+            for t, y in (("webarena.344", 1), ("webarena.427", 0), ("not-judged", 0))
+        )
+    )
+    assert (
+        metrics([str(delta_folder(out, 3)), "--human-labels", str(labels), "--out", str(tmp_path / "m4")])
+        == 0
+    )
+    cal = json.loads((tmp_path / "m4" / "calibration.json").read_text())
+    # the third trajectory has no label in the file: its record's reward (cum_reward) is its truth
+    assert cal["counts"] == {"label for a trajectory not judged": 1} and cal["n_used"] == 3
+    assert (tmp_path / "m3" / "reliability.png").is_file() and (tmp_path / "m3" / "pr_curve.png").is_file()
+
+
+def test_p_success_threshold_decides_and_is_recorded(tmp_path, capsys):
+    """pipeline.p_success_threshold (the operating point keyshot metrics chooses): the fake judge's status
+    word has probability 0.8, so at 0.9 no verdict is a success, and the protocol records the threshold."""
+    out = tmp_path / "sweep"
+    with FakeOpenAI(make_judge("always_success")) as server:
+        args = [
+            "sweep",
+            str(O4_MINI),
+            "--out",
+            str(out),
+            "--deltas",
+            "3",
+            "--no-progress",
+            *_overrides(server),
+        ]
+        assert keyshot([*args, "pipeline.p_success_threshold=0.9"]) == 0
+        assert keyshot([*args[:3], str(tmp_path / "plain"), *args[4:]]) == 0
+    chosen = read_verdicts(delta_folder(out, 3) / "verdicts.jsonl")
+    plain = read_verdicts(delta_folder(tmp_path / "plain", 3) / "verdicts.jsonl")
+    assert [v.success for v in plain] == [True] * 3 and [round(v.p_success, 6) for v in plain] == [0.8] * 3
+    assert [v.success for v in chosen] == [False] * 3
+    assert read_protocol(delta_folder(out, 3))["p_success_threshold"] == 0.9
+    assert "p_success_threshold" not in read_protocol(delta_folder(tmp_path / "plain", 3))
+    assert keyshot([*args, "pipeline.p_success_threshold=0.9", "pipeline.outcome_logprobs=null"]) != 0
+    assert "p_success_threshold needs the outcome call's log-probabilities" in capsys.readouterr().err
+
+
+def test_report_shows_reliability_and_deltas_beside_the_histogram(tmp_path):
+    from keyshot.infer.report import build_report
+
+    out = tmp_path / "sweep"
+    with FakeOpenAI(make_judge("task_hash")) as server:
+        assert keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *_overrides(server)]) == 0
+    folder = delta_folder(out, 3)
+    mark_stand_in(folder, "STAND-IN VERDICTS: noise")  # what a sweep of a stand-in run records
+    index = build_report(folder, tmp_path / "report", progress=False).read_text()
+    plots = re.findall(r'<img src="plots/([a-z]+\.png)"', index)
+    assert plots[:3] == ["scores.png", "reliability.png", "deltas.png"]
+    assert '<div class="banner">STAND-IN VERDICTS: noise</div>' in index
+    for name in plots:
+        assert (tmp_path / "report" / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+    # a run of no sweep, without p_success, shows the histogram alone
+    index = build_report(RECORDS / "webjudge_7B", tmp_path / "plain", progress=False).read_text()
+    assert re.findall(r'<img src="plots/([a-z]+\.png)"', index)[:2] == ["scores.png", "agents.png"]
+
+
+def test_sweep_of_a_keyshot_run_shows_the_kept_screenshots_and_calls_no_scorer(tmp_path):
+    """A keyshot run judged with a scorer: the sweep reads its trajectories again (several in one JSONL
+    file), shows the judge the kept screenshots as the run did, and asks the scorer nothing."""
+    from keyshot.infer.common.config import load_config
+    from keyshot.infer.judge.command import run_judge
+    from keyshot.infer.judge.config import JudgeRunConfig
+    from keyshot.infer.testing.fake_openai import user_parts
+    from keyshot.infer.testing.worlds import synthetic_trajectories
+
+    source = synthetic_trajectories(tmp_path / "traj", 4, [3, 5, 2, 6], seed=2, size=(320, 200))
+    images_seen: list[int] = []
+    judge, scorer = Recording(), Recording()
+
+    def outcome_images(request: dict) -> str:
+        if identify_step(request) == "outcome":
+            images_seen.append(len(user_parts(request)[1]))
+        return judge(request)
+
+    with FakeOpenAI(outcome_images) as judge_srv, FakeOpenAI(scorer) as scorer_srv:
+        overrides = [
+            *_overrides(judge_srv),
+            f"scorer.endpoint.base_url={scorer_srv.base_url}",
+            "scorer.endpoint.model=fake-scorer",
+            "scorer.endpoint.api_key_env=null",
+            f"out={tmp_path / 'run'}",
+        ]
+        run_judge([str(source)], load_config(JudgeRunConfig, None, overrides), progress=False)
+        judged_scores = scorer.steps["key_screenshot"]
+        assert judged_scores == 16
+        judge.steps.clear()
+        images_seen.clear()
+        mark_stand_in(tmp_path / "run", "STAND-IN VERDICTS: noise")  # a sweep of a stand-in run says so
+        assert (
+            keyshot(
+                [
+                    "sweep",
+                    str(tmp_path / "run"),
+                    "--out",
+                    str(tmp_path / "sweep"),
+                    "--no-progress",
+                    *overrides,
+                ]
+            )
+            == 0
+        )
+    assert scorer.steps["key_screenshot"] == judged_scores  # not one more scorer call
+    assert set(judge.steps) == {"outcome"}
+    result = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert result["not_swept"] == {} and result["sweepable"] == 4
+    assert (
+        result["stand_in"] == stand_in_of(delta_folder(tmp_path / "sweep", 2)) == "STAND-IN VERDICTS: noise"
+    )
+    assert result["totals"]["scorer_calls_sent"] == 0
+    # δ=3 is the judged run's own: its outcome requests come from the run's cache
+    assert [r["outcome_sent"] for r in result["per_delta"]][1] == 0
+    kept_sent = []
+    for delta in (2, 3, 4):
+        protocol = read_protocol(delta_folder(tmp_path / "sweep", delta))
+        assert protocol["outcome_images"] == "scorer" and protocol["threshold"] == delta
+        for v in read_verdicts(delta_folder(tmp_path / "sweep", delta) / "verdicts.jsonl"):
+            assert v.kept == select_kept(v.screenshots, delta, mode="strict")
+            kept_sent.append(len(v.kept))
+    # every request sent showed the judge one of its δ's kept sets of screenshots, images included
+    assert images_seen and Counter(images_seen) <= Counter(kept_sent) and max(images_seen) > 0
+    assert sum(judge.steps.values()) == result["totals"]["outcome_calls_sent"] == len(images_seen)
+
+
+def test_recorded_action_history_gives_the_prompt_back_exactly():
+    from keyshot.infer.protocol.messages import format_actions
+    from keyshot.infer.protocol.prompts import load_prompt_set
+
+    prompts = load_prompt_set("online_mind2web")
+    for path in sorted(RECORDS.rglob("*.json")):
+        record = json.loads(path.read_text())
+        text = record["input_text"]
+        start = text.index("Action History:\n") + len("Action History:\n")
+        end = text.find("\n\nThe potentially important snapshots", start)
+        assert (
+            format_actions(recorded_actions(record), None, prompts) == text[start : end if end >= 0 else None]
+        )
+    # reasoning holding a numbered list of its own: one item, the text unchanged
+    history = (
+        '1. send_msg_to_user("a"). Reasoning: prices:\n1. $19.95\n2. $72.99\n\nso\n2. None. Reasoning: None'
+    )
+    record = {"input_text": f"User Task: t\n\nKey Points: k\n\nAction History:\n{history}"}
+    assert format_actions(recorded_actions(record), None, prompts) == history
+    assert recorded_actions({"input_text": "no history"}) is None
+
+
+def test_a_spent_budget_stops_the_sweep_and_says_so(tmp_path, capsys):
+    """The judge's budget runs out at the first δ: the sweep stops there, records why in sweep.json, and
+    exits with the budget's code (the run loop records the stop; the sweep reads it from the judge)."""
+    out = tmp_path / "sweep"
+    prices = [
+        "judge.budget_usd=0.0000001",
+        "judge.price_input_per_mtok=1000",
+        "judge.price_output_per_mtok=1000",
+    ]
+    with FakeOpenAI(make_judge("task_hash")) as server:
+        rc = keyshot(
+            ["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *_overrides(server), *prices]
+        )
+    capsys.readouterr()
+    assert rc == EXIT_BUDGET
+    first = json.loads((out / "sweep.json").read_text())["per_delta"][0]
+    assert "budget" in first["stopped"] and "no further call is sent" in first["stopped"]
+
+
+def test_a_dead_judge_leaves_the_sweep_incomplete_and_the_next_run_asks_again(tmp_path, capsys):
+    """Every outcome call fails: no verdict is a result, the sweep exits 3 (incomplete) saying so, and a
+    run against a judge that answers finishes them."""
+    out = tmp_path / "sweep"
+    dead = ["judge.base_url=http://127.0.0.1:9/v1", "judge.model=fake-judge", "judge.api_key_env=null"]
+    dead += ["judge.backoff_base_s=0.01", "judge.timeout_s=10", "pipeline.outcome_logprobs=2"]
+    assert keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *dead]) == EXIT_INCOMPLETE
+    assert "incomplete (a failed outcome call): run keyshot sweep again" in capsys.readouterr().out
+    with FakeOpenAI(make_judge("task_hash")) as server:
+        assert keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *_overrides(server)]) == 0
+        assert server.stats.requests > 0

