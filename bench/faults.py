@@ -12,13 +12,12 @@ command"), and compares with a clean run measured in the same process:
 * repaid: answers the servers gave beyond what the clean run needed (an answered call paid twice);
 * time: the faulty run's wall time over the clean run's.
 
-    .venv/bin/python bench/faults.py [--trajectories 30] [--screenshots 4] [--json out.json]
+    .venv/bin/python -m bench.faults [--trajectories 30] [--screenshots 4] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -29,6 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench import record
+from bench.record import Headline, Rows, ratio_table
 from keyshot.data_synth.labels import LABELS_FILE, read_store
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge, make_teacher
@@ -346,6 +347,27 @@ SCENARIOS = {
 }
 
 
+def rows_of(data: dict) -> Rows:
+    rows, bad = [], 0
+    for o in data["outcomes"]:
+        wrong = o["lost"] + o["duplicated"] + o["wrong"] + o["wrong_after_rerun"] + o["lost_after_rerun"]
+        bad += wrong
+        rows.append(
+            (
+                f"{o['tool']}: {o['scenario']}: wall time vs a clean run",
+                f"{o['time_ratio']:.2f}×",
+                f"lost/duplicated/wrong {wrong}, incomplete {o['incomplete']}, repaid calls {o['repaid']}, "
+                f"exit codes {' '.join(map(str, o['exit_codes']))}",
+            )
+        )
+    headline = Headline(
+        f"Records lost, duplicated or wrong in {len(data['outcomes'])} fault scenarios of `keyshot judge` and "
+        "`keyshot synth` (500/429/disconnects, malformed bodies, hangs, kill -9, a dead endpoint)",
+        str(bad),
+    )
+    return Rows((ratio_table(rows),), (headline,))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trajectories", type=int, default=30)
@@ -376,20 +398,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     report = table(outcomes)
     print(report)
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "outcomes": [asdict(o) for o in outcomes],
-                    "settings": vars(args) | {"json": str(args.json)},
-                },
-                indent=2,
-            )
-        )
     bad = [
         o for o in outcomes if o.lost or o.duplicated or o.wrong or o.wrong_after_rerun or o.lost_after_rerun
     ]
-    return 1 if bad else 0
+    data = {"outcomes": [asdict(o) for o in outcomes], "settings": vars(args) | {"json": str(args.json)}}
+    return record.finish(args.json, data, rows_of, __spec__.name, argv, 1 if bad else 0)
 
 
 if __name__ == "__main__":

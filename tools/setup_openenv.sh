@@ -15,7 +15,7 @@
 #   $V-core: OpenEnv's older client generation, openenv-core (OPENENV_CORE, what the BrowserGym Space's
 #            package pulls in), over $V: tests/env/test_openenv_server.py drives keyshot reward env with it;
 #   $V-trl:  OpenEnv and browsergym_env over .venv's training stack (torch, transformers, TRL): TRL's own
-#            BrowserGym example runs there unchanged (tests/env/test_trl_browsergym_example.py, bench/bench_openenv_trl.py);
+#            BrowserGym example runs there unchanged (tests/env/test_trl_browsergym_example.py, bench/openenv_trl.py);
 #            skipped until .venv is built (make setup).
 # One line per stage with its time (tools/stage.sh); the installers' output goes to SETUP_LOG. Running it
 # again on a built venv only re-checks the pins (pip finds every requirement satisfied).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the venv in which keyshot's OpenRLHF tests run OpenRLHF 0.11.2's own released code
-# (tests/reward/test_openrlhf.py, bench/bench_reward.py's OpenRLHF row).
+# (tests/reward/test_openrlhf.py, bench/reward.py's OpenRLHF row).
 # usage: [TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu] [SETUP_LOG=runs/setup.log] tools/setup_openrlhf.sh [VENV=.venv-openrlhf]
 # OpenRLHF's wheel is installed without its dependencies: they pin flash-attn, deepspeed, bitsandbytes and a
 # CUDA vLLM. What is installed instead is exactly what its rollout side imports, on CPU torch: the agent

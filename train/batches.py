@@ -8,7 +8,7 @@ processor's pixel bounds (what ``keyshot serve`` sends), and only the last assis
 visual tokens) instead of a cut, so image tokens are never truncated.
 
 Batches: :class:`LengthGroupedBatchSampler` sorts windows of shuffled examples by length so a batch
-pads little; :class:`RandomBatchSampler` is the naive baseline (``bench/bench_train.py``).
+pads little; :class:`RandomBatchSampler` is the naive baseline (``bench/train.py``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A page is a session (a browser context of its own) in a Chromium that holds up to ``pages_per_browser``
 of them; each Chromium also costs its worker process (Python with BrowserGym), playwright's driver and
-Chromium's own processes. Both figures were measured here by ``bench/measure_pages.py`` (PSS of every
+Chromium's own processes. Both figures were measured here by ``bench/pages.py`` (PSS of every
 process of the pool, pages open on a MiniWoB task, 2 cores, Debian's Chromium) and are recorded below;
 run it again on another machine (``--record`` prints the two lines to paste). The default budget is the
 memory available when it is made, less a reserve for the rest of the machine (the trainer, the server,
@@ -23,11 +23,11 @@ from pathlib import Path
 from keyshot.infer.common.errors import KeyshotError
 
 #: PSS of one page (its context, its renderer, its share of the GPU process): the slope over 16, 64 and
-#: 128 open click-button pages, measured by bench/measure_pages.py on 2026-11-27 (bench/RESULTS.md, live
+#: 128 open click-button pages, measured by bench/pages.py on 2026-11-27 (bench/RESULTS.md, live
 #: rows: 128 pages in two Chromium held 6,927 MiB, these figures say 6,966)
 MIB_PER_PAGE = 49
 #: PSS of one page at OpenEnv's 1280x720 (``keyshot reward env``'s default viewport): the slope over 16 and
-#: 32 pages, bench/measure_pages.py --viewport 1280x720 on 2026-11-27 (32 pages in one Chromium: 1,950 MiB)
+#: 32 pages, bench/pages.py --viewport 1280x720 on 2026-11-27 (32 pages in one Chromium: 1,950 MiB)
 MIB_PER_PAGE_1280X720 = 57
 #: PSS of one Chromium with no page: its worker (Python, BrowserGym), playwright's driver, Chromium's
 #: browser, GPU, network and utility processes (same measurement)
@@ -84,7 +84,7 @@ def page_mib(viewport: tuple[int, int] | None = None) -> int:
 
 #: The OpenEnv server's own memory per 1280x720 session (MiniWoB's 1.5x zoom: a 1920x1080 screenshot), beside
 #: Chromium's page: the slope of the server's RSS over 4 and 20 sessions, each holding its last answer,
-#: bench/measure_sessions.py on 2026-11-27 (5.6 MiB: the screenshot's array). It was 75 MiB (19,077 MiB at 256
+#: bench/sessions.py on 2026-11-27 (5.6 MiB: the screenshot's array). It was 75 MiB (19,077 MiB at 256
 #: sessions, OOM-killed) while the observation was a nested list of integers (bench/RESULTS.md).
 MIB_PER_SESSION_1280X720 = 6
 

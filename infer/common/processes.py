@@ -100,7 +100,7 @@ def return_large_buffers() -> bool:
     (the PNG, its decoded pixels, the rubric's copy) in the session's own thread. glibc raises its mmap
     threshold to the largest block freed so far, so after the first screenshot they come from per-thread
     heaps that keep what is freed: at 1920x1080 screenshots 35.9 MiB a session stayed in the server, 7.4
-    MiB with the threshold fixed (the screenshot itself is 5.9: bench/bench_step_buffers.py). Setting it
+    MiB with the threshold fixed (the screenshot itself is 5.9: bench/step_buffers.py). Setting it
     again changes nothing. False where the C library is not glibc (nothing changed)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -24,7 +24,7 @@ palette or gray with a transparency key, WebP, GIF, ...) and the top rows of a t
 :func:`to_rgb` turns its modes into RGB. pyspng holds the GIL while it decodes (about 7 ms for a
 2560×1440 screenshot): threads preparing screenshots decode one at a time and resize and encode in
 parallel (OpenCV releases the GIL). imagecodecs' PNG decoder releases it and costs about 1.5× libspng's
-(a row of ``bench/bench_images.py``), should many cores ever prepare screenshots in one process.
+(a row of ``bench/images.py``), should many cores ever prepare screenshots in one process.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def test_the_budget_counts_measured_pages_and_refuses_in_one_line():
 
 def test_the_openenv_servers_budget_counts_its_own_memory_per_session():
     """keyshot reward env holds each session's last answer beside Chromium's page (its screenshot's array:
-    bench/measure_sessions.py). Counted with the page, TRL's 256 sessions at 1280x720 fit a 24 GB machine
+    bench/sessions.py). Counted with the page, TRL's 256 sessions at 1280x720 fit a 24 GB machine
     (23,000 MiB available), and are refused at start, with the numbers, where less is free."""
     per_session = observation_mib((1280, 720))
     assert per_session == MIB_PER_SESSION_1280X720 and observation_mib(None) <= 2  # MiniWoB's own small page

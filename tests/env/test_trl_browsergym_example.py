@@ -5,7 +5,7 @@ outside the file (tests/framework/openenv_trl_example.py: on the CPU, no bf16, n
 Qwen2.5-VL made to call ``noop`` every turn and at most ``--max-steps`` times, one optimizer step, and no
 completions table: TRL 1.16's fails on the example's image tool answers). Runs in .venv-openenv-trl (OpenEnv's client and
 browsergym_env over .venv's TRL; tools/setup_openenv.sh) against the server in .venv-openenv, with
-Debian's Chromium. The bench at the example's own size is bench/bench_openenv_trl.py.
+Debian's Chromium. The bench at the example's own size is bench/openenv_trl.py.
 """
 
 from __future__ import annotations

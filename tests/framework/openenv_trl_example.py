@@ -1,7 +1,7 @@
 """TRL's own BrowserGym example (tests/fixtures/trl_browsergym/browsergym.py, the file as TRL ships it) run
 unchanged against ``keyshot reward env``, with only what a CPU machine needs set from outside the file; run
 in the OpenEnv venv over .venv's training stack (``.venv-openenv-trl``, tools/setup_openenv.sh) by
-tests/env/test_trl_browsergym_example.py and bench/bench_openenv_trl.py.
+tests/env/test_trl_browsergym_example.py and bench/openenv_trl.py.
 
     python tests/framework/openenv_trl_example.py PLAN_JSON
 

@@ -1,7 +1,7 @@
 """An OpenRLHF agent file (``--train.agent_func_path``) whose environment replays a dict rollout's
 screenshots, one per step; the label is the rollout as JSON (``{"task", "screenshots", ...}``), and a
 ``"raise_at": N`` key makes the environment fail at step N (the tests' exception path).
-bench/bench_reward.py's OpenRLHF row loads it through OpenRLHF's own executor
+bench/reward.py's OpenRLHF row loads it through OpenRLHF's own executor
 (tests/framework/openrlhf_rollouts.py), so OpenRLHF, not the bench, drives every episode."""
 
 import asyncio

@@ -1,5 +1,5 @@
 """keyshot's OpenRLHF adapters driven through OpenRLHF 0.11.2's own released code, in the OpenRLHF venv
-(tools/setup_openrlhf.sh). tests/reward/test_openrlhf.py and bench/bench_reward.py run it and read the JSON
+(tools/setup_openrlhf.sh). tests/reward/test_openrlhf.py and bench/reward.py run it and read the JSON
 it prints last::
 
     python tests/framework/openrlhf_rollouts.py --tiny DIR --job '{"mode": "single", "reward": "FILE.py", ...}'

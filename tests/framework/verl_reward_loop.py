@@ -1,5 +1,5 @@
 """keyshot's compute_score through verl 0.9.1's own reward loop; run in the verl venv (tools/setup_verl.sh) by
-tests/reward/test_verl.py and bench/bench_reward.py: ``python tests/framework/verl_reward_loop.py SPEC.json``.
+tests/reward/test_verl.py and bench/reward.py: ``python tests/framework/verl_reward_loop.py SPEC.json``.
 
 For each case of the spec: configs/reward/verl_trainer.yaml composed with verl's ppo_trainer by Hydra (and
 the case's own overrides: the reward manager, the function's name, the number of reward workers), verl's

@@ -117,7 +117,7 @@ def test_free_port_can_be_bound():
 
 
 def test_freed_large_buffers_go_back_to_the_system_and_setting_it_twice_is_harmless():
-    """keyshot reward env fixes glibc's mmap threshold (bench/bench_step_buffers.py: 35.9 -> 7.4 MiB a
+    """keyshot reward env fixes glibc's mmap threshold (bench/step_buffers.py: 35.9 -> 7.4 MiB a
     session): in a process of its own, a 16 MiB block freed after it is unmapped at once, so the RSS falls
     back; with glibc's own threshold a freed block of that size raises the threshold and the next one stays."""
     code = """
