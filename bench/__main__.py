@@ -29,11 +29,12 @@ REPO = Path(__file__).resolve().parents[1]
 def run(name: str, work: Path) -> str:
     """Runs one benchmark and keeps the rows it wrote; returns what went wrong, or ""."""
     benchmark = BY_NAME[name]
-    out, log = work / f"{name}.json", work / f"{name}.log"
+    out, log = work.resolve() / f"{name}.json", work.resolve() / f"{name}.log"
     python = REPO / benchmark.python if benchmark.python else Path(sys.executable)
     if not python.exists():
         return f"{name} ({python} missing: make setup-openenv)"
-    command = [str(python), "-m", f"bench.{name}", *benchmark.args, "--json", str(out)]
+    shown = out.relative_to(REPO) if out.is_relative_to(REPO) else out  # the command its rows record
+    command = [str(python), "-m", f"bench.{name}", *benchmark.args, "--json", str(shown)]
     print(f"[bench] {name}: {' '.join(command[1:])} (log: {log})", flush=True)
     started = time.perf_counter()
     rows_path(out).unlink(missing_ok=True)
