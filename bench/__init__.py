@@ -14,7 +14,7 @@ which prints those rows and, with ``--json x.json``, writes the figures there an
 ``bench/catalog.py`` lists every benchmark in the order of RESULTS.md, with what ``make bench`` passes it or
 why ``make bench`` leaves it out (long, or a GPU). ``bench/rows/`` keeps the rows RESULTS.md is made from:
 ``<name>.json`` is the last run ``make bench`` made (its next run replaces it); ``<name>.<label>.json`` is a
-run of its own (a long one, other arguments, a figure measured elsewhere), copied there by hand and kept
-until removed. RESULTS.md is never edited: to add a figure, add its row file and run ``python -m
+run of its own (a long one, other arguments, a figure measured elsewhere or kept by hand), copied there and
+kept until someone removes it (a newer run of the same thing supersedes it: remove the old file then). RESULTS.md is never edited: to add a figure, add its row file and run ``python -m
 bench.results``. The GPU kit (``gpu.py``) also writes its own page, RESULTS-gpu.md.
 """

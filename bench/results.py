@@ -77,7 +77,7 @@ def render(sections: list[Section], plotted: bool) -> str:
                 lines += ["", table.markdown()]
             lines += [
                 "",
-                f"Measured {run.measured} at {run.commit} by `{run.command}`; {run.machine} "
+                f"Measured {run.measured}; commit {run.commit}; by `{run.command}`; {run.machine} "
                 f"([`{path.name}`](rows/{path.name})).",
             ]
             for note in run.rows.notes:

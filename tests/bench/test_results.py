@@ -55,19 +55,24 @@ def test_every_row_of_every_row_file_reaches_the_page(page):
     )
 
 
-# The hand-kept sections of the page before its rows had files of their own (8e75e94), and figures of the
-# runs make bench never repeats: they stay on the page whatever make bench writes next.
+# The hand-kept sections and rows of the page before it was made from row files (8e75e94), and the long runs:
+# their row files are of their own (<name>.<label>.json, or a benchmark make bench does not run), so their
+# figures stay on the page whatever make bench writes next.
 RECORDED = {
-    "Judge cost per trajectory": ["What a user pays per 1,000 trajectories"],
-    "Threshold sweep": ["| way | calls sent (scorer / key points / outcome) |"],
-    "Constrained answers": ["| call | max_tokens | parse failures per 1,000: free / constrained |"],
+    "Image policy": ["| 1.26× |", "| 0.33-1.03× |", "decompression bombs", "+3,407 MiB"],
+    "Threshold sweep": ["| 720 (576 / 72 / 72) | 1,331,805 | 95.6 | 17.6× / 5.5× / 15.6× |"],
+    "Constrained answers": ["| key_points | 512 | 1000 / 0 | 512 / 77 | 1.031 / 0.265 | 0.26× | 2.18×"],
+    "Live episodes": ["trained (was: refused)", "peak PSS 8,561 MiB"],
     "Live pages per Chromium": ["48.9 MiB a page", "128 pages in two 6,927"],
+    "The reward env's memory per session": ["5.6 MiB a session (0.07× the 75 MiB"],
+    "A step's buffers in the reward env": ["| 0.21× | 7.4 vs 35.9 MiB a session"],
     "TRL's BrowserGym example on keyshot reward env": [
         "refused at start, one line",
         "**21,221 MiB PSS**",
         "**the server's tree peaked at 16,145 MiB PSS",
         "took **4,160 s**",
     ],
+    "One step at OpenEnv's client": ["| 2.01 (0.40x) |"],
     "Live soak": ["| 0.86× |", "| 1.06× |", "The previous floor's soak row"],
     "The GPU kit": ["| 0.35× | 20.8 vs 59.5 GiB |", "[RESULTS-gpu.md](RESULTS-gpu.md)"],
 }
