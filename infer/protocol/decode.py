@@ -125,17 +125,27 @@ class PixelBudget:
         if capacity < 1:
             raise ValueError(f"PixelBudget capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self._held: PerProcess[_Held] = PerProcess(_Held)
+        self._per_process: PerProcess[_Held] | None = None  # made at first use (no fork hook at import)
+        self._making = threading.Lock()
+
+    @property
+    def _held(self) -> _Held:
+        """What this process holds now."""
+        if self._per_process is None:
+            with self._making:
+                if self._per_process is None:
+                    self._per_process = PerProcess(_Held)
+        return self._per_process.items
 
     @property
     def in_use(self) -> int:
         """The pixels held now."""
-        return self._held.items.in_use
+        return self._held.in_use
 
     @contextmanager
     def hold(self, pixels: int) -> Iterator[None]:
         need = max(1, min(int(pixels), self.capacity))
-        held = self._held.items
+        held = self._held
         with held.cond:
             held.waiting += 1
             held.cond.notify_all()  # wait_for_waiters() watches this count
@@ -147,14 +157,14 @@ class PixelBudget:
         try:
             yield
         finally:
-            if held is self._held.items:  # not across a fork: a child's budget starts empty
+            if held is self._held:  # not across a fork: a child's budget starts empty
                 with held.cond:
                     held.in_use -= need
                     held.cond.notify_all()
 
     def wait_for_waiters(self, count: int, timeout: float) -> bool:
         """True once at least ``count`` callers wait for pixels (for tests and benchmarks)."""
-        held = self._held.items
+        held = self._held
         with held.cond:
             return held.cond.wait_for(lambda: held.waiting >= count, timeout)
 
