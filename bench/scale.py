@@ -176,14 +176,14 @@ def bench_merge(tmp: Path, lines: int, shards: int = 8) -> dict:
         (folder / "summary.json").write_text(json.dumps(summary))
     size = sum((f / "verdicts.jsonl").stat().st_size for f in folders)
     code = (
-        "import resource, sys, time; from keyshot.infer.judge.merge_command import merge_shards; t0 = time.perf_counter(); "
+        "import resource, sys, time; from keyshot.infer.judge.verdict_merge import merge_shards; t0 = time.perf_counter(); "
         "s = merge_shards(sys.argv[1]); "
         "print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, s['trajectories'])"
     )
     base = "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
     idle = int(
         subprocess.run(
-            [sys.executable, "-c", "import keyshot.infer.judge.merge_command; " + base],
+            [sys.executable, "-c", "import keyshot.infer.judge.verdict_merge; " + base],
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -20,14 +20,14 @@ import sys
 from pathlib import Path
 
 from keyshot.data_synth.arb_import import import_arb
-from keyshot.data_synth.dataset import BuildConfig, build_dataset
+from keyshot.data_synth.dataset import build_dataset
 from keyshot.data_synth.errors import SynthError
 from keyshot.data_synth.label_merge import merge_synth_shards
 from keyshot.data_synth.labelling_run import run_synth
 from keyshot.data_synth.reference_import import import_reference
-from keyshot.data_synth.synth_config import load_synth_config
+from keyshot.data_synth.synth_config import load_build_config, load_synth_config
 from keyshot.infer.common.command import Command
-from keyshot.infer.common.config import load_config, read_config_file, split_paths_and_overrides
+from keyshot.infer.common.config import split_paths_and_overrides
 from keyshot.infer.runs.shards import ShardSpec
 
 logger = logging.getLogger(__name__)
@@ -99,18 +99,6 @@ def build_arguments(build: argparse.ArgumentParser) -> None:
     build.add_argument("--out", type=Path, help="dataset folder (default: RUN/dataset)")
 
 
-def load_build_config(path: Path | None, overrides: list[str]) -> BuildConfig:
-    """A BuildConfig from a synth config's ``build:`` section or a build-only YAML, plus overrides: read
-    as every config is (:func:`~keyshot.infer.common.config.load_config`: its errors name the file, the
-    key and its line)."""
-    if path is None:
-        return load_config(BuildConfig, None, list(overrides))
-    data, _ = read_config_file(path)
-    if "run_dir" in data or "teachers" in data:  # a synth config: its build: section
-        return load_config(BuildConfig, path, list(overrides), section="build")
-    return load_config(BuildConfig, path, list(overrides))
-
-
 def _run_and_overrides(items: list[str]) -> tuple[Path | None, list[str]]:
     paths, overrides = split_paths_and_overrides(items)
     if len(paths) > 1:
@@ -118,95 +106,122 @@ def _run_and_overrides(items: list[str]) -> tuple[Path | None, list[str]]:
     return (Path(paths[0]) if paths else None), overrides
 
 
-def _dispatch(args: argparse.Namespace) -> int:
-    action = args.synth_command
-    if action == "run":
-        cfg = load_synth_config(args.config, args.overrides)
-        shard = ShardSpec.parse(args.shard) if args.shard else None
-        report = run_synth(
-            cfg, dry_run=args.dry_run, retry_failed=args.retry_failed, build=not args.no_build, shard=shard
-        )
-        print(report.summary())
-        if shard is not None and not args.dry_run:
-            print(f"when every shard is done: keyshot synth merge {cfg.run_dir} --config {args.config}")
-        return report.exit_code
-    if action == "merge":
-        run, overrides = _run_and_overrides(args.items)
-        if run is None:
-            if args.config is None:
-                raise SynthError("give the run folder, or --config with its run_dir")
-            run = Path(load_synth_config(args.config).run_dir)
-        build = None if args.no_build else load_build_config(args.config, overrides)
-        merged, result = merge_synth_shards(run, build)
-        print(f"merged {merged['shards']} shards into {run / 'labels.jsonl'}")
-        if result is not None:
-            print(
-                f"dataset written to {result.path}: {result.meta.rows}", *result.empty_split_lines(), sep="\n"
-            )
-        return 0
-    if action == "import-arb":
-        judges = [j.strip() for j in args.judges.split(",") if j.strip()] if args.judges else None
-        report = import_arb(
-            args.records,
-            args.run,
-            index_csv=args.index,
-            trajectories_dir=args.trajectories,
-            judges=judges,
-            prompt_variant=args.prompt_variant,
-        )
-        print(report.summary())
-        print(f"labels added to {args.run}; build the dataset with `keyshot synth build {args.run}`")
-        return 0 if report.records > len(report.errors) else 1
-    if action == "import-reference":
-        report = import_reference(
-            args.results,
-            args.trajectories,
-            args.run,
-            teacher=args.teacher,
-            agent=args.agent,
-            benchmark=args.benchmark,
-            human_labels=args.human_labels,
-            fmt=args.format,
-            prompt_variant=args.prompt_variant,
-        )
-        print(report.summary())
-        print(f"labels added to {args.run}; build the dataset with `keyshot synth build {args.run}`")
-        return 0 if report.records > len(report.errors) else 1
-    if action == "build":
-        run, overrides = _run_and_overrides(args.items)
-        if run is None:
-            raise SynthError("give the run folder whose labels to build (keyshot synth build RUN)")
-        cfg = load_build_config(args.config, overrides)
-        if args.out is not None:
-            cfg.output_dir = str(args.out)
-        result = build_dataset(run, cfg)
-        print(f"dataset written to {result.path}: {result.meta.rows}")
-        print(f"prompt version {result.meta.prompt_version}, data hash {result.meta.data_hash}")
-        for reason, n in sorted(result.report.dropped.items()):
-            print(f"  dropped, {reason}: {n}")
-        for line in result.empty_split_lines():
-            print(line)
-        return 0
-    raise SynthError(f"unknown action {action!r}")
+def run(args: argparse.Namespace) -> int:
+    cfg = load_synth_config(args.config, args.overrides)
+    shard = ShardSpec.parse(args.shard) if args.shard else None
+    report = run_synth(
+        cfg, dry_run=args.dry_run, retry_failed=args.retry_failed, build=not args.no_build, shard=shard
+    )
+    print(report.summary())
+    if shard is not None and not args.dry_run:
+        print(f"when every shard is done: keyshot synth merge {cfg.run_dir} --config {args.config}")
+    return report.exit_code
+
+
+def merge(args: argparse.Namespace) -> int:
+    run_dir, overrides = _run_and_overrides(args.items)
+    if run_dir is None:
+        if args.config is None:
+            raise SynthError("give the run folder, or --config with its run_dir")
+        run_dir = Path(load_synth_config(args.config).run_dir)
+    build = None if args.no_build else load_build_config(args.config, overrides)
+    merged, result = merge_synth_shards(run_dir, build)
+    print(f"merged {merged['shards']} shards into {run_dir / 'labels.jsonl'}")
+    if result is not None:
+        print(f"dataset written to {result.path}: {result.meta.rows}", *result.empty_split_lines(), sep="\n")
+    return 0
+
+
+def _imported(report, run_dir: Path) -> int:
+    """What an import says when it is done; exit 1 when no record gave a label."""
+    print(report.summary())
+    print(f"labels added to {run_dir}; build the dataset with `keyshot synth build {run_dir}`")
+    return 0 if report.records > len(report.errors) else 1
+
+
+def arb(args: argparse.Namespace) -> int:
+    judges = [j.strip() for j in args.judges.split(",") if j.strip()] if args.judges else None
+    report = import_arb(
+        args.records,
+        args.run,
+        index_csv=args.index,
+        trajectories_dir=args.trajectories,
+        judges=judges,
+        prompt_variant=args.prompt_variant,
+    )
+    return _imported(report, args.run)
+
+
+def reference(args: argparse.Namespace) -> int:
+    report = import_reference(
+        args.results,
+        args.trajectories,
+        args.run,
+        teacher=args.teacher,
+        agent=args.agent,
+        benchmark=args.benchmark,
+        human_labels=args.human_labels,
+        fmt=args.format,
+        prompt_variant=args.prompt_variant,
+    )
+    return _imported(report, args.run)
+
+
+def build(args: argparse.Namespace) -> int:
+    run_dir, overrides = _run_and_overrides(args.items)
+    if run_dir is None:
+        raise SynthError("give the run folder whose labels to build (keyshot synth build RUN)")
+    cfg = load_build_config(args.config, overrides)
+    if args.out is not None:
+        cfg.output_dir = str(args.out)
+    result = build_dataset(run_dir, cfg)
+    print(f"dataset written to {result.path}: {result.meta.rows}")
+    print(f"prompt version {result.meta.prompt_version}, data hash {result.meta.data_hash}")
+    for reason, n in sorted(result.report.dropped.items()):
+        print(f"  dropped, {reason}: {n}")
+    for line in result.empty_split_lines():
+        print(line)
+    return 0
 
 
 COMMAND = Command(
     "synth",
     help="distil teacher labels into a training dataset",
     description=__doc__.split("\n\n")[0],
-    subcommands=tuple(
-        Command(name, help=text, arguments=arguments, run=_dispatch)
-        for name, text, arguments in (
-            ("run", "label every screenshot with every teacher, then build the dataset", run_arguments),
-            ("merge", "join the shards of `synth run --shard I/N`, then build the dataset", merge_arguments),
-            ("import-arb", "import AgentRewardBench WebJudge records as teacher labels", arb_arguments),
-            (
-                "import-reference",
-                "import the reference src/run.py results as teacher labels",
-                reference_arguments,
-            ),
-            ("build", "aggregate a run's labels into the dataset", build_arguments),
-        )
+    subcommands=(
+        Command(
+            "run",
+            help="label every screenshot with every teacher, then build the dataset",
+            arguments=run_arguments,
+            run=run,
+            overrides="overrides",
+        ),
+        Command(
+            "merge",
+            help="join the shards of `synth run --shard I/N`, then build the dataset",
+            arguments=merge_arguments,
+            run=merge,
+            overrides="items",
+        ),
+        Command(
+            "import-arb",
+            help="import AgentRewardBench WebJudge records as teacher labels",
+            arguments=arb_arguments,
+            run=arb,
+        ),
+        Command(
+            "import-reference",
+            help="import the reference src/run.py results as teacher labels",
+            arguments=reference_arguments,
+            run=reference,
+        ),
+        Command(
+            "build",
+            help="aggregate a run's labels into the dataset",
+            arguments=build_arguments,
+            run=build,
+            overrides="items",
+        ),
     ),
 )
 

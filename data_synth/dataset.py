@@ -28,7 +28,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import tempfile
 import uuid
 from collections import deque
@@ -47,6 +46,7 @@ from keyshot.data_synth.errors import SynthError
 from keyshot.data_synth.labels import JUDGE_ORIGIN, LABELS_FILE, StoreContents, read_store
 from keyshot.data_synth.run_folder import DATASET_DIR, read_manifest
 from keyshot.data_synth.splits import UNKNOWN_AGENT, SplitConfig, SplitPlan, plan_splits, split_rank
+from keyshot.infer.common.fileio import replace_folder
 from keyshot.infer.protocol.images import (
     DEFAULT_POLICY,
     ImageError,
@@ -436,7 +436,7 @@ def build_dataset(run_dir: str | os.PathLike, cfg: BuildConfig | None = None) ->
         write_dataset_meta(staged, meta)
         card = render_card(run, contents, meta, report, rows_written, unreadable)
         write_card(staged, card, contents, rows_written)
-        _replace_dir(staged, out)
+        replace_folder(staged, out)  # an older build is replaced only once the new one is complete
     logger.info("dataset written to %s: %s", out, meta.rows)
     return BuildResult(out, meta, report, rows_written, unreadable, empty)
 
@@ -510,14 +510,3 @@ def _split_summary(
         "agents": {a: sorted(s, key=split_rank) for a, s in sorted(agents.items())},
         "config": asdict(cfg),
     }
-
-
-def _replace_dir(staged: Path, out: Path) -> None:
-    """Move ``staged`` to ``out``, replacing an older build only once the new one is complete."""
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(out, old)
-        os.replace(staged, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staged, out)

@@ -11,7 +11,7 @@ from keyshot.data_synth.dataset import BuildConfig
 from keyshot.data_synth.errors import SynthError
 from keyshot.data_synth.sources import TrajectorySource
 from keyshot.data_synth.teachers import TeacherSet, load_teacher_set
-from keyshot.infer.common.config import ConfigError, load_config
+from keyshot.infer.common.config import ConfigError, load_config, read_config_file
 from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy
 
 
@@ -56,3 +56,14 @@ def load_synth_config(path: str | os.PathLike | None, overrides: list[str] | Non
     except (ConfigError, ValueError) as exc:
         where = f"{path}: " if path is not None and str(path) not in str(exc) else ""
         raise SynthError(f"{where}{exc}") from None
+
+
+def load_build_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> BuildConfig:
+    """A BuildConfig from a synth config's ``build:`` section or a build-only YAML, plus overrides: read
+    as every config is (:func:`~keyshot.infer.common.config.load_config`: its errors name the file, the
+    key and its line)."""
+    if path is None:
+        return load_config(BuildConfig, None, list(overrides or []))
+    data, _ = read_config_file(path)
+    section = "build" if "run_dir" in data or "teachers" in data else None  # a synth config: its build:
+    return load_config(BuildConfig, path, list(overrides or []), section=section)

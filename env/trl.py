@@ -4,7 +4,7 @@ reads ``env.episode``).
 
 The tools the policy calls (``click``, ``fill``, ``send_keys``, ``scroll``, ``noop``) are TRL's BrowserGym
 example's; each returns the page after the action, its screenshot and text. Settings are constructor
-arguments, so ``functools.partial(MiniWoBEnv, pool=pool, max_steps=10)`` is the factory (TRL calls it
+arguments, so ``functools.partial(MiniWoBEnv, pool=pool, max_steps=5)`` is the factory (TRL calls it
 with no argument, and offers every public method of the class as a tool: everything else here starts
 with ``_``)::
 
@@ -30,10 +30,11 @@ import statistics
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
+from keyshot.env.miniwob.settings import SessionSettings
 from keyshot.env.page import Page
 from keyshot.env.replay import ReplayBrowser
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.reward.episode import Episode
+from keyshot.reward.episode import EpisodeRecorder
 
 if TYPE_CHECKING:
     from keyshot.env.miniwob.client import MiniWoBBrowser
@@ -66,26 +67,30 @@ def miniwob_rows(tasks: list[str], size: int) -> list[dict]:
     ]
 
 
-class WebEnv(ABC):
+class WebEnv(EpisodeRecorder, ABC):
     """The tools the policy calls; a subclass connects them to a browser (``_open`` and ``_do``, each
-    giving a :class:`~keyshot.env.page.Page`). Every page the policy is shown is recorded in ``episode``:
-    the first with no action, then each action with the page it led to (:meth:`Episode.add_step`).
-    ``max_steps`` actions end an episode; ``image_size`` shrinks screenshots for the policy (0: keep);
-    ``keep_dir`` keeps every episode there (``keyshot judge`` reads it)."""
+    giving a :class:`~keyshot.env.page.Page`). An :class:`~keyshot.reward.episode.EpisodeRecorder`: every
+    page the policy is shown is recorded in ``episode``, the first with no action, then each action with
+    the page it led to. ``max_steps`` actions end an episode (default: the session settings',
+    :class:`~keyshot.env.miniwob.settings.SessionSettings`); ``image_size`` shrinks screenshots for the
+    policy (0: keep); ``keep_dir`` keeps every episode there (``keyshot judge`` reads it)."""
 
     def __init__(
-        self, *, max_steps: int = 10, image_size: int = 512, keep_dir: str | os.PathLike | None = None
+        self,
+        *,
+        max_steps: int | None = None,
+        image_size: int = 512,
+        keep_dir: str | os.PathLike | None = None,
     ):
-        self.max_steps = max_steps
+        super().__init__(keep_dir=keep_dir)
+        self.max_steps = SessionSettings().max_steps if max_steps is None else max_steps
         self.image_size = image_size
-        self.keep_dir = None if keep_dir is None else str(keep_dir)
-        self.episode: Episode | None = None
         self.step_count = 0
         self.done = False
 
     def reset(self, **row) -> str:
         (task, start_url, task_id), page = self._open(row)
-        self.episode = Episode(task, start_url=start_url, task_id=task_id, keep_dir=self.keep_dir)
+        self._start_episode(task, start_url, task_id)
         self.step_count = 0
         self.done = False
         self._show(page)
@@ -158,7 +163,7 @@ class WebEnv(ABC):
     def _show(self, page: Page, action: str | None = None) -> None:
         """Record ``action`` and the page it led to (the action is kept without a screenshot too); a failed
         page fails the episode; a last page ends it."""
-        self.episode.add_step(page.screenshot, action=action)
+        self._record(page.screenshot, action=action)
         if page.error:
             self.episode.fail(page.error)
         self.done = page.done or page.error is not None or self.step_count >= self.max_steps
@@ -199,8 +204,8 @@ class MiniWoBEnv(WebEnv):
     browser that dies, fails that episode (reward None with the reason); the run goes on.
     ``miniwob_reward`` is MiniWoB's own reward of the last episode (None when it failed)."""
 
-    def __init__(self, *, pool: BrowserPool, **settings):
-        super().__init__(**settings)
+    def __init__(self, *, pool: BrowserPool, max_steps: int | None = None, **settings):
+        super().__init__(max_steps=pool.settings.max_steps if max_steps is None else max_steps, **settings)
         self._pool = pool
         self._browser: MiniWoBBrowser | None = None
         self.miniwob_reward: float | None = None

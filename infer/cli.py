@@ -22,7 +22,7 @@ import logging
 import signal
 import sys
 
-from keyshot.infer.common.command import COMMANDS_GROUP, Command, loaded_commands
+from keyshot.infer.common.command import COMMANDS_GROUP, OVERRIDES_INTO, Command, loaded_commands
 from keyshot.infer.common.errors import Interrupted, error_exit
 from keyshot.infer.common.helptext import plain
 from keyshot.infer.common.logs import setup_logging
@@ -54,14 +54,13 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
     """Parse, taking positional items anywhere on the line: ``judge TRAJ --config X.yaml key=value``.
 
     argparse stops filling a subcommand's positional list once an option follows it; the items it
-    leaves over go back to that list (``items`` of judge: paths and overrides; ``overrides`` of the
-    others). One override syntax for every command: ``key.sub=value``, after or among the options.
+    leaves over go to the list the chosen command declares for them (:attr:`Command.overrides`), and
+    are refused where it declares none. One override syntax for every command: ``key.sub=value``, after
+    or among the options.
     """
     args, extras = parser.parse_known_args(argv)
     items = [a for a in extras if not a.startswith("-")]
-    target = next(
-        (name for name in ("items", "overrides") if isinstance(getattr(args, name, None), list)), None
-    )
+    target = getattr(args, OVERRIDES_INTO, None)
     unknown = [a for a in extras if a.startswith("-")] + (items if target is None else [])
     if unknown:
         command = chosen_parser(parser, argv if argv is not None else sys.argv[1:])

@@ -8,7 +8,8 @@
   reports and the service's counters, named in one table);
 - adapters: ``trl`` (reward functions for GRPOTrainer), ``openrlhf`` (``reward_func`` and a multi-turn
   agent base), ``verl`` (``compute_score``);
-- ``command`` (``keyshot reward filter|serve``) and ``service`` (the HTTP service, FastAPI).
+- ``rollout_filter`` (rejection sampling) and ``service`` (the HTTP service, FastAPI), with ``command``
+  (``keyshot reward filter|serve``) wiring them.
 
 This floor imports keyshot.infer (never its test room), never env, data_synth or train.
 

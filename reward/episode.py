@@ -1,5 +1,6 @@
 """The recorder an RL environment keeps: one :class:`Episode` per rollout, scored at its end; and the
-:class:`Page` an environment shows its agent after each action.
+:class:`Page` an environment shows its agent after each action; :class:`EpisodeRecorder`, the mixin of an
+environment that keeps one.
 
 Screenshots are written to disk as they arrive (nothing decoded stays in memory): a temporary folder,
 removed once the episode is scored, or ``keep_dir`` (kept). The folder is a keyshot JSONL trajectory set
@@ -227,3 +228,38 @@ class Episode:
             shutil.rmtree(self.root, ignore_errors=True)
         elif not self.jsonl_path.exists():
             write_jsonl([self._trajectory()], self.jsonl_path)
+
+
+class EpisodeRecorder:
+    """Mixin for an environment that records its :class:`Episode` (a TRL ``environment_factory`` class:
+    ``keyshot.reward.trl`` exports it; keyshot's own ``keyshot.env.trl.WebEnv``): ``_start_episode`` in
+    ``reset``, ``_record`` in each tool method::
+
+        def click(self, bid: str) -> str:
+            obs = self.browser.click(bid)
+            return self._record(obs.screenshot, action=f"click({bid!r})", text=obs.text)
+
+    ``keep_dir`` (a constructor argument: a subclass passes it on with ``super().__init__(keep_dir=...)``)
+    keeps every episode there. The names start with ``_`` because TRL exposes every other public method of
+    the environment to the policy as a tool.
+    """
+
+    episode: Episode | None = None
+    episode_keep_dir: str | None = None  # set by the constructor
+
+    def __init__(self, *, keep_dir: str | os.PathLike | None = None):
+        self.episode = None
+        self.episode_keep_dir = None if keep_dir is None else str(keep_dir)
+
+    def _start_episode(self, task: str, start_url: str | None = None, task_id: str | None = None) -> Episode:
+        self.episode = Episode(task, start_url=start_url, task_id=task_id, keep_dir=self.episode_keep_dir)
+        return self.episode
+
+    def _record(
+        self, screenshot: Any, action: str | None = None, thought: str | None = None, text: Any = None
+    ):
+        """Record the step and return ``text`` (the tool's answer to the policy), else the screenshot."""
+        if self.episode is None:
+            raise RuntimeError("_record() before _start_episode(task): start the episode in reset()")
+        self.episode.add_step(screenshot, action=action, thought=thought)
+        return screenshot if text is None else text

@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from keyshot.infer.common.processes import PerProcess
 from keyshot.reward.model import RewardResult
 
 logger = logging.getLogger(__name__)
@@ -189,7 +190,8 @@ def _labelled(family: str) -> bool:
     return family == "keyshot_reward_requests_total" or family in _CALL_COUNTERS
 
 
-_warned: set[str] = set()
+#: The places warned about already (a forked child shares its parent's log: it keeps them)
+_warned: PerProcess[set[str]] = PerProcess(set, keep_after_fork=True)
 
 
 def warn_constant_groups(
@@ -207,8 +209,11 @@ def warn_constant_groups(
     sizes = Counter(group_keys)
     multi = [g for g in groups if sizes[g] > 1]
     constant = bool(multi) and all(len(groups[g]) == 1 for g in multi)
-    if constant and where not in _warned:
-        _warned.add(where)
+    with _warned.lock:
+        first = constant and where not in _warned.items
+        if first:
+            _warned.items.add(where)
+    if first:
         logger.warning(
             "%s: every sample of a prompt is scored on the same rollout, so a group's rewards are equal and "
             "its advantage is zero (the judge does not read the completion's final answer). %s",

@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Hashable
 
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.common.processes import ForkSafeLock
+from keyshot.infer.common.processes import PerProcess
 from keyshot.reward.logs import warn_constant_groups
 from keyshot.reward.model import RewardModel
 
@@ -109,14 +109,16 @@ class VerlState:
         self._constant = warn_constant_groups(list(paths), list(groups), self.where, CONSTANT_FIX)
 
 
-_lock = ForkSafeLock()  # held only to find or add a model's state, never across I/O; new in a forked child
-_states: weakref.WeakKeyDictionary[RewardModel, VerlState] = weakref.WeakKeyDictionary()
+#: Each model's state (its lock is held only to find or add one, never across I/O); a forked child starts
+#: with none (the parent's models are unusable there)
+_states: PerProcess[weakref.WeakKeyDictionary[RewardModel, VerlState]] = PerProcess(weakref.WeakKeyDictionary)
 
 
 def state_of(model: RewardModel, where: str) -> VerlState:
     """The adapter's state for ``model`` (made on first use, gone with the model)."""
-    with _lock:
-        state = _states.get(model)
+    with _states.lock:
+        states = _states.items
+        state = states.get(model)
         if state is None:
-            state = _states[model] = VerlState(where)
+            state = states[model] = VerlState(where)
         return state

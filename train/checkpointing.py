@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import re
 import shutil
 from contextlib import contextmanager
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.common.fileio import write_text_atomic
+from keyshot.infer.common.fileio import recover_folder, recover_folders, replace_folder, write_text_atomic
 from keyshot.infer.model.checkpoint import CheckpointMeta, write_meta
 
 logger = logging.getLogger(__name__)
@@ -67,6 +66,7 @@ class CheckpointManager:
     def completed(self) -> list[tuple[int, Path]]:
         if not self.root.is_dir():
             return []
+        recover_folders(self.root)  # a step folder a killed save left aside
         found = []
         for d in self.root.iterdir():
             m = _STEP_DIR.match(d.name)
@@ -90,8 +90,7 @@ class CheckpointManager:
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             _atomic_write_text(partial / STATE_FILE, state.to_json())
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(partial, final)
+            replace_folder(partial, final)  # a step saved again: the old folder or the new, never neither
             self._rotate()
             logger.info("checkpoint saved: %s", final)
         accelerator.wait_for_everyone()
@@ -134,15 +133,15 @@ def greedy_generation_config(model):
 
 @contextmanager
 def _swapped_in(out_dir: Path):
-    """Yield a ``.partial`` folder beside ``out_dir``; on success it replaces ``out_dir`` whole."""
+    """Yield a ``.partial`` folder beside ``out_dir``; on success it replaces ``out_dir`` whole
+    (:func:`~keyshot.infer.common.fileio.replace_folder`: at every instant the old folder or the new)."""
     out_dir = Path(out_dir)
+    recover_folder(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     yield tmp
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+    replace_folder(tmp, out_dir)
 
 
 def write_model_folder(model, processor, out_dir: Path, meta: CheckpointMeta, state_dict=None) -> Path:

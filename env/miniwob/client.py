@@ -41,6 +41,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Protocol
 
+from keyshot.env.miniwob.settings import SessionSettings
 from keyshot.env.miniwob.setup import BrowserSetup, MiniWoBError, browser_setup
 from keyshot.env.page import Page
 
@@ -80,13 +81,16 @@ def _gone(pid: int, started: str) -> bool:
 class BrowserProcess:
     """One Chromium and the worker process that drives it (``worker.py``), holding many sessions (browser
     contexts); started at construction (Chromium launches in the background: the first request waits for
-    it). ``timeout_s``: how long the worker may stay silent while a request waits before it counts as
-    stuck and is killed (its sessions fail; a page may take half of it to load). Thread-safe: sessions
-    on many threads send requests at once; answers are matched to requests by id."""
+    it). Its deadlines are ``settings``' (:class:`~keyshot.env.miniwob.settings.SessionSettings`): a
+    worker silent for ``answer_within_s`` while a request waits counts as stuck and is killed (its
+    sessions fail); the worker is given ``page_timeout_s`` and ``dom_wait_s`` and says, once ready, what
+    it runs with (``worker_deadlines``). Thread-safe: sessions on many threads send requests at once;
+    answers are matched to requests by id."""
 
-    def __init__(self, setup: BrowserSetup, timeout_s: float = 60.0):
+    def __init__(self, setup: BrowserSetup, settings: SessionSettings | None = None):
         self.setup = setup
-        self.timeout_s = timeout_s
+        self.settings = settings or SessionSettings()
+        self.worker_deadlines: dict | None = None  # the deadlines the worker said it runs with
         self._log = tempfile.TemporaryFile()  # noqa: SIM115  (the worker's stderr, closed in close())
         self._lock = threading.Lock()
         self._ids = itertools.count()
@@ -97,7 +101,7 @@ class BrowserProcess:
         self.chromium_pid: int | None = None
         self._chromium_start: str | None = None
         self.process = subprocess.Popen(
-            [sys.executable, "-I", str(WORKER), str(setup.chromium), str(int(timeout_s * 500))],
+            [sys.executable, "-I", str(WORKER), str(setup.chromium), *self.settings.worker_arguments()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -120,12 +124,13 @@ class BrowserProcess:
     def wait_ready(self, timeout_s: float | None = None) -> bool:
         """Wait until Chromium is launched (or failed to): whether it is."""
         with contextlib.suppress(FutureTimeout):
-            self._ready.result(timeout_s if timeout_s is not None else self.timeout_s)
+            self._ready.result(timeout_s if timeout_s is not None else self.settings.answer_within_s)
         return self._ready.done() and self.alive
 
     def request(self, message: dict) -> dict:
         """Send ``message`` and wait for its answer: ``{"error": ...}`` when the page failed, the process
-        died, or it stayed silent for ``timeout_s`` (it is then killed: a stuck browser fails its sessions)."""
+        died, or it stayed silent for the settings' ``answer_within_s`` (it is then killed: a stuck browser
+        fails its sessions)."""
         future: Future = Future()
         with self._lock:
             if not self.alive:
@@ -142,16 +147,17 @@ class BrowserProcess:
                 return {"error": f"the browser process does not listen: {exc}"}
         sent = time.monotonic()
         while True:
+            deadline_s = self.settings.answer_within_s
             try:
-                return future.result(timeout=min(5.0, self.timeout_s))
+                return future.result(timeout=min(5.0, deadline_s))
             except FutureTimeout:
                 if self._chromium_start and _gone(self.chromium_pid, self._chromium_start):
                     # its worker did not say so: stuck in a playwright call that never returns after it
                     self.fail("the browser died: the browser (Chromium) died (its worker did not answer)")
                 # silent since this request was sent, or since it last answered another one: a worker
                 # idle before the request is not stuck for having been idle
-                elif time.monotonic() - max(sent, self._last_heard) > self.timeout_s:
-                    self.fail(f"no answer in {self.timeout_s:.0f} s (the browser process was stopped)")
+                elif time.monotonic() - max(sent, self._last_heard) > deadline_s:
+                    self.fail(f"no answer in {deadline_s:g} s (the browser process was stopped)")
 
     def send(self, message: dict) -> None:
         """Send ``message`` without waiting for its answer (a session's end)."""
@@ -168,6 +174,7 @@ class BrowserProcess:
             answer = json.loads(line)
             if "ready" in answer:
                 self.chromium_pid = answer.get("pid")
+                self.worker_deadlines = answer.get("deadlines")
                 self._chromium_start = _started(self.chromium_pid) if self.chromium_pid else None
                 self._ready.set_result(True)
             elif "gone" in answer:
@@ -235,6 +242,7 @@ class SessionHost(Protocol):
     """Where a leased session's pages open (:class:`~keyshot.env.miniwob.pool.BrowserPool`)."""
 
     setup: BrowserSetup
+    settings: SessionSettings
 
     def _place(self, browser: MiniWoBBrowser, old: BrowserProcess | None) -> BrowserProcess: ...
 
@@ -243,34 +251,31 @@ class SessionHost(Protocol):
 
 class MiniWoBBrowser:
     """One MiniWoB++ session (``task``: its name, e.g. ``click-button``): a page in a browser context of its
-    own. ``seed`` picks the task's instance (its goal and page), ``max_steps`` ends an episode MiniWoB has
-    not ended, ``viewport`` is the page's size in CSS pixels (default: the task's own, as BrowserGym
-    shows it; :data:`VIEWPORT_OPENENV` is OpenEnv's), ``timeout_s`` how long its Chromium may stay silent
-    before it counts as failed. Made by a :class:`~keyshot.env.miniwob.pool.BrowserPool`'s ``lease()``, it
-    lives in the pool's Chromium and :meth:`close` gives it back; made directly, it starts a Chromium of
-    its own (``setup``: a prepared :class:`BrowserSetup`, default this process's for ``chromium``).
-    Sessions run side by side, one per thread."""
+    own. ``seed`` picks the task's instance (its goal and page). Its steps, page size and deadlines are
+    ``settings``' (:class:`~keyshot.env.miniwob.settings.SessionSettings`: by default the pool's, else the
+    defaults; any field given by name replaces it: ``MiniWoBBrowser("click-button", max_steps=5)``).
+    Made by a :class:`~keyshot.env.miniwob.pool.BrowserPool`'s ``lease()``, it lives in the pool's
+    Chromium and :meth:`close` gives it back; made directly, it starts a Chromium of its own (``setup``: a
+    prepared :class:`BrowserSetup`, default this process's for ``chromium``). Sessions run side by side,
+    one per thread."""
 
     def __init__(
         self,
         task: str,
         seed: int = 0,
         *,
-        max_steps: int = 10,
         chromium: str | None = None,
-        timeout_s: float = 60.0,
-        viewport: tuple[int, int] | None = None,
+        settings: SessionSettings | None = None,
         setup: BrowserSetup | None = None,
         pool: SessionHost | None = None,
-        html: bool = False,
+        **changes,
     ):
         self.setup = setup or (pool.setup if pool is not None else browser_setup(chromium))
+        self.settings = (settings or (pool.settings if pool is not None else SessionSettings())).with_changes(
+            task, **changes
+        )
         self.task_name = task.removeprefix("miniwob.")
         self.seed = seed
-        self.max_steps = max_steps
-        self.timeout_s = timeout_s
-        self.viewport = viewport
-        self.html = html
         self.pool = pool
         self.name = f"s{next(_sessions)}"
         self.goal: str | None = None
@@ -283,7 +288,7 @@ class MiniWoBBrowser:
         self.episodes = 0  # resets that opened a page
         self.process: BrowserProcess | None = None
         if pool is None:
-            self.process = BrowserProcess(self.setup, timeout_s)
+            self.process = BrowserProcess(self.setup, self.settings)
 
     @property
     def task(self) -> str:
@@ -324,9 +329,9 @@ class MiniWoBBrowser:
         if self.process is None or not self.process.alive:
             self._replace_process()
         self.step, self.reward, self.error, self.done, self.goal = 0, 0.0, None, False, None
-        viewport = list(self.viewport) if self.viewport else None
+        viewport = list(self.settings.viewport) if self.settings.viewport else None
         request = {"op": "reset", "session": self.name, "task": self.task_name, "seed": self.seed}
-        request.update(viewport=viewport, html=self.html)
+        request.update(viewport=viewport, html=self.settings.html)
         answer = self.process.request(request)
         if answer.get("dead"):
             self.process.fail("the browser (Chromium) died")
@@ -351,7 +356,7 @@ class MiniWoBBrowser:
         else:
             if old is not None:
                 old.close()
-            self.process = BrowserProcess(self.setup, self.timeout_s)
+            self.process = BrowserProcess(self.setup, self.settings)
 
     def act(self, action: str) -> Page:
         """Carry out a BrowserGym action (an action's own error is shown in the page's text, as BrowserGym
@@ -367,7 +372,7 @@ class MiniWoBBrowser:
             self.done, self.reward = True, None
             return Page(f"Error: {self.error}", None, self.step, True, None, None, self.error)
         self.reward = answer["reward"]
-        self.done = answer["done"] or self.step >= self.max_steps
+        self.done = answer["done"] or self.step >= self.settings.max_steps
         return self._page(answer)
 
     def _page(self, answer: dict) -> Page:

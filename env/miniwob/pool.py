@@ -25,34 +25,30 @@ import threading
 
 from keyshot.env.miniwob.budget import BrowserBudget, BrowserBudgetError
 from keyshot.env.miniwob.client import BrowserProcess, MiniWoBBrowser
+from keyshot.env.miniwob.settings import SessionSettings
 from keyshot.env.miniwob.setup import BrowserSetup, MiniWoBError, browser_setup
 
 logger = logging.getLogger(__name__)
 
 
 class BrowserPool:
-    """Sessions on shared Chromium processes, at most ``budget.max_pages`` leased at once. ``task`` is a
-    session's default task (any task can be reset in it); ``max_steps``, ``viewport`` and ``timeout_s``
-    are every session's (:class:`~keyshot.env.miniwob.client.MiniWoBBrowser`)."""
+    """Sessions on shared Chromium processes, at most ``budget.max_pages`` leased at once, every one opened
+    with ``settings`` (:class:`~keyshot.env.miniwob.settings.SessionSettings`; ``task``, a session's
+    default task, and any other of its fields by name replace the defaults: ``BrowserPool(budget,
+    "click-button", max_steps=5)``). Any task can be reset in a session."""
 
     def __init__(
         self,
         budget: BrowserBudget,
-        task: str = "click-test",
+        task: str | None = None,
         *,
+        settings: SessionSettings | None = None,
         setup: BrowserSetup | None = None,
-        max_steps: int = 10,
-        viewport: tuple[int, int] | None = None,
-        timeout_s: float = 60.0,
-        html: bool = False,
+        **changes,
     ):
         self.budget = budget
-        self.task = task
+        self.settings = (settings or SessionSettings()).with_changes(task, **changes)
         self.setup = setup or browser_setup()
-        self.max_steps = max_steps
-        self.viewport = viewport
-        self.timeout_s = timeout_s
-        self.html = html
         self._lock = threading.Lock()
         self._load: dict[BrowserProcess, int] = {}  # live processes and the sessions placed in each
         self._leased: set[MiniWoBBrowser] = set()
@@ -90,15 +86,7 @@ class BrowserPool:
                     f"all {len(self._leased)} live pages are leased: {self.budget.describe()}; close each "
                     "session at its end, or lower the sessions asked for at once"
                 )
-            browser = MiniWoBBrowser(
-                task or self.task,
-                max_steps=self.max_steps,
-                timeout_s=self.timeout_s,
-                viewport=self.viewport,
-                html=self.html,
-                setup=self.setup,
-                pool=self,
-            )
+            browser = MiniWoBBrowser(task or self.settings.task, setup=self.setup, pool=self)
             self._leased.add(browser)
             self.max_leased = max(self.max_leased, len(self._leased))
             return browser
@@ -169,7 +157,7 @@ class BrowserPool:
         return dead
 
     def _launch(self) -> BrowserProcess:
-        process = BrowserProcess(self.setup, self.timeout_s)
+        process = BrowserProcess(self.setup, self.settings)
         self._load[process] = 0
         self.launched += 1
         self.max_browsers = max(self.max_browsers, len(self._load))

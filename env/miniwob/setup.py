@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.common.processes import ForkSafeLock
+from keyshot.infer.common.processes import PerProcess
 
 CHROMIUM_ENV = "KEYSHOT_CHROMIUM"
 HOME_ENV = "KEYSHOT_BROWSER_HOME"
@@ -149,8 +149,8 @@ def _miniwob_pages() -> Path:
     return pages
 
 
-_prepared: dict[tuple[Path, Path], BrowserSetup] = {}
-_lock = ForkSafeLock()  # new in a forked child (a thread may have held it at the fork)
+#: The set-ups prepared by this process, by (Chromium, home): facts about files, kept by a forked child
+_prepared: PerProcess[dict[tuple[Path, Path], BrowserSetup]] = PerProcess(dict, keep_after_fork=True)
 
 
 def browser_setup(chromium: str | None = None) -> BrowserSetup:
@@ -159,16 +159,17 @@ def browser_setup(chromium: str | None = None) -> BrowserSetup:
     Raises MiniWoBError naming what to install."""
     executable = _chromium(chromium)
     home = _home()
-    with _lock:
-        if (executable, home) not in _prepared:
+    with _prepared.lock:
+        prepared = _prepared.items
+        if (executable, home) not in prepared:
             pages = _miniwob_pages()
-            _prepared[executable, home] = BrowserSetup(
+            prepared[executable, home] = BrowserSetup(
                 executable,
                 os.environ.get("MINIWOB_URL") or pages.as_uri() + "/",
                 _link_chromium(executable, home),
                 _seed_tiktoken(home),
             )
-        return _prepared[executable, home]
+        return prepared[executable, home]
 
 
 def prepare_browser(chromium: str | None = None) -> BrowserSetup:

@@ -2,7 +2,11 @@
 process of its own (started by :class:`keyshot.env.miniwob.client.BrowserProcess` with the set-up's
 variables in its environment)::
 
-    python -I env/miniwob/worker.py CHROMIUM PAGE_TIMEOUT_MS
+    python -I env/miniwob/worker.py CHROMIUM PAGE_TIMEOUT_MS DOM_WAIT_MS
+
+(the deadlines of the session settings, :meth:`keyshot.env.miniwob.settings.SessionSettings.worker_arguments`:
+playwright's timeout for a call on a page, and the wait for a page's DOM after an action; its first line,
+``{"ready": true, "pid": ..., "deadlines": {...}}``, says them back).
 
 Why a process: playwright reads the Python call stack at every call it makes (``inspect.stack()``), which
 costs seconds per page in a trainer's process holding thousands of modules (torch, transformers, trl); here
@@ -226,10 +230,10 @@ class Session:
 
         for page in self.context.pages:
             with contextlib.suppress(playwright.sync_api.Error):
-                page.wait_for_load_state("domcontentloaded", timeout=3000)
+                page.wait_for_load_state("domcontentloaded", timeout=self.worker.dom_wait_ms)
             for frame in page.frames:
                 with contextlib.suppress(playwright.sync_api.Error):
-                    frame.wait_for_load_state("domcontentloaded", timeout=3000)
+                    frame.wait_for_load_state("domcontentloaded", timeout=self.worker.dom_wait_ms)
 
     def _active_page_check(self) -> None:
         if len(self.context.pages) == 0:
@@ -299,13 +303,14 @@ class Worker:
     """The Chromium (launched as BrowserEnv launches it) and its sessions, served from one thread (playwright's
     sync API), with BrowserGym's waits after actions scheduled rather than slept."""
 
-    def __init__(self, chromium: str, page_timeout_ms: int, text_chars: int = 4000):
+    def __init__(self, chromium: str, page_timeout_ms: int, dom_wait_ms: int, text_chars: int = 4000):
         import browsergym.miniwob  # noqa: F401  (registers the browsergym/miniwob.* environments)
         from browsergym.core import _get_global_playwright
         from browsergym.core.action.highlevel import HighLevelActionSet
         from browsergym.core.constants import BROWSERGYM_ID_ATTRIBUTE
 
         self.page_timeout_ms = page_timeout_ms
+        self.dom_wait_ms = dom_wait_ms
         self.text_chars = text_chars
         self.actions = HighLevelActionSet()  # BrowserEnv's default action_mapping
         self.entrypoints: dict[str, object] = {}
@@ -433,7 +438,7 @@ def _first_line(exc: Exception) -> str:
 
 
 def main(argv: list[str]) -> int:
-    chromium, page_timeout_ms = argv[0], int(argv[1])
+    chromium, page_timeout_ms, dom_wait_ms = argv[0], int(argv[1]), int(argv[2])
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     sys.stdout = sys.stderr  # what the libraries print stays out of the answers
     lock = threading.Lock()
@@ -446,12 +451,13 @@ def main(argv: list[str]) -> int:
     requests: queue.Queue = queue.Queue()
     threading.Thread(target=_read_requests, args=(requests, chromium_pid), daemon=True).start()
     try:
-        worker = Worker(chromium, page_timeout_ms)
+        worker = Worker(chromium, page_timeout_ms, dom_wait_ms)
     except Exception as exc:
         answer({"error": _first_line(exc)})
         return 1
     chromium_pid.extend([worker.pid] if worker.pid else [])
-    answer({"ready": True, "pid": worker.pid})
+    deadlines = {"page_timeout_ms": worker.page_timeout_ms, "dom_wait_ms": worker.dom_wait_ms}
+    answer({"ready": True, "pid": worker.pid, "deadlines": deadlines})
     while True:
         try:
             line = requests.get(timeout=worker.next_due_s())

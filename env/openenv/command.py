@@ -17,7 +17,8 @@ MiniWoB's own reward beside it (``metadata.miniwob_reward``). Sessions ending to
 batch. Every step answers within ``--answer-within-s`` (OpenEnv's client waits 60 s): a verdict not
 ready by then leaves its episode without a reward, saying so, and its judging goes on into the call
 cache; a browser that stays silent that long is killed as stuck, and the steps waiting on it answer
-with the reason (their sessions' next resets open in a new Chromium). ``--keep DIR`` keeps every scored
+with the reason (their sessions' next resets open in a new Chromium). The deadlines' defaults are the
+session settings' (keyshot.env.miniwob.settings.SessionSettings). ``--keep DIR`` keeps every scored
 episode there (``keyshot judge DIR`` reads it). SIGTERM or Ctrl-C closes every Chromium the server
 opened, and the last line counts the episodes. Runs where OpenEnv is installed: make setup-openenv, then
 ``.venv-openenv/bin/keyshot reward env ...``.
@@ -26,37 +27,17 @@ opened, and the last line counts the episodes. Runs where OpenEnv is installed: 
 from __future__ import annotations
 
 import argparse
-import functools
-import importlib.util
-import logging
 import re
-import socket
-import sys
-from importlib.metadata import entry_points
 from pathlib import Path
 
+from keyshot.env.miniwob.client import VIEWPORT_OPENENV
+from keyshot.env.miniwob.settings import SessionSettings
+from keyshot.env.openenv.serving import EnvServer, serve_env
 from keyshot.infer.common.command import Command
-from keyshot.infer.common.errors import KeyshotError
-from keyshot.infer.common.processes import return_large_buffers
 
-logger = logging.getLogger(__name__)
-
-#: Entry-point group of the OpenEnv rubrics an environment is scored with, by name (pyproject.toml).
-RUBRICS_GROUP = "keyshot.openenv.rubrics"
-RUBRIC = "keyshot"
-OPENENV_SETUP = (
-    "keyshot reward env needs OpenEnv and its BrowserGym models (the browsergym_env package), in a venv of "
-    "their own: make setup-openenv (tools/setup_openenv.sh) builds .venv-openenv; then run "
-    ".venv-openenv/bin/keyshot reward env ..."
-)
-#: The port served by default: 8000 is vLLM's (TRL's vLLM server, the scorer of configs/reward/trl.yaml).
-DEFAULT_PORT = 8020
-#: OpenEnv's client waits 60 s for each answer (``message_timeout_s``); a step answers well within it.
-ANSWER_WITHIN_S = 45.0
-
-
-class EnvCommandError(KeyshotError):
-    """``keyshot reward env`` cannot start."""
+#: The defaults every option below takes (the session's and the server's, from their dataclasses)
+SESSION = SessionSettings()
+SERVER = EnvServer(config=Path(), session=SESSION)
 
 
 def _at_least_one(value: str) -> int:
@@ -79,157 +60,98 @@ def _positive(value: str) -> float:
     return number
 
 
-def rubric_factory(name: str, **options):
-    """A factory of the rubric registered as ``name`` (entry points ``keyshot.openenv.rubrics``), built
-    once now so that a config it cannot use fails before the server listens."""
-    found = {ep.name: ep for ep in entry_points(group=RUBRICS_GROUP)}
-    if name not in found:
-        raise EnvCommandError(
-            f"no OpenEnv rubric {name!r} is registered (entry points {RUBRICS_GROUP}: {sorted(found)}); "
-            "reinstall keyshot (pip install -e .)"
-        )
-    factory = functools.partial(found[name].load(), **options)
-    factory()
-    return factory
-
-
-def run_env(args: argparse.Namespace) -> int:
-    if any(importlib.util.find_spec(name) is None for name in ("openenv", "browsergym_env")):
-        raise EnvCommandError(OPENENV_SETUP)
-    from keyshot.env.miniwob.budget import BrowserBudget, observation_mib
-    from keyshot.env.miniwob.pool import BrowserPool
-    from keyshot.env.miniwob.setup import browser_setup
-
-    config = Path(args.config)
-    if not config.is_file():
-        raise EnvCommandError(
-            f"--config {config}: no such file (a keyshot judge config, configs/reward/*.yaml)"
-        )
+def env_server(args: argparse.Namespace) -> EnvServer:
+    """The server the options ask for (pages at OpenEnv's BrowserGym format: their HTML too)."""
     viewport = None if args.viewport == "miniwob" else tuple(int(n) for n in args.viewport.split("x"))
-    # each session costs its page in Chromium and its observations in this server (the budget counts both:
-    # at the page alone, TRL's 256 sessions were admitted and the server was OOM-killed)
-    budget = BrowserBudget.for_machine(
-        args.max_pages, viewport=viewport, session_mib=observation_mib(viewport)
-    )
-    sessions = args.max_sessions or max(1, budget.max_pages)  # none at all: refused below, naming why
-    budget.require(
-        sessions,
-        f"keyshot reward env --max-sessions {sessions}",
-        "lower --max-sessions (each session holds a page), or set --max-pages",
-    )
-    # a browser silent for the step's deadline is stuck: it is killed and its sessions' steps answer with
-    # the reason, before OpenEnv's client gives up on them (a client that times out kills TRL's trainer)
-    pool = BrowserPool(
-        budget,
+    session = SESSION.with_changes(
         args.miniwob,
-        setup=browser_setup(),
         max_steps=args.max_steps,
         viewport=viewport,
-        timeout_s=args.answer_within_s,
         html=True,
+        answer_within_s=args.answer_within_s,
+        page_timeout_s=args.page_timeout_s,
     )
-    try:
-        # the first page opens now (an unknown task fails here, before the server listens); more Chromium
-        # processes are launched as sessions fill the open ones
-        with pool.lease() as first:
-            first.reset(seed=0)
-        return _serve(args, config, pool, sessions)
-    finally:
-        pool.close()
+    return EnvServer(
+        config=Path(args.config),
+        session=session,
+        host=args.host,
+        port=args.port,
+        max_sessions=args.max_sessions,
+        max_pages=args.max_pages,
+        keep=args.keep,
+    )
 
 
-def _serve(args: argparse.Namespace, config: Path, pool, sessions: int) -> int:
-    import uvicorn
-
-    from keyshot.env.openenv import server
-
-    if not return_large_buffers():  # each session's screenshots, freed, go back to the system
-        logger.warning(
-            "the C library is not glibc: freed screenshot buffers may stay in the server (about 36 MiB a "
-            "session at 1280x720 where glibc keeps them; the page budget counts 6)"
-        )
-    rubric = rubric_factory(RUBRIC, config=str(config.resolve()), keep_dir=args.keep)
-    settings = server.EnvSettings(
-        task=args.miniwob, pool=pool, rubric=rubric, answer_within_s=args.answer_within_s
-    )
-    app = server.build_app(settings, sessions)
-    uvicorn_server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30)
-    )
-    # bound (and listening) before the line is printed: a client that reads it can connect at once
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    try:
-        listening = socket.create_server((args.host, args.port), family=family)
-    except OSError as exc:
-        raise EnvCommandError(f"--host {args.host} --port {args.port}: cannot listen there ({exc})") from None
-    print(
-        f"keyshot reward env: MiniWoB {args.miniwob} on http://{args.host}:{listening.getsockname()[1]} "
-        f"(OpenEnv; at most {sessions} sessions, {args.max_steps} steps an episode, each step answered "
-        f"within {args.answer_within_s:g} s; reward: {config})",
-        flush=True,
-    )
-    try:
-        with listening:
-            uvicorn_server.run(sockets=[listening])
-    finally:
-        print(
-            f"keyshot reward env: stopped; {settings.counts}; closing its {len(pool.processes())} Chromium "
-            f"process(es) ({pool.max_leased} sessions at most at once)",
-            file=sys.stderr,
-        )
-    return 0
+def run(args: argparse.Namespace) -> int:
+    return serve_env(env_server(args))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--miniwob", required=True, metavar="TASK", help="the MiniWoB task, e.g. click-test")
     p.add_argument("--config", required=True, help="a keyshot judge config (configs/reward/*.yaml)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default=SERVER.host)
     p.add_argument(
         "--port",
         type=int,
-        default=DEFAULT_PORT,
-        help=f"default {DEFAULT_PORT}; 0: a free port (the start-up line names it)",
+        default=SERVER.port,
+        help="default %(default)s; 0: a free port (the start-up line names it)",
     )
     p.add_argument(
-        "--max-steps", type=_at_least_one, default=10, help="actions an episode may take (the server ends it)"
+        "--max-steps",
+        type=_at_least_one,
+        default=SESSION.max_steps,
+        help="actions an episode may take (the server ends it; default %(default)s)",
     )
     p.add_argument(
         "--answer-within-s",
         type=_positive,
-        default=ANSWER_WITHIN_S,
-        help="seconds within which every step answers (OpenEnv's client waits 60); a verdict not ready "
-        "by then: no reward for that episode, the reason in its metadata; a browser silent that long is "
-        "killed as stuck",
+        default=SESSION.answer_within_s,
+        help="seconds within which every step answers (default %(default)s; OpenEnv's client waits 60); "
+        "a verdict not ready by then: no reward for that episode, the reason in its metadata; a browser "
+        "silent that long is killed as stuck",
+    )
+    p.add_argument(
+        "--page-timeout-s",
+        type=_positive,
+        default=SESSION.page_timeout_s,
+        help="seconds one call on a page may take before its step fails (default %(default)s; below "
+        "--answer-within-s)",
     )
     p.add_argument(
         "--max-sessions",
         type=_at_least_one,
+        default=SERVER.max_sessions,
         help="sessions open at once, a MiniWoB page each (default: as many as the machine holds)",
     )
     p.add_argument(
         "--max-pages",
         type=_at_least_one,
+        default=SERVER.max_pages,
         help="live pages this machine holds (default: measured per page and per Chromium, within the "
         "available memory)",
     )
     p.add_argument(
         "--viewport",
         type=_viewport,
-        default="1280x720",
-        help="the pages' size, WxH (default: OpenEnv's BrowserGym server's), or 'miniwob' (the task's own)",
+        default="{}x{}".format(*VIEWPORT_OPENENV),
+        help="the pages' size, WxH (default: OpenEnv's BrowserGym server's, %(default)s), or 'miniwob' "
+        "(the task's own)",
     )
     p.add_argument(
-        "--keep", metavar="DIR", help="keep every scored episode in DIR (keyshot judge DIR reads it)"
+        "--keep",
+        metavar="DIR",
+        default=SERVER.keep,
+        help="keep every scored episode in DIR (keyshot judge DIR reads it)",
     )
 
 
 #: ``env`` under ``keyshot reward`` (registered through the ``keyshot.reward.commands`` entry points);
-#: keyshot's command line prints an EnvCommandError (any KeyshotError) as one line, with its exit code
+#: keyshot's command line prints an EnvServerError (any KeyshotError) as one line, with its exit code
 COMMAND = Command(
     "env",
     help="live MiniWoB pages on OpenEnv's server, scored by keyshot's reward (OpenEnv clients, TRL)",
     description=__doc__,
     arguments=add_arguments,
-    run=run_env,
+    run=run,
     on_stop="the environment server closed its browsers and stopped",
 )

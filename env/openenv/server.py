@@ -15,9 +15,9 @@ package TRL's OpenEnv example imports), not copies:
 - an episode ends when MiniWoB ends it or after ``max_steps`` actions, on the server: a client that stops
   earlier (TRL's BrowserGym example counts its own steps) never ends the episode, so give the server its
   number (``--max-steps``);
-- every step answers within ``answer_within_s`` of its request (OpenEnv's client gives up after 60 s):
-  the rubric is told the deadline (``answer_by``), and a verdict not ready by then leaves that episode
-  without a reward, saying why.
+- every step answers within the session settings' ``answer_within_s`` of its request (OpenEnv's client
+  gives up after 60 s): the rubric is told the deadline (``answer_by``), and a verdict not ready by then
+  leaves that episode without a reward, saying why.
 
 Each session (one WebSocket of OpenEnv's client) has its own environment and rubric, and a page of the
 server's :class:`~keyshot.env.miniwob.pool.BrowserPool` (a browser context in one of its shared Chromium
@@ -45,6 +45,7 @@ from pydantic import SerializerFunctionWrapHandler, field_serializer
 
 from keyshot.env.miniwob.client import MiniWoBBrowser
 from keyshot.env.miniwob.pool import BrowserPool
+from keyshot.env.miniwob.settings import SessionSettings
 from keyshot.env.miniwob.setup import MiniWoBError
 from keyshot.env.openenv.wire import Pixels, split_text, wire_fields
 from keyshot.env.page import Page
@@ -70,19 +71,18 @@ class EpisodeCounts:
 
 @dataclass(frozen=True)
 class EnvSettings:
-    """What every session's environment is made of: the default MiniWoB ``task``, the ``pool`` its
-    browsers come from (their ``max_steps`` ends an episode), the ``rubric`` factory (one a session,
-    called with ``answer_by``), the seconds within which a step answers, and the server's counts."""
+    """What every session's environment is made of: the ``pool`` its browsers come from (its
+    :class:`~keyshot.env.miniwob.settings.SessionSettings` say the default task, the steps that end an
+    episode and the seconds within which a step answers), the ``rubric`` factory (one a session, called
+    with ``answer_by``), and the server's counts."""
 
-    task: str
     pool: BrowserPool
-    answer_within_s: float
     rubric: Callable[..., Rubric] | None = None
     counts: EpisodeCounts = field(default_factory=EpisodeCounts)
 
     @property
-    def max_steps(self) -> int:
-        return self.pool.max_steps
+    def session(self) -> SessionSettings:
+        return self.pool.settings
 
 
 class PixelObservation(BrowserGymObservation):
@@ -105,7 +105,7 @@ class MiniWoBEnvironment(Environment[BrowserGymAction, BrowserGymObservation, Br
         super().__init__(rubric=rubric)
         self.settings = settings
         self.browser: MiniWoBBrowser | None = None
-        self._state = BrowserGymState(benchmark="miniwob", max_steps=settings.max_steps)
+        self._state = BrowserGymState(benchmark="miniwob", max_steps=settings.session.max_steps)
         self._seeds = random.Random()
         self._seed: int | None = None
         self._answer_by: float | None = None
@@ -126,10 +126,10 @@ class MiniWoBEnvironment(Environment[BrowserGymAction, BrowserGymObservation, Br
             raise ValueError(
                 f"reset: unknown parameter(s) {sorted(unknown)}; this environment takes seed, episode_id, task_name"
             )
-        self._answer_by = time.monotonic() + self.settings.answer_within_s
+        self._answer_by = time.monotonic() + self.settings.session.answer_within_s
         try:
             self._reset_rubric()
-            task = (task_name or self.settings.task).removeprefix("miniwob.")
+            task = (task_name or self.settings.session.task).removeprefix("miniwob.")
             seed = self._seeds.randrange(2**31) if seed is None else seed
             if self.browser is None:
                 self.browser = self.settings.pool.lease(task)
@@ -141,7 +141,7 @@ class MiniWoBEnvironment(Environment[BrowserGymAction, BrowserGymObservation, Br
                 task_id=self.browser.task_id,
                 goal=self.browser.task,
                 current_url=self.browser.url or "",
-                max_steps=self.settings.max_steps,
+                max_steps=self.settings.session.max_steps,
             )
             self._seed = seed
             observation = self._observation(page)
@@ -158,7 +158,7 @@ class MiniWoBEnvironment(Environment[BrowserGymAction, BrowserGymObservation, Br
             raise ValueError(f"step: unknown parameter(s) {sorted(unknown)}")
         if self.browser is None or self.browser.goal is None:
             raise MiniWoBError("step before reset: call reset() first (it opens the task's page)")
-        self._answer_by = time.monotonic() + self.settings.answer_within_s
+        self._answer_by = time.monotonic() + self.settings.session.answer_within_s
         try:
             page = self.browser.act(action.action_str)
             self._state.step_count += 1
@@ -177,7 +177,7 @@ class MiniWoBEnvironment(Environment[BrowserGymAction, BrowserGymObservation, Br
             "task_id": self._state.task_id,
             "seed": self._seed,
             "step": page.step,
-            "max_steps": self.settings.max_steps,
+            "max_steps": self.settings.session.max_steps,
         }
         if page.error:
             metadata["browser_error"] = page.error

@@ -19,6 +19,9 @@ COMMANDS_GROUP = "keyshot.commands"
 #: What the terminal says when a command is stopped by a signal, unless its :class:`Command` says what
 #: else (``on_stop``: a service has nothing to resume).
 RESUMABLE = "what was finished is saved, re-run the same command to resume"
+#: The parsed namespace's entry naming where the chosen command takes its key=value items (its
+#: :attr:`Command.overrides`; None: nowhere).
+OVERRIDES_INTO = "overrides_into"
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,9 @@ class Command:
     ``keyshot reward env`` lives on the environment's floor). ``arguments(parser)`` adds the command's
     arguments, ``run(args)`` does the job and returns the exit code. Errors, signals and exit codes are not
     the command's business: :func:`main` turns them into one line and a code
-    (:func:`keyshot.infer.common.errors.error_exit`). Overrides are ``key=value`` items (``nargs="*"``
-    under the dest ``items`` or ``overrides``), never ``--set``."""
+    (:func:`keyshot.infer.common.errors.error_exit`). A command that takes ``key=value`` overrides says
+    so: ``overrides`` names the dest of its positional list (``nargs="*"`` or ``"+"``) that receives the
+    items found anywhere on the line; a command without it takes none (``--set`` is never one)."""
 
     name: str
     help: str
@@ -42,6 +46,7 @@ class Command:
     on_stop: str = RESUMABLE
     subcommands: tuple[Command, ...] = ()
     plugins: str | None = None
+    overrides: str | None = None
 
     def register(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         """Add this command (and its subcommands) to ``subparsers``."""
@@ -57,7 +62,15 @@ class Command:
         """Give ``parser`` this command's arguments, subcommands and what runs it."""
         if self.arguments is not None:
             self.arguments(parser)
-        parser.set_defaults(handler=self.run, on_stop=self.on_stop)
+        if self.overrides is not None and not any(
+            a.dest == self.overrides and not a.option_strings and a.nargs in ("*", "+")
+            for a in parser._actions
+        ):
+            raise TypeError(
+                f"command {self.name!r} declares overrides={self.overrides!r} but its arguments have no "
+                "positional list of that name (nargs='*' or '+')"
+            )
+        parser.set_defaults(handler=self.run, on_stop=self.on_stop, **{OVERRIDES_INTO: self.overrides})
         children = [*self.subcommands, *(loaded_commands(self.plugins) if self.plugins else [])]
         if children:
             sub = parser.add_subparsers(dest=f"{self.name}_command", metavar="ACTION", required=True)

@@ -1,11 +1,15 @@
 """Atomic file writes: readers see the old content or the new, never a part; files get the mode the
-user's umask gives a new file (0644 under the usual 022), not the 0600 of a temporary file."""
+user's umask gives a new file (0644 under the usual 022), not the 0600 of a temporary file. A whole
+folder (a checkpoint, a dataset) is replaced the same way (:func:`replace_folder`)."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -138,3 +142,75 @@ def cut_torn_tail(path: str | os.PathLike, consequence: str = "") -> int:
         f" ({consequence})" if consequence else "",
     )
     return size - keep
+
+
+#: What a folder being replaced is renamed to beside it (``.NAME.replaced``) until the new one is in.
+REPLACED = ".replaced"
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def replace_folder(new: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Put the complete folder ``new`` at ``path`` (on the same file system), replacing what is there, so
+    that a reader or a crash at any instant finds the old folder or the new one whole. The one way keyshot
+    replaces a folder (a checkpoint, a dataset).
+
+    Where the system exchanges two names in one step (Linux's ``renameat2`` with ``RENAME_EXCHANGE``),
+    ``path`` is never missing: the two are exchanged, then the old one is renamed aside
+    (``.NAME.replaced``) and removed. Elsewhere the old one is renamed aside first, the new one in, then
+    the old one removed: a crash between the two renames leaves only the old one, aside, which
+    :func:`recover_folder` (run here first, and by readers of such folders) puts back."""
+    new, path = Path(new), Path(path)
+    recover_folder(path)
+    aside = _aside(path)
+    if not path.exists():
+        os.replace(new, path)
+    elif _exchange(new, path):
+        os.replace(new, aside)  # the old folder, now at the new one's name
+    else:
+        os.replace(path, aside)
+        os.replace(new, path)
+    shutil.rmtree(aside, ignore_errors=True)
+    return path
+
+
+def recover_folder(path: str | os.PathLike) -> bool:
+    """Undo what a crash inside :func:`replace_folder` left at ``path``: the old folder alone, aside, goes
+    back; an old folder aside of a folder that is in place is removed. Whether anything was there."""
+    path = Path(path)
+    aside = _aside(path)
+    if not aside.is_dir():
+        return False
+    if path.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        logger.warning("%s: a replacement was interrupted; the previous folder is put back", path)
+        os.replace(aside, path)
+    return True
+
+
+def recover_folders(parent: str | os.PathLike) -> None:
+    """:func:`recover_folder` for every folder of ``parent`` a crash left aside."""
+    parent = Path(parent)
+    if parent.is_dir():
+        for aside in parent.glob(f".*{REPLACED}"):
+            recover_folder(parent / aside.name[1 : -len(REPLACED)])
+
+
+def _aside(path: Path) -> Path:
+    return path.with_name(f".{path.name}{REPLACED}")
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Exchange the folders at ``a`` and ``b`` in one step; False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not glibc 2.28+, or not Linux
+        return False
+    done = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if done == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):  # this file system cannot
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))

@@ -130,7 +130,7 @@ class ForkSafeLock:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        _after_fork.add(self)
+        _renew_in_a_forked_child(self)
 
     def _renew(self) -> None:
         self._lock = threading.Lock()
@@ -169,7 +169,7 @@ class PerProcess(Generic[T]):
         self._keep = keep_after_fork
         self.lock = ForkSafeLock()
         self.items: T = factory()
-        _after_fork.add(self)
+        _renew_in_a_forked_child(self)
 
     def _renew(self) -> None:
         if self._keep:
@@ -179,11 +179,24 @@ class PerProcess(Generic[T]):
             self._forget(old)
 
 
-#: Every ForkSafeLock and PerProcess of this process, renewed in a forked child by one hook (locks first).
+#: Every ForkSafeLock and PerProcess of this process, renewed in a forked child by one hook (locks first),
+#: registered with the first of them: importing keyshot registers no fork hook
 _after_fork: weakref.WeakSet[Any] = weakref.WeakSet()
+_hook = threading.Lock()
+_hooked: list[bool] = []
+
+
+def _renew_in_a_forked_child(owner: ForkSafeLock | PerProcess) -> None:
+    with _hook:
+        _after_fork.add(owner)
+        if not _hooked and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_renew_after_fork)
+            _hooked.append(True)
 
 
 def _renew_after_fork() -> None:
+    global _hook
+    _hook = threading.Lock()
     owners = list(_after_fork)
     for owner in owners:
         if isinstance(owner, ForkSafeLock):
@@ -194,7 +207,3 @@ def _renew_after_fork() -> None:
                 owner._renew()
             except Exception:  # a hook must not break the child's start; the registry is empty anyway
                 logger.exception("forgetting a process-wide registry after a fork failed")
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_renew_after_fork)

@@ -4,176 +4,22 @@
     keyshot merge runs/om2w                                   # -> runs/om2w/verdicts.jsonl, summary.md
     keyshot merge runs/om2w --human-labels data/om2w/human_label.json   # + runs/om2w/metrics/
 
-Refuses, naming each shard by number, shards that never ran, did not finish (killed, stopped, still
-running, a half-written verdict file) or were judged under another protocol; nothing is merged then.
-Trajectories a shard left incomplete are merged and listed (exit 3: re-run those shards). Merging
-again after re-running a shard replaces the merged files. ``keyshot report OUT`` reads the result.
+What is refused and what is merged: :mod:`keyshot.infer.judge.verdict_merge`. Trajectories a shard left
+incomplete are listed (exit 3: re-run those shards). ``keyshot report OUT`` reads the result.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
 
-from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.command import Command
-from keyshot.infer.common.errors import EXIT_INCOMPLETE, EXIT_OK, KeyshotError
-from keyshot.infer.protocol.verdicts import VERDICTS_FILE, Verdict, VerdictFileError, verdict_key
-from keyshot.infer.runs.run_record import PROTOCOL, protocol_differences, read_protocol, write_payload
-from keyshot.infer.runs.shard_merge import Shard, ShardKind, copy_shard, merging, stream_shards
-from keyshot.infer.runs.shards import ShardError
-from keyshot.infer.runs.summary import (
-    combine_cut_reports,
-    combine_summaries,
-    read_summary,
-    summarize,
-    write_summary,
-)
-
-logger = logging.getLogger(__name__)
+from keyshot.infer.common.errors import EXIT_INCOMPLETE, EXIT_OK
+from keyshot.infer.judge.verdict_merge import merge_shards
+from keyshot.infer.protocol.verdicts import VERDICTS_FILE
 
 
-def _problem(shard: Shard) -> str | None:
-    """Why a finished verdict shard cannot be merged: no readable protocol, or it stopped early."""
-    try:
-        protocol = read_protocol(shard.folder)
-    except KeyshotError as exc:  # named among the shards to re-run
-        return str(exc)
-    if protocol is None:
-        return "never started judging (no run.json)"
-    run = shard.summary.get("run", {})
-    if run.get("stopped") or run.get("not_reached"):
-        return f"stopped before the end: {run.get('stopped') or 'not every trajectory reached'}"
-    return None
-
-
-VERDICT_SHARDS = ShardKind(
-    command="keyshot merge",
-    data_file=VERDICTS_FILE,
-    rerun="keyshot judge … | slurm/judge.sh",
-    problem=_problem,
-    foreign="(a run without --shard?); move it away or merge shards of another --out",
-)
-
-
-def common_protocol(shards: list[Shard]) -> dict:
-    """The protocol every shard was judged under; raises naming a shard of another protocol or shard key."""
-    shard_by = {s.index: s.summary.get("run", {}).get("shard_by") for s in shards}
-    if len(set(shard_by.values())) > 1:
-        raise ShardError(
-            f"the shards were assigned by different keys ({shard_by}): their trajectories overlap; re-run "
-            "them all with one shard_by, nothing was merged"
-        )
-    protocols = {s.index: read_protocol(s.folder) or {} for s in shards}
-    first = min(protocols)
-    for index, protocol in sorted(protocols.items()):
-        shown = protocol_differences(protocols[first], protocol, (f"in shard {first}", f"in shard {index}"))
-        if shown:
-            raise ShardError(
-                f"shard {index} was judged under another protocol than shard {first} ({shown}); "
-                "re-run it with the same config, nothing was merged"
-            )
-    return protocols[first]
-
-
-def _last_lines(path: Path) -> dict[tuple[str, str, str], int]:
-    """Pass 1: the number of the line holding each trajectory's last verdict (a re-judged trajectory's
-    newer line supersedes the older one)."""
-    last: dict[tuple[str, str, str], int] = {}
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if raw.strip():
-                try:
-                    obj = json.loads(raw)
-                    last[verdict_key(obj["task_id"], obj.get("agent"), obj.get("run"))] = number
-                except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
-                    raise VerdictFileError(f"{path}:{number}: not a keyshot verdict ({exc})") from None
-    return last
-
-
-def _count_lines(path: Path) -> int:
-    with open(path, "rb") as fh:
-        return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
-
-
-def _latest(path: Path, writer: BinaryIO) -> Iterator[Verdict]:
-    """The latest verdict of each trajectory in one shard's file (two passes), written to ``writer``."""
-    last = _last_lines(path)
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            obj = json.loads(raw)
-            key = verdict_key(obj["task_id"], obj.get("agent"), obj.get("run"))
-            if last.get(key) != number:
-                continue  # superseded by a later line of the same trajectory
-            writer.write(raw if raw.endswith(b"\n") else raw + b"\n")
-            yield Verdict.from_dict(obj)
-
-
-def _write_verdicts(shard: Shard, path: Path, writer: BinaryIO) -> dict:
-    """Write one shard's latest verdicts to ``writer``; returns the shard's summary of them.
-
-    A shard whose file holds exactly one line per trajectory its summary counts (nothing was judged
-    again, nothing appended since) is copied as bytes and its own summary is used; any other is read
-    and summarised again, line by line, its superseded lines left out.
-    """
-    if not path.is_file():
-        return summarize([], run={})
-    if _count_lines(path) == shard.summary.get("trajectories"):
-        copy_shard(path, writer)
-        return shard.summary
-    return summarize(_latest(path, writer), run={})
-
-
-def _merged_run(shards: list[Shard]) -> dict:
-    """The merged summary's ``run``: the shards' last runs together."""
-    runs = [s.summary["run"] for s in shards]
-    return {
-        "merged_shards": len(shards),
-        "found": max((r.get("found") or 0) for r in runs),
-        "judged": sum(r.get("judged", 0) for r in runs),
-        "skipped": sum(r.get("skipped", 0) for r in runs),
-        "not_reached": 0,
-        "load_errors": sum(r.get("load_errors", 0) for r in runs),
-        "load_error_messages": [m for r in runs for m in r.get("load_error_messages", [])],
-        "not_trajectories": sum(r.get("not_trajectories", 0) for r in runs),
-        "not_trajectory_messages": [m for r in runs for m in r.get("not_trajectory_messages", [])],
-        "duplicates": [m for r in runs for m in r.get("duplicates", [])],
-        "seconds": 0.0,
-        "shard_seconds": {s.index: s.summary["run"].get("seconds") for s in shards},
-        "stopped": None,
-        "exit_code": None,
-        "cut_answers": combine_cut_reports([r.get("cut_answers") or [] for r in runs]),
-        "ledger": UsageLedger.summed([r.get("ledger") or {} for r in runs]).as_dict(),
-        "config": runs[0].get("config"),
-    }
-
-
-def merge_shards(out: Path) -> dict:
-    """Merge ``out/shard-I-of-N/`` into ``out``; returns the merged summary (with ``markdown``)."""
-    t0 = time.perf_counter()
-    out = Path(out)
-    with merging(out, VERDICT_SHARDS) as shards:
-        protocol = common_protocol(shards)
-        merged_before = bool((read_summary(out) or {}).get("run", {}).get("merged_shards"))
-        run = _merged_run(shards)
-        parts = stream_shards(out, shards, VERDICT_SHARDS, merged_before=merged_before, write=_write_verdicts)
-        summary = combine_summaries(parts, run=run)
-        write_payload(out, PROTOCOL, protocol)
-        summary["run"]["seconds"] = time.perf_counter() - t0
-        markdown = write_summary(out, summary, UsageLedger.summed([run["ledger"]]).table_if_used())
-    summary["markdown"] = markdown
-    return summary
-
-
-# ---------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", type=Path, help="the --out folder the shards were judged into")
     p.add_argument(

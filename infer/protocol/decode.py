@@ -45,6 +45,7 @@ import pyspng
 from PIL import Image
 
 from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.common.processes import PerProcess
 
 #: Pixels one screenshot may decode (see the module's docstring for why 2^26).
 MAX_DECODED_PIXELS = 1 << 26
@@ -101,44 +102,71 @@ class ImageTooLarge(ImageError):
     """A screenshot whose decode would be larger than a screenshot can be (refused before decoding)."""
 
 
+class _Held:
+    """What a :class:`PixelBudget` holds now in this process: the pixels held, the callers waiting, and
+    the condition they wait on."""
+
+    def __init__(self) -> None:
+        self.in_use = 0
+        self.waiting = 0
+        self.cond = threading.Condition()
+
+
 class PixelBudget:
     """A process-wide semaphore counted in decoded pixels.
 
     ``hold(n)`` waits until ``n`` more pixels fit, holds them for the ``with`` block and releases them.
     A request above the whole budget waits until nothing else is held and then holds it all, so one
-    screenshot of the limit runs alone and never waits forever.
+    screenshot of the limit runs alone and never waits forever. A forked child starts with nothing held
+    (:class:`~keyshot.infer.common.processes.PerProcess`): the parent's holders are not there to release.
     """
 
     def __init__(self, capacity: int):
         if capacity < 1:
             raise ValueError(f"PixelBudget capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self.in_use = 0
-        self._waiting = 0
-        self._cond = threading.Condition()
+        self._per_process: PerProcess[_Held] | None = None  # made at first use (no fork hook at import)
+        self._making = threading.Lock()
+
+    @property
+    def _held(self) -> _Held:
+        """What this process holds now."""
+        if self._per_process is None:
+            with self._making:
+                if self._per_process is None:
+                    self._per_process = PerProcess(_Held)
+        return self._per_process.items
+
+    @property
+    def in_use(self) -> int:
+        """The pixels held now."""
+        return self._held.in_use
 
     @contextmanager
     def hold(self, pixels: int) -> Iterator[None]:
         need = max(1, min(int(pixels), self.capacity))
-        with self._cond:
-            self._waiting += 1
-            self._cond.notify_all()  # wait_for_waiters() watches this count
+        held = self._held
+        with held.cond:
+            held.waiting += 1
+            held.cond.notify_all()  # wait_for_waiters() watches this count
             try:
-                self._cond.wait_for(lambda: self.in_use + need <= self.capacity)
+                held.cond.wait_for(lambda: held.in_use + need <= self.capacity)
             finally:
-                self._waiting -= 1
-            self.in_use += need
+                held.waiting -= 1
+            held.in_use += need
         try:
             yield
         finally:
-            with self._cond:
-                self.in_use -= need
-                self._cond.notify_all()
+            if held is self._held:  # not across a fork: a child's budget starts empty
+                with held.cond:
+                    held.in_use -= need
+                    held.cond.notify_all()
 
     def wait_for_waiters(self, count: int, timeout: float) -> bool:
         """True once at least ``count`` callers wait for pixels (for tests and benchmarks)."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._waiting >= count, timeout)
+        held = self._held
+        with held.cond:
+            return held.cond.wait_for(lambda: held.waiting >= count, timeout)
 
 
 #: The one budget every screenshot decode of this process draws from.

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from keyshot.data_synth.cli import load_build_config
 from keyshot.data_synth.errors import SynthError
-from keyshot.data_synth.synth_config import load_synth_config
+from keyshot.data_synth.synth_config import load_build_config, load_synth_config
 from keyshot.data_synth.teachers import load_teacher_set
 from tests.support import paths
 

@@ -63,6 +63,7 @@ def test_an_episode_is_the_same_in_browsergyms_environment_and_in_a_keyshot_sess
 
     from keyshot.env.miniwob.agents import ScriptedAgent
     from keyshot.env.miniwob.client import MiniWoBBrowser
+    from keyshot.env.miniwob.settings import SessionSettings
     from keyshot.env.miniwob.setup import MiniWoBError, prepare_browser
 
     try:
@@ -72,7 +73,9 @@ def test_an_episode_is_the_same_in_browsergyms_environment_and_in_a_keyshot_sess
     theirs = gym.make(
         f"browsergym/miniwob.{task}",
         disable_env_checker=True,
-        timeout=30_000,
+        timeout=round(
+            SessionSettings().page_timeout_s * 1000
+        ),  # the page timeout keyshot's sessions run with
         pw_chromium_kwargs={"executable_path": str(setup.chromium)},
     )
     try:

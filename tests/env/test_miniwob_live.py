@@ -37,6 +37,7 @@ from keyshot.env.miniwob.budget import (
 )
 from keyshot.env.miniwob.client import MiniWoBBrowser
 from keyshot.env.miniwob.pool import BrowserPool
+from keyshot.env.miniwob.settings import SessionSettings
 from keyshot.env.miniwob.setup import CHROMIUM_ENV, MiniWoBError, browser_setup
 from keyshot.env.page import Browser, Page
 from keyshot.env.play import record_failure, run_episode
@@ -318,10 +319,10 @@ def test_crashed_pages_fail_their_own_episodes_and_a_dead_chromium_only_its_sess
             record_failure(episode, after)
             episode.finish(None)
         assert [s.reward is None for s in sessions] == on_first
-        # its Chromium lives on, or (its worker wedged by the crashed pages past timeout_s on a loaded
+        # its Chromium lives on, or (its worker wedged by the crashed pages past answer_within_s on a loaded
         # machine) is killed as stuck and replaced: the other Chromium's sessions are untouched either way
         stuck = 0 if first.alive else 1
-        assert stuck == 0 or "no answer in 60 s" in first.failure
+        assert stuck == 0 or f"no answer in {pool.settings.answer_within_s:g} s" in first.failure
         assert all(s.error.startswith("the browser failed at step 1:") for s in sessions if s.reward is None)
         rm = RewardModel.from_config(config)
         try:
@@ -372,11 +373,24 @@ def test_a_page_that_crashes_while_its_worker_waits_on_it_fails_at_once_and_alon
 
 
 @pytest.mark.slow
+def test_the_worker_runs_with_the_deadlines_its_settings_give(live):
+    """The worker was given half the pool's timeout in milliseconds and waited 3,000 ms for a page's DOM
+    whatever the settings: it runs with the session settings' page timeout and DOM wait, and says so."""
+    pool = BrowserPool(BrowserBudget(1), "click-test", setup=live, page_timeout_s=7.5, dom_wait_s=1.25)
+    with pool, pool.lease() as browser:
+        assert browser.reset(seed=1).screenshot.startswith(PNG)
+        assert browser.process.worker_deadlines == {"page_timeout_ms": 7500, "dom_wait_ms": 1250}
+        expected = SessionSettings(task="click-test", page_timeout_s=7.5, dom_wait_s=1.25)
+        assert browser.settings == pool.settings == expected
+
+
+@pytest.mark.slow
 def test_a_chromium_that_stops_answering_fails_its_sessions_and_is_replaced(live):
     with BrowserPool(BrowserBudget(2, pages_per_browser=1), "click-button", setup=live) as pool:
         stuck, fine = pool.lease(), pool.lease()
         pages = [stuck.reset(seed=1), fine.reset(seed=2)]
-        stuck.process.timeout_s = 3  # (a launch on a loaded machine takes longer: set once it is up)
+        # (a launch on a loaded machine takes longer: set once it is up)
+        stuck.process.settings = stuck.process.settings.with_changes(answer_within_s=3, page_timeout_s=2)
         os.kill(stuck.process.pids[0], signal.SIGSTOP)  # its worker stops answering
         failed = stuck.act(ScriptedAgent()(pages[0]))
         assert "no answer in 3 s (the browser process was stopped)" in failed.error and stuck.reward is None
@@ -387,7 +401,7 @@ def test_a_chromium_that_stops_answering_fails_its_sessions_and_is_replaced(live
 @pytest.mark.slow
 def test_a_chromium_that_dies_under_a_silent_worker_fails_its_sessions_within_seconds(live):
     # a worker stuck in a playwright call that never returns once its Chromium is killed (seen in the
-    # soak) cannot say so: the waiting request sees Chromium's end itself, not after the 60 s timeout
+    # soak) cannot say so: the waiting request sees Chromium's end itself, not after the deadline
     with BrowserPool(BrowserBudget(1), "click-button", setup=live) as pool:
         browser = pool.lease()
         page = browser.reset(seed=1)
@@ -396,7 +410,10 @@ def test_a_chromium_that_dies_under_a_silent_worker_fails_its_sessions_within_se
         os.kill(process.chromium_pid, signal.SIGKILL)
         started = time.monotonic()
         failed = browser.act(ScriptedAgent()(page))
-        assert time.monotonic() - started < 15 and process.timeout_s == 60
+        assert (
+            time.monotonic() - started < 15
+            and process.settings.answer_within_s == SessionSettings().answer_within_s
+        )
         assert "the browser (Chromium) died (its worker did not answer)" in failed.error
         assert not process.alive and play(browser, 1) == 1.0 and pool.replaced == 1
 
@@ -408,7 +425,9 @@ def test_a_browser_idle_longer_than_its_timeout_is_not_taken_for_stuck_by_its_ne
     with BrowserPool(BrowserBudget(1), "click-button", setup=live) as pool:
         browser = pool.lease()
         browser.reset(seed=1)
-        browser.process.timeout_s = 8.0
+        browser.process.settings = browser.process.settings.with_changes(
+            answer_within_s=8.0, page_timeout_s=5.0
+        )
         time.sleep(8.5)  # idle past the timeout
         page = browser.act("noop(wait_ms=5500)")  # answered after the first look at the silence (5 s)
         assert page.error is None and browser.process.alive and pool.replaced == 0

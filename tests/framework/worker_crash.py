@@ -20,11 +20,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "env" / "miniwob"))
 import worker as worker_module  # noqa: E402  (the worker runs by path; so is it imported here)
 
-TIMEOUT_MS = 20_000
+from keyshot.env.miniwob.settings import SessionSettings  # noqa: E402
+
+SETTINGS = SessionSettings(page_timeout_s=20.0)  # the deadlines the pool gives its workers
+TIMEOUT_MS = round(SETTINGS.page_timeout_s * 1000)
 
 
 def main() -> None:
-    worker = worker_module.Worker(sys.argv[1], TIMEOUT_MS)
+    worker = worker_module.Worker(sys.argv[1], *(int(a) for a in SETTINGS.worker_arguments()))
     try:
         crashed, other = worker.session("a"), worker.session("b")
         crashed.reset("click-test", 0, None)

@@ -82,6 +82,21 @@ def test_accepted_links_judge_back_with_their_agent_task_and_run(tmp_path, rollo
     assert json.loads((both / "summary.json").read_text())["run"]["duplicates"]
 
 
+def test_the_filter_is_a_library_call_the_command_only_wires(tmp_path, rollouts, config, capsys):
+    """The rollout filter lived in reward/command.py; it is keyshot.reward.rollout_filter.filter_rollouts,
+    and the command's files are what it writes."""
+    from keyshot.reward.rollout_filter import filter_rollouts
+
+    result = filter_rollouts(
+        str(config), ["concurrency=2"], [str(rollouts)], tmp_path / "lib", min_reward=0, link=False
+    )
+    assert result.accepted == len(result.records) == 4 and result.failed == result.failed_calls == 0
+    argv = ["reward", "filter", str(rollouts), "--config", str(config), "--min-reward", "0", "--out"]
+    assert keyshot([*argv, str(tmp_path / "cli"), "concurrency=2"]) == 0, capsys.readouterr().err
+    for name in ("rewards.jsonl", "accepted.jsonl"):
+        assert (tmp_path / "lib" / name).read_text() == (tmp_path / "cli" / name).read_text()
+
+
 def test_a_link_leading_out_of_its_target_is_still_refused_naming_where_it_leads(tmp_path, rollouts):
     """A trajectory folder linked into the input is read as its target, nothing more: a screenshot link
     inside it that leads elsewhere is refused, and the message names the path it resolves to."""

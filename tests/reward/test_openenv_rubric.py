@@ -118,10 +118,10 @@ def test_the_documented_command_line_is_keyshot_reward_env():
     section = (REPO / "docs" / "reward.md").read_text().split("\n## OpenEnv", 1)[1].split("\n## ", 1)[0]
     [line] = [x for x in section.splitlines() if x.startswith(".venv-openenv/bin/keyshot reward env")]
     args = parse(build_parser(), shlex.split(line)[1:])
-    assert args.handler is env_command.run_env and args.miniwob == "click-test"
+    assert args.handler is env_command.run and args.miniwob == "click-test"
     assert args.max_steps == 10 and args.config == "configs/reward/trl.yaml"
     # the default port is none of the ports the reward's config and TRL's vLLM server use
-    assert args.port == env_command.DEFAULT_PORT == 8020 and args.answer_within_s < 60
+    assert args.port == env_command.SERVER.port == 8020 and args.answer_within_s < 60
     assert f":{args.port}" not in (REPO / "configs" / "reward" / "trl.yaml").read_text()
     # pages as OpenEnv's BrowserGym server renders them, unless asked for MiniWoB's own
     assert args.viewport == "{}x{}".format(*VIEWPORT_OPENENV) == "1280x720"

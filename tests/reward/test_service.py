@@ -266,3 +266,33 @@ def test_sigterm_drains_and_leaves_no_process(service):
     assert answers and answers[0][0] == 200 and len(answers[0][1]["rewards"]) == 1  # drained, not dropped
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         call(f"{base}/health")
+
+
+def test_the_services_options_default_to_its_limits(tmp_path, capsys):
+    """``keyshot reward serve``'s limit options repeated ServiceLimits' defaults by hand (256 MiB, 200, 64,
+    600 s): they are read from it, and --help says each."""
+    from keyshot.infer.cli import build_parser, parse
+    from keyshot.reward.command import LIMIT_OPTIONS, service_limits
+    from keyshot.reward.service import ServiceLimits
+
+    args = parse(build_parser(), ["reward", "serve", "--config", "c.yaml", "--allow-root", str(tmp_path)])
+    assert service_limits(args) == ServiceLimits(allow_root=str(tmp_path.resolve()))
+    defaults = ServiceLimits()
+    with pytest.raises(SystemExit):
+        parse(build_parser(), ["reward", "serve", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for option, name, unit, _ in LIMIT_OPTIONS:
+        value = getattr(defaults, name)
+        described = shown.split(f" {option} ")[-1].split(" --")[0]  # its line of the option list
+        assert f"(default: {value if unit is None else value // unit})" in described, option
+    given = ["--max-body-mb", "3", "--queue-size", "5", "--deadline-s", "7.5", "--token-env", "T"]
+    args = parse(
+        build_parser(), ["reward", "serve", "--config", "c.yaml", "--allow-root", str(tmp_path), *given]
+    )
+    assert service_limits(args) == ServiceLimits(
+        allow_root=str(tmp_path.resolve()),
+        max_body_bytes=3 << 20,
+        queue_size=5,
+        deadline_s=7.5,
+        token_env="T",
+    )

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from keyshot.infer.cli import build_parser, run_parsed
+from keyshot.infer.cli import build_parser, parse, run_parsed
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.common.command import COMMANDS_GROUP, Command, loaded_commands
 from keyshot.infer.common.errors import EXIT_ENDPOINT_DOWN, EndpointDownError, KeyshotError, RunStopError
@@ -80,6 +80,56 @@ def test_set_is_refused_by_every_command_with_the_one_override_syntax(tmp_path, 
         keyshot(["reward", "serve", "--config", str(tmp_path / "c.yaml"), "--set", "judge.model=x"])
     assert stop.value.code == 2
     assert "overrides are written key=value, without --set" in capsys.readouterr().err
+
+
+def _parsed(command: Command, argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    command.register(parser.add_subparsers(dest="command", required=True))
+    return parse(parser, [command.name, *argv])
+
+
+def test_a_command_takes_overrides_only_where_it_declares_them(capsys):
+    """infer/cli.py gave the line's key=value items to whichever positional list was named ``items`` or
+    ``overrides``: a command with a list of another name lost them, one with a list of those names for
+    something else got them. A command declares the list (``Command(overrides=...)``), by any name."""
+
+    def arguments(p: argparse.ArgumentParser) -> None:
+        p.add_argument("settings", nargs="*")
+        p.add_argument("--config")
+
+    declared = Command("probe", help="h", run=lambda args: 0, arguments=arguments, overrides="settings")
+    args = _parsed(declared, ["a=1", "--config", "c.yaml", "b.c=2"])
+    assert args.settings == ["a=1", "b.c=2"] and args.config == "c.yaml"
+
+    def named_items(p: argparse.ArgumentParser) -> None:
+        p.add_argument("items", nargs="*")  # not overrides: the old parser took key=value items into it
+        p.add_argument("--config")
+
+    undeclared = Command("probe", help="h", run=lambda args: 0, arguments=named_items)
+    with pytest.raises(SystemExit):
+        _parsed(undeclared, ["x", "--config", "c.yaml", "a=1"])
+    assert "unrecognized arguments: a=1" in capsys.readouterr().err
+
+    wrong = Command("probe", help="h", run=lambda args: 0, arguments=named_items, overrides="settings")
+    with pytest.raises(TypeError, match="declares overrides='settings' but its arguments have no"):
+        _parsed(wrong, [])
+
+
+def test_every_synth_subcommand_runs_its_own_function():
+    """``keyshot synth``'s five subcommands all ran one ``_dispatch`` that chose again by name."""
+    from keyshot.data_synth.cli import COMMAND as SYNTH
+
+    runs = {c.name: c.run for c in SYNTH.subcommands}
+    assert set(runs) == {"run", "merge", "import-arb", "import-reference", "build"}
+    assert len(set(runs.values())) == len(runs)
+    overrides = {c.name: c.overrides for c in SYNTH.subcommands}
+    assert overrides == {
+        "run": "overrides",
+        "merge": "items",
+        "import-arb": None,
+        "import-reference": None,
+        "build": "items",
+    }
 
 
 def _error(capsys, argv: list[str]) -> tuple[int, str]:

@@ -41,19 +41,37 @@ def _held_by_a_thread(lock) -> tuple[threading.Event, threading.Event]:
     return held, release
 
 
-@pytest.mark.parametrize("module", ["keyshot.reward.verl_state", "keyshot.env.miniwob.setup"])
-def test_a_fork_while_a_thread_holds_a_registry_lock_leaves_the_child_a_free_lock(module):
+#: The process-wide registries of keyshot's modules other than reward.shared's and reward.model's: each a
+#: PerProcess, and whether a forked child keeps its entries (facts about files, warnings already said) or
+#: starts over (the verl adapter's state of models the child cannot use)
+REGISTRIES = [
+    ("keyshot.reward.verl_state", "_states", False),
+    ("keyshot.env.miniwob.setup", "_prepared", True),
+    ("keyshot.reward.logs", "_warned", True),
+]
+
+
+@pytest.mark.parametrize(("module", "name", "kept"), REGISTRIES)
+def test_a_fork_while_a_thread_holds_a_registry_lock_leaves_the_child_a_free_lock(module, name, kept):
     """The parent's thread that held the lock at the fork does not exist in the child: with a plain
-    threading.Lock the child's first use waited forever (this test's child timed out on the old code)."""
+    threading.Lock the child's first use waited forever (this test's child timed out on that code). Each
+    registry is a PerProcess, whose one fork hook renews its lock and, unless it keeps them, its entries
+    (logs' had no lock at all, setup's and verl_state's were a ForkSafeLock beside a dict of their own)."""
     import importlib
 
-    lock = importlib.import_module(module)._lock
-    _, release = _held_by_a_thread(lock)
+    registry = getattr(importlib.import_module(module), name)
+    assert isinstance(registry, PerProcess)
+    parents = registry.items
+    _, release = _held_by_a_thread(registry.lock)
     try:
-        code = _in_forked_child(lambda: lock.acquire(timeout=5))
+        code = _in_forked_child(
+            lambda: registry.lock.acquire(timeout=5) and (registry.items is parents) == kept
+        )
     finally:
         release.set()
-    assert code == 0, f"{module}._lock was still held in the forked child"
+    assert code == 0, (
+        f"{module}.{name}: in the forked child, its lock was held or its entries were not as declared"
+    )
 
 
 def test_the_shared_reward_registry_starts_over_in_a_forked_child():

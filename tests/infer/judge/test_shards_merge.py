@@ -232,7 +232,7 @@ def test_merge_refuses_missing_unfinished_and_mixed_shards(tmp_path, capsys):
 
 
 def _verdict_merge(run: Path) -> None:
-    from keyshot.infer.judge.merge_command import merge_shards
+    from keyshot.infer.judge.verdict_merge import merge_shards
 
     merge_shards(run)
 

@@ -12,6 +12,7 @@ import base64
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -23,7 +24,13 @@ import pytest
 from PIL import Image
 
 from keyshot.infer.common.processes import free_port
-from keyshot.infer.protocol.decode import MAX_DECODED_PIXELS, ImageTooLarge, PixelBudget, read_header
+from keyshot.infer.protocol.decode import (
+    DECODE_BUDGET,
+    MAX_DECODED_PIXELS,
+    ImageTooLarge,
+    PixelBudget,
+    read_header,
+)
 from keyshot.infer.protocol.images import (
     DEFAULT_POLICY,
     REFERENCE_POLICY,
@@ -149,6 +156,43 @@ def test_the_pixel_budget_holds_decodes_beyond_it_until_one_is_released():
     assert order == ["first released", "second"] and budget.in_use == 0
     with budget.hold(10_000):  # more than the whole budget: waits for it to be free, then runs alone
         assert budget.in_use == 100
+
+
+def test_a_child_forked_while_the_budget_is_held_decodes_at_once():
+    """A process forks (a DataLoader worker, a multiprocessing pool) while one of its threads holds the
+    whole decode budget and another waits for it: those threads are not in the child, so the child's
+    budget starts empty and its first screenshot is prepared at once. It used to wait forever for pixels
+    no thread of the child would ever release (this test's child was ended by its alarm)."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold_everything() -> None:
+        with DECODE_BUDGET.hold(DECODE_BUDGET.capacity):
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_everything)
+    waiter = threading.Thread(target=lambda: prepare_image(_png(32, 32)))
+    holder.start()
+    assert held.wait(10)
+    waiter.start()
+    assert DECODE_BUDGET.wait_for_waiters(1, timeout=10)
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            code = 1
+            try:
+                signal.alarm(20)  # the old child never got its pixels: the alarm ends it
+                code = 0 if prepare_image(_png(640, 480)).source_width == 640 else 1
+                code = code or (DECODE_BUDGET.in_use != 0)
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        holder.join(10)
+        waiter.join(10)
+    assert os.waitstatus_to_exitcode(status) == 0, "the forked child waited on its parent's decode budget"
+    assert DECODE_BUDGET.in_use == 0  # the parent's own holders released theirs
 
 
 # ------------------------------------------------------------------------------------- the real service
