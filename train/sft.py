@@ -76,7 +76,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command("sft", help="fine-tune the scorer", description=__doc__, arguments=add_arguments, run=run)
+COMMAND = Command(
+    "sft",
+    help="fine-tune the scorer",
+    description=__doc__,
+    arguments=add_arguments,
+    run=run,
+    overrides="overrides",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

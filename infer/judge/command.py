@@ -195,4 +195,5 @@ COMMAND = Command(
     description=__doc__,
     arguments=add_arguments,
     run=run,
+    overrides="items",
 )

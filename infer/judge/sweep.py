@@ -604,4 +604,5 @@ COMMAND = Command(
     description=__doc__,
     arguments=_configure,
     run=run,
+    overrides="items",
 )

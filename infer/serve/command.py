@@ -93,4 +93,5 @@ COMMAND = Command(
     description=__doc__,
     arguments=add_arguments,
     run=run,
+    overrides="overrides",
 )
