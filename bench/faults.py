@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from bench.record import Headline, Rows, ratio_table
 from keyshot.data_synth.labels import LABELS_FILE, read_store
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge, make_teacher
+from keyshot.infer.testing.watch import kill_when, line_count
 from keyshot.infer.testing.worlds import synthetic_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,6 +115,7 @@ def run_judge_scenario(
         ) as scorer,
     ):
         started = time.perf_counter()
+        verdicts = out / "verdicts.jsonl"
         for _ in range(kills):
             proc = subprocess.Popen(
                 judge_command(world, out, judge.base_url, scorer.base_url),
@@ -122,15 +123,11 @@ def run_judge_scenario(
                 stderr=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
             )
-            verdicts = out / "verdicts.jsonl"
-            target = (verdicts.read_bytes().count(b"\n") if verdicts.exists() else 0) + 3
-            while proc.poll() is None and not (
-                verdicts.exists() and verdicts.read_bytes().count(b"\n") >= target
-            ):
-                time.sleep(0.01)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            codes.append(-9)
+            target = line_count(verdicts) + 3
+            kill_when(
+                proc, lambda n=target: line_count(verdicts) >= n, f"{target} verdicts were written", 600
+            )
+            codes.append(proc.returncode)
         proc = subprocess.run(
             judge_command(world, out, judge.base_url, scorer.base_url),
             cwd=ROOT,
@@ -273,17 +270,14 @@ def run_synth(
         cfg = synth_config(work / f"synth-{slug(name)}.yaml", run, world, teacher.base_url, judge.base_url)
         argv = [sys.executable, "-m", "keyshot.infer.cli", "synth", "run", "--config", str(cfg), "--no-build"]
         started = time.perf_counter()
+        labels = run / LABELS_FILE
         for _ in range(kills):
             proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            labels = run / LABELS_FILE
-            target = (labels.read_bytes().count(b"\n") if labels.exists() else 0) + 15
-            while proc.poll() is None and not (
-                labels.exists() and labels.read_bytes().count(b"\n") >= target
-            ):
-                time.sleep(0.01)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            codes.append(-9)
+            target = line_count(labels) + 15
+            kill_when(
+                proc, lambda n=target: line_count(labels) >= n, f"{target} label lines were written", 600
+            )
+            codes.append(proc.returncode)
         proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
         codes.append(proc.returncode)
         seconds = time.perf_counter() - started

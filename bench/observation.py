@@ -28,8 +28,6 @@ from bench import record
 from bench.record import Rows, Table
 
 REPO = Path(__file__).resolve().parents[1]
-SERVER_PYTHON = REPO / ".venv-openenv" / "bin" / "python"
-CLIENT_PYTHON = REPO / ".venv-openenv-trl" / "bin" / "python"
 
 
 def play(url: str, steps: int) -> dict:
@@ -70,20 +68,31 @@ def play(url: str, steps: int) -> dict:
 
 
 def measure(viewport: str, steps: int, tmp: Path) -> dict:
-    from keyshot.env.openenv.launch import served_url, start_env
     from keyshot.infer.testing.configs import fake_judge_config
     from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+    from keyshot.infer.testing.frameworks import framework_python
+    from keyshot.infer.testing.launch import start_reward_env
 
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
         scorer_endpoint = {"base_url": scorer.base_url, "model": "webjudge-7b", "api_key_env": None}
         config = fake_judge_config(tmp / "reward.yaml", judge.base_url, {"endpoint": scorer_endpoint})
         extra = ["--miniwob", "click-test", "--max-steps", str(steps + 1), "--viewport", viewport]
         with open(tmp / "server.log", "w") as log:
-            server = start_env(SERVER_PYTHON, config, *extra, "--max-sessions", "1", stderr=log)
+            served = start_reward_env(
+                framework_python("openenv"), config, *extra, "--max-sessions", "1", stderr=log, timeout_s=300
+            )
+        server, url = served.proc, served.url
         try:
-            url = served_url(server, timeout_s=300)
             client = subprocess.run(
-                [str(CLIENT_PYTHON), "-m", "bench.observation", "--client", url, "--steps", str(steps)],
+                [
+                    str(framework_python("openenv", "trl")),
+                    "-m",
+                    "bench.observation",
+                    "--client",
+                    url,
+                    "--steps",
+                    str(steps),
+                ],
                 capture_output=True,
                 text=True,
                 cwd=REPO,
@@ -134,9 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.client:
         print(json.dumps(play(args.client, args.steps)))
         return 0
-    for python in (SERVER_PYTHON, CLIENT_PYTHON):
-        if not python.exists():
-            raise SystemExit(f"{python} missing: make setup setup-openenv")
+    from keyshot.infer.testing.frameworks import missing
+
+    for flavour in ("", "trl"):
+        if missing("openenv", flavour):
+            raise SystemExit(missing("openenv", flavour))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for viewport in args.viewports.split(","):

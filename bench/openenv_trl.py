@@ -35,15 +35,14 @@ import psutil
 
 from bench import record
 from bench.record import Headline, Rows, Table
-from keyshot.env.openenv.launch import served_url, start_env
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from keyshot.infer.testing.frameworks import framework_python, missing
+from keyshot.infer.testing.launch import start_reward_env
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "tests" / "fixtures" / "trl_browsergym" / "browsergym.py"
 DRIVER = REPO / "tests" / "framework" / "openenv_trl_example.py"
-SERVER_PYTHON = REPO / ".venv-openenv" / "bin" / "python"
-TRAINER_PYTHON = REPO / ".venv-openenv-trl" / "bin" / "python"
 
 
 COLUMNS = (
@@ -133,14 +132,15 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
             "--max-sessions",
             str(sessions),
         ]
-        with open(log_path, "w") as log:
-            server = start_env(SERVER_PYTHON, config, *extra, *args.server_arg, stderr=log)
         started = time.monotonic()
-        try:
-            url = served_url(server, timeout_s=1800)
-        except RuntimeError as exc:
-            server.kill()
-            raise SystemExit(f"{exc}: {log_path.read_text()[-2000:]}") from None
+        with open(log_path, "w") as log:
+            try:
+                served = start_reward_env(
+                    framework_python("openenv"), config, *extra, *args.server_arg, stderr=log, timeout_s=1800
+                )
+            except RuntimeError as exc:
+                raise SystemExit(f"{exc}: {log_path.read_text()[-2000:]}") from None
+        server, url = served.proc, served.url
         trainer = None
         try:
             opened_s = time.monotonic() - started
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
             }
             started = time.monotonic()
             trainer = subprocess.Popen(
-                [str(TRAINER_PYTHON), str(DRIVER), json.dumps(plan)],
+                [str(framework_python("openenv", "trl")), str(DRIVER), json.dumps(plan)],
                 cwd=tmp,
                 stdout=subprocess.DEVNULL,
                 stderr=open(tmp / "trainer.log", "w"),  # noqa: SIM115 (closed with the process)
@@ -269,9 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit-s", type=float, help="stop the trainer then (its figures so far)")
     parser.add_argument("--json", type=Path, help="write the figures there, and their rows beside them")
     args = parser.parse_args(argv)
-    for python in (SERVER_PYTHON, TRAINER_PYTHON):
-        if not python.exists():
-            raise SystemExit(f"{python} missing: make setup setup-openenv")
+    for flavour in ("", "trl"):
+        if missing("openenv", flavour):
+            raise SystemExit(missing("openenv", flavour))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds run(): its server and trainer end
     with tempfile.TemporaryDirectory(prefix="bench-openenv-trl-") as tmp:
         figures = run(args, Path(tmp))

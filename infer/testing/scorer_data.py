@@ -10,7 +10,6 @@ reads the image answers held-out screenshots right. Sizes and key-point lists va
 
 from __future__ import annotations
 
-import io
 import random
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from PIL import Image, ImageDraw
 
 from keyshot.infer.protocol.messages import scorer_answer, scorer_example
 from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.testing.images import encoded
 
 BANNERS = {5: ("green", (40, 170, 70)), 3: ("amber", (230, 160, 20)), 1: ("red", (200, 40, 40))}
 SIZES = [(1280, 720), (640, 480), (800, 1600), (320, 240), (1024, 768), (480, 960)]
@@ -60,10 +60,9 @@ def scorer_rows(n: int, seed: int, agent: str, variant: str = "online_mind2web",
         points = rng.sample(KEY_POINTS, rng.randint(1, 4))
         key_points = "\n" + "\n".join(f"{k + 1}. {p}" for k, p in enumerate(points))
         answer = scorer_answer(f"The banner is {colour}, so the page is a {colour} page.", score)
-        buf = io.BytesIO()
-        screenshot(score, sizes[i % len(sizes)], rng).save(buf, format="JPEG", quality=90)
+        jpeg = encoded(screenshot(score, sizes[i % len(sizes)], rng), "JPEG", quality=90)
         yield {
-            "image": {"bytes": buf.getvalue(), "path": None},
+            "image": {"bytes": jpeg, "path": None},
             "messages": scorer_example(prompts, task, key_points, answer),
             "answer": answer,
             "score": score,

@@ -19,18 +19,21 @@ from keyshot.data_synth.labelling_run import run_synth
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge, make_teacher
 from keyshot.infer.testing.fake_requests import identify_step
-from tests.support.synth_env import FIXTURES, RULES, synth_config, teacher_set
+from tests.support.synth_env import (
+    RULES,
+    agentlab_runs,
+    as_online_mind2web,
+    request_bodies,
+    synth_config,
+    teacher_set,
+)
 
-#: Two real AgentLab WorkArena runs (Apache-2.0, from ServiceNow/BrowserGym PR #301)
-AGENTLAB_RUNS = [FIXTURES / "trajectories" / "agentlab", FIXTURES / "agentlab_small"]
 REPEATS = 16  # more copies of the stuck page than trajectories_in_flight x images_in_flight would hide
 
 
 def _agentlab(root: Path) -> Path:
-    for folder in AGENTLAB_RUNS:
-        for run in folder.iterdir():
-            shutil.copytree(run, root / run.name)
-    stuck = next(root.glob("*knowledge-base-search*"))
+    """The AgentLab runs, the stuck one's last page repeated: some copies byte-identical, some saved again."""
+    stuck = agentlab_runs(root)
     shots = sorted(stuck.glob("screenshot_step_*.png"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
     page = Image.open(shots[-1])
     page.load()
@@ -42,30 +45,10 @@ def _agentlab(root: Path) -> Path:
     return root
 
 
-def _online_mind2web(agentlab: Path, root: Path) -> Path:
-    """The same episodes as Online-Mind2Web v1 folders (task, actions, thoughts), screenshots re-saved."""
-    for traj in load_trajectories(agentlab):
-        task_dir = root / traj.task_id
-        (task_dir / "trajectory").mkdir(parents=True)
-        for shot in traj.screenshots:
-            Image.open(shot.path).save(task_dir / "trajectory" / f"{shot.index}.png", compress_level=9)
-        result = {"task": traj.task, "action_history": traj.actions, "thoughts": traj.thoughts}
-        (task_dir / "result.json").write_text(json.dumps(result), encoding="utf-8")
-    return root
-
-
 def _silent_outcome_judge():
     """The fake judge, except that its outcome answers carry no status (malformed, never cached)."""
     judge = make_judge()
     return lambda request: "I looked at it." if identify_step(request) == "outcome" else judge(request)
-
-
-def _bodies(*servers: FakeOpenAI) -> Counter:
-    return Counter(
-        hashlib.sha256(json.dumps(r, sort_keys=True).encode()).hexdigest()
-        for s in servers
-        for r in s.requests
-    )
 
 
 @pytest.mark.slow
@@ -73,7 +56,7 @@ def test_two_layouts_of_a_stuck_run_send_no_request_twice(tmp_path):
     from datasets import load_from_disk
 
     agentlab = _agentlab(tmp_path / "agentlab")
-    om2w = _online_mind2web(agentlab, tmp_path / "om2w")
+    om2w = as_online_mind2web(agentlab, tmp_path / "om2w", resave=True)
     trajs = list(load_trajectories(agentlab))
     with (
         FakeOpenAI(make_teacher(RULES["bright"])) as bright,
@@ -96,7 +79,7 @@ def test_two_layouts_of_a_stuck_run_send_no_request_twice(tmp_path):
         report = run_synth(cfg)
 
     assert report.trajectories == 4 and not report.bad_trajectories
-    bodies = _bodies(bright, dark, judge)
+    bodies = request_bodies(bright, dark, judge)
     assert max(bodies.values()) == 1, "a byte-identical request was sent twice"
     assert report.labels_failed > 0  # some of dark's answers had no score; asked once all the same
     steps = Counter(identify_step(r) for r in judge.requests)

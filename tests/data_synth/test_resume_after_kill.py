@@ -11,8 +11,8 @@ from pathlib import Path
 
 from keyshot.data_synth.labels import LABELS_FILE, read_store
 from keyshot.infer.testing.fake_openai import fetch_stats, spawn_fake_openai
+from keyshot.infer.testing.watch import kill_when
 from tests.support import paths
-from tests.support.processes import kill_when
 from tests.support.synth_env import fixture_trajectories, teacher_set, write_config
 
 ROOT = paths.REPO

@@ -17,47 +17,24 @@ import pytest
 from keyshot.data_synth.labelling_run import run_synth
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_teacher
-from tests.support.synth_env import FIXTURES, RULES, synth_config, teacher_set
+from tests.support import synth_env
+from tests.support.synth_env import RULES, synth_config, teacher_set
 
-AGENTLAB_RUNS = [FIXTURES / "trajectories" / "agentlab", FIXTURES / "agentlab_small"]
 FRACTIONS = {"train": 0.6, "test": 0.4}
 
 
 def _agentlab_copy(root: Path) -> Path:
-    """The two AgentLab fixture runs in one folder; in one of them the agent is stuck on a page (step 5
-    shows the same screenshot bytes as step 4)."""
-    for folder in AGENTLAB_RUNS:
-        for run in folder.iterdir():
-            shutil.copytree(run, root / run.name)
-    stuck = next(root.glob("*knowledge-base-search*"))
+    """The AgentLab runs; in the stuck one, step 5 shows the same screenshot bytes as step 4."""
+    stuck = synth_env.agentlab_runs(root)
     shutil.copyfile(stuck / "screenshot_step_4.png", stuck / "screenshot_step_5.png")
     return root
-
-
-def _as_online_mind2web(agentlab: Path, root: Path) -> Path:
-    """The same episodes converted to Online-Mind2Web (v1) folders: same task text and screenshot files,
-    another task id and benchmark, no agent."""
-    for traj in load_trajectories(agentlab):
-        task_dir = root / traj.task_id
-        (task_dir / "trajectory").mkdir(parents=True)
-        for shot in traj.screenshots:
-            shutil.copyfile(shot.path, task_dir / "trajectory" / f"{shot.index}.png")
-        result = {"task": traj.task, "action_history": traj.actions}
-        (task_dir / "result.json").write_text(json.dumps(result), encoding="utf-8")
-    return root
-
-
-def _bodies(server: FakeOpenAI) -> Counter:
-    return Counter(
-        hashlib.sha256(json.dumps(r, sort_keys=True).encode()).hexdigest() for r in server.requests
-    )
 
 
 @pytest.fixture(scope="module")
 def two_layouts(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("two_layouts")
     agentlab = _agentlab_copy(tmp / "agentlab")
-    om2w = _as_online_mind2web(agentlab, tmp / "om2w")
+    om2w = synth_env.as_online_mind2web(agentlab, tmp / "om2w")
     trajs = list(load_trajectories(agentlab))
     # the dark teacher answers some screenshots without a score, and is not asked again: such an
     # answer is never cached, yet the same request from the other layout must not be sent again
@@ -85,7 +62,7 @@ def test_no_request_is_sent_twice(two_layouts):
     assert report.labels_failed > 0  # some of dark's answers had no score
     distinct_shots = len({hashlib.sha256(s.read_bytes()).digest() for t in trajs for s in t.screenshots})
     assert distinct_shots == sum(t.num_screenshots for t in trajs) - 1  # the stuck page
-    bright, dark = _bodies(two_layouts["bright"]), _bodies(two_layouts["dark"])
+    bright, dark = (synth_env.request_bodies(two_layouts[name]) for name in ("bright", "dark"))
     assert max(bright.values()) == 1 and max(dark.values()) == 1, "a byte-identical request was sent twice"
     assert sum(bright.values()) == len(trajs) + distinct_shots  # key points once per task (the judge)
     assert sum(dark.values()) == distinct_shots

@@ -38,6 +38,7 @@ from keyshot.infer.model.tiny_model import TINY_MAX_PIXELS, TINY_MIN_PIXELS
 from keyshot.infer.protocol.images import ImagePolicy, prepare_image
 from keyshot.infer.testing.cue_world import WorldSpec, agreement, cue_score, cue_teacher, make_world
 from keyshot.infer.testing.fake_openai import FakeOpenAI
+from keyshot.infer.testing.frameworks import framework_python
 from tests.support.paths import REPO
 
 BIN = Path(sys.executable).parent
@@ -131,9 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--seed", type=int, default=0, help="the training run's seed (batch order, initialisation)"
     )
-    ap.add_argument(
-        "--vllm-python", default=os.environ.get("KEYSHOT_VLLM_PYTHON", str(REPO / ".venv-vllm/bin/python"))
-    )
+    ap.add_argument("--vllm-python", default=str(framework_python("vllm")))
     args = ap.parse_args(argv)
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)

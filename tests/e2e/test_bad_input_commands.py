@@ -19,6 +19,7 @@ from keyshot.infer.cli import main as keyshot
 from keyshot.infer.protocol.prompts import load_prompt_set
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
+from keyshot.infer.testing.images import encoded, noise
 from tests.support import paths
 
 REPO = paths.REPO
@@ -26,10 +27,10 @@ REFERENCE = str(REPO / "configs/judge/reference_gpt4o.yaml")
 GOOD = ("good-a", "good-b", "good-c")
 
 
-def png(path: Path, size=(320, 200), mode="RGB") -> Path:
+def png(path: Path, size=(320, 200)) -> Path:
+    """A PNG file of random pixels at ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    pixels = np.random.default_rng(len(str(path))).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
-    Image.fromarray(pixels).convert(mode).save(path)
+    path.write_bytes(encoded(noise(*size, seed=len(str(path)))))
     return path
 
 

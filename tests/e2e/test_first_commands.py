@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from pathlib import Path
 
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.common.errors import EXIT_PREFLIGHT, EXIT_USAGE
+from keyshot.infer.common.processes import free_port
 from keyshot.infer.common.text import ELLIPSIS
 from keyshot.infer.demo import ID_WIDTH, MEANINGLESS, verdict_table
 from keyshot.infer.protocol.verdicts import read_verdicts
@@ -31,10 +31,7 @@ UNSET_KEY = "KEYSHOT_FIRST_HOUR_NO_SUCH_KEY"
 
 def dead_url() -> str:
     """The URL of a port nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
+    return f"http://127.0.0.1:{free_port()}/v1"
 
 
 def fake_judge_args(url: str) -> list[str]:

@@ -24,7 +24,7 @@ from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI
 from keyshot.infer.testing.fake_responders import make_judge
 from tests.support import paths
-from tests.support.vllm import find_vllm_python
+from tests.support.frameworks import python_or_skip
 
 REPO = paths.REPO
 BIN = Path(sys.executable).parent
@@ -114,9 +114,7 @@ def _verdicts(out: Path) -> list[dict]:
 def test_the_trained_scorer_gives_no_verdict_without_evidence_on_full_runs(trained):
     """One epoch does not teach the tiny model to end its answers: served by vLLM at the trained answer
     length, its answers are cut. The run must say so and give no verdict it has no score for."""
-    vllm_python = find_vllm_python()
-    if vllm_python is None:
-        pytest.skip("no vLLM interpreter (make setup-vllm, or set KEYSHOT_VLLM_PYTHON)")
+    vllm_python = python_or_skip("vllm")
     out = trained["work"] / "judge-trained"
     with FakeOpenAI(make_judge(), model="fake-judge") as judge:
         proc = _judge(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
@@ -20,14 +19,10 @@ import pytest
 
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
-from tests.support.openenv import (
-    FRAMEWORK,
-    client_python,
-    first_line,
-    openenv_python,
-    served_url,
-    start_env,
-)
+from keyshot.infer.testing.launch import OutputLines, start_reward_env
+from keyshot.infer.testing.watch import wait_until
+from tests.support.frameworks import python_or_skip
+from tests.support.paths import FRAMEWORK
 from tests.support.processes import gone
 from tests.support.reward import write_config
 
@@ -41,17 +36,18 @@ WIRE_FIELDS = ["axtree_txt", "error", "goal", "last_action_error", "pruned_html"
 @pytest.fixture(scope="module")
 def env_server(tmp_path_factory):
     """``keyshot reward env --miniwob click-test`` on a free port, the fake judge and scorer behind it."""
-    python = openenv_python()
+    python = python_or_skip("openenv")
     tmp = tmp_path_factory.mktemp("openenv-server")
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
         config = write_config(tmp / "reward.yaml", judge, scorer, timeout_s=90)
         with open(tmp / "stderr.log", "w") as log:
             extra = ("--miniwob", "click-test", "--max-steps", str(MAX_STEPS), "--keep", str(tmp / "kept"))
             extra += ("--answer-within-s", str(ANSWER_WITHIN_S), "--viewport", "miniwob")
-            proc = start_env(config, *extra, stderr=log, python=python)
+            server = start_reward_env(python, config, *extra, stderr=log)
+            proc = server.proc
             try:
                 yield {
-                    "url": served_url(proc),
+                    "url": server.url,
                     "proc": proc,
                     "judge": judge,
                     "kept": tmp / "kept",
@@ -70,16 +66,17 @@ def clients(env_server):
     """Three OpenEnv clients (tests/framework/openenv_client.py), open for the module: a session keeps its
     browser between its episodes."""
     driver = subprocess.Popen(
-        [openenv_python(), str(FRAMEWORK / "openenv_client.py"), env_server["url"], "3"],
+        [python_or_skip("openenv"), str(FRAMEWORK / "openenv_client.py"), env_server["url"], "3"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
+    answers = OutputLines(driver, "the OpenEnv clients")
 
     def play(*episodes: dict) -> list[dict]:
         driver.stdin.write(json.dumps(list(episodes)) + "\n")
         driver.stdin.flush()
-        return json.loads(first_line(driver, 300))
+        return json.loads(answers.wait_for("", 300))
 
     try:
         yield play
@@ -131,7 +128,7 @@ def test_openenv_clients_get_keyshot_reward_beside_miniwob_and_share_key_points(
 
 @pytest.mark.parametrize("generation", ["openenv", "openenv-core"])
 def test_both_openenv_client_generations_get_keyshots_reward_in_the_observation(env_server, generation):
-    python = openenv_python() if generation == "openenv" else client_python("core")
+    python = python_or_skip("openenv", "" if generation == "openenv" else "core")
     done = subprocess.run(
         [python, str(FRAMEWORK / "openenv_browsergym_client.py"), env_server["url"], "11"],
         capture_output=True,
@@ -167,18 +164,8 @@ def test_a_verdict_past_the_deadline_is_answered_in_time_without_reward_and_fini
     assert meta["miniwob_reward"] == 1.0
     # the step was answered at its deadline, before the judge answered; the judging went on: its outcome
     # call was answered (into the call cache) and the late verdict logged
-    assert wait_for(lambda: log.read_text().count(came) == late_before + 1, within_s=90)
+    wait_until(lambda: log.read_text().count(came) == late_before + 1, "the late verdict was logged", 90)
     assert sum(identify_step(r) == "outcome" for r in judge.requests) == outcomes + 1
-
-
-def wait_for(condition, within_s: float) -> bool:
-    """Whether ``condition()`` holds within ``within_s`` seconds (checked every 0.2 s)."""
-    end = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 def test_a_dead_judge_gives_none_with_the_reason_beside_miniwob_reward(env_server, clients):
@@ -216,7 +203,7 @@ def test_sigterm_closes_every_browser_the_server_opened(env_server, clients):
     proc = env_server["proc"]
     under = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}  # workers and their browsers
     assert sum(is_chromium(pid) for pid in under) >= 3
-    started = under | chromium_of(Path(openenv_python()).parent.parent)  # and the crash handlers
+    started = under | chromium_of(Path(python_or_skip("openenv")).parent.parent)  # and the crash handlers
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert gone(sorted(started), within_s=30) == []  # the workers and every Chromium process
@@ -229,7 +216,7 @@ def test_an_unknown_task_is_refused_before_the_server_listens(tmp_path):
     config = write_config(tmp_path / "r.yaml", "http://127.0.0.1:9/v1")
     done = subprocess.run(
         [
-            openenv_python(),
+            python_or_skip("openenv"),
             "-m",
             "keyshot.infer.cli",
             "reward",

@@ -11,7 +11,6 @@ Debian's Chromium. The bench at the example's own size is bench/openenv_trl.py.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 
 import pytest
@@ -19,8 +18,9 @@ from PIL import Image
 
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from keyshot.infer.testing.launch import start_reward_env
 from tests.support import paths
-from tests.support.openenv import FRAMEWORK, client_python, served_url, start_env
+from tests.support.frameworks import python_or_skip
 from tests.support.reward import write_config
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ MAX_STEPS = 2
 
 
 def test_trls_browsergym_example_unchanged_trains_on_keyshots_reward(tmp_path):
-    python = client_python("trl")
+    python = python_or_skip("openenv", "trl")
     kept = tmp_path / "kept"
     out = tmp_path / "history.json"
     # the judge says success whatever the page: the policy only ever calls noop(), so MiniWoB's own reward
@@ -43,7 +43,7 @@ def test_trls_browsergym_example_unchanged_trains_on_keyshots_reward(tmp_path):
             # MiniWoB's own page size: a 1280x720 observation is a 29 MB JSON list that takes the client
             # (the example's BrowserGymEnv) past its 60 s on this loaded 2-core machine
             extra += ("--viewport", "miniwob", "--max-pages", "2")  # whatever others' jobs leave free
-            server = start_env(config, *extra, stderr=log)
+            server = start_reward_env(python_or_skip("openenv"), config, *extra, stderr=log)
             try:
                 plan = {
                     "example": str(EXAMPLE),
@@ -51,7 +51,7 @@ def test_trls_browsergym_example_unchanged_trains_on_keyshots_reward(tmp_path):
                     # the example's own command line: the server, its steps, a generation batch of 2
                     "args": [
                         "--space-url",
-                        served_url(server),
+                        server.url,
                         "--max-steps",
                         str(MAX_STEPS),
                         "--num-generations",
@@ -75,7 +75,7 @@ def test_trls_browsergym_example_unchanged_trains_on_keyshots_reward(tmp_path):
                     "out": str(out),
                 }
                 done = subprocess.run(
-                    [python, str(FRAMEWORK / "openenv_trl_example.py"), json.dumps(plan)],
+                    [python, str(paths.FRAMEWORK / "openenv_trl_example.py"), json.dumps(plan)],
                     capture_output=True,
                     text=True,
                     timeout=900,
@@ -83,8 +83,7 @@ def test_trls_browsergym_example_unchanged_trains_on_keyshots_reward(tmp_path):
                 )
                 assert done.returncode == 0, done.stderr[-4000:]
             finally:
-                server.send_signal(signal.SIGTERM)
-                server.wait(timeout=60)
+                server.stop(grace_s=60)
         steps = [identify_step(r) for r in judge.requests]
     history = json.loads(out.read_text())
     assert history["global_step"] == 1

@@ -10,7 +10,6 @@ whose judge is down, and the latter with ``on_failure: zero``). Prints one JSON 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
@@ -22,6 +21,7 @@ import numpy as np
 from browsergym_env.models import BrowserGymAction, BrowserGymObservation
 from PIL import Image
 
+from keyshot.infer.testing.images import encoded
 from keyshot.reward import shared
 from keyshot.reward.openenv import KeyshotRubric
 
@@ -35,9 +35,7 @@ def pixels(seed: int, channels: int = 3) -> list:
 
 
 def png(seed: int) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(np.asarray(pixels(seed), dtype=np.uint8)).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return encoded(Image.fromarray(np.asarray(pixels(seed), dtype=np.uint8)))
 
 
 def observation(screenshot, done: bool = False, error: str = "", seed: int = 0) -> BrowserGymObservation:

@@ -8,18 +8,15 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from keyshot.infer.cli import main as keyshot
-from keyshot.infer.common.processes import free_port
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.testing.launch import start_reward_serve
 from tests.support import paths
-from tests.support.reward import OutputLines
 
 TRAJECTORIES = paths.FIXTURES / "trajectories"
 AGENTLAB_RUN = next((TRAJECTORIES / "agentlab").iterdir())
@@ -129,19 +126,11 @@ def test_reward_help_names_no_missing_config_and_every_job_is_listed(capsys):
 def test_a_stopped_service_says_it_stopped_not_that_it_can_resume(tmp_path, config):
     """SIGTERM ends ``keyshot reward serve`` with its own line, not the judge's "re-run ... to resume"; the
     service takes overrides as ``key=value`` too."""
-    argv = [sys.executable, "-m", "keyshot.infer.cli", "reward", "serve", "--config", str(config)]
-    argv += ["--port", str(free_port()), "--allow-root", str(tmp_path), "concurrency=2"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output = OutputLines(proc)
-    try:
-        output.wait_for("listening on")  # printed once uvicorn's signal handlers are in place
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-        output.wait_for("stopped by SIGTERM")
-        rest = output.text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    # it says where it listens once uvicorn's signal handlers are in place
+    with start_reward_serve(config, tmp_path, "concurrency=2") as service:
+        service.proc.send_signal(signal.SIGTERM)
+        service.proc.wait(30)
+        service.output.wait_for("stopped by SIGTERM")
+        rest = service.output.text()
     assert "stopped by SIGTERM; the service answered the requests in flight and stopped" in rest, rest
     assert "re-run the same command" not in rest

@@ -11,7 +11,6 @@ and a reset mid-episode. The live server is tests/env/test_openenv_server.py.
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 import shlex
 from typing import Any
@@ -19,7 +18,6 @@ from typing import Any
 import numpy as np
 import pydantic
 import pytest
-from PIL import Image
 
 from keyshot.env.miniwob.client import VIEWPORT_OPENENV
 from keyshot.env.openenv import command as env_command
@@ -29,6 +27,7 @@ from keyshot.infer.cli import build_parser, parse
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from keyshot.infer.testing.images import png
 from tests.support import paths
 from tests.support.openenv import run_driver
 from tests.support.reward import write_config
@@ -38,29 +37,23 @@ TREE = "RootWebArea 'Click Test Task', focused\n\t[13] button 'Click Me!'"
 DEAD = "http://127.0.0.1:9/v1"
 
 
-def png(width: int, height: int) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (width, height), (10, 200, 30)).save(buffer, format="PNG")
-    return buffer.getvalue()
+GREEN = (10, 200, 30)
 
 
 def test_a_live_page_becomes_the_browsergym_fields():
     text = f'Goal: Click the button.\n\nError: ValueError: Could not find element with bid "99"\n\nPage structure:\n{TREE}'
-    fields = wire_fields(Page(text, png(7, 5), 1, False, None, 0.0), "Click the button.")
+    fields = wire_fields(Page(text, png(7, 5, GREEN), 1, False, None, 0.0), "Click the button.")
     assert fields["axtree_txt"] == fields["text"] == TREE and fields["goal"] == "Click the button."
     # as OpenEnv's BrowserGym server: an action's own error sets last_action_error and leaves error empty
     assert fields["error"] == "" and fields["last_action_error"]
     assert split_text(text)[0] == 'ValueError: Could not find element with bid "99"'  # the server's metadata
-    assert np.asarray(fields["screenshot"]).shape == (5, 7, 3) and fields["screenshot"].tolist()[0][0] == [
-        10,
-        200,
-        30,
-    ]
+    assert np.asarray(fields["screenshot"]).shape == (5, 7, 3)
+    assert fields["screenshot"].tolist()[0][0] == list(GREEN)
     assert fields["pruned_html"] == ""  # a page without its HTML read
     html = '<body bid="1"><button bid="13">Click Me!</button></body>'
-    assert wire_fields(Page(text, png(7, 5), 1, False, html=html), "Click.")["pruned_html"] == html
+    assert wire_fields(Page(text, png(7, 5, GREEN), 1, False, html=html), "Click.")["pruned_html"] == html
     # OpenEnv's server: the tree as text, else the pruned HTML
-    assert wire_fields(Page("Goal: Click.", png(7, 5), 0, False, html=html), "Click.")["text"] == html
+    assert wire_fields(Page("Goal: Click.", png(7, 5, GREEN), 0, False, html=html), "Click.")["text"] == html
     assert split_text(f"Goal: Click.\n\nPage structure:\n{TREE}") == ("", TREE)
     failed = Page(
         "Error: the browser failed at step 2: gone",

@@ -10,34 +10,32 @@ cancelled) is checked to close its environment once; on the budget path with liv
 browser process of the episodes is left.
 """
 
+import contextlib
 import functools
 import importlib.util
 import json
 import os
-import select
 import shutil
-import signal
 import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from keyshot.infer.common.processes import free_port
+from keyshot.infer.testing import frameworks
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, identify_step, make_judge
+from keyshot.infer.testing.launch import OutputLines, start_reward_serve
 from keyshot.reward import shared as reward_shared
 from keyshot.reward.logs import SAMPLE_KEYS
 from keyshot.reward.model import RewardModel
 from keyshot.reward.openrlhf import UNFINISHED_KEY
 from tests.support import paths
 from tests.support import reward as support
+from tests.support.frameworks import python_or_skip
 
 REPO = paths.REPO
 DRIVER = REPO / "tests" / "framework" / "openrlhf_rollouts.py"
 RESULT = "keyshot-openrlhf-result "  # the driver's answer lines
-OPENRLHF_PYTHON = os.environ.get("KEYSHOT_OPENRLHF_PYTHON") or str(REPO / ".venv-openrlhf" / "bin" / "python")
 OM2W_V1 = support.OM2W_V1
 REWARD_FILE = REPO / "reward" / "openrlhf.py"
 AGENT_FILE = REPO / "examples" / "reward" / "openrlhf_agent.py"
@@ -48,36 +46,31 @@ slow = pytest.mark.slow  # every test that runs the OpenRLHF driver
 class OpenRLHFRunner:
     """The driver in the OpenRLHF venv, started once for the module: one job per line, one answer each."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, python: str):
         self.stderr = (folder / "stderr.log").open("w")
         self.proc = subprocess.Popen(
-            [OPENRLHF_PYTHON, str(DRIVER), "--tiny", str(folder / "tiny")],
+            [python, str(DRIVER), "--tiny", str(folder / "tiny")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
             text=True,
             cwd=REPO,
         )
+        self.answers = OutputLines(self.proc, "the OpenRLHF driver")
 
     def run(self, tmp_path: Path, config: Path, **job) -> dict:
         tmp = tmp_path / "tmp"
         tmp.mkdir(exist_ok=True)
         self.proc.stdin.write(json.dumps({**job, "config": str(config), "tmp": str(tmp)}) + "\n")
         self.proc.stdin.flush()
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], deadline - time.monotonic())
-            line = self.proc.stdout.readline() if ready else ""
-            if not line:
-                break
-            if line.startswith(RESULT):
-                out = json.loads(line[len(RESULT) :])
-                assert "error" not in out, out["error"]
-                return out
-        self.stderr.flush()
-        pytest.fail(
-            f"the OpenRLHF driver gave no answer; its stderr: {Path(self.stderr.name).read_text()[-4000:]}"
-        )
+        try:
+            line = self.answers.wait_for(RESULT, 300)
+        except RuntimeError as exc:
+            self.stderr.flush()
+            pytest.fail(f"{exc}; its stderr: {Path(self.stderr.name).read_text()[-4000:]}")
+        out = json.loads(line[len(RESULT) :])
+        assert "error" not in out, out["error"]
+        return out
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -91,11 +84,7 @@ class OpenRLHFRunner:
 
 @pytest.fixture(scope="module")
 def openrlhf(tmp_path_factory):
-    if not Path(OPENRLHF_PYTHON).exists():
-        pytest.skip(
-            f"no OpenRLHF venv at {OPENRLHF_PYTHON}: run `make setup-openrlhf` (or set KEYSHOT_OPENRLHF_PYTHON)"
-        )
-    runner = OpenRLHFRunner(tmp_path_factory.mktemp("openrlhf"))
+    runner = OpenRLHFRunner(tmp_path_factory.mktemp("openrlhf"), python_or_skip("openrlhf"))
     yield runner
     runner.close()
 
@@ -222,19 +211,6 @@ def get(url: str) -> str:
         return response.read().decode()
 
 
-def start_service(config: Path, root: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "keyshot.infer.cli", "reward", "serve", "--config", str(config)]
-        + ["--port", str(port), "--allow-root", str(root)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    support.OutputLines(proc).wait_for("listening on")  # printed once the port is bound
-    return proc, f"http://127.0.0.1:{port}"
-
-
 def histogram(metrics: str, route: str) -> list[int]:
     prefix = f'keyshot_reward_request_seconds_bucket{{route="{route}",'
     return [int(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(prefix)]
@@ -246,13 +222,13 @@ def test_two_reward_services_answer_numbers_healthy_and_with_the_judge_down(tmp_
     down every answer is still a number, each counted as failed."""
     judge, scorer = servers
     config = write_config(tmp_path / "reward.yaml", judge, scorer)
-    services = [start_service(config, REPO / "tests" / "fixtures") for _ in range(2)]
-    try:
-        urls = ",".join(f"{base}/get_reward" for _, base in services)
+    with contextlib.ExitStack() as started:
+        services = [started.enter_context(start_reward_serve(config, paths.FIXTURES)) for _ in range(2)]
+        urls = ",".join(f"{service.url}/get_reward" for service in services)
         out = openrlhf.run(tmp_path, config, mode="single", reward=urls, labels=LABELS, samples=2)
         check_tensors(out, 4)
         assert out["info"]["keyshot_failed"] == [0.0] * 4 and set(out["rewards"]) <= {0.0, 1.0}
-        before = [get(f"{base}/metrics") for _, base in services]
+        before = [get(f"{service.url}/metrics") for service in services]
         assert all(sum(histogram(m, "/get_reward")) > 0 for m in before)  # both URLs were used
 
         judge.faults = FaultPlan({"500": 1.0})
@@ -262,17 +238,12 @@ def test_two_reward_services_answer_numbers_healthy_and_with_the_judge_down(tmp_
         check_tensors(down, 2)
         assert down["rewards"] == [0.0, 0.0] and down["raw_rewards"] == [[0.0], [0.0]]
         assert down["info"]["keyshot_failed"] == [1.0, 1.0]
-        after = [get(f"{base}/metrics") for _, base in services]
+        after = [get(f"{service.url}/metrics") for service in services]
         for old, new in zip(before, after, strict=True):  # Prometheus counters only grow
             assert all(
                 b >= a
                 for a, b in zip(histogram(old, "/get_reward"), histogram(new, "/get_reward"), strict=True)
             )
-    finally:
-        for proc, _ in services:
-            proc.send_signal(signal.SIGTERM)
-        for proc, _ in services:
-            proc.wait(30)
 
 
 # ---------------------------------------------------------------------------- the multi-turn agent file
@@ -360,10 +331,12 @@ def live_browser_missing() -> str | None:
     """Why the OpenRLHF venv cannot open a live MiniWoB page here, or None."""
     if not (os.environ.get("KEYSHOT_CHROMIUM") or shutil.which("chromium")):
         return "no Chromium: make setup-browser (or set KEYSHOT_CHROMIUM)"
-    if not Path(OPENRLHF_PYTHON).exists():
+    if frameworks.missing("openrlhf"):
         return None  # the openrlhf fixture says so
     found = subprocess.run(
-        [OPENRLHF_PYTHON, "-c", "import browsergym.miniwob, miniwob"], capture_output=True, timeout=120
+        [frameworks.framework_python("openrlhf"), "-c", "import browsergym.miniwob, miniwob"],
+        capture_output=True,
+        timeout=120,
     )
     return None if found.returncode == 0 else "the OpenRLHF venv has no browser extra: make setup-openrlhf"
 

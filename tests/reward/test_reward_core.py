@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import importlib.util
-import io
 import json
 import logging
 import math
@@ -19,6 +18,7 @@ from PIL import Image
 from keyshot.infer.common.config import ConfigError
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge, user_parts
+from keyshot.infer.testing.images import encoded, png
 from keyshot.infer.testing.worlds import synthetic_trajectories
 from keyshot.reward import shared as reward_shared
 from keyshot.reward.logs import SAMPLE_KEYS, Metrics, sample_logs, trainer_metrics, warn_constant_groups
@@ -156,12 +156,11 @@ def test_score_shared_is_awaitable_from_several_event_loops_at_once(tmp_path, se
 
 # ---------------------------------------------------------------------------- the rollout reader
 def test_a_short_base64_jpeg_is_read_as_an_image_and_never_echoed(tmp_path):
-    buffer = io.BytesIO()
-    Image.new("RGB", (8, 8), "white").save(buffer, format="JPEG")
-    text = base64.b64encode(buffer.getvalue()).decode()
+    jpeg = encoded(Image.new("RGB", (8, 8), "white"), "JPEG")
+    text = base64.b64encode(jpeg).decode()
     assert text.startswith("/9j/") and len(text) < 4096  # looks like an absolute path
     trajectory = read_rollout({"task": "t", "screenshots": [text]}, 0, allow_root=tmp_path)
-    assert trajectory.screenshots[0].data == buffer.getvalue()
+    assert trajectory.screenshots[0].data == jpeg
     bogus = "/data/shots/" + "x" * 300 + ".png"  # a missing file: named, cut short
     with pytest.raises(RolloutError) as info:
         read_rollout({"task": "t", "screenshots": [bogus]}, 3, allow_root=tmp_path)
@@ -210,9 +209,7 @@ def test_identical_screenshots_scored_once_are_not_counted_as_cache_hits(tmp_pat
     identical screenshots scored once (``keyshot_reward_same_image_total``), not as cache hits (they
     were, which over-counted the cache)."""
     judge, scorer = servers
-    page = io.BytesIO()
-    Image.new("RGB", (64, 48), (30, 120, 200)).save(page, format="PNG")
-    shot = base64.b64encode(page.getvalue()).decode()
+    shot = base64.b64encode(png(64, 48, (30, 120, 200))).decode()
     rollout = {"task": "Open the blue page", "screenshots": [shot] * 3, "actions": ["scroll(0, 1)"] * 2}
     rm = reward_shared.RewardModel.from_config(write_config(tmp_path / "reward.yaml", judge, scorer))
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import signal
@@ -13,14 +12,15 @@ import urllib.error
 import urllib.request
 
 import pytest
-from PIL import Image
 
 from keyshot.infer.common.processes import free_port
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge
+from keyshot.infer.testing.images import png
+from keyshot.infer.testing.launch import start_reward_serve
 from keyshot.reward.logs import SAMPLE_KEYS
 from keyshot.reward.service import Metrics
-from tests.support.reward import FIXTURES, OutputLines, write_config
+from tests.support.reward import FIXTURES, write_config
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -60,39 +60,11 @@ def service(tmp_path_factory):
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
         config = write_config(root / "reward.yaml", judge, scorer, timeout_s=5, on_failure="zero")
         env = {**os.environ, "KEYSHOT_TEST_TOKEN": TOKEN}
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "keyshot.infer.cli",
-                "reward",
-                "serve",
-                "--config",
-                str(config),
-                "--port",
-                "0",
-                "--allow-root",
-                str(root),
-                "--token-env",
-                "KEYSHOT_TEST_TOKEN",
-                "--max-screenshots",
-                "50",
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        output = OutputLines(proc)
-        # printed once the port is bound and the signal handlers are in place; with --port 0 it names the
-        # port the kernel chose (it said ":0" before)
-        listening = output.wait_for("listening on")
-        port = int(listening.split("http://127.0.0.1:", 1)[1].split()[0])
-        assert port > 0, listening
-        yield f"http://127.0.0.1:{port}", proc, folders, judge, output
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        extra = ("--token-env", "KEYSHOT_TEST_TOKEN", "--max-screenshots", "50")
+        # it names the port the kernel chose for --port 0 (it said ":0" before)
+        with start_reward_serve(config, root, *extra, env=env) as served:
+            assert not served.url.endswith(":0"), served.url
+            yield served.url, served.proc, folders, judge, served.output
 
 
 def test_openrlhf_request_and_response(service):
@@ -123,13 +95,11 @@ def test_native_batch(service):
 
 def test_bad_requests_get_one_clear_4xx_each_and_the_service_keeps_serving(service, tmp_path):
     base, proc, folders, _, _ = service
-    png = base64.b64encode(next(load_trajectories(folders[0])).screenshots[0].read_bytes()).decode()
-    tiny = io.BytesIO()
-    Image.new("RGB", (2, 2)).save(tiny, format="PNG")
-    tiny_png = base64.b64encode(tiny.getvalue()).decode()
+    page = base64.b64encode(next(load_trajectories(folders[0])).screenshots[0].read_bytes()).decode()
+    tiny_png = base64.b64encode(png(2, 2, (0, 0, 0))).decode()
     outside = next(load_trajectories(FIXTURES / "trajectories" / "online_mind2web_v1")).screenshots[0].path
     cases = [
-        ({"rollouts": [{"screenshots": [png]}]}, TOKEN, 422, "'task'"),
+        ({"rollouts": [{"screenshots": [page]}]}, TOKEN, 422, "'task'"),
         (
             {"rollouts": [{"task": "t", "screenshots": [base64.b64encode(b"hello world").decode()]}]},
             TOKEN,
@@ -144,7 +114,7 @@ def test_bad_requests_get_one_clear_4xx_each_and_the_service_keeps_serving(servi
         ),
         ({"rollouts": [{"task": "t", "screenshots": [tiny_png] * 10000}]}, TOKEN, 413, "over the limit"),
         (b"{not json", TOKEN, 400, "malformed JSON"),
-        ({"rollouts": [{"task": "t", "screenshots": [png]}]}, "wrong", 401, "bearer token"),
+        ({"rollouts": [{"task": "t", "screenshots": [page]}]}, "wrong", 401, "bearer token"),
     ]
     for body, token, expected, words in cases:
         status, answer, _ = call(f"{base}/v1/reward", body, token=token)

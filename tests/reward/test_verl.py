@@ -41,6 +41,7 @@ from keyshot.reward.episode import Episode
 from keyshot.reward.verl import compute_score, compute_score_sync
 from keyshot.reward.verl_state import VerlState
 from tests.support import paths
+from tests.support.frameworks import python_or_skip
 from tests.support.reward import write_config
 
 pytestmark = pytest.mark.usefixtures("no_shared_model")
@@ -73,12 +74,6 @@ def documented_verl_commands() -> list[dict]:
                     found["overrides"].append(word)
             commands.append(found)
     return commands
-
-
-def verl_python() -> str | None:
-    """The verl venv's python: ``$KEYSHOT_VERL_PYTHON``, else .venv-verl's (None: neither exists)."""
-    path = os.environ.get("KEYSHOT_VERL_PYTHON") or str(REPO / ".venv-verl" / "bin" / "python")
-    return path if Path(path).exists() else None
 
 
 def copies(tmp_path: Path, per_prompt: int) -> list[tuple[int, str]]:
@@ -327,11 +322,7 @@ def verl_run(tmp_path_factory):
     """One Ray session of verl's reward loop over its cases (tests/framework/verl_reward_loop.py): verl's
     batch, its agent loops scored as each rollout ends and after the batch (8 reward workers), its remote
     reward manager. A case whose judge calls are counted has its own fake judge."""
-    python = verl_python()
-    if python is None:
-        pytest.skip(
-            "no verl venv: build it with `make setup-verl` (tools/setup_verl.sh) or set KEYSHOT_VERL_PYTHON"
-        )
+    python = python_or_skip("verl")
     tmp = tmp_path_factory.mktemp("verl")
     served = str(tmp / "tokenizer")  # the reward model's path: what verl's vLLM would serve it as
     counted = ("column", "stream", "after", "remote")

@@ -1,13 +1,9 @@
-"""Processes a test started, and whether they ended."""
+"""Whether the processes a test saw have ended (waiting for a moment and killing a process at it:
+keyshot.infer.testing.watch)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import time
-from collections.abc import Callable
 
 import psutil
 
@@ -26,24 +22,3 @@ def gone(pids: list[int], within_s: float = 15.0) -> list[int]:
             if proc.status() != psutil.STATUS_ZOMBIE:
                 left.append(proc.pid)
     return left
-
-
-def wait_until(proc: subprocess.Popen, ready: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    """Return once ``ready()`` holds while ``proc`` still runs (``what`` says what it waits for); fail the
-    test, naming ``what``, when ``proc`` ends first or ``ready()`` does not hold within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        code = proc.poll()
-        assert code is None, f"the process ended (exit code {code}) before {what}"
-        assert time.monotonic() < deadline, f"not {what} within {timeout_s:g} s"
-        time.sleep(0.02)
-
-
-def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    """SIGKILL ``proc`` as soon as ``ready()`` holds (:func:`wait_until`), and reap it: a test that kills a
-    process mid-run fails rather than kill it at a moment it did not mean to (after the run ended, or
-    before ``what``)."""
-    wait_until(proc, ready, what, timeout_s)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL, f"the process ended by itself (exit code {proc.returncode})"

@@ -1,13 +1,9 @@
 """What the reward tests share (tests/conftest.py makes the fixtures visible to every test module):
-the fixture folders, the config writer, the fake judge and scorer, the reset of the process-wide models,
-and the reader of a service process's output lines."""
+the fixture folders, the config writer, the fake judge and scorer, and the reset of the process-wide
+models."""
 
 from __future__ import annotations
 
-import queue
-import subprocess
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -81,47 +77,3 @@ def no_shared_model(monkeypatch):
     monkeypatch.delenv(shared.CONFIG_ENV, raising=False)
     yield
     shared.reset_shared()
-
-
-class OutputLines:
-    """The lines a process writes to its stdout (a pipe), read on a thread of their own as they come,
-    so a test waits for a line instead of sleeping."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.proc = proc
-        self.lines: list[str] = []
-        self._new: queue.Queue[str | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, name="output-lines", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self._new.put(line)
-        self._new.put(None)  # the pipe is closed: the process ended
-
-    def wait_for(self, text: str, timeout_s: float = 60.0) -> str:
-        """The first line holding ``text`` (read now or later); fails naming the output when the process
-        ends or ``timeout_s`` passes first."""
-        found = next((line for line in self.lines if text in line), None)
-        deadline = time.monotonic() + timeout_s
-        while found is None:
-            try:
-                line = self._new.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                pytest.fail(f"no line with {text!r} within {timeout_s:g} s; output: {self.text()[-4000:]}")
-            if line is None:
-                self._new.put(None)
-                pytest.fail(f"the process ended without a line with {text!r}; output: {self.text()[-4000:]}")
-            self.lines.append(line)
-            found = line if text in line else None
-        return found
-
-    def text(self) -> str:
-        """Everything read so far."""
-        while not self._new.empty():
-            line = self._new.get()
-            if line is None:
-                self._new.put(None)
-                break
-            self.lines.append(line)
-        return "".join(self.lines)

@@ -6,16 +6,21 @@ also answers the key-point step, so it doubles as the key-point judge.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 import statistics
+from collections import Counter
 from pathlib import Path
 
 import yaml
+from PIL import Image
 
 from keyshot.data_synth.synth_config import SynthConfig, load_synth_config
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.infer.protocol.images import DEFAULT_POLICY
-from keyshot.infer.testing.fake_openai import score_image
+from keyshot.infer.testing.fake_openai import FakeOpenAI, score_image
 from tests.support import paths
 
 FIXTURES = paths.FIXTURES
@@ -37,6 +42,8 @@ SPLITS = {
 #: The lists these tests used before: they put shared screenshots in three splits.
 LEAKY_SPLITS = {"train": ["SeeAct", "DemoAgent-gpt-4o"], "validation": ["Agent-E"], "test": ["Operator"]}
 RULES = {"bright": "brightness", "dark": "darkness"}
+#: Two real AgentLab WorkArena runs (Apache-2.0, from ServiceNow/BrowserGym PR #301)
+AGENTLAB_RUNS = [TRAJECTORIES / "agentlab", FIXTURES / "agentlab_small"]
 
 
 def endpoint(name: str, base_url: str, **overrides: object) -> dict:
@@ -106,3 +113,39 @@ def expected_scores(traj: Trajectory, rule: str, policy=DEFAULT_POLICY) -> list[
 
 def median_low(scores: list[int]) -> int:
     return statistics.median_low(scores)
+
+
+def agentlab_runs(root: Path) -> Path:
+    """The runs of :data:`AGENTLAB_RUNS` copied into ``root``; returns the one whose agent got stuck on a
+    page (the knowledge-base search), for a test to repeat its screenshots."""
+    for folder in AGENTLAB_RUNS:
+        for run in folder.iterdir():
+            shutil.copytree(run, root / run.name)
+    return next(root.glob("*knowledge-base-search*"))
+
+
+def as_online_mind2web(agentlab: Path, root: Path, *, resave: bool = False) -> Path:
+    """The episodes of ``agentlab`` as Online-Mind2Web v1 folders in ``root`` (task, actions, thoughts;
+    another task id and benchmark, no agent), each screenshot copied, or with ``resave`` saved again
+    (other bytes, the same pixels)."""
+    for traj in load_trajectories(agentlab):
+        task_dir = root / traj.task_id
+        (task_dir / "trajectory").mkdir(parents=True)
+        for shot in traj.screenshots:
+            target = task_dir / "trajectory" / f"{shot.index}.png"
+            if resave:
+                Image.open(shot.path).save(target, compress_level=9)
+            else:
+                shutil.copyfile(shot.path, target)
+        result = {"task": traj.task, "action_history": traj.actions, "thoughts": traj.thoughts}
+        (task_dir / "result.json").write_text(json.dumps(result), encoding="utf-8")
+    return root
+
+
+def request_bodies(*servers: FakeOpenAI) -> Counter:
+    """How often each request body (by the hash of its JSON) reached ``servers``."""
+    return Counter(
+        hashlib.sha256(json.dumps(r, sort_keys=True).encode()).hexdigest()
+        for s in servers
+        for r in s.requests
+    )

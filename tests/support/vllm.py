@@ -4,12 +4,11 @@
 test module. ``vllm_server`` is session-scoped and shared: ONE server runs for
 the whole session (start-up ~30-60 s, ~2-3 GB RAM) and is stopped at the end. Tests using it are
 skipped, with the reason, when no vLLM interpreter is available (``$KEYSHOT_VLLM_PYTHON`` unset and
-no ``.venv-vllm`` in the repository).
+no ``.venv-vllm`` beside this environment: tests/support/frameworks.py).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 from pathlib import Path
@@ -18,24 +17,14 @@ import httpx2
 import pytest
 
 from keyshot.infer.model.tiny_model import write_tiny_scorer_meta
-from keyshot.infer.serve.plan import ENV_VLLM_PYTHON, ServeConfig
+from keyshot.infer.serve.plan import ServeConfig
 from keyshot.infer.serve.server import VLLMServer
-from tests.support import paths
+from tests.support.frameworks import python_or_skip
 
-REPO = paths.REPO
 SERVED_NAME = "keyshot-tiny"
 
 _lock = threading.Lock()
 _shared: dict[str, object] = {}
-
-
-def find_vllm_python() -> str | None:
-    """``$KEYSHOT_VLLM_PYTHON``, else the repository's ``.venv-vllm``, else None."""
-    configured = os.environ.get(ENV_VLLM_PYTHON)
-    if configured:
-        return configured
-    local = REPO / ".venv-vllm" / "bin" / "python"
-    return str(local) if local.exists() else None
 
 
 def make_scorer_checkpoint(tiny_model_dir: Path, out: Path, variant: str = "online_mind2web") -> Path:
@@ -78,9 +67,7 @@ def scorer_checkpoint(tiny_model_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(scorer_checkpoint, tmp_path_factory):
     """One vLLM server for the session, serving the tiny scorer checkpoint (fp32, eager, greedy)."""
-    python = find_vllm_python()
-    if python is None:
-        pytest.skip(f"no vLLM: set ${ENV_VLLM_PYTHON} or run `make setup-vllm` (creates .venv-vllm)")
+    python = python_or_skip("vllm")
     with _lock:
         server = _shared.get("server")
         if server is None:

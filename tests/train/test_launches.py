@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from keyshot.infer.testing.scorer_data import build_scorer_dataset
+from keyshot.infer.testing.watch import wait_until
 from tests.support import paths
-from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -246,7 +246,7 @@ def _wait_for_step(run_dir: Path, proc: subprocess.Popen, step: int, timeout: fl
         lines = path.read_text().splitlines() if path.exists() else []
         return max((json.loads(line)["step"] for line in lines if line.strip()), default=-1) >= step
 
-    wait_until(proc, reached, f"step {step} was logged", timeout)
+    wait_until(reached, f"step {step} was logged", timeout, proc=proc)
 
 
 def test_resume_after_kill_continues_the_same_schedule(tiny_model_dir, datasets_dir, launch_env, tmp_path):
@@ -438,11 +438,9 @@ def test_final_checkpoint_served_by_keyshot_serve(learned_run, datasets_dir, lau
     from keyshot.infer.protocol.parsing import parse_score
     from keyshot.infer.protocol.prompts import load_prompt_set
     from keyshot.train.batches import load_scorer_dataset
-    from tests.support.vllm import find_vllm_python
+    from tests.support.frameworks import python_or_skip
 
-    python = find_vllm_python()
-    if python is None:
-        pytest.skip("no vLLM: set $KEYSHOT_VLLM_PYTHON or run `make setup-vllm` (creates .venv-vllm)")
+    python = python_or_skip("vllm")
     final = learned_run[0] / "final"
     row = load_scorer_dataset(datasets_dir["learnable"])["validation"][0]
     processor = AutoProcessor.from_pretrained(final)

@@ -7,7 +7,6 @@ shrunk rows first. And the checkpoint's answer length (``keyshot.json`` answer_t
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 import shutil
 
@@ -29,6 +28,7 @@ from keyshot.infer.protocol.chat_template import (
 )
 from keyshot.infer.protocol.messages import scorer_answer, scorer_example
 from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.testing.images import encoded
 from keyshot.train.batches import ScorerDataset, answer_token_stats
 from keyshot.train.recipe import check_rendering
 
@@ -53,12 +53,6 @@ def _page(size: tuple[int, int]) -> Image.Image:
     draw.rectangle([0, 0, width, max(1, height // 2)], fill=(40, 170, 70))
     draw.line([0, height - 1, width - 1, 0], fill=(20, 20, 20), width=3)
     return img
-
-
-def _png(size: tuple[int, int]) -> bytes:
-    buf = io.BytesIO()
-    _page(size).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def _messages(words: int) -> list[dict]:
@@ -113,7 +107,10 @@ def test_every_edge_row_renders_at_its_planned_length(processor, bounds, max_asp
     part = {"type": Value("string"), "text": Value("string")}
     features = Features({"image": ImageFeature(), "messages": [{"role": Value("string"), "content": [part]}]})
     split = Dataset.from_list(
-        [{"image": {"bytes": _png(size), "path": None}, "messages": rooms[room]} for room, size in rows],
+        [
+            {"image": {"bytes": encoded(_page(size)), "path": None}, "messages": rooms[room]}
+            for room, size in rows
+        ],
         features=features,
     )
     data = ScorerDataset(split, renderer, name="edges")

@@ -37,15 +37,15 @@ from keyshot.infer.testing.fake_openai import (
     judge_responder,
     score_image,
 )
+from keyshot.infer.testing.images import encoded
 
 PROMPTS = load_prompt_set()
 VERSION = PROMPTS.version
 
 
 def _data_url(colour: tuple[int, int, int], size=(40, 30)) -> str:
-    buf = io.BytesIO()
-    Image.new("RGB", size, colour).save(buf, "JPEG", quality=90)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+    jpeg = encoded(Image.new("RGB", size, colour), "JPEG", quality=90)
+    return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()
 
 
 def _local(srv: FakeOpenAI, **kw) -> EndpointConfig:

@@ -16,8 +16,8 @@ from keyshot.infer.common.config import load_config, split_paths_and_overrides
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.fake_openai import FakeOpenAI, fetch_stats, make_judge, spawn_fake_openai
+from keyshot.infer.testing.watch import kill_when, line_count
 from tests.support import paths
-from tests.support.processes import kill_when
 from tests.support.vllm import vllm_request_count
 
 REPO = paths.REPO
@@ -197,13 +197,8 @@ def test_kill_9_and_resume_repays_nothing(vllm_server, scorer_checkpoint, tmp_pa
         proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         verdicts = out / "verdicts.jsonl"
         try:
-            kill_when(
-                proc,
-                lambda: verdicts.exists() and verdicts.read_bytes().count(b"\n") >= 2,
-                "2 verdicts were written",
-                timeout_s=300,
-            )
-        except AssertionError as exc:
+            kill_when(proc, lambda: line_count(verdicts) >= 2, "2 verdicts were written", timeout_s=300)
+        except RuntimeError as exc:
             raise AssertionError(f"{exc}: {proc.stderr.read().decode()[-2000:]}") from None
         proc.stderr.close()
 

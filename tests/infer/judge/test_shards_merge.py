@@ -23,9 +23,9 @@ from keyshot.infer.runs.shards import ShardError, ShardSpec, shard_key, shard_of
 from keyshot.infer.runs.summary import summarize
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, echo_responder, judge_responder, spawn_fake_openai
+from keyshot.infer.testing.watch import kill_when, line_count
 from keyshot.infer.testing.worlds import synthetic_trajectories
 from tests.support import paths
-from tests.support.processes import kill_when
 
 REPO = paths.REPO
 
@@ -325,9 +325,7 @@ def test_killed_shard_resumes_and_merges_without_loss(tmp_path, capsys):
             stderr=subprocess.DEVNULL,
         )
         path = out / "shard-1-of-2/verdicts.jsonl"
-        kill_when(
-            proc, lambda: path.exists() and path.read_bytes().count(b"\n") >= 3, "3 verdicts were written"
-        )
+        kill_when(proc, lambda: line_count(path) >= 3, "3 verdicts were written")
         capsys.readouterr()
         assert keyshot(["merge", str(out)]) == 2
         assert "shard 1: did not finish" in capsys.readouterr().err

@@ -5,7 +5,6 @@ image URL read the same string the same way: the same file, the same bytes, or r
 from __future__ import annotations
 
 import base64
-import io
 from pathlib import Path
 
 from PIL import Image
@@ -13,25 +12,15 @@ from PIL import Image
 from keyshot.infer.loaders.common import screenshot_from_ref
 from keyshot.infer.loaders.trajectory import TrajectoryError
 from keyshot.infer.testing.fake_requests import ResponderError, decode_data_url
+from keyshot.infer.testing.images import encoded, png
 from keyshot.reward.episode import Episode
 from keyshot.reward.rollouts import RolloutError, from_dict
 
-
-def png(width: int, height: int) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (width, height), (200, 40, 40)).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def jpeg(width: int, height: int) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (width, height), (40, 200, 40)).save(buffer, format="JPEG")
-    return buffer.getvalue()
-
-
-SMALL = png(2, 2)  # base64 far shorter than 256 characters
-LARGE = png(300, 200)
-SMALL_JPEG = jpeg(8, 8)  # its base64 starts "/9j/": an absolute path to a naive reader
+SMALL = png(2, 2, (200, 40, 40))  # base64 far shorter than 256 characters
+LARGE = png(300, 200, (200, 40, 40))
+SMALL_JPEG = encoded(
+    Image.new("RGB", (8, 8), (40, 200, 40)), "JPEG"
+)  # base64 "/9j/...": a path to a naive reader
 
 
 def b64(data: bytes) -> str:

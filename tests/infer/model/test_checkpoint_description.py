@@ -29,7 +29,7 @@ from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.serve.plan import PromptVersionMismatchError, ServeConfig, plan_server
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 from tests.support import paths
-from tests.support.vllm import ENV_VLLM_PYTHON, find_vllm_python
+from tests.support.frameworks import python_or_skip
 
 REPO = paths.REPO
 TRAJ = REPO / "tests" / "fixtures" / "trajectories" / "online_mind2web_v1"
@@ -129,9 +129,7 @@ def test_the_in_process_scorer_reads_the_checkpoint_once(answered, tmp_path):
 @pytest.mark.slow
 def test_judge_serve_scorer_reads_the_checkpoint_once(answered, tmp_path):
     """``--serve-scorer``: vLLM's plan takes the run's description; the run scores through the server."""
-    python = find_vllm_python()
-    if python is None:
-        pytest.skip(f"no vLLM: set ${ENV_VLLM_PYTHON} or run `make setup-vllm` (creates .venv-vllm)")
+    python = python_or_skip("vllm")
     serve = [f"scorer.serve.vllm_python={python}", f"scorer.serve.tmpdir={tmp_path / 'tmp'}"]
     with FakeOpenAI(make_judge()) as server, Opens(META_FILE) as run:
         argv = _judge_argv(

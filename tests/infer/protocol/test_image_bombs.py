@@ -9,12 +9,9 @@ function that decodes a screenshot holds a process-wide pixel budget while it de
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -23,7 +20,6 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from keyshot.infer.common.processes import free_port
 from keyshot.infer.protocol.decode import (
     DECODE_BUDGET,
     MAX_DECODED_PIXELS,
@@ -40,7 +36,9 @@ from keyshot.infer.protocol.images import (
     prepare_image,
 )
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
-from tests.support.reward import OutputLines, write_config
+from keyshot.infer.testing.images import encoded, png
+from keyshot.infer.testing.launch import start_reward_serve
+from tests.support.reward import write_config
 
 BOMB_SIDE = 13_000
 
@@ -48,17 +46,9 @@ BOMB_SIDE = 13_000
 @pytest.fixture(scope="module")
 def bomb() -> bytes:
     """A 13000×13000 1-bit PNG: about 20 KiB on the wire, 169 M pixels (507 MB as RGB) decoded."""
-    buffer = io.BytesIO()
-    Image.new("1", (BOMB_SIDE, BOMB_SIDE), 1).save(buffer, format="PNG")
-    data = buffer.getvalue()
+    data = encoded(Image.new("1", (BOMB_SIDE, BOMB_SIDE), 1))
     assert len(data) < 64 * 1024
     return data
-
-
-def _png(width: int, height: int, color=(240, 240, 240)) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (width, height), color).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def peak_rss_bytes(pid: int) -> int:
@@ -91,7 +81,7 @@ def test_a_tall_full_page_is_decoded_only_down_to_the_policys_crop(tmp_path):
     """1280×30000: 38 M pixels as a page, 6.5 M decoded under the 4:1 crop (the reference policy, which
     sends the page whole, decodes it whole and is still within the limit)."""
     tall = tmp_path / "tall.png"
-    tall.write_bytes(_png(1280, 30_000))
+    tall.write_bytes(png(1280, 30_000))
     header = read_header(tall)
     crop_rows = plan_image(1280, 30_000).crop_height
     assert crop_rows <= 4 * 1280 and decoded_pixels(header, DEFAULT_POLICY) == 1280 * crop_rows
@@ -105,15 +95,14 @@ def test_a_jpeg_that_decodes_whole_counts_its_whole_size():
     """A JPEG cannot stop at the crop: a 1280×60000 one decodes its whole height (at half scale under
     keyshot's policy, which shrinks it more than 2×; whole, 77 M pixels, under the reference policy,
     which is refused), while a PNG of that size decodes the crop's rows only."""
-    buffer = io.BytesIO()
-    Image.new("L", (1280, 60_000), 200).save(buffer, format="JPEG")
-    header = read_header(buffer.getvalue())
+    jpeg = encoded(Image.new("L", (1280, 60_000), 200), "JPEG")
+    header = read_header(jpeg)
     assert decoded_pixels(header, DEFAULT_POLICY) == 640 * 30_000
     assert decoded_pixels(header, REFERENCE_POLICY) == 1280 * 60_000 > MAX_DECODED_PIXELS
     with pytest.raises(ImageError, match=r"image of 1280×60000 pixels .*\(a JPEG image decodes whole\)"):
-        prepare_image(buffer.getvalue(), REFERENCE_POLICY)
+        prepare_image(jpeg, REFERENCE_POLICY)
     rows = plan_image(1280, 60_000).crop_height
-    assert decoded_pixels(read_header(_png(1280, 60_000)), DEFAULT_POLICY) == 1280 * rows
+    assert decoded_pixels(read_header(png(1280, 60_000)), DEFAULT_POLICY) == 1280 * rows
 
 
 def test_pil_keeps_its_own_limit_as_a_second_line(monkeypatch):
@@ -121,12 +110,11 @@ def test_pil_keeps_its_own_limit_as_a_second_line(monkeypatch):
     decodes whole (a WebP checks at opening, a 16-bit PNG when PIL decodes it)."""
     from keyshot.infer.protocol import decode
 
-    webp, deep = io.BytesIO(), io.BytesIO()
-    Image.new("RGB", (100, 100), "white").save(webp, format="WEBP")
-    Image.new("I;16", (100, 100), 300).save(deep, format="PNG")
+    webp = encoded(Image.new("RGB", (100, 100), "white"), "WEBP")
+    deep = encoded(Image.new("I;16", (100, 100), 300))
     monkeypatch.setattr(decode, "MAX_DECODED_PIXELS", 1 << 40)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 10,000 pixels is over twice PIL's limit
-    for data in (webp.getvalue(), deep.getvalue()):
+    for data in (webp, deep):
         with pytest.raises(
             ImageTooLarge, match="over PIL's decompression-bomb limit: .*exceeds limit of 2000 pixels"
         ):
@@ -171,7 +159,7 @@ def test_a_child_forked_while_the_budget_is_held_decodes_at_once():
             release.wait(30)
 
     holder = threading.Thread(target=hold_everything)
-    waiter = threading.Thread(target=lambda: prepare_image(_png(32, 32)))
+    waiter = threading.Thread(target=lambda: prepare_image(png(32, 32)))
     holder.start()
     assert held.wait(10)
     waiter.start()
@@ -182,7 +170,7 @@ def test_a_child_forked_while_the_budget_is_held_decodes_at_once():
             code = 1
             try:
                 signal.alarm(20)  # the old child never got its pixels: the alarm ends it
-                code = 0 if prepare_image(_png(640, 480)).source_width == 640 else 1
+                code = 0 if prepare_image(png(640, 480)).source_width == 640 else 1
                 code = code or (DECODE_BUDGET.in_use != 0)
             finally:
                 os._exit(code)
@@ -215,20 +203,8 @@ def service(tmp_path_factory):
     root = tmp_path_factory.mktemp("bombs")
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
         config = write_config(root / "reward.yaml", judge, scorer, timeout_s=20, on_failure="zero")
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "keyshot.infer.cli", "reward", "serve", "--config", str(config)]
-            + ["--port", str(port), "--allow-root", str(root)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        try:
-            OutputLines(proc).wait_for("listening on")  # the port is bound
-            yield f"http://127.0.0.1:{port}", proc
-        finally:
-            proc.kill()
-            proc.wait()
+        with start_reward_serve(config, root) as service:
+            yield service.url, service.proc
 
 
 def _rollout(screenshots: list[bytes], rid: str) -> dict:
@@ -243,7 +219,7 @@ def _rollout(screenshots: list[bytes], rid: str) -> dict:
 @pytest.mark.slow
 def test_the_service_refuses_eight_bombs_with_413_and_its_memory_stays_flat(service, bomb):
     base, proc = service
-    warm = _png(1280, 720)
+    warm = png(1280, 720)
     assert _post(f"{base}/v1/reward", {"rollouts": [_rollout([warm], "warm")]})[0] == 200
     before = peak_rss_bytes(proc.pid)
     status, body = _post(f"{base}/v1/reward", {"rollouts": [_rollout([warm] + [bomb] * 8, "bombs")]})
@@ -259,7 +235,7 @@ def test_the_service_refuses_eight_bombs_with_413_and_its_memory_stays_flat(serv
 def test_the_service_scores_a_tall_full_page_screenshot(service):
     base, _ = service
     status, body = _post(
-        f"{base}/v1/reward", {"rollouts": [_rollout([_png(1280, 720), _png(1280, 30_000)], "tall")]}
+        f"{base}/v1/reward", {"rollouts": [_rollout([png(1280, 720), png(1280, 30_000)], "tall")]}
     )
     assert status == 200, body
     (result,) = body["results"]
@@ -275,7 +251,7 @@ def test_a_request_whose_screenshots_decode_too_much_in_all_is_refused(tmp_path,
     judge, scorer = servers
     rm = RewardModel.from_config(write_config(tmp_path / "reward.yaml", judge, scorer, on_failure="zero"))
     try:
-        shot = _png(1280, 720)  # 1288×728 after the policy, 921,600 pixels decoded
+        shot = png(1280, 720)  # 1288×728 after the policy, 921,600 pixels decoded
         service = RewardService(rm, ServiceLimits(allow_root=str(tmp_path), max_decoded_pixels=2_000_000))
         assert len(service.rollouts([_rollout([shot, shot], "two")], "rollouts")) == 1
         with pytest.raises(BadRequest) as caught:
@@ -298,7 +274,7 @@ def test_the_judge_lists_a_bomb_as_an_unreadable_screenshot_with_the_reason(bomb
     from keyshot.infer.protocol.prompts import load_prompt_set
 
     page = tmp_path / "page.png"
-    page.write_bytes(_png(1280, 720, (30, 30, 30)))
+    page.write_bytes(png(1280, 720, (30, 30, 30)))
     trajectory = Trajectory(
         task_id="bomb",
         task="Find the price of the cheapest laptop",
@@ -339,10 +315,8 @@ def test_the_reports_copies_refuse_a_bomb_from_its_header_and_keep_the_other_scr
     shots = tmp_path / "shots"
     shots.mkdir()
     (shots / "bomb.png").write_bytes(bomb)
-    (shots / "page.png").write_bytes(_png(2560, 1440, (30, 30, 30)))
-    clear = io.BytesIO()
-    Image.new("RGBA", (640, 400), (0, 0, 0, 0)).save(clear, format="PNG")
-    (shots / "clear.png").write_bytes(clear.getvalue())
+    (shots / "page.png").write_bytes(png(2560, 1440, (30, 30, 30)))
+    (shots / "clear.png").write_bytes(encoded(Image.new("RGBA", (640, 400), (0, 0, 0, 0))))
     cache = ThumbnailCache(tmp_path / "report")
     before = peak_rss_bytes(os.getpid())
     with caplog.at_level("WARNING"):
@@ -365,6 +339,6 @@ def test_a_page_shown_to_a_policy_refuses_a_bomb_and_shows_a_screenshot(bomb, tm
     with pytest.raises(ImageError, match=r"image of 13000×13000 pixels is too large"):
         Page(text="", screenshot=bomb, step=3, done=False).image(64)
     path = tmp_path / "page.png"
-    path.write_bytes(_png(1280, 720))
+    path.write_bytes(png(1280, 720))
     image = Page(text="", screenshot=path, step=0, done=False).image(64)
     assert image.mode == "RGB" and image.size == (64, 36)

@@ -26,6 +26,7 @@ from keyshot.infer.protocol.images import (
     to_rgb,
     visual_tokens,
 )
+from keyshot.infer.testing.images import encoded
 from tests.support import paths
 
 FIXTURES = paths.FIXTURES
@@ -170,9 +171,7 @@ def _reference_encode(path: Path) -> bytes:
     img = Image.open(path)
     if img.mode != "RGB":
         img = img.convert("RGB")
-    buffer = io.BytesIO()
-    img.save(buffer, format="JPEG")
-    return buffer.getvalue()
+    return encoded(img, "JPEG")
 
 
 def test_reference_policy_reproduces_the_reference_bytes():
@@ -192,10 +191,9 @@ def test_path_str_bytes_and_pil_inputs_agree():
 def test_large_jpeg_draft_decode_matches_full_decode():
     rng = np.random.default_rng(0)
     base = np.kron(rng.integers(0, 255, (30, 40, 3), dtype=np.uint8), np.ones((100, 100, 1), dtype=np.uint8))
-    buffer = io.BytesIO()
-    Image.fromarray(base).save(buffer, "JPEG", quality=90)  # 4000×3000
-    fast = prepare_image(buffer.getvalue())  # shrinks ≥2×: reduced-scale DCT decode
-    full = prepare_image(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB"))  # caller's image: no draft
+    jpeg = encoded(Image.fromarray(base), "JPEG", quality=90)  # 4000×3000
+    fast = prepare_image(jpeg)  # shrinks ≥2×: reduced-scale DCT decode
+    full = prepare_image(Image.open(io.BytesIO(jpeg)).convert("RGB"))  # caller's image: no draft
     assert (fast.width, fast.height) == (full.width, full.height) == target_size(4000, 3000)
     diff = np.abs(np.asarray(fast.pil()).astype(int) - np.asarray(full.pil()).astype(int))
     assert diff.mean() < 4
@@ -348,19 +346,11 @@ def test_a_page_past_the_decompression_bomb_limit_follows_the_policy(tmp_path):
     ],
 )
 def test_image_type_is_read_from_the_bytes(fmt, expected):
-    buf = io.BytesIO()
-    Image.new("RGB", (4, 4), "red").save(buf, format=fmt)
-    assert sniff_image_type(buf.getvalue()) == expected
+    assert sniff_image_type(encoded(Image.new("RGB", (4, 4), "red"), fmt)) == expected
     assert sniff_image_type(b"not an image") == ("application/octet-stream", ".img")
 
 
 # ------------------------------------------------------------------------ the decoders and the resize
-def _encoded(img: Image.Image, fmt: str, **params) -> bytes:
-    buffer = io.BytesIO()
-    img.save(buffer, format=fmt, **params)
-    return buffer.getvalue()
-
-
 def _pil_pixels(data: bytes) -> np.ndarray:
     return np.asarray(to_rgb(Image.open(io.BytesIO(data))))
 
@@ -382,7 +372,7 @@ def test_the_fast_png_decoder_gives_pils_pixels(mode):
     params = {"transparency": 3} if mode == "P-keyed" else {}
     if mode == "RGB-keyed":
         params = {"transparency": (0, 255, 0)}
-    data = _encoded(base, "PNG", **params)
+    data = encoded(base, "PNG", **params)
     header = read_header(data)
     assert np.array_equal(decode_rgb(header, header.size, header.size), _pil_pixels(data)), mode
 
@@ -391,7 +381,7 @@ def test_the_fast_png_decoder_gives_pils_pixels(mode):
 def test_the_fast_jpeg_decoder_gives_pils_pixels_at_full_and_reduced_scale(mode):
     rng = np.random.default_rng(3)
     tiles = np.kron(rng.integers(0, 255, (12, 16, 3), dtype=np.uint8), np.ones((50, 50, 1), dtype=np.uint8))
-    data = _encoded(Image.fromarray(tiles).convert(mode), "JPEG", quality=90)  # 800×600
+    data = encoded(Image.fromarray(tiles).convert(mode), "JPEG", quality=90)  # 800×600
     header = read_header(data)
     assert np.array_equal(decode_rgb(header, (800, 600), (800, 600)), _pil_pixels(data))
     reduced = decode_rgb(header, (800, 600), (200, 150))  # 4× smaller: decoded at a quarter scale
@@ -490,9 +480,7 @@ def test_a_whole_decode_is_rgb_on_white_like_every_other_decode():
     from keyshot.infer.protocol.images import decode_image
 
     rgba = Image.new("RGBA", (40, 30), (255, 0, 0, 0))
-    buffer = io.BytesIO()
-    rgba.save(buffer, format="PNG")
-    image = decode_image(buffer.getvalue())
+    image = decode_image(encoded(rgba))
     assert image.mode == "RGB" and image.size == (40, 30)
     assert image.getpixel((0, 0)) == (255, 255, 255)
 

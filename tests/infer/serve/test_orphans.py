@@ -9,15 +9,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from keyshot.infer.testing.fake_openai import spawn_fake_openai
+from keyshot.infer.testing.launch import start_reward_serve
+from keyshot.infer.testing.watch import line_count, wait_until
 from keyshot.infer.testing.worlds import synthetic_trajectories
 from tests.support import paths
-from tests.support.vllm import find_vllm_python, make_scorer_checkpoint
+from tests.support.frameworks import python_or_skip
+from tests.support.vllm import make_scorer_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -49,21 +51,10 @@ def group_members(pgrp: int) -> list[int]:
     return [pid for pid, _, group in _stat_table() if group == pgrp]
 
 
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture
 def judging(tiny_model_dir, tmp_path):
     """Start ``keyshot judge --serve-scorer`` on a private checkpoint; yield (process, checkpoint, out)."""
-    python = find_vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (make setup-vllm)")
+    python = python_or_skip("vllm")
     checkpoint = make_scorer_checkpoint(tiny_model_dir, tmp_path / "private-ckpt")
     world = synthetic_trajectories(tmp_path / "world", 40, 3, seed=5)
     out = tmp_path / "run"
@@ -91,13 +82,11 @@ def judging(tiny_model_dir, tmp_path):
             )
             procs.append(proc)
             verdicts = out / "verdicts.jsonl"
-            before = verdicts.read_bytes().count(b"\n") if verdicts.exists() else 0
-
-            def scoring() -> bool:
-                return verdicts.exists() and verdicts.read_bytes().count(b"\n") > before
-
+            before = line_count(verdicts)
             wait_until(
-                lambda: proc.poll() is not None or scoring(), 600, "a new verdict (vLLM up and scoring)"
+                lambda: proc.poll() is not None or line_count(verdicts) > before,
+                "a new verdict was written (vLLM up and scoring)",
+                600,
             )
             assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
             group = server_group(proc.pid)
@@ -127,7 +116,7 @@ def test_sigterm_stops_the_server_and_flushes(judging):
     err = proc.stderr.read().decode()
     assert code == 128 + signal.SIGTERM, err[-3000:]
     assert "stopped by SIGTERM" in err and "re-run the same command to resume" in err
-    wait_until(lambda: not group_members(group), 60, "the vLLM processes to exit")
+    wait_until(lambda: not group_members(group), "the vLLM processes exited", 60)
     lines = (out / "verdicts.jsonl").read_bytes()
     assert lines.endswith(b"\n") and lines.count(b"\n") >= 1  # whole lines only
     assert not (out / ".lock").read_text().strip()  # the lock was released
@@ -138,7 +127,7 @@ def test_kill_9_of_the_judge_takes_the_server_with_it(judging):
     proc, group = start()
     proc.kill()
     proc.wait()
-    wait_until(lambda: not group_members(group), 60, "the orphaned vLLM processes to exit")
+    wait_until(lambda: not group_members(group), "the orphaned vLLM processes exited", 60)
     # the run resumes after the kill (the stale lock is taken over)
     again, _ = start()
     again.send_signal(signal.SIGTERM)
@@ -151,44 +140,27 @@ def test_reward_serve_with_serve_scorer_scores_through_vllm_and_takes_it_down_on
     """``keyshot reward serve --serve-scorer CKPT``: the rollout's screenshots are scored by the vLLM server
     it started; SIGTERM ends the service and the server with it."""
     import json
-    import socket
     import urllib.request
 
-    python = find_vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (make setup-vllm)")
+    python = python_or_skip("vllm")
     pytest.importorskip("fastapi")
     checkpoint = make_scorer_checkpoint(tiny_model_dir, tmp_path / "ckpt")
     world = synthetic_trajectories(tmp_path / "world", 1, 2, seed=3)
     rollout = json.loads(world.read_text().splitlines()[0])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with spawn_fake_openai("judge") as (judge_url, _):
-        argv = [sys.executable, "-m", "keyshot.infer.cli", "reward", "serve", "--port", str(port)]
-        argv += ["--config", str(REPO / "configs/judge/tiny_cpu.yaml"), "--serve-scorer", str(checkpoint)]
-        argv += ["--allow-root", str(tmp_path), "--vllm-log", str(tmp_path / "vllm.log")]
-        for override in (
+        extra = ["--serve-scorer", str(checkpoint), "--vllm-log", str(tmp_path / "vllm.log")]
+        extra += [
             f"judge.base_url={judge_url}",
             "scorer.endpoint.max_tokens=8",
             "pipeline.parse_mode=reference",  # the untrained model's answers are cut
             f"scorer.serve.tmpdir={tmp_path / 'tmp'}",
             "reward.on_failure=zero",  # the service's /get_reward needs a number for every sample
-        ):
-            argv.append(override)
+        ]
         env = {**os.environ, "KEYSHOT_VLLM_PYTHON": python}
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        try:
-
-            def up() -> bool:
-                assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                        return True
-                except OSError:
-                    return False
-
-            wait_until(up, 600, "the reward service with its vLLM scorer")
+        config = REPO / "configs/judge/tiny_cpu.yaml"
+        # it listens once its vLLM server is up
+        with start_reward_serve(config, tmp_path, *extra, env=env, cwd=REPO, timeout_s=600) as service:
+            proc = service.proc
             group = server_group(proc.pid)
             assert group is not None and len(group_members(group)) >= 3  # guard, API server, engine core
             shots = [
@@ -199,7 +171,7 @@ def test_reward_serve_with_serve_scorer_scores_through_vllm_and_takes_it_down_on
                 {"rollouts": [{"id": "r0", "task": rollout["task"], "screenshots": shots}]}
             ).encode()
             request = urllib.request.Request(
-                f"http://127.0.0.1:{port}/v1/reward", body, {"Content-Type": "application/json"}
+                f"{service.url}/v1/reward", body, {"Content-Type": "application/json"}
             )
             with urllib.request.urlopen(request, timeout=300) as response:
                 (result,) = json.loads(response.read())["results"]
@@ -207,8 +179,4 @@ def test_reward_serve_with_serve_scorer_scores_through_vllm_and_takes_it_down_on
             assert result["reward"] in (0.0, 1.0)
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=120)
-            wait_until(lambda: not group_members(group), 60, "the vLLM processes to exit")
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            wait_until(lambda: not group_members(group), "the vLLM processes exited", 60)

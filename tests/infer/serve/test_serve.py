@@ -28,11 +28,8 @@ from keyshot.infer.serve.plan import (
 )
 from keyshot.infer.serve.server import VLLMServer
 from tests.support import paths
-from tests.support.vllm import (
-    SERVED_NAME,
-    find_vllm_python,
-    tiny_serve_config,
-)
+from tests.support.frameworks import python_or_skip
+from tests.support.vllm import SERVED_NAME, tiny_serve_config
 
 REPO = paths.REPO
 
@@ -180,9 +177,7 @@ def test_data_and_tensor_parallel_reach_the_command(scorer_checkpoint, capsys):
 @pytest.mark.slow
 def test_vllm_accepts_the_command(scorer_checkpoint, tmp_path):
     """vLLM's own argument parser (the one its server runs) accepts and reads every flag we pass."""
-    python = find_vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter ($KEYSHOT_VLLM_PYTHON or .venv-vllm)")
+    python = python_or_skip("vllm")
     cfg = ServeConfig(
         model=str(scorer_checkpoint),
         device="cpu",
@@ -227,9 +222,7 @@ def test_server_is_up_and_serves_the_checkpoint(vllm_server):
 
 @pytest.mark.slow
 def test_start_fails_fast_with_the_log_tail(scorer_checkpoint, tmp_path):
-    python = find_vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter ($KEYSHOT_VLLM_PYTHON or .venv-vllm)")
+    python = python_or_skip("vllm")
     broken = tmp_path / "broken"
     shutil.copytree(scorer_checkpoint, broken)
     (broken / "config.json").write_text('{"model_type": "no_such_architecture"}')

@@ -29,15 +29,14 @@ from keyshot.infer.testing.fake_openai import (
     spawn_fake_openai,
     stable_fraction,
 )
+from keyshot.infer.testing.images import encoded
 
 PROMPTS = load_prompt_set()
 
 
 def _jpeg(colour, size=(32, 24)) -> tuple[str, Image.Image]:
-    img = Image.new("RGB", size, colour)
-    buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=95)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode(), Image.open(buf).convert(
+    jpeg = encoded(Image.new("RGB", size, colour), "JPEG", quality=95)
+    return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode(), Image.open(io.BytesIO(jpeg)).convert(
         "RGB"
     )
 
