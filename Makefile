@@ -68,7 +68,8 @@ setup-openenv: $(OPENENV_VENV)/bin/keyshot
 # pytest-xdist workers, whole work units each (`--dist loadgroup`: tests/conftest.py marks every test with its
 # module's xdist_group, or the group of the modules that share a server), longest first by tests/durations.json;
 # TEST_WORKERS=0 runs in one process. TEST_ARGS goes to pytest (`TEST_ARGS=--record-durations` rewrites
-# tests/durations.json from a passing run).
+# tests/durations.json from a passing run). The run ends with its 20 slowest tests (--durations=20), so a test that
+# makes the suite slower is seen in the output where it happens.
 TEST_WORKERS ?= 3
 TEST_ARGS ?=
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
@@ -77,10 +78,10 @@ test: setup setup-vllm setup-openrlhf setup-verl setup-browser setup-openenv
 	KEYSHOT_OPENRLHF_PYTHON=$(CURDIR)/$(OPENRLHF_VENV)/bin/python \
 	KEYSHOT_VERL_PYTHON=$(CURDIR)/$(VERL_VENV)/bin/python \
 	KEYSHOT_OPENENV_PYTHON=$(CURDIR)/$(OPENENV_VENV)/bin/python \
-	$(BIN)/pytest -q $(XDIST) $(TEST_ARGS) tests
+	$(BIN)/pytest -q $(XDIST) --durations=20 $(TEST_ARGS) tests
 
 test-fast: setup
-	$(BIN)/pytest -q $(XDIST) -m "not slow" $(TEST_ARGS) tests
+	$(BIN)/pytest -q $(XDIST) -m "not slow" --durations=20 $(TEST_ARGS) tests
 
 # The main job (README): judge the bundled sample trajectories end to end on CPU, no API key; the
 # tiny untrained model on a real vLLM server stands in for scorer and judge (its verdicts are noise).
