@@ -56,7 +56,7 @@ from keyshot.infer.judge.calls import Protocol, ask_key_points, ask_outcome
 from keyshot.infer.judge.scorers import KeyScreenshotScorer, OpenAIScorer, ScreenshotScore
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy, PreparedImage
-from keyshot.infer.protocol.logprobs import p_success_from_logprobs
+from keyshot.infer.protocol.logprobs import read_status_probability
 from keyshot.infer.protocol.messages import MAX_KEPT_IMAGES
 from keyshot.infer.protocol.parsing import split_key_points
 from keyshot.infer.protocol.prompts import PromptSet, load_prompt_set
@@ -302,6 +302,11 @@ class WebJudge:
         self._check_cuts()
         if completion.cut and self.strict:
             raise _StepError(f"{completion.error}; {raise_advice(setting)}")
+        reading = read_status_probability(
+            completion.text, completion.logprobs, status.success, self.protocol.mode
+        )
+        if reading is not None and reading.note:
+            verdict.errors.append(f"{what}: {reading.note}")
         return OutcomeCall(
             text=completion.text,
             success=status.success,
@@ -310,9 +315,9 @@ class WebJudge:
             key_point=key_point,
             cached=completion.cached,
             cut=completion.cut,
-            p_success=p_success_from_logprobs(
-                completion.text, completion.logprobs, status.success, self.protocol.mode
-            ),
+            p_success=reading.p_success if reading else None,
+            p_success_alternatives=reading.alternatives if reading else None,
+            p_success_note=reading.note if reading else None,
         )
 
     # ------------------------------------------------------------------ screenshots

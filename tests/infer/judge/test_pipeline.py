@@ -286,6 +286,24 @@ def test_text_only_outcome_sends_the_descriptions_without_images():
     assert text_only.usage["judge"].prompt_tokens < with_images.usage["judge"].prompt_tokens
 
 
+def test_p_success_records_what_it_rests_on():
+    """The outcome call records how many status words p_success rests on; asked for the top-1 token only, the
+    failure word is never among them, and the verdict says its 1.0 is one-sided (it said nothing)."""
+    trajectory = agentlab_trajectories()[0]
+    with FakeOpenAI(make_judge("always_success")) as server:
+        verdicts = {}
+        for k in (2, 1):
+            scorer = OpenAIScorer(judge_client(server, model="fake-scorer"), load_prompt_set())
+            webjudge = WebJudge(judge_client(server), scorer, PipelineConfig(outcome_logprobs=k))
+            verdicts[k] = judge_all(webjudge, [trajectory])[0]
+    both, top1 = verdicts[2].outcome_calls[0], verdicts[1].outcome_calls[0]
+    assert (both.p_success, both.p_success_alternatives, both.p_success_note) == (pytest.approx(0.8), 2, None)
+    assert (top1.p_success, top1.p_success_alternatives) == (1.0, 1)
+    assert "no failure word among the 1 token returned" in top1.p_success_note
+    assert any("outcome: no failure word" in e for e in verdicts[1].errors)
+    assert not any("no failure word" in e for e in verdicts[2].errors)
+
+
 def test_key_point_mode_fails_if_any_point_fails():
     trajectory = agentlab_trajectories()[0]
 
