@@ -3,7 +3,7 @@
 1. **Key points**: one judge call.
 2. **Key screenshots**: every screenshot goes through the image policy (the scorer checkpoint's) and
    is scored concurrently by the scorer. With a scorer (WebJudge-7B style) this costs no judge call;
-   in the reference configuration (``scorer=None``) the judge scores each screenshot itself: N calls.
+   in the reference configuration (``scorer=JUDGE_SCORES``) the judge scores each screenshot itself: N calls.
    A screenshot is kept if its score is ≥ δ (``threshold``, default 3). At most 50 are kept: strict
    mode keeps the 50 highest scores (ties: earlier first), shown in trajectory order; reference mode
    keeps the first 50, as the reference does.
@@ -53,7 +53,8 @@ from keyshot.infer.client.breaker import CUT_WATCH_FIRST, CutWatch
 from keyshot.infer.client.judge_client import JudgeCallError, JudgeClient
 from keyshot.infer.common.errors import RunStopError, raise_advice
 from keyshot.infer.judge.calls import Protocol, ask_key_points, ask_outcome
-from keyshot.infer.judge.scorers import KeyScreenshotScorer, OpenAIScorer, ScreenshotScore
+from keyshot.infer.judge.protocol_record import protocol_record
+from keyshot.infer.judge.scorers import JudgeScores, KeyScreenshotScorer, ScreenshotScore
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy, PreparedImage
 from keyshot.infer.protocol.logprobs import read_status_probability
@@ -146,8 +147,9 @@ class WebJudge:
 
     Args:
         judge: the judge endpoint's client.
-        scorer: the key-screenshot scorer, or None for the reference configuration (the judge
-            scores every screenshot itself).
+        scorer: the key-screenshot scorer, or :data:`~keyshot.infer.judge.scorers.JUDGE_SCORES` for the
+            reference configuration (the judge scores every screenshot itself, under the reference's image
+            policy).
         config: pipeline settings.
         image_policy: overrides the scorer's image policy (normally the checkpoint's).
     """
@@ -155,7 +157,7 @@ class WebJudge:
     def __init__(
         self,
         judge: JudgeClient,
-        scorer: KeyScreenshotScorer | None,
+        scorer: KeyScreenshotScorer | JudgeScores,
         config: PipelineConfig | None = None,
         *,
         image_policy: ImagePolicy | None = None,
@@ -163,11 +165,13 @@ class WebJudge:
         self.config = config or PipelineConfig()
         self.judge_client = judge
         self.prompts: PromptSet = load_prompt_set(self.config.prompt_variant)
-        if scorer is None:
-            scorer = OpenAIScorer(judge, self.prompts, parse_mode=self.config.parse_mode, role="judge")
-            default_policy = REFERENCE_POLICY
-        else:
-            default_policy = DEFAULT_POLICY
+        if isinstance(scorer, JudgeScores):
+            scorer = scorer.scorer(judge, self.prompts, self.config.parse_mode)
+        elif not isinstance(scorer, KeyScreenshotScorer):
+            raise TypeError(
+                f"WebJudge's scorer is a KeyScreenshotScorer, or JUDGE_SCORES for the reference configuration "
+                f"(the judge scores every screenshot); got {scorer!r}"
+            )
         if scorer.prompts.version != self.prompts.version:
             raise ValueError(
                 f"scorer uses prompt set {scorer.prompts.version} but the pipeline uses {self.prompts.version}"
@@ -181,34 +185,16 @@ class WebJudge:
         self._slots_by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.stop_error: RunStopError | None = None  # a spent budget, an endpoint that is down, cut answers
         self.cut_watches: dict[str, CutWatch] = {}  # per token-limit setting, this run's answers
-        self.policy = image_policy or scorer.image_policy or default_policy
+        self.policy = image_policy or scorer.image_policy or DEFAULT_POLICY
         if image_policy is None and scorer.image_policy is None and scorer.role == "scorer":
             logger.warning(
                 "the scorer does not say which image policy it was trained with; using %s", self.policy
             )
 
     def describe(self) -> dict:
-        """The configuration recorded in every verdict."""
-        cfg = self.config
-        return {
-            "prompt_variant": cfg.prompt_variant,
-            "prompt_version": self.prompts.version,
-            "outcome_mode": cfg.outcome_mode,
-            "parse_mode": cfg.parse_mode,
-            "threshold": cfg.threshold,
-            "threshold_on": cfg.threshold_on,
-            "max_kept": cfg.max_kept,
-            "judge_model": self.judge_client.endpoint.model,
-            "scorer_model": self.scorer.name if self.scorer.role == "scorer" else None,
-            "scorer_backend": type(self.scorer).__name__ if self.scorer.role == "scorer" else "judge",
-            "image_policy": self.policy.to_dict(),
-            "allow_partial": cfg.allow_partial,
-            **(
-                {"p_success_threshold": cfg.p_success_threshold}
-                if cfg.p_success_threshold is not None
-                else {}
-            ),
-        }
+        """The protocol recorded in every verdict: what this judge, scorer and pipeline send
+        (:func:`~keyshot.infer.judge.protocol_record.protocol_record`, as the run's ``run.json``)."""
+        return protocol_record(self.config, self.judge_client.endpoint, self.scorer.facts(), self.policy)
 
     # ------------------------------------------------------------------ cut answers
     @property

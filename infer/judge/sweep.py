@@ -50,6 +50,7 @@ from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.judge.pipeline import PipelineConfig, WebJudge
 from keyshot.infer.judge.run import FirstVerdictRecord, judge_all
+from keyshot.infer.judge.scorers import JUDGE_SCORES
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.judge_records import recorded_actions
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
@@ -398,7 +399,10 @@ def _sweep_delta(
     folder = delta_folder(out, delta)
     row = DeltaCounts(delta=delta, folder=folder.name, left_out=dict(sorted(left.items())))
     judge = WebJudge(
-        JudgeClient(cfg.judge, cache, ledger), None, replace(pipeline, threshold=delta), image_policy=policy
+        JudgeClient(cfg.judge, cache, ledger),
+        JUDGE_SCORES,
+        replace(pipeline, threshold=delta),
+        image_policy=policy,
     )
     fingerprint = {
         **protocol,
