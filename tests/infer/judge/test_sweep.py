@@ -14,7 +14,7 @@ import pytest
 
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.common.errors import EXIT_BUDGET, EXIT_INCOMPLETE
-from keyshot.infer.judge.sweep import SweepError, delta_folder, parse_deltas, plan_sweep
+from keyshot.infer.judge.threshold_sweep import SweepError, delta_folder, parse_deltas, plan_sweep
 from keyshot.infer.loaders.judge_records import recorded_actions
 from keyshot.infer.protocol.verdicts import read_verdicts, select_kept
 from keyshot.infer.runs.run_record import mark_stand_in, read_protocol, stand_in_of
