@@ -142,6 +142,23 @@ class PipelineConfig:
                 raise ValueError(f"{name} must be >= 1 (or null for the endpoint's), got {value}")
 
 
+def outcome_plan(key_points: str, config: PipelineConfig) -> tuple[str, list[str]]:
+    """The outcome mode a trajectory with ``key_points`` is judged in (``combined`` chooses by how many it has)
+    and its key points one by one; in ``key_point`` mode one outcome call each (one ``cot`` call when there
+    are none)."""
+    items = split_key_points(key_points)
+    mode = config.outcome_mode
+    if mode == "combined":
+        mode = "key_point" if 0 < len(items) <= config.combined_max_key_points else "cot"
+    return mode, items
+
+
+def outcome_calls(key_points: str, config: PipelineConfig) -> int:
+    """How many outcome calls a trajectory with ``key_points`` asks (:func:`outcome_plan`)."""
+    mode, items = outcome_plan(key_points, config)
+    return len(items) if mode == "key_point" and items else 1
+
+
 class WebJudge:
     """Judges trajectories: key points (judge) → screenshot scores (scorer) → outcome (judge).
 
@@ -479,10 +496,7 @@ class WebJudge:
         kept_images = await self._outcome_images(trajectory, verdict, images)
         kept_thoughts = [records[i].thought for i in verdict.kept]
         key_points = verdict.key_points or ""
-        mode = self.config.outcome_mode
-        items = split_key_points(key_points)
-        if mode == "combined":
-            mode = "key_point" if 0 < len(items) <= self.config.combined_max_key_points else "cot"
+        mode, items = outcome_plan(key_points, self.config)
         verdict.config["outcome_mode_used"] = mode
         if mode == "key_point" and not items:
             verdict.errors.append("key_point mode: no key points to judge one by one; used cot")

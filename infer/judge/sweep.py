@@ -10,7 +10,8 @@ Examples::
 The judged folder is a keyshot run folder (or its verdicts.jsonl) or released judge records. Each δ gets
 its run folder, ``OUT/delta_<δ>``, and ``OUT/sweep.json`` counts what each δ sent and reused. The judge
 comes from ``--config`` and ``key=value`` overrides (``judge.*``, ``pipeline.outcome_logprobs`` for
-p_success), as for ``keyshot judge``.
+p_success), as for ``keyshot judge``; the pipeline settings that decided the judged verdicts are the
+folder's, and one given that differs is refused (docs/operating-point.md).
 """
 
 from __future__ import annotations
@@ -21,15 +22,9 @@ from pathlib import Path
 from keyshot.infer.common.command import Command
 from keyshot.infer.common.config import load_config, split_paths_and_overrides
 from keyshot.infer.judge.config import JudgeRunConfig
-from keyshot.infer.judge.threshold_sweep import (
-    SweepError,
-    closing_lines,
-    parse_deltas,
-    plan_markdown,
-    plan_sweep,
-    run_sweep,
-    sweep_markdown,
-)
+from keyshot.infer.judge.sweep_plan import plan_markdown, plan_sweep
+from keyshot.infer.judge.sweep_source import SweepError, pipeline_keys_given
+from keyshot.infer.judge.threshold_sweep import closing_lines, parse_deltas, prepare_sweep, sweep_markdown
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -50,6 +45,14 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         action="store_true",
         help="say what each δ keeps and would ask, from the recorded scores alone: no judge, no call",
     )
+    parser.add_argument(
+        "--allow-outside",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also read screenshots the judged trajectories reference inside DIR (beside the folders the judged "
+        "run read, which its run.json records)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -65,7 +68,16 @@ def run(args: argparse.Namespace) -> int:
         print(plan_markdown(Path(paths[0]), plan_sweep(Path(paths[0]), deltas)))
         return 0
     cfg = load_config(JudgeRunConfig, args.config, overrides)
-    result = run_sweep(Path(paths[0]), cfg, deltas, args.out, progress=not args.no_progress)
+    sweep = prepare_sweep(
+        Path(paths[0]),
+        cfg,
+        deltas,
+        args.out,
+        given=pipeline_keys_given(args.config, overrides),
+        allow_outside=tuple(args.allow_outside),
+    )
+    print("\n".join(sweep.forecast_lines()), flush=True)
+    result = sweep.run(progress=not args.no_progress)
     print(sweep_markdown(result))
     lines, code = closing_lines(result, args.out)
     for line in lines:

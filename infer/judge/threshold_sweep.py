@@ -37,14 +37,23 @@ from keyshot.infer.client.judge_client import JudgeCallError, JudgeClient
 from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.errors import EXIT_INCOMPLETE, RunStopError
 from keyshot.infer.common.fileio import write_text_atomic
-from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
+from keyshot.infer.common.text import count_of
+from keyshot.infer.judge.config import JudgeRunConfig
+from keyshot.infer.judge.inputs import ReadOptions
 from keyshot.infer.judge.pipeline import PipelineConfig, WebJudge
 from keyshot.infer.judge.run import FirstVerdictRecord, judge_all
-from keyshot.infer.judge.scorers import JUDGE_SCORES
-from keyshot.infer.loaders import load_trajectories
-from keyshot.infer.loaders.judge_records import recorded_actions
-from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
-from keyshot.infer.protocol.images import ImagePolicy
+from keyshot.infer.judge.sweep_plan import DeltaForecast, forecast, forecast_lines
+from keyshot.infer.judge.sweep_source import (
+    JudgedFolder,
+    RecordedScores,
+    SweepError,
+    SweepItem,
+    delta_record,
+    read_judged,
+    sweep_pipeline,
+    sweepable,
+)
+from keyshot.infer.loaders.trajectory import TrajectoryError
 from keyshot.infer.protocol.verdicts import (
     VERDICTS_FILE,
     ResumeIndex,
@@ -54,26 +63,15 @@ from keyshot.infer.protocol.verdicts import (
     latest_verdicts,
     read_verdicts,
     select_kept,
-    verdict_key,
 )
-from keyshot.infer.runs.counts import INCOMPLETE, NO_SCORES, outcome_of
 from keyshot.infer.runs.lock import RunLock
-from keyshot.infer.runs.run_record import check_fingerprint, mark_stand_in, read_protocol, stand_in_of
-from keyshot.infer.runs.verdict_sources import load_verdicts, read_reference_records
+from keyshot.infer.runs.run_record import check_fingerprint, mark_stand_in, stand_in_of
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_DELTAS = (2, 3, 4)
 SWEEP_FILE = "sweep.json"
 CACHE_FILE = "calls.sqlite"
-#: What the protocol of a swept folder adds: where its key points and scores came from.
-SWEPT_FROM = "swept_from"
-#: The protocol keys a swept δ takes from the judged folder (what decides the verdict besides δ).
-_FROM_FOLDER = ("prompt_variant", "outcome_mode", "parse_mode", "threshold_on", "max_kept", "outcome_images")
-
-
-class SweepError(JudgeRunError):
-    """A sweep that cannot start: no verdicts, a δ off the score scale, another protocol in OUT."""
 
 
 def delta_folder(out: Path, delta: float) -> Path:
@@ -107,7 +105,12 @@ class DeltaCounts:
     outcome_sent: int = 0  # of them, sent to the judge
     outcome_cached: int = 0  # of them, answered by the cache
     outcome_failed: int = 0
-    incomplete: int = 0  # verdicts built on a failed call: asked again by the next run
+    incomplete: int = (
+        0  # verdicts without a result (a failed call, an unreadable kept screenshot): asked again
+    )
+    failed: dict[str, int] = field(
+        default_factory=dict
+    )  # of them, by why (KEPT_UNREADABLE, CALL_FAILED, ...)
     outcome_prompt_tokens: int = 0
     outcome_completion_tokens: int = 0
     key_point_calls_reused: int = 0
@@ -124,99 +127,6 @@ class DeltaCounts:
     @property
     def calls_saved(self) -> int:
         return self.key_point_calls_reused + self.screenshot_scores_reused + self.outcome_cached
-
-
-@dataclass
-class _Item:
-    verdict: Verdict
-    trajectory: Trajectory
-
-
-def _released_trajectory(v: Verdict) -> Trajectory:
-    """The task and action history a released record's outcome call showed (no screenshots: no pixels)."""
-    try:
-        record = json.loads(Path(v.source or "").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise TrajectoryError(Path(v.source or "?"), f"cannot read the record again ({exc})") from None
-    actions = recorded_actions(record) if isinstance(record, dict) else None
-    if actions is None:
-        raise TrajectoryError(Path(v.source or "?"), "holds no action history (action_history or input_text)")
-    return Trajectory(v.task_id, v.task, actions, agent=v.agent, benchmark=v.benchmark, run=v.run)
-
-
-class _Sources:
-    """The trajectories of each source a judged run read (a folder or a JSONL file may hold several),
-    loaded once, found by the verdict's identity (task, agent, run; a trajectory that names no agent, judged
-    with ``agent=``, by task and run)."""
-
-    def __init__(self) -> None:
-        self._loaded: dict[str, list[Trajectory]] = {}
-
-    def find(self, v: Verdict) -> Trajectory:
-        source = v.source or ""
-        if source not in self._loaded:
-            errors: list[TrajectoryError] = []
-            self._loaded[source] = list(load_trajectories(source, on_error="skip", errors=errors))
-        found = self._loaded[source]
-        exact = [t for t in found if verdict_key(t.task_id, t.agent, t.run) == v.key]
-        loose = [t for t in found if str(t.task_id) == str(v.task_id) and (t.run or "") == (v.run or "")]
-        if len(exact) == 1 or len(loose) == 1:
-            return (exact or loose)[0]
-        raise TrajectoryError(
-            Path(source),
-            f"no trajectory of task {v.task_id!r} (agent {v.agent!r}) read from it ({len(found)} read)",
-        )
-
-
-def sweepable(verdicts: list[Verdict], released: bool) -> tuple[list[_Item], Counter, list[str]]:
-    """The verdicts a sweep can ask the outcome of, each with its trajectory; the others counted by
-    reason, with the first few named."""
-    items: list[_Item] = []
-    left: Counter = Counter()
-    named: list[str] = []
-    sources = _Sources()
-    for v in verdicts:
-        outcome = outcome_of(v)
-        reason = None
-        if not v.key_points:
-            reason = "no key points in the judged verdict"
-        elif outcome == NO_SCORES:
-            reason = "no readable screenshot score in the judged verdict"
-        elif outcome == INCOMPLETE and (v.incomplete or any(s.call_failed for s in v.screenshots)):
-            reason = "judged verdict incomplete: finish it with keyshot judge first"
-        if reason is None:
-            try:
-                trajectory = _released_trajectory(v) if released else sources.find(v)
-            except (TrajectoryError, OSError, ValueError) as exc:
-                reason = "trajectory not readable"
-                if len(named) < 5:
-                    named.append(f"{v.task_id}: {exc}")
-            else:
-                items.append(_Item(v, trajectory))
-                continue
-        left[reason] += 1
-    return items, left, named
-
-
-def one_judge(source: Path, verdicts: list[Verdict]) -> None:
-    """Refuse released records of several judges: one trajectory's records would stand for one another."""
-    every = read_reference_records(source)
-    judges = sorted({str(v.config.get("judge_model")) for v in every})
-    records = len(every)
-    if records != len(verdicts):
-        raise SweepError(
-            f"{source}: {records} records of {len(verdicts)} trajectories, by {len(judges)} judges "
-            f"({', '.join(judges)}): sweep one judge's folder at a time (such as {source}/<judge>)"
-        )
-
-
-def sweep_pipeline(base: PipelineConfig, protocol: dict, released: bool) -> PipelineConfig:
-    """The pipeline of the swept δ's: the judged folder's protocol where it decides the verdict, the
-    config's outcome settings (log-probabilities, token limits) beside it."""
-    taken = {k: protocol[k] for k in _FROM_FOLDER if k in protocol and protocol[k] is not None}
-    if released:
-        taken["outcome_images"] = "none"
-    return replace(base, **taken)
 
 
 def _fresh(v: Verdict, config: dict) -> Verdict:
@@ -240,39 +150,62 @@ def _fresh(v: Verdict, config: dict) -> Verdict:
     return out
 
 
-async def _sweep_one(judge: WebJudge, item: _Item, delta: float, swept_from: str) -> Verdict:
+#: Why a swept verdict has no result, as sweep.json counts it (``failed``); each is asked again by the next run.
+KEPT_UNREADABLE = "a kept screenshot is not readable"
+CALL_FAILED = "the outcome call failed"
+ANSWER_UNUSABLE = "the outcome answer cannot be read"
+UNEXPECTED = "an unexpected failure (a bug: the log has its traceback)"
+
+
+async def _sweep_one(
+    judge: WebJudge, item: SweepItem, delta: float, record: dict, failed: Counter
+) -> Verdict:
+    """The outcome of one judged verdict asked again at ``delta``. What fails (a kept screenshot that cannot
+    be read now, the call, its answer) fails this verdict alone, with its reason counted in ``failed``, as
+    keyshot judge records such a failure on its verdict and goes on; a stop of the judge stops the sweep."""
     cfg = judge.config
-    verdict = _fresh(item.verdict, {**judge.describe(), "threshold": delta, SWEPT_FROM: swept_from})
+    verdict = _fresh(item.verdict, dict(record))
     verdict.kept = select_kept(
         verdict.screenshots, delta, cfg.max_kept, mode=cfg.parse_mode, threshold_on=cfg.threshold_on
     )
     t0 = time.perf_counter()
-    images = {}
-    if cfg.outcome_images == "scorer":
-        shots = {s.index: s for s in item.trajectory.screenshots}
-        prepared = await asyncio.gather(
-            *(asyncio.to_thread(shots[i].prepare, judge.policy) for i in verdict.kept)
-        )
-        images = dict(zip(verdict.kept, prepared, strict=True))
+    reason = None
     try:
+        images = {}
+        if cfg.outcome_images == "scorer":
+            shots = {s.index: s for s in item.trajectory.screenshots}
+            prepared = await asyncio.gather(
+                *(asyncio.to_thread(shots[i].prepare, judge.policy) for i in verdict.kept)
+            )
+            images = dict(zip(verdict.kept, prepared, strict=True))
         await judge._outcome(item.trajectory, verdict, images)  # the pipeline's own outcome step
     except RunStopError:  # a RuntimeError, but not a failed call: the run stops (judge_all says why)
         raise
-    except (JudgeCallError, RuntimeError) as exc:  # a failed call, or an answer the pipeline cannot read
+    except TrajectoryError as exc:  # "original" images are prepared inside the outcome step
+        reason, error = KEPT_UNREADABLE, f"{KEPT_UNREADABLE}: {exc}"
+    except JudgeCallError as exc:
+        reason, error = CALL_FAILED, str(exc)
+    except RuntimeError as exc:  # an answer the pipeline cannot go on from (cut, in strict mode)
+        reason, error = ANSWER_UNUSABLE, str(exc)
+    except Exception as exc:  # a bug or an unexpected input must not stop the sweep, as in keyshot judge
+        logger.exception("%s: unexpected failure of the outcome at δ=%s", verdict.task_id, delta)
+        reason, error = UNEXPECTED, f"{type(exc).__name__}: {exc}"
+    if reason is not None:
+        failed[reason] += 1
         verdict.success, verdict.status_valid = None, False
-        verdict.error = f"outcome: {exc}"
+        verdict.error = f"outcome: {error}"
         verdict.errors.append(verdict.error)
+        logger.warning("%s: δ=%s: %s", verdict.task_id, delta, verdict.error)
     verdict.timing = {"started": time.time(), "outcome_s": time.perf_counter() - t0}
     return verdict
 
 
-def _protocol_of(source: Path, verdicts: list[Verdict], released: bool) -> dict:
-    if not released:
-        folder = source if source.is_dir() else source.parent
-        recorded = read_protocol(folder)
-        if recorded:
-            return dict(recorded)
-    return dict(verdicts[0].config) if verdicts else {}
+def _read_with(judged: JudgedFolder, cfg: JudgeRunConfig, allow_outside: tuple[str, ...]) -> ReadOptions:
+    """How the sweep reads the judged trajectories: as the judged run recorded it read them (else with the
+    config's format, agent and benchmark), and ``--allow-outside`` beside."""
+    base = judged.read_with or ReadOptions(format=cfg.format, agent=cfg.agent, benchmark=cfg.benchmark)
+    extra = tuple(str(Path(p).resolve()) for p in allow_outside)
+    return replace(base, allow_outside=tuple(dict.fromkeys((*base.allow_outside, *extra))))
 
 
 def run_sweep(
@@ -283,155 +216,212 @@ def run_sweep(
     *,
     concurrency: int | None = None,
     progress: bool = True,
+    given: dict[str, str] | None = None,
+    allow_outside: tuple[str, ...] = (),
 ) -> dict:
-    """Sweep ``deltas`` over the judged ``source`` into ``out`` (see the module docstring); the
-    contents of ``OUT/sweep.json``."""
-    t_all = time.perf_counter()
-    verdicts, kind = load_verdicts(source)
-    released = kind != "keyshot"
-    if released:
-        one_judge(source, verdicts)
-    protocol = _protocol_of(source, verdicts, released)
-    pipeline = sweep_pipeline(cfg.pipeline, protocol, released)
-    policy = (
-        ImagePolicy.from_dict(protocol["image_policy"])
-        if isinstance(protocol.get("image_policy"), dict)
-        else None
-    )
-    items, left, named = sweepable(verdicts, released)
+    """Sweep ``deltas`` over the judged ``source`` into ``out`` (see the module docstring and
+    :func:`prepare_sweep`); the contents of ``OUT/sweep.json``."""
+    sweep = prepare_sweep(source, cfg, deltas, out, given=given, allow_outside=allow_outside)
+    for line in sweep.forecast_lines():
+        logger.info("%s", line)
+    return sweep.run(concurrency=concurrency, progress=progress)
+
+
+def prepare_sweep(
+    source: Path,
+    cfg: JudgeRunConfig,
+    deltas: list[float],
+    out: Path,
+    *,
+    given: dict[str, str] | None = None,
+    allow_outside: tuple[str, ...] = (),
+) -> PreparedSweep:
+    """Everything a sweep checks and reads before it sends anything: the judged folder and its settings
+    (``given``: the pipeline settings the user gave, with where, from
+    :func:`~keyshot.infer.judge.sweep_source.pipeline_keys_given`; one that differs from the judged folder's
+    is refused), each δ's record (a δ folder that holds verdicts of other settings, another judge
+    temperature say, is refused), the trajectories read again, and the forecast of the calls to pay."""
+    judged = read_judged(source)
+    pipeline = sweep_pipeline(cfg.pipeline, judged, given)
+    records = {delta: delta_record(pipeline, delta, cfg.judge, judged) for delta in deltas}
+    for delta, record in records.items():  # every δ folder, before anything is sent or written
+        check_fingerprint(delta_folder(out, delta), record, record=False)
+    read_with = _read_with(judged, cfg, allow_outside)
+    items, left, named = sweepable(judged, read_with)
     for line in named:
         logger.warning("not swept: %s", line)
-    stand_in = None if released else stand_in_of(source if source.is_dir() else source.parent)
-    folder = source if source.is_dir() else source.parent
-    own_cache = None if released else folder / CACHE_FILE
+    own_cache = None if judged.released else judged.folder / CACHE_FILE
     cache_path = (
         Path(cfg.cache)
         if cfg.cache
         else (own_cache if own_cache and own_cache.is_file() else out / CACHE_FILE)
     )
-    out.mkdir(parents=True, exist_ok=True)
-    rows: list[DeltaCounts] = []
-    stopped: str | None = None
-    exit_code: int | None = None
-    with RunLock(out, what="keyshot sweep"):
-        cache = CallCache(cache_path)
-        ledger = UsageLedger()
-        try:
-            for delta in deltas:
-                row = _sweep_delta(
-                    delta,
-                    items,
-                    left,
-                    out,
-                    cfg,
-                    pipeline,
-                    policy,
-                    protocol,
-                    str(source),
-                    cache,
-                    ledger,
-                    stand_in,
-                    concurrency or cfg.concurrency,
-                    progress,
-                )
-                rows.append(row)
-                if row.stopped:
-                    stopped = f"δ={delta}: {row.stopped}; run keyshot sweep again to go on"
-                    exit_code = row.exit_code
-                    break
-        finally:
-            cache.close()
-        result = {
-            "source": str(source),
-            "source_kind": kind,
-            "deltas": deltas,
-            "cache": str(cache_path),
-            "judge_model": cfg.judge.model,
-            "outcome_images": pipeline.outcome_images,
-            "verdicts": len(verdicts),
-            "sweepable": len(items),
-            "not_swept": dict(sorted(left.items())),
-            "stand_in": stand_in,
-            "per_delta": [dict(r.__dict__, calls_saved=r.calls_saved) for r in rows],
-            "totals": {
-                "outcome_calls_sent": sum(r.outcome_sent for r in rows),
-                "outcome_calls_cached": sum(r.outcome_cached for r in rows),
-                "scorer_calls_sent": sum(r.scorer_calls_sent for r in rows),
-                "key_point_calls_sent": sum(r.key_point_calls_sent for r in rows),
-                "calls_saved": sum(r.calls_saved for r in rows),
-                "outcome_prompt_tokens": sum(r.outcome_prompt_tokens for r in rows),
-                "seconds": time.perf_counter() - t_all,
-            },
-            "stopped": stopped,
-            "exit_code": exit_code,
-        }
-        write_text_atomic(out / SWEEP_FILE, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    return result
-
-
-def _sweep_delta(
-    delta: float,
-    items: list[_Item],
-    left: Counter,
-    out: Path,
-    cfg: JudgeRunConfig,
-    pipeline: PipelineConfig,
-    policy: ImagePolicy | None,
-    protocol: dict,
-    swept_from: str,
-    cache: CallCache,
-    ledger: UsageLedger,
-    stand_in: str | None,
-    concurrency: int,
-    progress: bool,
-) -> DeltaCounts:
-    t0 = time.perf_counter()
-    folder = delta_folder(out, delta)
-    row = DeltaCounts(delta=delta, folder=folder.name, left_out=dict(sorted(left.items())))
-    judge = WebJudge(
-        JudgeClient(cfg.judge, cache, ledger),
-        JUDGE_SCORES,
-        replace(pipeline, threshold=delta),
-        image_policy=policy,
+    return PreparedSweep(
+        source, cfg, deltas, out, judged, pipeline, records, read_with, items, left, cache_path
     )
-    fingerprint = {
-        **protocol,
-        **{k: getattr(judge.config, k) for k in _FROM_FOLDER},
-        "threshold": delta,
-        "judge_model": cfg.judge.model,
-        SWEPT_FROM: swept_from,
-    }
-    if pipeline.p_success_threshold is not None:  # the operating point decides the verdicts too
-        fingerprint["p_success_threshold"] = pipeline.p_success_threshold
-    if pipeline.outcome_images == "none" or policy is None:
-        fingerprint["image_policy"] = protocol.get("image_policy")
-    folder.mkdir(parents=True, exist_ok=True)
-    check_fingerprint(folder, fingerprint, record=False)
-    if stand_in:
-        mark_stand_in(folder, stand_in)
-    path = folder / VERDICTS_FILE
-    done = ResumeIndex(latest_verdicts(read_verdicts(path)))
-    todo = [i for i in items if not done.done(i.verdict.task_id, i.verdict.agent, i.verdict.run)]
-    row.already = len(items) - len(todo)
-    with VerdictWriter(path) as writer:
-        judged = asyncio.run(
-            judge_all(
-                judge,
-                todo,
-                FirstVerdictRecord(writer, folder, fingerprint),  # run.json with the first verdict
-                concurrency,
-                progress=progress,
-                judge_one=lambda item: _sweep_one(judge, item, delta, swept_from),
-                desc=f"δ={delta}",
-            )
+
+
+@dataclass
+class PreparedSweep:
+    """A sweep checked and read, nothing sent yet (:func:`prepare_sweep`); :meth:`run` sends it."""
+
+    source: Path
+    cfg: JudgeRunConfig
+    deltas: list[float]
+    out: Path
+    judged: JudgedFolder
+    pipeline: PipelineConfig
+    records: dict[float, dict]
+    read_with: ReadOptions
+    items: list[SweepItem]
+    left: Counter
+    cache_path: Path
+
+    def forecast(self) -> list[DeltaForecast]:
+        """The outcome calls each δ asks and pays at most (a verdict finished in its δ folder is not asked)."""
+        done = {
+            d: ResumeIndex(latest_verdicts(read_verdicts(delta_folder(self.out, d) / VERDICTS_FILE)))
+            for d in self.deltas
+        }
+        return forecast(
+            [i.verdict for i in self.items],
+            self.deltas,
+            self.pipeline,
+            finished=lambda d, v: done[d].done(v.task_id, v.agent, v.run),
+            judged_keeps=not self.judged.released,
         )
-    for verdict in judged:
-        _count(row, verdict)
-    if judge.stop_error is not None:
-        row.stopped, row.exit_code = str(judge.stop_error), judge.stop_error.exit_code
-        logger.error("δ=%s: the judge stopped the sweep: %s", delta, judge.stop_error)
-    row.seconds = time.perf_counter() - t0
-    return row
+
+    def forecast_lines(self) -> list[str]:
+        """What the sweep says before it sends anything: how many outcome calls it pays at most, and why."""
+        record = next(iter(self.records.values()), {})
+        return forecast_lines(self.forecast(), self.pipeline, self.judged, record, self.cache_path)
+
+    def run(self, *, concurrency: int | None = None, progress: bool = True) -> dict:
+        """Ask each δ's outcomes (resuming what an earlier run finished) and write ``OUT/sweep.json``; its
+        contents."""
+        t_all = time.perf_counter()
+        cfg, judged, out = self.cfg, self.judged, self.out
+        stand_in = None if judged.released else stand_in_of(judged.folder)
+        out.mkdir(parents=True, exist_ok=True)
+        rows: list[DeltaCounts] = []
+        stopped: str | None = None
+        exit_code: int | None = None
+        with RunLock(out, what="keyshot sweep"):
+            cache = CallCache(self.cache_path)
+            ledger = UsageLedger()
+            try:
+                for delta in self.deltas:
+                    sweep = _DeltaSweep(
+                        delta, self.records[delta], judged, self.pipeline, self.read_with, stand_in
+                    )
+                    row = sweep.run(
+                        self.items,
+                        self.left,
+                        out,
+                        cfg,
+                        cache,
+                        ledger,
+                        concurrency or cfg.concurrency,
+                        progress,
+                    )
+                    rows.append(row)
+                    if row.stopped:
+                        stopped = f"δ={delta}: {row.stopped}; run keyshot sweep again to go on"
+                        exit_code = row.exit_code
+                        break
+            finally:
+                cache.close()
+            result = {
+                "source": str(self.source),
+                "source_kind": judged.kind,
+                "deltas": self.deltas,
+                "cache": str(self.cache_path),
+                "judge_model": cfg.judge.model,
+                "outcome_images": self.pipeline.outcome_images,
+                "verdicts": len(judged.verdicts),
+                "sweepable": len(self.items),
+                "not_swept": dict(sorted(self.left.items())),
+                "stand_in": stand_in,
+                "per_delta": [dict(r.__dict__, calls_saved=r.calls_saved) for r in rows],
+                "totals": {
+                    "outcome_calls_sent": sum(r.outcome_sent for r in rows),
+                    "outcome_calls_cached": sum(r.outcome_cached for r in rows),
+                    "scorer_calls_sent": sum(r.scorer_calls_sent for r in rows),
+                    "key_point_calls_sent": sum(r.key_point_calls_sent for r in rows),
+                    "calls_saved": sum(r.calls_saved for r in rows),
+                    "outcome_prompt_tokens": sum(r.outcome_prompt_tokens for r in rows),
+                    "seconds": time.perf_counter() - t_all,
+                },
+                "stopped": stopped,
+                "exit_code": exit_code,
+            }
+            write_text_atomic(out / SWEEP_FILE, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+        return result
+
+
+@dataclass
+class _DeltaSweep:
+    """One δ of a sweep: its record, and the judged folder's verdicts asked again into ``OUT/delta_<δ>``."""
+
+    delta: float
+    record: dict
+    judged: JudgedFolder
+    pipeline: PipelineConfig
+    read_with: ReadOptions
+    stand_in: str | None
+
+    def run(
+        self,
+        items: list[SweepItem],
+        left: Counter,
+        out: Path,
+        cfg: JudgeRunConfig,
+        cache: CallCache,
+        ledger: UsageLedger,
+        concurrency: int,
+        progress: bool,
+    ) -> DeltaCounts:
+        t0 = time.perf_counter()
+        delta = self.delta
+        folder = delta_folder(out, delta)
+        row = DeltaCounts(delta=delta, folder=folder.name, left_out=dict(sorted(left.items())))
+        pipeline = replace(self.pipeline, threshold=delta)
+        judge = WebJudge(
+            JudgeClient(cfg.judge, cache, ledger),
+            RecordedScores(self.judged, pipeline),
+            pipeline,
+            image_policy=self.judged.policy,
+        )
+        folder.mkdir(parents=True, exist_ok=True)
+        check_fingerprint(folder, self.record, record=False)
+        if self.stand_in:
+            mark_stand_in(folder, self.stand_in)
+        path = folder / VERDICTS_FILE
+        done = ResumeIndex(latest_verdicts(read_verdicts(path)))
+        todo = [i for i in items if not done.done(i.verdict.task_id, i.verdict.agent, i.verdict.run)]
+        row.already = len(items) - len(todo)
+        failed: Counter = Counter()
+        with VerdictWriter(path) as writer:
+            judged = asyncio.run(
+                judge_all(
+                    judge,
+                    todo,
+                    # run.json with the first verdict: the δ's record, and how its trajectories were read
+                    FirstVerdictRecord(writer, folder, self.record, self.read_with.to_dict()),
+                    concurrency,
+                    progress=progress,
+                    judge_one=lambda item: _sweep_one(judge, item, delta, self.record, failed),
+                    desc=f"δ={delta}",
+                )
+            )
+        for verdict in judged:
+            _count(row, verdict)
+        row.failed = dict(sorted(failed.items()))
+        if judge.stop_error is not None:
+            row.stopped, row.exit_code = str(judge.stop_error), judge.stop_error.exit_code
+            logger.error("δ=%s: the judge stopped the sweep: %s", delta, judge.stop_error)
+        row.seconds = time.perf_counter() - t0
+        return row
 
 
 def _count(row: DeltaCounts, v: Verdict) -> None:
@@ -451,58 +441,6 @@ def _count(row: DeltaCounts, v: Verdict) -> None:
     row.outcome_failed += usage.errors
     row.outcome_prompt_tokens += usage.prompt_tokens
     row.outcome_completion_tokens += usage.completion_tokens
-
-
-def plan_sweep(source: Path, deltas: list[float], pipeline: PipelineConfig | None = None) -> list[dict]:
-    """What a sweep of ``source`` would show and ask, read from the verdicts alone (no call, no judge):
-    per δ the screenshots kept, and the outcome requests a sweep with an empty cache would send (a
-    trajectory whose kept screenshots equal an earlier δ's asks the same request: the cache answers it)."""
-    verdicts, kind = load_verdicts(source)
-    released = kind != "keyshot"
-    if released:
-        one_judge(source, verdicts)
-    cfg = sweep_pipeline(pipeline or PipelineConfig(), _protocol_of(source, verdicts, released), released)
-    usable = [v for v in verdicts if v.key_points and outcome_of(v) != NO_SCORES]
-    seen: dict[tuple, set] = {v.key: set() for v in usable}
-    rows = []
-    for delta in deltas:
-        kept_total = requests = 0
-        for v in usable:
-            kept = tuple(
-                select_kept(
-                    v.screenshots, delta, cfg.max_kept, mode=cfg.parse_mode, threshold_on=cfg.threshold_on
-                )
-            )
-            kept_total += len(kept)
-            requests += kept not in seen[v.key]
-            seen[v.key].add(kept)
-        rows.append(
-            {
-                "delta": delta,
-                "trajectories": len(usable),
-                "kept": kept_total,
-                "kept_per_trajectory": kept_total / len(usable) if usable else None,
-                "outcome_requests": requests,
-                "screenshot_scores_reused": sum(s.score is not None for v in usable for s in v.screenshots),
-            }
-        )
-    return rows
-
-
-def plan_markdown(source: Path, rows: list[dict], verdicts: int | None = None) -> str:
-    lines = [
-        f"Plan of a sweep of {source}: no call sent (kept screenshots read from the recorded scores).",
-        "",
-        "| δ | trajectories | screenshots kept | kept / trajectory | outcome requests (empty cache) | scores reused |",
-        "|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        per = "—" if r["kept_per_trajectory"] is None else f"{r['kept_per_trajectory']:.2f}"
-        lines.append(
-            f"| {r['delta']} | {r['trajectories']} | {r['kept']} | {per} | {r['outcome_requests']} | "
-            f"{r['screenshot_scores_reused']} |"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def sweep_markdown(result: dict) -> str:
@@ -535,6 +473,12 @@ def sweep_markdown(result: dict) -> str:
         f"{t['key_point_calls_sent']} key-point calls; saved: {t['calls_saved']} calls "
         f"({t['outcome_calls_cached']} outcome answers from the cache).",
     ]
+    for r in result["per_delta"]:
+        if r.get("failed"):
+            said = ", ".join(f"{reason} ({n})" for reason, n in r["failed"].items())
+            lines.append(
+                f"δ={r['delta']}: {count_of(r['incomplete'], 'verdict', 'verdicts')} without a result: {said}."
+            )
     if result.get("stopped"):
         lines.append(f"Stopped: {result['stopped']}")
     return "\n".join(lines) + "\n"
@@ -552,8 +496,12 @@ def closing_lines(result: dict, out: Path) -> tuple[list[str], int]:
         return lines, result["exit_code"] or EXIT_INCOMPLETE
     incomplete = sum(r["incomplete"] for r in result["per_delta"])
     if incomplete:
+        why = Counter()
+        for r in result["per_delta"]:
+            why.update(r.get("failed") or {})
+        said = "; ".join(f"{reason}: {n}" for reason, n in sorted(why.items())) or "a failed outcome call"
         lines.append(
-            f"{incomplete} swept verdict(s) incomplete (a failed outcome call): run keyshot sweep again to ask them"
+            f"{incomplete} swept verdict(s) incomplete ({said}): run keyshot sweep again to ask them"
         )
         return lines, EXIT_INCOMPLETE
     return lines, 0
