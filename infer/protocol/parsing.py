@@ -95,6 +95,12 @@ _DIGIT = re.compile(r"[1-5]")
 _REASONING_LABEL = re.compile(r"(?:#+[ \t]*)?\**reasoning\**[ \t]*\**[ \t]*:?\**", re.IGNORECASE)
 
 
+def carries_labels(text: str, variant: str) -> bool:
+    """Whether a scorer answer carries ``variant``'s own reasoning or score label (``general``:
+    ``### Reasoning:``, ``### Score``): which prompt set a released answer was asked with."""
+    return any(label in text for label in _REFERENCE_LABELS[variant])
+
+
 def _reference_digit(text: str, variant: str) -> tuple[int | None, str | None]:
     """The offset of the first 1-5 between the first and the second score label, or the error."""
     score_label = _REFERENCE_LABELS[variant][1]
