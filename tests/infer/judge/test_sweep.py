@@ -56,6 +56,28 @@ def _overrides(server: FakeOpenAI) -> list[str]:
     ]
 
 
+def _scorer_overrides(server: FakeOpenAI) -> list[str]:
+    return [
+        f"scorer.endpoint.base_url={server.base_url}",
+        "scorer.endpoint.model=fake-scorer",
+        "scorer.endpoint.api_key_env=null",
+    ]
+
+
+def _judged_run(tmp_path: Path, server: FakeOpenAI, counts: list[int], *extra: str) -> list[str]:
+    """Synthetic trajectories judged into tmp_path/run by ``server`` as judge and scorer; the overrides."""
+    from keyshot.infer.common.config import load_config
+    from keyshot.infer.judge.config import JudgeRunConfig
+    from keyshot.infer.judge.run import run_judge
+    from keyshot.infer.testing.worlds import synthetic_trajectories
+
+    source = synthetic_trajectories(tmp_path / "traj", len(counts), counts, seed=2, size=(320, 200))
+    overrides = [*_overrides(server), *_scorer_overrides(server), *extra]
+    config = load_config(JudgeRunConfig, None, [*overrides, f"out={tmp_path / 'run'}"])
+    run_judge([str(source)], config, progress=False)
+    return overrides
+
+
 def _kept_sets(deltas: list[int]) -> dict[str, set[tuple[int, ...]]]:
     """Per trajectory, the distinct kept sets over ``deltas``: the outcome requests that differ."""
     out: dict[str, set] = {}
@@ -272,13 +294,7 @@ def test_sweep_of_a_keyshot_run_shows_the_kept_screenshots_and_calls_no_scorer(t
         return judge(request)
 
     with FakeOpenAI(outcome_images) as judge_srv, FakeOpenAI(scorer) as scorer_srv:
-        overrides = [
-            *_overrides(judge_srv),
-            f"scorer.endpoint.base_url={scorer_srv.base_url}",
-            "scorer.endpoint.model=fake-scorer",
-            "scorer.endpoint.api_key_env=null",
-            f"out={tmp_path / 'run'}",
-        ]
+        overrides = [*_overrides(judge_srv), *_scorer_overrides(scorer_srv), f"out={tmp_path / 'run'}"]
         run_judge([str(source)], load_config(JudgeRunConfig, None, overrides), progress=False)
         judged_scores = scorer.steps["key_screenshot"]
         assert judged_scores == 16
@@ -380,21 +396,8 @@ def test_an_unreadable_kept_screenshot_fails_its_verdict_and_the_sweep_goes_on(t
     """A kept screenshot that cannot be read any more (its file broken after the judged run) fails that one
     verdict with its reason, as keyshot judge records such a failure on its verdict: the other verdicts are
     swept, sweep.json counts it by reason and the sweep exits 3 (it aborted with no sweep.json)."""
-    from keyshot.infer.common.config import load_config
-    from keyshot.infer.judge.config import JudgeRunConfig
-    from keyshot.infer.judge.run import run_judge
-    from keyshot.infer.testing.worlds import synthetic_trajectories
-
-    source = synthetic_trajectories(tmp_path / "traj", 4, [3, 5, 2, 6], seed=2, size=(320, 200))
     with FakeOpenAI(make_judge("any_image", "brightness")) as server:
-        overrides = [
-            *_overrides(server),
-            f"scorer.endpoint.base_url={server.base_url}",
-            "scorer.endpoint.model=fake-scorer",
-            "scorer.endpoint.api_key_env=null",
-            f"out={tmp_path / 'run'}",
-        ]
-        run_judge([str(source)], load_config(JudgeRunConfig, None, overrides), progress=False)
+        overrides = _judged_run(tmp_path, server, [3, 5, 2, 6])
         judged = read_verdicts(tmp_path / "run" / "verdicts.jsonl")
         broken = next(v for v in judged if select_kept(v.screenshots, 2, mode="strict"))
         shot = broken.screenshots[select_kept(broken.screenshots, 2, mode="strict")[0]]
@@ -442,23 +445,10 @@ def test_the_sweep_says_before_any_call_what_it_will_pay_and_why(tmp_path, capsy
     ]
     assert json.loads((out / "sweep.json").read_text())["totals"]["outcome_calls_sent"] == 4
 
-    from keyshot.infer.common.config import load_config
-    from keyshot.infer.judge.config import JudgeRunConfig
-    from keyshot.infer.judge.run import run_judge
     from keyshot.infer.protocol.parsing import split_key_points
-    from keyshot.infer.testing.worlds import synthetic_trajectories
 
-    source = synthetic_trajectories(tmp_path / "traj", 3, [3, 5, 4], seed=2, size=(320, 200))
     with FakeOpenAI(make_judge("any_image", "brightness")) as server:
-        overrides = [
-            *_overrides(server),
-            f"scorer.endpoint.base_url={server.base_url}",
-            "scorer.endpoint.model=fake-scorer",
-            "scorer.endpoint.api_key_env=null",
-            "pipeline.outcome_mode=key_point",
-        ]
-        config = load_config(JudgeRunConfig, None, [*overrides, f"out={tmp_path / 'run'}"])
-        run_judge([str(source)], config, progress=False)
+        overrides = _judged_run(tmp_path, server, [3, 5, 4], "pipeline.outcome_mode=key_point")
         argv = ["sweep", str(tmp_path / "run"), "--out", str(tmp_path / "kp"), "--no-progress", *overrides]
         assert keyshot([*argv, f"cache={tmp_path / 'empty.sqlite'}"]) == 0
     printed = capsys.readouterr().out
