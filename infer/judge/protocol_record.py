@@ -10,18 +10,30 @@ the judge the sweep asked (:mod:`keyshot.infer.judge.threshold_sweep`): all of t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from keyshot.infer.client.endpoint import EndpointConfig
 from keyshot.infer.protocol.images import ImagePolicy
 from keyshot.infer.protocol.prompts import load_prompt_set
 from keyshot.infer.runs.run_record import CONSTRAINED, with_constrained
 
-if TYPE_CHECKING:
-    from keyshot.infer.judge.pipeline import PipelineConfig
-
 #: ``scorer.backend`` when the judge scores every screenshot itself (the reference configuration).
 JUDGE_SCORES_BACKEND = "none"
+
+
+class PipelineSettings(Protocol):
+    """What the record reads of a :class:`~keyshot.infer.judge.pipeline.PipelineConfig` (named here, not
+    imported: the pipeline builds its verdicts' record with this module)."""
+
+    prompt_variant: str
+    outcome_mode: str
+    parse_mode: str
+    threshold: float
+    threshold_on: str
+    max_kept: int
+    outcome_images: str
+    allow_partial: bool
+    p_success_threshold: float | None
 
 
 @dataclass(frozen=True)
@@ -47,7 +59,7 @@ class ScorerFacts:
 
 
 def protocol_record(
-    pipeline: PipelineConfig,
+    pipeline: PipelineSettings,
     judge: EndpointConfig,
     scorer: ScorerFacts,
     policy: ImagePolicy | dict | None,

@@ -97,11 +97,10 @@ def calls_rule(pipeline: PipelineConfig) -> str:
     return "one outcome call per trajectory"
 
 
-def judged_cache_words(judged: JudgedFolder, record: dict, cache: Path) -> tuple[bool, str]:
-    """Whether the judged run's own requests can be answered by the sweep's cache, and why (its cache and
-    the judge settings it was judged with, as far as its run.json records them)."""
-    own = judged.folder / "calls.sqlite"
-    if judged.released or cache.resolve() != own.resolve():
+def judged_cache_words(judged: JudgedFolder, record: dict, cache: Path, own: Path | None) -> tuple[bool, str]:
+    """Whether the judged run's own requests can be answered by the sweep's ``cache`` (the judged run's is
+    ``own``), and why: the judge settings it was judged with, as far as its run.json records them."""
+    if own is None or cache.resolve() != own.resolve():
         return False, f"not in this sweep's cache ({cache}): paid"
     differ = [
         f"{key} {judged.protocol.get(key)!r} there, {record.get(key)!r} here"
@@ -120,9 +119,15 @@ def judged_cache_words(judged: JudgedFolder, record: dict, cache: Path) -> tuple
 
 
 def forecast_lines(
-    rows: list[DeltaForecast], pipeline: PipelineConfig, judged: JudgedFolder, record: dict, cache: Path
+    rows: list[DeltaForecast],
+    pipeline: PipelineConfig,
+    judged: JudgedFolder,
+    record: dict,
+    cache: Path,
+    own: Path | None,
 ) -> list[str]:
-    """What a sweep says before it sends anything: per δ the outcome calls it pays at most, and why."""
+    """What a sweep says before it sends anything: per δ the outcome calls it pays at most, and why
+    (``cache``: the sweep's call cache; ``own``: the judged run's, None for released records)."""
     total = sum(r.at_most for r in rows)
     lines = [
         f"Before any call: at most {count_of(total, 'outcome call', 'outcome calls')} to pay ({calls_rule(pipeline)})."
@@ -137,12 +142,12 @@ def forecast_lines(
         if r.already:
             said += f"; {r.already} finished by an earlier sweep, not asked"
         lines.append(said + ".")
-    own = sum(r.judged_own for r in rows)
-    if own:
-        usable, why = judged_cache_words(judged, record, cache)
-        fewer = f": then {total - own} paid in all" if usable else ""
+    repeats = sum(r.judged_own for r in rows)
+    if repeats:
+        usable, why = judged_cache_words(judged, record, cache, own)
+        fewer = f": then {total - repeats} paid in all" if usable else ""
         lines.append(
-            f"The judged run's own requests ({own}, at its δ={judged.protocol.get('threshold')}, the same kept "
+            f"The judged run's own requests ({repeats}, at its δ={judged.protocol.get('threshold')}, the same kept "
             f"screenshots): {why}{fewer}."
         )
     return lines

@@ -41,7 +41,7 @@ from keyshot.infer.common.text import count_of
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.inputs import ReadOptions
 from keyshot.infer.judge.pipeline import PipelineConfig, WebJudge
-from keyshot.infer.judge.run import FirstVerdictRecord, judge_all
+from keyshot.infer.judge.run import CACHE_FILE, FirstVerdictRecord, judge_all
 from keyshot.infer.judge.sweep_plan import DeltaForecast, forecast, forecast_lines
 from keyshot.infer.judge.sweep_source import (
     JudgedFolder,
@@ -71,7 +71,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_DELTAS = (2, 3, 4)
 SWEEP_FILE = "sweep.json"
-CACHE_FILE = "calls.sqlite"
 
 
 def delta_folder(out: Path, delta: float) -> Path:
@@ -294,7 +293,8 @@ class PreparedSweep:
     def forecast_lines(self) -> list[str]:
         """What the sweep says before it sends anything: how many outcome calls it pays at most, and why."""
         record = next(iter(self.records.values()), {})
-        return forecast_lines(self.forecast(), self.pipeline, self.judged, record, self.cache_path)
+        own = None if self.judged.released else self.judged.folder / CACHE_FILE
+        return forecast_lines(self.forecast(), self.pipeline, self.judged, record, self.cache_path, own)
 
     def run(self, *, concurrency: int | None = None, progress: bool = True) -> dict:
         """Ask each δ's outcomes (resuming what an earlier run finished) and write ``OUT/sweep.json``; its
