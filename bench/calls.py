@@ -29,7 +29,7 @@ from bench import record
 from bench.record import Headline, Rows, Table, ratio_table
 from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
 from keyshot.infer.judge.pipeline import PipelineConfig, WebJudge
-from keyshot.infer.judge.scorers import OpenAIScorer
+from keyshot.infer.judge.scorers import JUDGE_SCORES, OpenAIScorer
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.infer.protocol.images import DEFAULT_POLICY
@@ -115,7 +115,9 @@ def bench(trajectories: list[Trajectory]) -> list[Result]:
         )
         keyshot_requests = judge_srv.stats.requests
         reference = asyncio.run(
-            _judge(WebJudge(JudgeClient(_endpoint(judge_srv.base_url, "fake-judge")), None), trajectories)
+            _judge(
+                WebJudge(JudgeClient(_endpoint(judge_srv.base_url, "fake-judge")), JUDGE_SCORES), trajectories
+            )
         )
         reference_requests = judge_srv.stats.requests - keyshot_requests
         scorer = OpenAIScorer(

@@ -38,7 +38,7 @@ from bench.record import Headline, Rows, Table
 from keyshot.infer.common.config import load_config
 from keyshot.infer.judge.command import run_judge
 from keyshot.infer.judge.config import JudgeRunConfig
-from keyshot.infer.judge.sweep import run_sweep
+from keyshot.infer.judge.threshold_sweep import run_sweep
 from keyshot.infer.testing.fake_openai import FakeOpenAI, count_prompt_tokens, identify_step, make_judge
 from keyshot.infer.testing.worlds import synthetic_trajectories
 

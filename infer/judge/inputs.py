@@ -5,7 +5,9 @@ reference implementation's output (``--resume-from``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,62 @@ from keyshot.infer.runs.shards import ShardSpec
 from keyshot.infer.runs.verdict_sources import read_reference_records
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a run reads its trajectories: the input paths, the format, the agent and benchmark of formats
+    that name none, and the folders screenshots may point into (``--allow-outside``). ``keyshot judge``
+    records them in ``run.json`` (:func:`~keyshot.infer.runs.run_record.record_inputs`) and ``keyshot sweep``
+    reads each verdict's trajectory again with them."""
+
+    paths: tuple[str, ...] = ()
+    format: str = "auto"
+    agent: str | None = None
+    benchmark: str | None = None
+    allow_outside: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, paths: list[str], cfg: JudgeRunConfig, allow_outside: tuple[str, ...] = ()) -> ReadOptions:
+        absolute = tuple(str(Path(p).resolve()) for p in paths)
+        outside = tuple(str(Path(p).resolve()) for p in allow_outside)
+        return cls(absolute, cfg.format, cfg.agent, cfg.benchmark, outside)
+
+    @classmethod
+    def recorded(cls, data: dict) -> ReadOptions:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields}
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    def joined(self, earlier: ReadOptions | None) -> ReadOptions:
+        """These options, keeping the paths and folders an earlier run of the same folder read too."""
+        if earlier is None:
+            return self
+        return dataclasses.replace(
+            self,
+            paths=tuple(dict.fromkeys((*earlier.paths, *self.paths))),
+            allow_outside=tuple(dict.fromkeys((*earlier.allow_outside, *self.allow_outside))),
+        )
+
+    def load(
+        self, path: str | Path, errors: list[TrajectoryError], *, within_inputs: bool = False
+    ) -> Iterator[Trajectory]:
+        """The trajectories of ``path`` (one of the inputs, or a part of one: a verdict's ``source``), read as
+        the run read them: ``within_inputs`` lets its screenshots point anywhere in the run's inputs, as they
+        could when the run read the whole input."""
+        outside = (*self.allow_outside, *(self.paths if within_inputs else ()))
+        return load_trajectories(
+            path,
+            self.format,
+            on_error="skip",
+            agent=self.agent,
+            benchmark=self.benchmark,
+            errors=errors,
+            allow_outside=outside,
+        )
 
 
 @dataclass
@@ -32,6 +90,7 @@ class Inputs:
     found: int
     owned: int
     beyond_limit: int = 0
+    read_with: ReadOptions = ReadOptions()
 
 
 def load_all(
@@ -43,18 +102,9 @@ def load_all(
     """The input's trajectories, each once (:class:`Inputs`)."""
     trajectories: list[Trajectory] = []
     errors: list[TrajectoryError] = []
+    options = ReadOptions.of(paths, cfg, allow_outside)
     for p in paths:
-        trajectories.extend(
-            load_trajectories(
-                p,
-                cfg.format,
-                on_error="skip",
-                agent=cfg.agent,
-                benchmark=cfg.benchmark,
-                errors=errors,
-                allow_outside=allow_outside,
-            )
-        )
+        trajectories.extend(options.load(p, errors))
     found = len(trajectories)
     if shard is not None:
         trajectories = [t for t in trajectories if shard.holds(t, cfg.shard_by)]
@@ -62,7 +112,7 @@ def load_all(
     owned = len(trajectories)
     unique, duplicates = _unique(trajectories)
     kept = unique if cfg.limit is None else unique[: cfg.limit]
-    return Inputs(kept, errors, duplicates, found, owned, len(unique) - len(kept))
+    return Inputs(kept, errors, duplicates, found, owned, len(unique) - len(kept), options)
 
 
 def _unique(trajectories: list[Trajectory]) -> tuple[list[Trajectory], list[str]]:

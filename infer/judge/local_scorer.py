@@ -62,6 +62,8 @@ class TransformersScorer(KeyScreenshotScorer):
         checkpoint: the folder's description when the caller has read it (else it is read here).
     """
 
+    backend = "transformers"
+
     def __init__(
         self,
         model_dir: str | Path,
@@ -82,7 +84,8 @@ class TransformersScorer(KeyScreenshotScorer):
         model_dir = Path(model_dir)
         if not (model_dir / "config.json").is_file():
             raise CheckpointError(f"{model_dir}: not a model folder (no config.json)")
-        policy = (checkpoint or describe_checkpoint(model_dir)).require_image_policy()
+        self.checkpoint = checkpoint or describe_checkpoint(model_dir)
+        policy = self.checkpoint.require_image_policy()
         processor = AutoProcessor.from_pretrained(model_dir)
         torch_dtype = getattr(torch, scorer_dtype(device, dtype))
         model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch_dtype).to(device)

@@ -3,7 +3,7 @@
 1. **Key points**: one judge call.
 2. **Key screenshots**: every screenshot goes through the image policy (the scorer checkpoint's) and
    is scored concurrently by the scorer. With a scorer (WebJudge-7B style) this costs no judge call;
-   in the reference configuration (``scorer=None``) the judge scores each screenshot itself: N calls.
+   in the reference configuration (``scorer=JUDGE_SCORES``) the judge scores each screenshot itself: N calls.
    A screenshot is kept if its score is ≥ δ (``threshold``, default 3). At most 50 are kept: strict
    mode keeps the 50 highest scores (ties: earlier first), shown in trajectory order; reference mode
    keeps the first 50, as the reference does.
@@ -53,10 +53,11 @@ from keyshot.infer.client.breaker import CUT_WATCH_FIRST, CutWatch
 from keyshot.infer.client.judge_client import JudgeCallError, JudgeClient
 from keyshot.infer.common.errors import RunStopError, raise_advice
 from keyshot.infer.judge.calls import Protocol, ask_key_points, ask_outcome
-from keyshot.infer.judge.scorers import KeyScreenshotScorer, OpenAIScorer, ScreenshotScore
+from keyshot.infer.judge.protocol_record import protocol_record
+from keyshot.infer.judge.scorers import JudgeScores, KeyScreenshotScorer, ScreenshotScore
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy, PreparedImage
-from keyshot.infer.protocol.logprobs import p_success_from_logprobs
+from keyshot.infer.protocol.logprobs import read_status_probability
 from keyshot.infer.protocol.messages import MAX_KEPT_IMAGES
 from keyshot.infer.protocol.parsing import split_key_points
 from keyshot.infer.protocol.prompts import PromptSet, load_prompt_set
@@ -141,13 +142,31 @@ class PipelineConfig:
                 raise ValueError(f"{name} must be >= 1 (or null for the endpoint's), got {value}")
 
 
+def outcome_plan(key_points: str, config: PipelineConfig) -> tuple[str, list[str]]:
+    """The outcome mode a trajectory with ``key_points`` is judged in (``combined`` chooses by how many it has)
+    and its key points one by one; in ``key_point`` mode one outcome call each (one ``cot`` call when there
+    are none)."""
+    items = split_key_points(key_points)
+    mode = config.outcome_mode
+    if mode == "combined":
+        mode = "key_point" if 0 < len(items) <= config.combined_max_key_points else "cot"
+    return mode, items
+
+
+def outcome_calls(key_points: str, config: PipelineConfig) -> int:
+    """How many outcome calls a trajectory with ``key_points`` asks (:func:`outcome_plan`)."""
+    mode, items = outcome_plan(key_points, config)
+    return len(items) if mode == "key_point" and items else 1
+
+
 class WebJudge:
     """Judges trajectories: key points (judge) → screenshot scores (scorer) → outcome (judge).
 
     Args:
         judge: the judge endpoint's client.
-        scorer: the key-screenshot scorer, or None for the reference configuration (the judge
-            scores every screenshot itself).
+        scorer: the key-screenshot scorer, or :data:`~keyshot.infer.judge.scorers.JUDGE_SCORES` for the
+            reference configuration (the judge scores every screenshot itself, under the reference's image
+            policy).
         config: pipeline settings.
         image_policy: overrides the scorer's image policy (normally the checkpoint's).
     """
@@ -155,7 +174,7 @@ class WebJudge:
     def __init__(
         self,
         judge: JudgeClient,
-        scorer: KeyScreenshotScorer | None,
+        scorer: KeyScreenshotScorer | JudgeScores,
         config: PipelineConfig | None = None,
         *,
         image_policy: ImagePolicy | None = None,
@@ -163,11 +182,13 @@ class WebJudge:
         self.config = config or PipelineConfig()
         self.judge_client = judge
         self.prompts: PromptSet = load_prompt_set(self.config.prompt_variant)
-        if scorer is None:
-            scorer = OpenAIScorer(judge, self.prompts, parse_mode=self.config.parse_mode, role="judge")
-            default_policy = REFERENCE_POLICY
-        else:
-            default_policy = DEFAULT_POLICY
+        if isinstance(scorer, JudgeScores):
+            scorer = scorer.scorer(judge, self.prompts, self.config.parse_mode)
+        elif not isinstance(scorer, KeyScreenshotScorer):
+            raise TypeError(
+                f"WebJudge's scorer is a KeyScreenshotScorer, or JUDGE_SCORES for the reference configuration "
+                f"(the judge scores every screenshot); got {scorer!r}"
+            )
         if scorer.prompts.version != self.prompts.version:
             raise ValueError(
                 f"scorer uses prompt set {scorer.prompts.version} but the pipeline uses {self.prompts.version}"
@@ -181,34 +202,16 @@ class WebJudge:
         self._slots_by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.stop_error: RunStopError | None = None  # a spent budget, an endpoint that is down, cut answers
         self.cut_watches: dict[str, CutWatch] = {}  # per token-limit setting, this run's answers
-        self.policy = image_policy or scorer.image_policy or default_policy
+        self.policy = image_policy or scorer.image_policy or DEFAULT_POLICY
         if image_policy is None and scorer.image_policy is None and scorer.role == "scorer":
             logger.warning(
                 "the scorer does not say which image policy it was trained with; using %s", self.policy
             )
 
     def describe(self) -> dict:
-        """The configuration recorded in every verdict."""
-        cfg = self.config
-        return {
-            "prompt_variant": cfg.prompt_variant,
-            "prompt_version": self.prompts.version,
-            "outcome_mode": cfg.outcome_mode,
-            "parse_mode": cfg.parse_mode,
-            "threshold": cfg.threshold,
-            "threshold_on": cfg.threshold_on,
-            "max_kept": cfg.max_kept,
-            "judge_model": self.judge_client.endpoint.model,
-            "scorer_model": self.scorer.name if self.scorer.role == "scorer" else None,
-            "scorer_backend": type(self.scorer).__name__ if self.scorer.role == "scorer" else "judge",
-            "image_policy": self.policy.to_dict(),
-            "allow_partial": cfg.allow_partial,
-            **(
-                {"p_success_threshold": cfg.p_success_threshold}
-                if cfg.p_success_threshold is not None
-                else {}
-            ),
-        }
+        """The protocol recorded in every verdict: what this judge, scorer and pipeline send
+        (:func:`~keyshot.infer.judge.protocol_record.protocol_record`, as the run's ``run.json``)."""
+        return protocol_record(self.config, self.judge_client.endpoint, self.scorer.facts(), self.policy)
 
     # ------------------------------------------------------------------ cut answers
     @property
@@ -302,6 +305,11 @@ class WebJudge:
         self._check_cuts()
         if completion.cut and self.strict:
             raise _StepError(f"{completion.error}; {raise_advice(setting)}")
+        reading = read_status_probability(
+            completion.text, completion.logprobs, status.success, self.protocol.mode
+        )
+        if reading is not None and reading.note:
+            verdict.errors.append(f"{what}: {reading.note}")
         return OutcomeCall(
             text=completion.text,
             success=status.success,
@@ -310,9 +318,9 @@ class WebJudge:
             key_point=key_point,
             cached=completion.cached,
             cut=completion.cut,
-            p_success=p_success_from_logprobs(
-                completion.text, completion.logprobs, status.success, self.protocol.mode
-            ),
+            p_success=reading.p_success if reading else None,
+            p_success_alternatives=reading.alternatives if reading else None,
+            p_success_note=reading.note if reading else None,
         )
 
     # ------------------------------------------------------------------ screenshots
@@ -488,10 +496,7 @@ class WebJudge:
         kept_images = await self._outcome_images(trajectory, verdict, images)
         kept_thoughts = [records[i].thought for i in verdict.kept]
         key_points = verdict.key_points or ""
-        mode = self.config.outcome_mode
-        items = split_key_points(key_points)
-        if mode == "combined":
-            mode = "key_point" if 0 < len(items) <= self.config.combined_max_key_points else "cot"
+        mode, items = outcome_plan(key_points, self.config)
         verdict.config["outcome_mode_used"] = mode
         if mode == "key_point" and not items:
             verdict.errors.append("key_point mode: no key points to judge one by one; used cot")

@@ -32,6 +32,7 @@ from keyshot.infer.judge.estimate import ANSWER_TOKENS, estimate_run, estimate_t
 from keyshot.infer.judge.fingerprint import protocol_fingerprint
 from keyshot.infer.judge.inputs import (
     Inputs,
+    ReadOptions,
     import_reference_verdicts,
     load_all,
     nothing_found_message,
@@ -60,7 +61,7 @@ from keyshot.infer.protocol.verdicts import (
     read_verdicts,
 )
 from keyshot.infer.runs.lock import RunLock
-from keyshot.infer.runs.run_record import RunFolderError, check_fingerprint
+from keyshot.infer.runs.run_record import RunFolderError, check_fingerprint, read_inputs, record_inputs
 from keyshot.infer.runs.shards import ShardSpec
 from keyshot.infer.runs.summary import (
     SUMMARY_FILE,
@@ -150,17 +151,26 @@ def check_scorer_limit(cfg: JudgeRunConfig, checkpoint: CheckpointDescription | 
         scorer_max_tokens(cfg.scorer, cfg.scorer.max_tokens, checkpoint)
 
 
-class FirstVerdictRecord:
-    """A verdict writer that records the run folder's protocol (``run.json``) with its first verdict, so
-    a run that stops before judging (an endpoint down at preflight) leaves a folder any config may use."""
+def record_run(out: Path, fingerprint: dict, inputs: dict | None) -> None:
+    """Record the run folder's protocol in ``run.json`` (or find it the same; another is refused) and, when
+    given, how its trajectories were read (:class:`~keyshot.infer.judge.inputs.ReadOptions`)."""
+    check_fingerprint(out, fingerprint)
+    if inputs is not None:
+        record_inputs(out, inputs)
 
-    def __init__(self, writer: VerdictWriter, out: Path, fingerprint: dict):
-        self.writer, self.out, self.fingerprint = writer, out, fingerprint
+
+class FirstVerdictRecord:
+    """A verdict writer that records the run folder's protocol (``run.json``, with how its trajectories were
+    read) with its first verdict, so a run that stops before judging (an endpoint down at preflight) leaves a
+    folder any config may use."""
+
+    def __init__(self, writer: VerdictWriter, out: Path, fingerprint: dict, inputs: dict | None = None):
+        self.writer, self.out, self.fingerprint, self.inputs = writer, out, fingerprint, inputs
         self.recorded = False
 
     def append(self, verdict: Verdict) -> None:
         if not self.recorded:
-            check_fingerprint(self.out, self.fingerprint)  # writes run.json, or finds it the same
+            record_run(self.out, self.fingerprint, self.inputs)
             self.recorded = True
         self.writer.append(verdict)
 
@@ -320,13 +330,15 @@ def _judge_locked(
     if verdicts_path.exists():  # cut a half-written last line now, even when nothing is left to judge
         VerdictWriter(verdicts_path).close()
     todo_of(out, trajectories, append=append)  # refuses other inputs' folder before anything is written
+    earlier = read_inputs(out)
+    read_with = inputs.read_with.joined(ReadOptions.recorded(earlier) if earlier else None).to_dict()
     left_out = 0
     if resume_from:
         imported, left_out = import_reference_verdicts(
             resume_from, verdicts_path, cfg.pipeline.threshold, trajectories
         )
         if imported:
-            check_fingerprint(out, fingerprint)
+            record_run(out, fingerprint, read_with)
     todo = todo_of(out, trajectories, append=True)
     skipped = len(trajectories) - len(todo)
     if skipped:
@@ -357,7 +369,7 @@ def _judge_locked(
             scorer = build_scorer(cfg, cache, ledger, scorer_endpoint, checkpoint)
             webjudge = WebJudge(judge, scorer, cfg.pipeline)
             with VerdictWriter(verdicts_path) as writer:
-                recording = FirstVerdictRecord(writer, out, fingerprint)
+                recording = FirstVerdictRecord(writer, out, fingerprint, read_with)
                 done = asyncio.run(judge_all(webjudge, todo, recording, cfg.concurrency, progress=progress))
             stop_error = webjudge.stop_error
             cut_answers = webjudge.cut_report()
@@ -368,7 +380,7 @@ def _judge_locked(
 
     final = latest_verdicts(read_verdicts(verdicts_path))
     if final or stop_error is None:  # a finished run (a shard that owns nothing too) is of this protocol
-        check_fingerprint(out, fingerprint)
+        record_run(out, fingerprint, read_with)
     summaries = write_agentlab_summaries(trajectories, final, fingerprint) if agentlab_summary else None
     summary = summarize(
         final,

@@ -14,14 +14,15 @@ from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.config import ConfigError
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError, ScorerConfig
 from keyshot.infer.judge.local_scorer import TransformersScorer
-from keyshot.infer.judge.scorers import KeyScreenshotScorer, OpenAIScorer
+from keyshot.infer.judge.protocol_record import JUDGE_SCORES_BACKEND, ScorerFacts
+from keyshot.infer.judge.scorers import JUDGE_SCORES, JudgeScores, KeyScreenshotScorer, OpenAIScorer
 from keyshot.infer.model.checkpoint import (
     CheckpointDescription,
     describe_checkpoint,
     looks_like_local_path,
     model_folder_problem,
 )
-from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy
+from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy
 from keyshot.infer.protocol.prompts import load_prompt_set
 from keyshot.infer.serve.plan import ServeConfig
 from keyshot.infer.serve.server import VLLMServer
@@ -52,6 +53,25 @@ def scorer_policy(sc: ScorerConfig, checkpoint: CheckpointDescription | None) ->
         return policy
     bounds = sc.pixel_bounds()
     return ImagePolicy(min_pixels=bounds[0], max_pixels=bounds[1]) if bounds else None
+
+
+def scorer_facts(
+    cfg: JudgeRunConfig, checkpoint: CheckpointDescription | None
+) -> tuple[ScorerFacts, ImagePolicy]:
+    """What the protocol says of the configured scorer, and the image policy it sees screenshots with,
+    read from the config (the scorer :func:`build_scorer` builds from it says the same of itself:
+    :meth:`~keyshot.infer.judge.scorers.KeyScreenshotScorer.facts`)."""
+    sc = cfg.scorer
+    if sc.backend == JUDGE_SCORES_BACKEND:
+        return ScorerFacts(JUDGE_SCORES_BACKEND), REFERENCE_POLICY
+    served = sc.endpoint or (sc.endpoints[0] if sc.endpoints else None)
+    facts = ScorerFacts(
+        sc.backend,
+        sc.checkpoint or (served.model if served else None),
+        checkpoint.hash if checkpoint is not None else None,
+        "scorer" in cfg.constrained_roles(),
+    )
+    return facts, scorer_policy(sc, checkpoint) or DEFAULT_POLICY
 
 
 def warn_default_policy(sc: ScorerConfig, policy: ImagePolicy | None) -> None:
@@ -100,14 +120,16 @@ def build_scorer(
     ledger: UsageLedger,
     endpoint: EndpointConfig | None = None,
     checkpoint: CheckpointDescription | None = None,
-) -> KeyScreenshotScorer | None:
-    """The configured scorer (None for the reference configuration), knowing the longest answer its
-    checkpoint was trained on (named when its answers are cut). ``checkpoint``: the description of
-    ``scorer.checkpoint`` its caller read (:func:`describe_scorer`); read here when not given."""
+) -> KeyScreenshotScorer | JudgeScores:
+    """The configured scorer (:data:`~keyshot.infer.judge.scorers.JUDGE_SCORES` for the reference
+    configuration, ``scorer.backend: none``), knowing its checkpoint and the longest answer it was trained on
+    (named when its answers are cut). ``checkpoint``: the description of ``scorer.checkpoint`` its caller
+    read (:func:`describe_scorer`); read here when not given."""
     if checkpoint is None:
         checkpoint = describe_scorer(cfg.scorer)
     scorer = _configured_scorer(cfg, cache, ledger, endpoint, checkpoint)
-    if scorer is not None:
+    if isinstance(scorer, KeyScreenshotScorer):
+        scorer.checkpoint = checkpoint
         scorer.trained_answer_tokens = checkpoint.answer_tokens if checkpoint is not None else None
     return scorer
 
@@ -118,11 +140,11 @@ def _configured_scorer(
     ledger: UsageLedger,
     endpoint: EndpointConfig | None,
     checkpoint: CheckpointDescription | None,
-) -> KeyScreenshotScorer | None:
+) -> KeyScreenshotScorer | JudgeScores:
     sc = cfg.scorer
     prompts = load_prompt_set(cfg.pipeline.prompt_variant)
-    if sc.backend == "none":
-        return None
+    if sc.backend == JUDGE_SCORES_BACKEND:
+        return JUDGE_SCORES
     if sc.backend == "transformers":
         if not sc.checkpoint:
             raise JudgeRunError("scorer.backend=transformers needs scorer.checkpoint (a model folder)")
@@ -208,5 +230,6 @@ def start_served_scorer(
         "max_concurrency": base.max_concurrency,
         "max_tokens": base.max_tokens,
         "timeout_s": base.timeout_s,
+        "constrained": base.constrained,  # vLLM holds answers to the format, as the protocol records
     }
     return server, server.endpoint(**(kept if base else {}))

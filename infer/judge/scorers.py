@@ -28,8 +28,9 @@ from pathlib import Path
 from keyshot.infer.client.judge_client import JudgeCallError, JudgeClient
 from keyshot.infer.client.pool import EndpointPool
 from keyshot.infer.judge.calls import Protocol, ask_score
-from keyshot.infer.model.checkpoint import describe_checkpoint
-from keyshot.infer.protocol.images import ImagePolicy, PreparedImage
+from keyshot.infer.judge.protocol_record import JUDGE_SCORES_BACKEND, ScorerFacts
+from keyshot.infer.model.checkpoint import CheckpointDescription, describe_checkpoint
+from keyshot.infer.protocol.images import REFERENCE_POLICY, ImagePolicy, PreparedImage
 from keyshot.infer.protocol.logprobs import alternatives, token_index
 from keyshot.infer.protocol.parsing import ScoreResult, score_digit_offset
 from keyshot.infer.protocol.prompts import PromptSet
@@ -82,6 +83,10 @@ class KeyScreenshotScorer(ABC):
     max_tokens_setting: str = "scorer.max_tokens"
     #: the longest answer (tokens) the scorer's checkpoint was trained on, when known (its description)
     trained_answer_tokens: int | None = None
+    #: the back-end's name in a config (``scorer.backend``), as the protocol records it
+    backend: str = ""
+    #: the checkpoint this scorer runs or is served from, when known (its description)
+    checkpoint: CheckpointDescription | None = None
 
     def __init__(self, prompts: PromptSet, *, parse_mode: str = "strict"):
         self.prompts = prompts
@@ -97,6 +102,22 @@ class KeyScreenshotScorer(ABC):
     def image_policy(self) -> ImagePolicy | None:
         """The image policy this scorer's model was trained with, when known."""
         return None
+
+    @property
+    def constrained(self) -> bool:
+        """Whether this scorer's answers are held to the answer format."""
+        return False
+
+    def facts(self) -> ScorerFacts:
+        """What a verdict's protocol says of this scorer (as the run's config says it:
+        :func:`keyshot.infer.judge.scorer_factory.scorer_facts`)."""
+        ckpt = self.checkpoint
+        return ScorerFacts(
+            self.backend,
+            ckpt.model if ckpt is not None else self.name,
+            ckpt.hash if ckpt is not None else None,
+            self.constrained,
+        )
 
     @abstractmethod
     async def score(self, task: str, key_points: str, image: PreparedImage) -> ScreenshotScore:
@@ -254,8 +275,19 @@ class OpenAIScorer(KeyScreenshotScorer):
         return self.client.endpoint.model
 
     @property
+    def backend(self) -> str:
+        return JUDGE_SCORES_BACKEND if self.role == "judge" else "openai"
+
+    @property
     def image_policy(self) -> ImagePolicy | None:
         return self._policy
+
+    @property
+    def constrained(self) -> bool:
+        return self.role == "scorer" and self.client.endpoint.constrained
+
+    def facts(self) -> ScorerFacts:
+        return ScorerFacts(JUDGE_SCORES_BACKEND) if self.role == "judge" else super().facts()
 
     @property
     def max_tokens_setting(self) -> str:
@@ -296,3 +328,18 @@ class OpenAIScorer(KeyScreenshotScorer):
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+# ---------------------------------------------------------------------------- the judge as its scorer
+@dataclass(frozen=True)
+class JudgeScores:
+    """The reference configuration, named by the caller (``scorer.backend: none``): the judge model scores
+    every screenshot itself, through the judge's own client (N + 2 judge calls a trajectory), and sees each
+    under the reference's image policy (its own size, :data:`~keyshot.infer.protocol.images.REFERENCE_POLICY`)."""
+
+    def scorer(self, judge: JudgeClient, prompts: PromptSet, parse_mode: str) -> OpenAIScorer:
+        return OpenAIScorer(judge, prompts, parse_mode=parse_mode, policy=REFERENCE_POLICY, role="judge")
+
+
+#: Pass it as :class:`~keyshot.infer.judge.pipeline.WebJudge`'s scorer for the reference configuration.
+JUDGE_SCORES = JudgeScores()

@@ -8,7 +8,11 @@ index's folder or a parent), ``judge``, ``benchmark``, ``agent``, ``task_id`` an
 agent compared loosely (:func:`keyshot.infer.loaders.human_labels.normalize_agent`).
 
 A record's ``image_judge_record`` holds ``{"Response": text, "Score": n}`` per screenshot, in order
-(:func:`recorded_score`). Its outcome text is, by format: ``evaluation_details.response`` (Online-Mind2Web's
+(:func:`recorded_score`), answered under one prompt set (:func:`scorer_variant`), whose reference reading
+gives the descriptions the record's own outcome prompt showed. Its task is the goal as that prompt showed
+it (:func:`record_task`: without AgentLab's notes of the goal's images, which name a path of the machine
+that recorded the run), and its outcome system prompt names the prompt set of the outcome call
+(:func:`outcome_variant`). Its outcome text is, by format: ``evaluation_details.response`` (Online-Mind2Web's
 ``src/run.py`` output), ``response`` as a string, or ``response.choices[0].message.content``
 (AgentRewardBench's saved chat completion).
 """
@@ -23,7 +27,8 @@ from pathlib import Path
 
 from keyshot.infer.loaders.human_labels import normalize_agent, normalize_human_label
 from keyshot.infer.loaders.trajectory import TrajectoryError
-from keyshot.infer.protocol.parsing import parse_score
+from keyshot.infer.protocol.parsing import carries_labels, parse_score
+from keyshot.infer.protocol.prompts import VARIANTS, load_prompt_set
 
 INDEX_FILE = "index.csv"
 INDEX_COLUMNS = ("path", "judge", "benchmark", "agent", "task_id", "human_success")
@@ -91,10 +96,11 @@ def record_path(index_path: Path, row: ArbIndexRow) -> Path:
     return index_path.parent / row.judge / row.benchmark / row.agent / f"{row.task_id}.json"
 
 
-def recorded_score(entry: object) -> tuple[str, int | None, str | None]:
+def recorded_score(entry: object, variant: str = "online_mind2web") -> tuple[str, int | None, str | None]:
     """(answer text, score 1-5 or None, why there is none) of one ``image_judge_record`` entry: the
-    recorded ``Score``, else the score the reference reads in the answer. 0 or another value outside 1-5
-    is the original run's "could not read a score". An entry without a ``Response`` raises ValueError."""
+    recorded ``Score``, else the score the reference reads in the answer (of ``variant``'s prompt set). 0 or
+    another value outside 1-5 is the original run's "could not read a score". An entry without a
+    ``Response`` raises ValueError."""
     if not isinstance(entry, dict) or not isinstance(entry.get("Response"), str):
         raise ValueError(f"expected {{'Response': str, 'Score': int}}, found {str(entry)[:80]!r}")
     text = entry["Response"]
@@ -104,12 +110,43 @@ def recorded_score(entry: object) -> tuple[str, int | None, str | None]:
     except (TypeError, ValueError):
         score = None
     if score is None:
-        score = parse_score(text, "reference").score
+        score = parse_score(text, "reference", variant).score
         if score == 0:
             return text, None, "no recorded score and none readable in the answer"
     if score not in (1, 2, 3, 4, 5):
         return text, None, f"recorded score {raw!r}: the original run could not read a score"
     return text, score, None
+
+
+def scorer_variant(entries: object) -> str:
+    """The prompt set a record's scorer answers were asked with, by the labels they carry: ``general`` when
+    one carries its ``### Reasoning:`` / ``### Score`` labels (the API judges of AgentRewardBench's runs,
+    o4-mini and GPT-4o), else ``online_mind2web`` (WebJudge-7B's ``**Reasoning**: … **Score**: N``)."""
+    texts = [e.get("Response") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    general = any(isinstance(t, str) and carries_labels(t, "general") for t in texts)
+    return "general" if general else "online_mind2web"
+
+
+#: AgentLab's notes of the images in a goal, ending it ("Input image 1/1 below (local path:
+#: PosixPath('/tmp/…'), url: '…')"), which the record's own outcome prompt did not show.
+_GOAL_IMAGE_NOTES = re.compile(r"(?:\nInput image \d+/\d+ below \([^\n]*\))+\n?\Z")
+
+
+def record_task(record: dict) -> str | None:
+    """The task a record's outcome prompt showed: ``task`` (or ``confirmed_task``, Online-Mind2Web), else the
+    ``goal`` without the notes of its images; None when the record holds none."""
+    task = record.get("task") or record.get("confirmed_task") or record.get("goal")
+    return _GOAL_IMAGE_NOTES.sub("", task) if isinstance(task, str) else None
+
+
+def outcome_variant(record: dict) -> str | None:
+    """The shipped prompt set whose outcome system prompt is the record's ``system_msg`` (AgentRewardBench's
+    runs used ``general``'s, WebJudge-7B's included), or None when it holds none of them."""
+    system = record.get("system_msg")
+    found = [
+        v for v in VARIANTS if isinstance(system, str) and load_prompt_set(v).system("outcome") == system
+    ]
+    return found[0] if found else None
 
 
 def outcome_text(record: dict) -> str | None:

@@ -8,11 +8,11 @@ status's (the outcome's probability of success) are read at the token where the 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from keyshot.infer.protocol.parsing import Mode, status_word_offset
+from keyshot.infer.common.text import count_of
+from keyshot.infer.protocol.parsing import STATUS_WORDS, Mode, status_word_offset
 
-_SUCCESS = ("success", "successful", "succeeded")
-_FAILURE = ("failure", "failed", "fail", "unsuccessful")
 _STRIP = " \t\n\"'`*[(<"
 
 
@@ -42,20 +42,30 @@ def alternatives(item: dict) -> dict[str, float]:
 
 
 def _status_of(token: str) -> bool | None:
-    """True for a token that begins a success word, False for a failure word, None for others."""
+    """True for a token that begins a success word of :data:`~keyshot.infer.protocol.parsing.STATUS_WORDS`
+    (or is one, continued), False for a failure word's, None for others and for a token that could begin
+    either."""
     word = token.strip(_STRIP).lower()
     if not word:
         return None
-    if any(w.startswith(word) or word.startswith(w) for w in _FAILURE):
-        return False
-    if any(w.startswith(word) or word.startswith(w) for w in _SUCCESS):
-        return True
-    return None
+    says = {success for w, success in STATUS_WORDS.items() if w.startswith(word) or word.startswith(w)}
+    return says.pop() if len(says) == 1 else None
 
 
-def p_success_from_logprobs(
+@dataclass(frozen=True)
+class StatusProbability:
+    """P(success) at the status word, with what it rests on: ``alternatives``, the status words among the
+    tokens offered there (success and failure words together); ``note`` says when one side had none of
+    them (a word outside the returned top-k is unseen, so 1.0 or 0.0 is only what the top-k shows)."""
+
+    p_success: float
+    alternatives: int
+    note: str | None = None
+
+
+def read_status_probability(
     text: str, logprobs: list[dict] | None, success: bool | None, mode: Mode = "strict"
-) -> float | None:
+) -> StatusProbability | None:
     """P(success) at the status word the parser read: the offered tokens that begin a success word
     against those that begin a failure word, renormalised over the two; None when the answer has no
     status, the token there is not a status word matching the reading, or no alternative is either."""
@@ -65,9 +75,23 @@ def p_success_from_logprobs(
     position = None if offset is None else token_index(text, logprobs, offset)
     if position is None or _status_of(str(logprobs[position].get("token") or "")) is not success:
         return None
+    offered = alternatives(logprobs[position])
     p = {True: 0.0, False: 0.0}
-    for tok, prob in alternatives(logprobs[position]).items():
+    counted = 0
+    for tok, prob in offered.items():
         if (status := _status_of(tok)) is not None:
             p[status] += prob
+            counted += 1
     total = p[True] + p[False]
-    return p[True] / total if total > 0 else None
+    if total <= 0:
+        return None
+    note = None
+    missing = [name for status, name in ((False, "failure"), (True, "success")) if p[status] == 0]
+    if missing:
+        least = min(offered.values())
+        note = (
+            f"no {missing[0]} word among the {count_of(len(offered), 'token', 'tokens')} returned at the status word: p_success "
+            f"{p[True] / total:.1f} says only that; a {missing[0]} word outside them had p <= {least:.3g} "
+            "(ask for more with pipeline.outcome_logprobs)"
+        )
+    return StatusProbability(p[True] / total, counted, note)

@@ -95,6 +95,12 @@ _DIGIT = re.compile(r"[1-5]")
 _REASONING_LABEL = re.compile(r"(?:#+[ \t]*)?\**reasoning\**[ \t]*\**[ \t]*:?\**", re.IGNORECASE)
 
 
+def carries_labels(text: str, variant: str) -> bool:
+    """Whether a scorer answer carries ``variant``'s own reasoning or score label (``general``:
+    ``### Reasoning:``, ``### Score``): which prompt set a released answer was asked with."""
+    return any(label in text for label in _REFERENCE_LABELS[variant])
+
+
 def _reference_digit(text: str, variant: str) -> tuple[int | None, str | None]:
     """The offset of the first 1-5 between the first and the second score label, or the error."""
     score_label = _REFERENCE_LABELS[variant][1]
@@ -177,8 +183,24 @@ def _strict_thought(text: str, score_at: int, variant: str) -> str:
 
 # ---------------------------------------------------------------- outcome status
 _STATUS_LABEL = re.compile(r"status\s*\**\s*:", re.IGNORECASE)
-_SUCCESS_WORDS = ("success", "successful", "succeeded", "complete", "completed")
-_FAILURE_WORDS = ("failure", "unsuccessful", "failed", "fail", "incomplete", "not successful", "not success")
+#: The status words, each with what it says (True: success), in the order a status value is matched
+#: against them: failure words first ("unsuccessful" holds "success", "incomplete" holds "complete", "not
+#: successful" begins a phrase). The one table of the parser and of the log-probability reader
+#: (:mod:`keyshot.infer.protocol.logprobs`), so a word the parser reads is a word p_success is read for.
+STATUS_WORDS: dict[str, bool] = {
+    "failure": False,
+    "unsuccessful": False,
+    "failed": False,
+    "fail": False,
+    "incomplete": False,
+    "not successful": False,
+    "not success": False,
+    "success": True,
+    "successful": True,
+    "succeeded": True,
+    "complete": True,
+    "completed": True,
+}
 
 
 def parse_status(text: str, mode: Mode = "strict") -> StatusResult:
@@ -196,14 +218,9 @@ def parse_status(text: str, mode: Mode = "strict") -> StatusResult:
         return StatusResult(None, False, "answer has no 'Status:' label")
     value = text[labels[-1].end() :].strip().lower()
     value = re.sub(r"^[\s\"'`*\[(<]+", "", value)
-    for word in (
-        _FAILURE_WORDS
-    ):  # checked first: "not successful" starts with "not", "unsuccessful" contains "success"
+    for word, success in STATUS_WORDS.items():
         if re.match(rf"{re.escape(word)}\b", value):
-            return StatusResult(False, True)
-    for word in _SUCCESS_WORDS:
-        if re.match(rf"{re.escape(word)}\b", value):
-            return StatusResult(True, True)
+            return StatusResult(success, True)
     shown = value.splitlines()[0][:40] if value else ""
     return StatusResult(None, False, f"status value {shown!r} is neither success nor failure")
 

@@ -86,6 +86,10 @@ class OutcomeCall:
     cut: bool = False  # the answer was cut by max_tokens
     #: P(success) read from the status token's log-probabilities (``pipeline.outcome_logprobs``), else None
     p_success: float | None = None
+    #: how many status words among the tokens returned at the status word p_success rests on
+    p_success_alternatives: int | None = None
+    #: set when p_success rests on one side only (no failure, or no success, word among those tokens)
+    p_success_note: str | None = None
 
 
 @dataclass

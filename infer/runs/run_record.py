@@ -1,7 +1,8 @@
 """A run folder's record, ``RUN/run.json``: what made its results, read, compared and written here only.
 
 One file format for every kind of run: ``{"<payload>": {...}}``. A judge run records its ``protocol``
-(what decides its verdicts: :mod:`keyshot.infer.judge.fingerprint`), checked on resume; a synthesis run
+(what decides its verdicts: :mod:`keyshot.infer.judge.fingerprint`), checked on resume, and its ``inputs``
+(how its trajectories were read, so that ``keyshot sweep`` reads them again the same way); a synthesis run
 its ``manifest`` (prompt set, image policy, parse mode, sessions: :mod:`keyshot.data_synth.run_folder`).
 What goes into a payload is its kind's business. Folders written by older versions are read as they
 are (:func:`_current`): a synthesis run.json that was the manifest itself, a protocol that says
@@ -21,6 +22,8 @@ RUN_FILE = "run.json"
 PROTOCOL = "protocol"
 #: A synthesis run's payload: its manifest.
 MANIFEST = "manifest"
+#: A judge run's payload beside its protocol: how its trajectories were read (:func:`record_inputs`).
+INPUTS = "inputs"
 #: What a run of stand-in models (the demo's untrained model) records: the sentence every artefact shows.
 STAND_IN = "stand_in"
 #: The protocol's key for the roles (``judge``, ``scorer``) whose answers were held to the answer format
@@ -36,7 +39,7 @@ def read_payload(folder: Path, payload: str) -> dict | None:
     """The ``payload`` recorded in ``folder/run.json``; None when the folder has no run file yet. A file
     that is not a run file raises RunFolderError naming it (each command adds what its user can do)."""
     record = _read_record(folder)
-    if record is None or set(record) <= {STAND_IN}:  # no run file, or only the stand-in mark so far
+    if record is None or set(record) <= {STAND_IN, INPUTS}:  # no run file, or no payload recorded yet
         return None
     found = record.get(payload, {})
     if not isinstance(found, dict):
@@ -58,14 +61,31 @@ def _read_record(folder: Path) -> dict | None:
 
 
 def write_payload(folder: Path, payload: str, data: object) -> None:
-    """Record ``data`` as the run's ``payload`` in ``folder/run.json`` (atomically), beside the stand-in
-    mark when the folder has one."""
-    record = {payload: data}
-    if payload != STAND_IN and (mark := stand_in_of(folder)):
-        record[STAND_IN] = mark
-    elif payload == STAND_IN:
-        record = {**(_read_record(folder) or {}), STAND_IN: data}
+    """Record ``data`` as the run's ``payload`` in ``folder/run.json`` (atomically), beside what the file
+    records already (the stand-in mark, the inputs)."""
+    try:
+        record = _read_record(folder) or {}
+    except RunFolderError:  # not a run file: replaced (the callers read it first and refuse what they must)
+        record = {}
+    record[payload] = data
     write_text_atomic(folder / RUN_FILE, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+
+
+def record_inputs(folder: Path, inputs: dict) -> None:
+    """Record how a judge run read its trajectories (its input paths, format, agent, benchmark and the
+    folders its screenshots may point into), so that what re-reads them reads the same trajectories."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_payload(folder, INPUTS, inputs)
+
+
+def read_inputs(folder: Path) -> dict | None:
+    """What :func:`record_inputs` recorded in ``folder``; None for a folder that records none (older runs,
+    merged shards, released records)."""
+    try:
+        found = (_read_record(folder) or {}).get(INPUTS)
+    except RunFolderError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def mark_stand_in(folder: Path, sentence: str) -> None:

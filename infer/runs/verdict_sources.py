@@ -33,7 +33,13 @@ from pathlib import Path
 
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.loaders import load_trajectories
-from keyshot.infer.loaders.judge_records import outcome_text, recorded_score
+from keyshot.infer.loaders.judge_records import (
+    outcome_text,
+    outcome_variant,
+    record_task,
+    recorded_score,
+    scorer_variant,
+)
 from keyshot.infer.protocol.messages import MAX_KEPT_IMAGES
 from keyshot.infer.protocol.parsing import parse_score, parse_status
 from keyshot.infer.protocol.verdicts import (
@@ -156,21 +162,23 @@ def _convert_reference(record: dict, path: Path, threshold: int, max_kept: int) 
         raise KeyError("needs 'image_judge_record' and 'key_points'")
     is_arb = "goal" in record and "task_id" not in record
     task_id = str(record["task_id"]) if "task_id" in record else path.stem
-    task = record.get("task") or record.get("confirmed_task") or record.get("goal")
-    if not isinstance(task, str):
+    task = record_task(record)
+    if task is None:
         raise KeyError("no task text ('task', 'confirmed_task' or 'goal')")
 
     shots = []
+    variant = scorer_variant(record["image_judge_record"])
     for i, item in enumerate(record["image_judge_record"]):
         try:
-            text, score, error = recorded_score(item)
+            text, score, error = recorded_score(item, variant)
         except ValueError as exc:
             raise ValueError(f"image_judge_record[{i}]: {exc}") from None
         shots.append(
             ScreenshotRecord(
                 index=i,
                 score=score,
-                thought=parse_score(text, mode="reference").thought,  # as the reference reads it
+                # as the reference read it for the record's own outcome prompt: its prompt set's rule
+                thought=parse_score(text, mode="reference", variant=variant).thought,
                 valid=score is not None,
                 error=error,
                 raw=text,
@@ -221,6 +229,8 @@ def _convert_reference(record: dict, path: Path, threshold: int, max_kept: int) 
             or (response.get("model") if isinstance(response, dict) else None),
             "threshold": threshold,
             "parse_mode": "reference",
+            # the prompt set of its outcome call, where its system prompt says it: what a sweep asks with
+            **({"prompt_variant": asked} if (asked := outcome_variant(record)) else {}),
         },
         reward=float(reward) if isinstance(reward, int | float) else None,
         record_format=FORMAT_ARB if is_arb else FORMAT_REFERENCE,

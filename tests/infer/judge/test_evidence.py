@@ -12,6 +12,7 @@ from keyshot.infer.cli import main as keyshot
 from keyshot.infer.client.cache import CallCache
 from keyshot.infer.judge.calls import Protocol, ask_score
 from keyshot.infer.judge.pipeline import PipelineConfig, WebJudge
+from keyshot.infer.judge.scorers import JUDGE_SCORES
 from keyshot.infer.protocol.images import DEFAULT_POLICY
 from keyshot.infer.protocol.prompts import load_prompt_set
 from keyshot.infer.protocol.verdicts import read_verdicts
@@ -114,7 +115,7 @@ def test_a_verbose_scorer_behind_a_small_max_tokens_stops_the_run_early(tmp_path
 def test_a_cut_judge_answer_makes_the_trajectory_incomplete():
     trajectory = agentlab_trajectories()[0]
     with FakeOpenAI(make_judge()) as server:
-        webjudge = WebJudge(judge_client(server), None, PipelineConfig(outcome_max_tokens=3))
+        webjudge = WebJudge(judge_client(server), JUDGE_SCORES, PipelineConfig(outcome_max_tokens=3))
         [v] = judge_all(webjudge, [trajectory])
     assert v.success is None and not v.finished
     assert v.error.startswith("outcome: answer cut by max_tokens after 3 tokens")
@@ -173,10 +174,10 @@ def test_reference_mode_judges_without_evidence_but_says_so(caplog):
     trajectory = agentlab_trajectories()[0]
     every_answer_unreadable = make_teacher("brightness", garbage_rate=1.0)
     with FakeOpenAI(every_answer_unreadable) as server:
-        [strict] = judge_all(WebJudge(judge_client(server), None), [trajectory])
+        [strict] = judge_all(WebJudge(judge_client(server), JUDGE_SCORES), [trajectory])
         strict_calls = server.stats.completions_served
         [reference] = judge_all(
-            WebJudge(judge_client(server), None, PipelineConfig(parse_mode="reference")), [trajectory]
+            WebJudge(judge_client(server), JUDGE_SCORES, PipelineConfig(parse_mode="reference")), [trajectory]
         )
     n = trajectory.num_screenshots
     assert strict_calls == 1 + n  # key points and the scores; no outcome call on no evidence

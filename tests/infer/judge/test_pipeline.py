@@ -16,7 +16,12 @@ import pytest
 
 from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
 from keyshot.infer.judge.pipeline import PipelineConfig, WebJudge
-from keyshot.infer.judge.scorers import OpenAIScorer, checkpoint_image_policy, expected_score_from_logprobs
+from keyshot.infer.judge.scorers import (
+    JUDGE_SCORES,
+    OpenAIScorer,
+    checkpoint_image_policy,
+    expected_score_from_logprobs,
+)
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Screenshot, Trajectory
 from keyshot.infer.protocol.images import REFERENCE_POLICY
@@ -212,7 +217,7 @@ def test_reference_configuration_makes_n_plus_2_judge_calls():
     trajectories = fixture_trajectories()
     assert len(trajectories) >= 5
     with FakeOpenAI(make_judge("any_image", "brightness")) as server:
-        webjudge = WebJudge(judge_client(server, max_concurrency=8), scorer=None)
+        webjudge = WebJudge(judge_client(server, max_concurrency=8), scorer=JUDGE_SCORES)
         verdicts = judge_all(webjudge, trajectories)
         assert server.stats.completions_served == sum(t.num_screenshots + 2 for t in trajectories)
     for t, v in zip(trajectories, verdicts, strict=True):
@@ -227,14 +232,27 @@ def test_reference_configuration_makes_n_plus_2_judge_calls():
         ]
         assert v.kept == expected
         assert v.success is bool(expected)  # the fake judge says success iff screenshots were attached
-        assert v.config["scorer_backend"] == "judge"
+        assert v.config["scorer_backend"] == "none"
+
+
+def test_the_reference_configuration_is_named_not_implied():
+    """No scorer is not a mode: WebJudge refuses None (it switched silently to the judge scoring every
+    screenshot under another image policy) and takes JUDGE_SCORES, which says so."""
+    with pytest.raises(TypeError, match="JUDGE_SCORES for the reference configuration"):
+        WebJudge(JudgeClient(EndpointConfig(base_url="http://127.0.0.1:9/v1", model="j")), None)
+    webjudge = WebJudge(
+        JudgeClient(EndpointConfig(base_url="http://127.0.0.1:9/v1", model="j")), JUDGE_SCORES
+    )
+    assert webjudge.policy == REFERENCE_POLICY and webjudge.scorer.role == "judge"
+    assert webjudge.describe()["scorer_backend"] == "none" and webjudge.describe()["scorer_model"] is None
 
 
 def test_outcome_modes_key_point_and_combined():
     trajectory = agentlab_trajectories()[0]
     with FakeOpenAI(make_judge("always_success")) as server:
         kp = judge_all(
-            WebJudge(judge_client(server), None, PipelineConfig(outcome_mode="key_point")), [trajectory]
+            WebJudge(judge_client(server), JUDGE_SCORES, PipelineConfig(outcome_mode="key_point")),
+            [trajectory],
         )[0]
         n_points = len(split_key_points(kp.key_points))
         assert n_points >= 1
@@ -245,7 +263,9 @@ def test_outcome_modes_key_point_and_combined():
 
         combined = judge_all(
             WebJudge(
-                judge_client(server), None, PipelineConfig(outcome_mode="combined", combined_max_key_points=0)
+                judge_client(server),
+                JUDGE_SCORES,
+                PipelineConfig(outcome_mode="combined", combined_max_key_points=0),
             ),
             [trajectory],
         )[0]
@@ -253,7 +273,7 @@ def test_outcome_modes_key_point_and_combined():
         combined = judge_all(
             WebJudge(
                 judge_client(server),
-                None,
+                JUDGE_SCORES,
                 PipelineConfig(outcome_mode="combined", combined_max_key_points=99),
             ),
             [trajectory],
@@ -286,6 +306,24 @@ def test_text_only_outcome_sends_the_descriptions_without_images():
     assert text_only.usage["judge"].prompt_tokens < with_images.usage["judge"].prompt_tokens
 
 
+def test_p_success_records_what_it_rests_on():
+    """The outcome call records how many status words p_success rests on; asked for the top-1 token only, the
+    failure word is never among them, and the verdict says its 1.0 is one-sided (it said nothing)."""
+    trajectory = agentlab_trajectories()[0]
+    with FakeOpenAI(make_judge("always_success")) as server:
+        verdicts = {}
+        for k in (2, 1):
+            scorer = OpenAIScorer(judge_client(server, model="fake-scorer"), load_prompt_set())
+            webjudge = WebJudge(judge_client(server), scorer, PipelineConfig(outcome_logprobs=k))
+            verdicts[k] = judge_all(webjudge, [trajectory])[0]
+    both, top1 = verdicts[2].outcome_calls[0], verdicts[1].outcome_calls[0]
+    assert (both.p_success, both.p_success_alternatives, both.p_success_note) == (pytest.approx(0.8), 2, None)
+    assert (top1.p_success, top1.p_success_alternatives) == (1.0, 1)
+    assert "no failure word among the 1 token returned" in top1.p_success_note
+    assert any("outcome: no failure word" in e for e in verdicts[1].errors)
+    assert not any("no failure word" in e for e in verdicts[2].errors)
+
+
 def test_key_point_mode_fails_if_any_point_fails():
     trajectory = agentlab_trajectories()[0]
 
@@ -305,7 +343,8 @@ def test_key_point_mode_fails_if_any_point_fails():
     trajectory.task = "Navigate to the knowledge base, and search for the article"
     with FakeOpenAI(one_point_fails) as server:
         v = judge_all(
-            WebJudge(judge_client(server), None, PipelineConfig(outcome_mode="key_point")), [trajectory]
+            WebJudge(judge_client(server), JUDGE_SCORES, PipelineConfig(outcome_mode="key_point")),
+            [trajectory],
         )[0]
     assert [c.success for c in v.outcome_calls].count(False) == 1
     assert v.success is False and v.status_valid
@@ -316,7 +355,7 @@ def test_faults_lose_no_trajectory():
     plan = FaultPlan.uniform(0.2, seed=3)
     with FakeOpenAI(make_judge(), faults=plan, timeout_sleep_s=1.5) as server:
         webjudge = WebJudge(
-            judge_client(server, timeout_s=1.0, max_retries=8, max_concurrency=8), scorer=None
+            judge_client(server, timeout_s=1.0, max_retries=8, max_concurrency=8), scorer=JUDGE_SCORES
         )
         verdicts = judge_all(webjudge, trajectories)
         assert server.stats.total_faults > 0
@@ -327,7 +366,7 @@ def test_faults_lose_no_trajectory():
 def test_failed_judge_is_recorded_not_dropped(tmp_path):
     trajectory = agentlab_trajectories()[0]
     with FakeOpenAI(make_judge(), faults={"500": 1.0}) as server:
-        v = judge_all(WebJudge(judge_client(server, max_retries=1), None), [trajectory])[0]
+        v = judge_all(WebJudge(judge_client(server, max_retries=1), JUDGE_SCORES), [trajectory])[0]
     assert v.success is None and not v.finished
     assert v.error.startswith("key points:") and "500" in v.error
     assert v.usage["judge"].errors == 1
@@ -344,7 +383,7 @@ def test_unreadable_screenshot_is_an_error_on_that_screenshot(tmp_path):
     ]
     trajectory = Trajectory(task_id="t-broken", task=good.task, actions=good.actions[:3], screenshots=shots)
     with FakeOpenAI(make_judge()) as server:
-        v = judge_all(WebJudge(judge_client(server), None), [trajectory])[0]
+        v = judge_all(WebJudge(judge_client(server), JUDGE_SCORES), [trajectory])[0]
         assert server.stats.completions_served == 1 + 1 + 1  # key points, ONE scorer call, outcome
     assert v.finished and v.status_valid
     assert v.screenshots[0].error is None and v.screenshots[0].score is not None
@@ -356,7 +395,7 @@ def test_reference_parse_mode_sends_reference_messages():
     trajectory = agentlab_trajectories()[0]
     with FakeOpenAI(make_judge("any_image", "brightness")) as server:
         v = judge_all(
-            WebJudge(judge_client(server), None, PipelineConfig(parse_mode="reference")), [trajectory]
+            WebJudge(judge_client(server), JUDGE_SCORES, PipelineConfig(parse_mode="reference")), [trajectory]
         )[0]
         outcome = [r for r in server.requests if "User Task:" in json.dumps(r)][-1]
     assert v.finished and v.config["parse_mode"] == "reference"

@@ -14,7 +14,9 @@ import pytest
 
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.common.errors import EXIT_BUDGET, EXIT_INCOMPLETE
-from keyshot.infer.judge.sweep import SweepError, delta_folder, parse_deltas, plan_sweep
+from keyshot.infer.judge.sweep_plan import plan_sweep
+from keyshot.infer.judge.sweep_source import SweepError
+from keyshot.infer.judge.threshold_sweep import delta_folder, parse_deltas
 from keyshot.infer.loaders.judge_records import recorded_actions
 from keyshot.infer.protocol.verdicts import read_verdicts, select_kept
 from keyshot.infer.runs.run_record import mark_stand_in, read_protocol, stand_in_of
@@ -52,6 +54,28 @@ def _overrides(server: FakeOpenAI) -> list[str]:
         "judge.timeout_s=10",
         "pipeline.outcome_logprobs=2",
     ]
+
+
+def _scorer_overrides(server: FakeOpenAI) -> list[str]:
+    return [
+        f"scorer.endpoint.base_url={server.base_url}",
+        "scorer.endpoint.model=fake-scorer",
+        "scorer.endpoint.api_key_env=null",
+    ]
+
+
+def _judged_run(tmp_path: Path, server: FakeOpenAI, counts: list[int], *extra: str) -> list[str]:
+    """Synthetic trajectories judged into tmp_path/run by ``server`` as judge and scorer; the overrides."""
+    from keyshot.infer.common.config import load_config
+    from keyshot.infer.judge.config import JudgeRunConfig
+    from keyshot.infer.judge.run import run_judge
+    from keyshot.infer.testing.worlds import synthetic_trajectories
+
+    source = synthetic_trajectories(tmp_path / "traj", len(counts), counts, seed=2, size=(320, 200))
+    overrides = [*_overrides(server), *_scorer_overrides(server), *extra]
+    config = load_config(JudgeRunConfig, None, [*overrides, f"out={tmp_path / 'run'}"])
+    run_judge([str(source)], config, progress=False)
+    return overrides
 
 
 def _kept_sets(deltas: list[int]) -> dict[str, set[tuple[int, ...]]]:
@@ -270,13 +294,7 @@ def test_sweep_of_a_keyshot_run_shows_the_kept_screenshots_and_calls_no_scorer(t
         return judge(request)
 
     with FakeOpenAI(outcome_images) as judge_srv, FakeOpenAI(scorer) as scorer_srv:
-        overrides = [
-            *_overrides(judge_srv),
-            f"scorer.endpoint.base_url={scorer_srv.base_url}",
-            "scorer.endpoint.model=fake-scorer",
-            "scorer.endpoint.api_key_env=null",
-            f"out={tmp_path / 'run'}",
-        ]
+        overrides = [*_overrides(judge_srv), *_scorer_overrides(scorer_srv), f"out={tmp_path / 'run'}"]
         run_judge([str(source)], load_config(JudgeRunConfig, None, overrides), progress=False)
         judged_scores = scorer.steps["key_screenshot"]
         assert judged_scores == 16
@@ -366,7 +384,81 @@ def test_a_dead_judge_leaves_the_sweep_incomplete_and_the_next_run_asks_again(tm
     dead = ["judge.base_url=http://127.0.0.1:9/v1", "judge.model=fake-judge", "judge.api_key_env=null"]
     dead += ["judge.backoff_base_s=0.01", "judge.timeout_s=10", "pipeline.outcome_logprobs=2"]
     assert keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *dead]) == EXIT_INCOMPLETE
-    assert "incomplete (a failed outcome call): run keyshot sweep again" in capsys.readouterr().out
+    assert "incomplete (the outcome call failed: 9): run keyshot sweep again" in capsys.readouterr().out
+    failed = [r["failed"] for r in json.loads((out / "sweep.json").read_text())["per_delta"]]
+    assert failed == [{"the outcome call failed": 3}] * 3
     with FakeOpenAI(make_judge("task_hash")) as server:
         assert keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *_overrides(server)]) == 0
         assert server.stats.requests > 0
+
+
+def test_an_unreadable_kept_screenshot_fails_its_verdict_and_the_sweep_goes_on(tmp_path, capsys):
+    """A kept screenshot that cannot be read any more (its file broken after the judged run) fails that one
+    verdict with its reason, as keyshot judge records such a failure on its verdict: the other verdicts are
+    swept, sweep.json counts it by reason and the sweep exits 3 (it aborted with no sweep.json)."""
+    with FakeOpenAI(make_judge("any_image", "brightness")) as server:
+        overrides = _judged_run(tmp_path, server, [3, 5, 2, 6])
+        judged = read_verdicts(tmp_path / "run" / "verdicts.jsonl")
+        broken = next(v for v in judged if select_kept(v.screenshots, 2, mode="strict"))
+        shot = broken.screenshots[select_kept(broken.screenshots, 2, mode="strict")[0]]
+        (tmp_path / "traj" / "screenshots" / shot.path).write_bytes(
+            b"\x89PNG\r\n\x1a\n not an image any more"
+        )
+        out = tmp_path / "sweep"
+        argv = [
+            "sweep",
+            str(tmp_path / "run"),
+            "--out",
+            str(out),
+            "--deltas",
+            "2",
+            "--no-progress",
+            *overrides,
+        ]
+        assert keyshot(argv) == EXIT_INCOMPLETE
+    printed = capsys.readouterr().out
+    assert "1 swept verdict(s) incomplete (a kept screenshot is not readable: 1)" in printed
+    row = json.loads((out / "sweep.json").read_text())["per_delta"][0]
+    assert row["trajectories"] == 4 and row["incomplete"] == 1
+    assert row["failed"] == {"a kept screenshot is not readable": 1}
+    swept = {v.task_id: v for v in read_verdicts(delta_folder(out, 2) / "verdicts.jsonl")}
+    assert swept[broken.task_id].success is None and shot.path in swept[broken.task_id].error
+    assert all(v.finished and v.success is not None for k, v in swept.items() if k != broken.task_id)
+
+
+def test_the_sweep_says_before_any_call_what_it_will_pay_and_why(tmp_path, capsys):
+    """Before sending anything the sweep says how many outcome calls it pays at most, per δ and why: one per
+    trajectory, less the requests an earlier δ asks too (the same kept screenshots); in key-point mode one per
+    key point. What it then sends is what it said (an empty cache)."""
+    out = tmp_path / "released"
+    with FakeOpenAI(make_judge("task_hash")) as server:
+        assert keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *_overrides(server)]) == 0
+    printed = capsys.readouterr().out
+    lines = printed[: printed.index("Sweep of")].splitlines()
+    assert lines == [
+        "Before any call: at most 4 outcome calls to pay (one outcome call per trajectory).",
+        "δ=2: at most 3 paid of 3 calls for 3 trajectories to ask.",
+        "δ=3: at most 1 paid of 3 calls for 3 trajectories to ask; 2 repeat an earlier δ's requests (the same "
+        "kept screenshots: the cache answers them).",
+        "δ=4: at most 0 paid of 3 calls for 3 trajectories to ask; 3 repeat an earlier δ's requests (the same "
+        "kept screenshots: the cache answers them).",
+    ]
+    assert json.loads((out / "sweep.json").read_text())["totals"]["outcome_calls_sent"] == 4
+
+    from keyshot.infer.protocol.parsing import split_key_points
+
+    with FakeOpenAI(make_judge("any_image", "brightness")) as server:
+        overrides = _judged_run(tmp_path, server, [3, 5, 4], "pipeline.outcome_mode=key_point")
+        argv = ["sweep", str(tmp_path / "run"), "--out", str(tmp_path / "kp"), "--no-progress", *overrides]
+        assert keyshot([*argv, f"cache={tmp_path / 'empty.sqlite'}"]) == 0
+    printed = capsys.readouterr().out
+    points = sum(
+        len(split_key_points(v.key_points)) for v in read_verdicts(tmp_path / "run" / "verdicts.jsonl")
+    )
+    assert points > 3
+    sent = json.loads((tmp_path / "kp" / "sweep.json").read_text())["totals"]["outcome_calls_sent"]
+    assert (
+        f"Before any call: at most {sent} outcome calls to pay (one outcome call per key point)." in printed
+    )
+    assert f"δ=2: at most {points} paid of {points} calls for 3 trajectories to ask" in printed
+    assert "The judged run's own requests" in printed and "not in this sweep's cache" in printed

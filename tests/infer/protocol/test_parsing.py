@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 
 import pytest
@@ -178,30 +179,89 @@ def test_key_points_reference_and_strict():
 
 
 def test_p_success_is_read_where_the_status_was_read():
-    import math
-
-    from keyshot.infer.protocol.logprobs import p_success_from_logprobs
+    from keyshot.infer.protocol.logprobs import read_status_probability
     from keyshot.infer.protocol.parsing import status_word_offset
-
-    def lp(token, alts):
-        return {
-            "token": token,
-            "logprob": math.log(alts[token]),
-            "top_logprobs": [{"token": t, "logprob": math.log(p)} for t, p in alts.items()],
-        }
 
     head = 'Thoughts: the page shows Status: in passing.\n**Status:** "'
     text = head + 'success"'
     assert text[status_word_offset(text) :].startswith("success")
     tokens = [
-        lp(head, {head: 1.0}),
-        lp("success", {"success": 0.6, " fail": 0.3, "Succ": 0.05, "maybe": 0.05}),
-        lp('"', {'"': 1.0}),
+        _logprob(head, {head: 1.0}),
+        _logprob("success", {"success": 0.6, " fail": 0.3, "Succ": 0.05, "maybe": 0.05}),
+        _logprob('"', {'"': 1.0}),
     ]
-    assert p_success_from_logprobs(text, tokens, True) == pytest.approx(0.65 / 0.95)
-    assert p_success_from_logprobs(text, tokens, False) is None  # the token there is not the reading
-    assert p_success_from_logprobs(text, tokens[:2], True) is None  # tokens that are not the text
-    assert p_success_from_logprobs("no status here", tokens, True) is None
+    reading = read_status_probability(text, tokens, True)
+    assert reading.p_success == pytest.approx(0.65 / 0.95) and reading.alternatives == 3
+    assert read_status_probability(text, tokens, False) is None  # the token there is not the reading
+    assert read_status_probability(text, tokens[:2], True) is None  # tokens that are not the text
+    assert read_status_probability("no status here", tokens, True) is None
     unsure = text.replace("success", "unsuccessful")
-    tokens[1] = lp("unsuccessful", {"unsuccessful": 0.7, "success": 0.3})
-    assert p_success_from_logprobs(unsure, tokens, False) == pytest.approx(0.3)
+    tokens[1] = _logprob("unsuccessful", {"unsuccessful": 0.7, "success": 0.3})
+    assert read_status_probability(unsure, tokens, False).p_success == pytest.approx(0.3)
+
+
+def _logprob(token: str, alts: dict[str, float]) -> dict:
+    """One generated token with its top alternatives (probabilities), as an OpenAI server returns it."""
+    return {
+        "token": token,
+        "logprob": math.log(alts[token]),
+        "top_logprobs": [{"token": t, "logprob": math.log(p)} for t, p in alts.items()],
+    }
+
+
+def _status_answer(word: str, alts: dict[str, float]) -> tuple[str, list[dict]]:
+    """``Status: "<word>"`` with ``word`` one token offered among ``alts``."""
+    head = 'Thoughts: done.\nStatus: "'
+    return head + word + '"', [_logprob(head, {head: 1.0}), _logprob(word, alts), _logprob('"', {'"': 1.0})]
+
+
+def test_every_status_word_the_parser_reads_is_read_for_p_success():
+    """One table of status words: each word the parser accepts gets a p_success of its own side."""
+    from keyshot.infer.protocol.logprobs import read_status_probability
+    from keyshot.infer.protocol.parsing import STATUS_WORDS
+
+    for word, success in STATUS_WORDS.items():
+        other = "failure" if success else "success"
+        text, tokens = _status_answer(word, {word: 0.7, other: 0.3})
+        assert parse_status(text).success is success, word
+        reading = read_status_probability(text, tokens, success)
+        assert reading is not None, word
+        assert reading.p_success == pytest.approx(0.7 if success else 0.3), word
+        assert reading.alternatives == 2 and reading.note is None, word
+
+
+def test_p_success_counts_every_status_word_offered():
+    """The issue's numbers: "not" (of "not successful") is a failure alternative, so success 0.5, "not"
+    0.45, failure 0.05 give 0.5, not 0.5 / 0.55 = 0.909; "complete" is read, not None."""
+    from keyshot.infer.protocol.logprobs import read_status_probability
+
+    text, tokens = _status_answer("success", {"success": 0.5, "not": 0.45, "failure": 0.05})
+    reading = read_status_probability(text, tokens, True)
+    assert reading.p_success == pytest.approx(0.5) and reading.alternatives == 3
+    text, tokens = _status_answer("complete", {"complete": 0.6, "incomplete": 0.3, "in": 0.1})
+    assert parse_status(text).success is True
+    assert read_status_probability(text, tokens, True).p_success == pytest.approx(0.6)
+    head = 'Status: "'
+    text = head + 'not successful"'
+    tokens = [
+        _logprob(head, {head: 1.0}),
+        _logprob("not", {"not": 0.8, "success": 0.2}),
+        _logprob(" successful", {" successful": 1.0}),
+        _logprob('"', {'"': 1.0}),
+    ]
+    assert parse_status(text).success is False
+    assert read_status_probability(text, tokens, False).p_success == pytest.approx(0.2)
+
+
+def test_p_success_of_one_side_only_says_so():
+    """No failure word among the returned tokens: p_success is 1.0 as far as they show, and the reading says
+    that a failure word outside them had at most the least returned probability."""
+    from keyshot.infer.protocol.logprobs import read_status_probability
+
+    text, tokens = _status_answer("success", {"success": 0.9, "Success": 0.04, "maybe": 0.01})
+    reading = read_status_probability(text, tokens, True)
+    assert reading.p_success == 1.0 and reading.alternatives == 2
+    assert "no failure word among the 3 tokens returned" in reading.note and "p <= 0.01" in reading.note
+    text, tokens = _status_answer("failure", {"failure": 0.97, "maybe": 0.03})
+    reading = read_status_probability(text, tokens, False)
+    assert reading.p_success == 0.0 and "no success word" in reading.note
