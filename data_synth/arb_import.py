@@ -36,7 +36,7 @@ from keyshot.data_synth.run_folder import store_image
 from keyshot.infer.loaders import load_trajectory
 from keyshot.infer.loaders.common import data_url_bytes
 from keyshot.infer.loaders.human_labels import normalize_agent
-from keyshot.infer.loaders.judge_records import find_index, outcome_text, read_arb_index
+from keyshot.infer.loaders.judge_records import find_index, outcome_text, read_arb_index, record_task
 from keyshot.infer.loaders.trajectory import TrajectoryError
 from keyshot.infer.protocol.images import ImageError, decode_image
 from keyshot.infer.protocol.parsing import parse_status
@@ -200,7 +200,8 @@ def _import_arb_record(
     if judges and teacher not in judges and judge_folder not in judges:
         report.records -= 1
         return
-    task = str(require_field(record, "goal", str, str(path))).strip()
+    require_field(record, "goal", str, str(path))
+    task = record_task(record)  # as judging reads it: without the notes of the goal's images
     agent = str(require_field(record, "agent", str, str(path)))
     benchmark = str(require_field(record, "benchmark", str, str(path)))
     entries = list(require_field(record, "image_judge_record", list, str(path)))  # type: ignore[arg-type]
@@ -209,7 +210,7 @@ def _import_arb_record(
     uid = f"{benchmark}/{agent}/{task_id}"
     source = f"import:arb:{rel}"
 
-    labels = list(labels_for(uid, teacher, teacher, entries, str(path), source))
+    labels = labels_for(uid, teacher, teacher, entries, str(path), source)
     images = _embedded_images(record.get("chat_messages", []), str(path))
     kept = kept_steps([lb.score for lb in labels])
     t = trajectories.setdefault(uid, _ArbTrajectory(task_id, task, agent, benchmark, len(entries), source))

@@ -5,13 +5,14 @@ two importers share (their report, the keep rule of the recorded scores, label r
 * The reference ``src/run.py`` results: :mod:`keyshot.data_synth.reference_import` (``keyshot synth import-reference``).
 
 A label's score is the recorded ``Score``: 1-5 is a valid label; 0 (the original run could not read a
-score) is an invalid label, dropped by aggregation. Importing twice appends nothing new.
+score) is an invalid label, dropped by aggregation. Its description is the one the record's own outcome
+prompt showed, read by the rule of the prompt set that answered it, as judging reads the record. Importing
+twice appends nothing new.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,8 +25,7 @@ from keyshot.data_synth.labels import (
     TrajectoryRecord,
 )
 from keyshot.data_synth.run_folder import open_manifest
-from keyshot.infer.loaders.judge_records import recorded_score
-from keyshot.infer.protocol.parsing import parse_score
+from keyshot.infer.loaders.judge_records import recorded_answers
 from keyshot.infer.protocol.prompts import PromptSet
 from keyshot.infer.protocol.verdicts import KEEP_THRESHOLD, ScreenshotRecord, select_kept
 
@@ -110,26 +110,30 @@ def append_new(store: LabelStore, record: object, report: ImportReport) -> None:
 
 def labels_for(
     uid: str, teacher: str, model: str, entries: list, where: str, source: str
-) -> Iterator[LabelRecord]:
-    for step, entry in enumerate(entries):
-        try:
-            text, score, error = recorded_score(entry)
-        except ValueError as exc:
-            raise RecordImportError(f"{where}: image_judge_record[{step}]: {exc}") from None
-        yield LabelRecord(
+) -> list[LabelRecord]:
+    """A record's screenshot answers as labels, read as judging reads the record
+    (:func:`~keyshot.infer.loaders.judge_records.recorded_answers`): the same scores and descriptions."""
+    try:
+        answers = recorded_answers(entries)
+    except ValueError as exc:
+        raise RecordImportError(f"{where}: {exc}") from None
+    return [
+        LabelRecord(
             uid=uid,
             step=step,
             teacher=teacher,
-            score=score,
-            valid=score is not None,
-            error=error,
-            text=text,
-            thought=parse_score(text, "strict").thought,
+            score=answer.score,
+            valid=answer.score is not None,
+            error=answer.error,
+            text=answer.text,
+            thought=answer.thought,
             model=model,
             key_points_origin=teacher,
             prompt_version="",
             source=source,
         )
+        for step, answer in enumerate(answers)
+    ]
 
 
 def require_field(record: dict, key: str, kind: type, where: str) -> object:

@@ -9,7 +9,7 @@ agent compared loosely (:func:`keyshot.infer.loaders.human_labels.normalize_agen
 
 A record's ``image_judge_record`` holds ``{"Response": text, "Score": n}`` per screenshot, in order
 (:func:`recorded_score`), answered under one prompt set (:func:`scorer_variant`), whose reference reading
-gives the descriptions the record's own outcome prompt showed. Its task is the goal as that prompt showed
+gives the descriptions the record's own outcome prompt showed (:func:`recorded_answers`: both at once). Its task is the goal as that prompt showed
 it (:func:`record_task`: without AgentLab's notes of the goal's images, which name a path of the machine
 that recorded the run), and its outcome system prompt names the prompt set of the outcome call
 (:func:`outcome_variant`). Its outcome text is, by format: ``evaluation_details.response`` (Online-Mind2Web's
@@ -125,6 +125,34 @@ def scorer_variant(entries: object) -> str:
     texts = [e.get("Response") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
     general = any(isinstance(t, str) and carries_labels(t, "general") for t in texts)
     return "general" if general else "online_mind2web"
+
+
+@dataclass(frozen=True)
+class RecordedAnswer:
+    """One screenshot's answer in a judge record: its text, its score 1-5 (None: none, ``error`` says why)
+    and the description the record's own outcome prompt showed of it."""
+
+    text: str
+    score: int | None
+    error: str | None
+    thought: str
+
+
+def recorded_answers(entries: list) -> list[RecordedAnswer]:
+    """A record's ``image_judge_record`` read as its own outcome prompt read it: each entry's score
+    (:func:`recorded_score`) and description by the reference rule of the prompt set that answered the
+    record (:func:`scorer_variant`). The one reading of released answers for verdicts and synthesis's
+    imports; an entry without a ``Response`` raises ValueError naming its place."""
+    variant = scorer_variant(entries)
+    answers = []
+    for i, entry in enumerate(entries):
+        try:
+            text, score, error = recorded_score(entry, variant)
+        except ValueError as exc:
+            raise ValueError(f"image_judge_record[{i}]: {exc}") from None
+        thought = parse_score(text, mode="reference", variant=variant).thought
+        answers.append(RecordedAnswer(text, score, error, thought))
+    return answers
 
 
 #: AgentLab's notes of the images in a goal, ending it ("Input image 1/1 below (local path:

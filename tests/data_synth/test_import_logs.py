@@ -105,7 +105,7 @@ def test_dataset_rows_carry_the_recorded_scores(tmp_path):
     for row in rows:
         assert row["score"] == record["image_judge_record"][row["step"]]["Score"]
         assert row["teacher"] == "webjudge-7B" and row["source"].startswith("import:arb:webjudge_7B/")
-        assert row["key_points"] == record["key_points"] and row["task"] == record["goal"].strip()
+        assert row["key_points"] == record["key_points"] and row["task"] == record["goal"]
         assert row["image"].size == (1288, 728)  # the 1280x720 screenshot under the default policy
     assert result.report.dropped["no pixels for the screenshot"] == 4 + 4 - 2  # webarena.344 and .427
 
