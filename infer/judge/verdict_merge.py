@@ -3,9 +3,11 @@
 (:mod:`keyshot.infer.runs.shard_merge`). ``keyshot merge`` is its command line.
 
 Refuses, naming each shard by number, shards that never ran, did not finish (killed, stopped, still
-running, a half-written verdict file) or were judged under another protocol; nothing is merged then.
-Trajectories a shard left incomplete are merged and counted. Merging again after re-running a shard
-replaces the merged files.
+running, a half-written verdict file), were judged under another protocol or read their trajectories
+otherwise (run.json's ``inputs``: paths, format, agent, benchmark, ``--allow-outside``), each naming the
+field; nothing is merged then. The merged run.json records the shards' protocol and inputs, so a sweep of
+the merged folder reads the trajectories as the shards did. Trajectories a shard left incomplete are merged
+and counted. Merging again after re-running a shard replaces the merged files.
 """
 
 from __future__ import annotations
@@ -13,14 +15,21 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.protocol.verdicts import VERDICTS_FILE, Verdict, VerdictFileError, verdict_key
-from keyshot.infer.runs.run_record import PROTOCOL, protocol_differences, read_protocol, write_payload
+from keyshot.infer.runs.run_record import (
+    PROTOCOL,
+    protocol_differences,
+    read_inputs,
+    read_protocol,
+    record_inputs,
+    write_payload,
+)
 from keyshot.infer.runs.shard_merge import Shard, ShardKind, copy_shard, merging, stream_shards
 from keyshot.infer.runs.shards import ShardError
 from keyshot.infer.runs.summary import (
@@ -57,6 +66,24 @@ VERDICT_SHARDS = ShardKind(
 )
 
 
+def _one_record(shards: list[Shard], read: Callable[[Path], dict | None], how: str, redo: str) -> dict | None:
+    """What ``read`` finds in every shard's run.json, the same in all (None: recorded by none); raises naming
+    the first shard whose record differs from the first shard's, and each field that differs."""
+    records = {s.index: read(s.folder) for s in shards}
+    first = min(records)
+    for index, record in sorted(records.items()):
+        if (record is None) != (records[first] is None):
+            shown = f"recorded in shard {first if record is None else index} only (an older keyshot?)"
+        else:
+            names = (f"in shard {first}", f"in shard {index}")
+            shown = protocol_differences(records[first] or {}, record or {}, names)
+        if shown:
+            raise ShardError(
+                f"shard {index} {how} than shard {first} ({shown}); re-run it {redo}, nothing was merged"
+            )
+    return records[first]
+
+
 def common_protocol(shards: list[Shard]) -> dict:
     """The protocol every shard was judged under; raises naming a shard of another protocol or shard key."""
     shard_by = {s.index: s.summary.get("run", {}).get("shard_by") for s in shards}
@@ -65,16 +92,17 @@ def common_protocol(shards: list[Shard]) -> dict:
             f"the shards were assigned by different keys ({shard_by}): their trajectories overlap; re-run "
             "them all with one shard_by, nothing was merged"
         )
-    protocols = {s.index: read_protocol(s.folder) or {} for s in shards}
-    first = min(protocols)
-    for index, protocol in sorted(protocols.items()):
-        shown = protocol_differences(protocols[first], protocol, (f"in shard {first}", f"in shard {index}"))
-        if shown:
-            raise ShardError(
-                f"shard {index} was judged under another protocol than shard {first} ({shown}); "
-                "re-run it with the same config, nothing was merged"
-            )
-    return protocols[first]
+    # every shard has one here: a shard without one was refused by _problem
+    return (
+        _one_record(shards, read_protocol, "was judged under another protocol", "with the same config") or {}
+    )
+
+
+def common_inputs(shards: list[Shard]) -> dict | None:
+    """How every shard read its trajectories (run.json's ``inputs``: paths, format, agent, benchmark,
+    ``--allow-outside``), None when no shard recorded it; raises naming a shard that read them otherwise."""
+    redo = "with the same inputs and options (a sweep of the merged folder reads them so)"
+    return _one_record(shards, read_inputs, "read its trajectories otherwise", redo)
 
 
 def _last_lines(path: Path) -> dict[tuple[str, str, str], int]:
@@ -157,11 +185,14 @@ def merge_shards(out: Path) -> dict:
     out = Path(out)
     with merging(out, VERDICT_SHARDS) as shards:
         protocol = common_protocol(shards)
+        inputs = common_inputs(shards)
         merged_before = bool((read_summary(out) or {}).get("run", {}).get("merged_shards"))
         run = _merged_run(shards)
         parts = stream_shards(out, shards, VERDICT_SHARDS, merged_before=merged_before, write=_write_verdicts)
         summary = combine_summaries(parts, run=run)
         write_payload(out, PROTOCOL, protocol)
+        if inputs is not None:
+            record_inputs(out, inputs)
         summary["run"]["seconds"] = time.perf_counter() - t0
         markdown = write_summary(out, summary, UsageLedger.summed([run["ledger"]]).table_if_used())
     summary["markdown"] = markdown

@@ -79,8 +79,8 @@ def record_inputs(folder: Path, inputs: dict) -> None:
 
 
 def read_inputs(folder: Path) -> dict | None:
-    """What :func:`record_inputs` recorded in ``folder``; None for a folder that records none (older runs,
-    merged shards, released records)."""
+    """What :func:`record_inputs` recorded in ``folder`` (a judge run's, or its merged shards'); None for a
+    folder that records none (older runs, released records)."""
     try:
         found = (_read_record(folder) or {}).get(INPUTS)
     except RunFolderError:

@@ -18,14 +18,23 @@ import pytest
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.client.judge_client import EndpointConfig
 from keyshot.infer.client.pool import EndpointPool
-from keyshot.infer.protocol.verdicts import read_verdicts
+from keyshot.infer.judge.threshold_sweep import delta_folder
+from keyshot.infer.protocol.verdicts import VERDICTS_FILE, read_verdicts
+from keyshot.infer.runs.run_record import INPUTS, RUN_FILE
 from keyshot.infer.runs.shards import ShardError, ShardSpec, shard_key, shard_of
 from keyshot.infer.runs.summary import summarize
 from keyshot.infer.testing.configs import fake_judge_config
-from keyshot.infer.testing.fake_openai import FakeOpenAI, echo_responder, judge_responder, spawn_fake_openai
+from keyshot.infer.testing.fake_openai import (
+    FakeOpenAI,
+    echo_responder,
+    judge_responder,
+    make_judge,
+    spawn_fake_openai,
+)
 from keyshot.infer.testing.watch import kill_when, line_count
 from keyshot.infer.testing.worlds import synthetic_trajectories
 from tests.support import paths
+from tests.support.nameless_inputs import nameless_inputs
 
 REPO = paths.REPO
 
@@ -229,6 +238,72 @@ def test_merge_refuses_missing_unfinished_and_mixed_shards(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "shard 0: " in err and "shard-0-of-2/run.json: not a keyshot run file" in err
     assert "--out" not in err and "re-run them" in err
+
+
+def _fake_endpoints(server: FakeOpenAI) -> list[str]:
+    return [
+        f"judge.base_url={server.base_url}",
+        "judge.model=fake-judge",
+        "judge.api_key_env=null",
+        f"scorer.endpoint.base_url={server.base_url}",
+        "scorer.endpoint.model=fake-scorer",
+        "scorer.endpoint.api_key_env=null",
+    ]
+
+
+def _run_file(folder: Path) -> dict:
+    return json.loads((folder / RUN_FILE).read_text(encoding="utf-8"))
+
+
+def test_a_sweep_of_merged_shards_reads_the_trajectories_as_the_shards_did(tmp_path, capsys):
+    """Shards judged with loader options (``agent=``, ``benchmark=``, ``--allow-outside``) merge into a
+    run.json that records them as a one-process run does, and a sweep of the merged folder, given none of
+    them, reads every trajectory with them."""
+    inputs, screenshots = nameless_inputs(tmp_path, [2, 3, 2, 3, 2, 3])
+    reading = [str(inputs), "--allow-outside", str(screenshots), "--no-progress"]
+    named = ["agent=my-agent", "benchmark=my-bench"]
+    sweep = [
+        "sweep",
+        str(tmp_path / "many"),
+        "--out",
+        str(tmp_path / "sweep"),
+        "--deltas",
+        "4",
+        "--no-progress",
+    ]
+    with FakeOpenAI(make_judge("any_image", "brightness")) as server:
+        judge = ["judge", *reading, *named, *_fake_endpoints(server)]
+        assert keyshot([*judge, f"out={tmp_path / 'one'}"]) == 0
+        for i in range(2):
+            assert keyshot([*judge, f"out={tmp_path / 'many'}", "--shard", f"{i}/2"]) == 0
+        owned = [json.loads((tmp_path / f"many/shard-{i}-of-2/summary.json").read_text()) for i in range(2)]
+        assert all(o["run"]["owned"] for o in owned)
+        assert keyshot(["merge", str(tmp_path / "many")]) == 0
+        one, merged = _run_file(tmp_path / "one"), _run_file(tmp_path / "many")
+        assert merged == one and one[INPUTS]["agent"] == "my-agent"
+        assert keyshot([*sweep, *_fake_endpoints(server)]) == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "sweep" / "sweep.json").read_text(encoding="utf-8"))
+    assert result["not_swept"] == {} and result["sweepable"] == 6  # without them: "trajectory not readable"
+    swept = delta_folder(tmp_path / "sweep", 4)
+    assert _run_file(swept)[INPUTS] == one[INPUTS]
+    verdicts = read_verdicts(swept / "verdicts.jsonl")
+    assert {(v.agent, v.benchmark) for v in verdicts} == {("my-agent", "my-bench")}
+
+
+def test_merge_refuses_shards_that_read_their_trajectories_otherwise(tmp_path, capsys):
+    inputs, screenshots = nameless_inputs(tmp_path, [2, 3, 2, 3])
+    out = tmp_path / "mixed"
+    with FakeOpenAI(make_judge("any_image", "brightness")) as server:
+        judge = ["judge", str(inputs), "--allow-outside", str(screenshots), "--no-progress", f"out={out}"]
+        judge += _fake_endpoints(server)
+        assert keyshot([*judge, "agent=my-agent", "--shard", "0/2"]) == 0
+        assert keyshot([*judge, "agent=another-agent", "--shard", "1/2"]) == 0
+    capsys.readouterr()
+    assert keyshot(["merge", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "shard 1 read its trajectories otherwise than shard 0 (agent: 'my-agent' in shard 0, " in err
+    assert "'another-agent' in shard 1)" in err and len(err.splitlines()) == 1
+    assert not (out / VERDICTS_FILE).exists() and not (out / RUN_FILE).exists()  # nothing merged
 
 
 def _verdict_merge(run: Path) -> None:

@@ -16,12 +16,10 @@ from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.fingerprint import protocol_fingerprint
 from keyshot.infer.judge.sweep_source import SWEPT_FROM
 from keyshot.infer.judge.threshold_sweep import delta_folder
-from keyshot.infer.loaders import load_trajectories
-from keyshot.infer.loaders.jsonl import write_jsonl
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.runs.run_record import PROTOCOL, RUN_FILE, protocol_differences
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
-from keyshot.infer.testing.worlds import synthetic_trajectories
+from tests.support.nameless_inputs import nameless_inputs
 
 JUDGE_SETTINGS = ["judge.temperature=0.9", "judge.max_tokens=777", "judge.seed=5"]
 
@@ -35,13 +33,7 @@ def world(tmp_path_factory) -> dict:
     """Trajectories in a JSONL file whose screenshots lie outside its folder, naming no agent or benchmark,
     judged with ``agent=``, ``benchmark=`` and ``--allow-outside`` (a fake judge and scorer)."""
     root = tmp_path_factory.mktemp("sweep-records")
-    made = synthetic_trajectories(root / "world", 4, [3, 5, 2, 6], seed=2, size=(320, 200))
-    trajectories = list(load_trajectories(made))
-    for t in trajectories:
-        t.agent = t.benchmark = None
-    inputs = root / "inputs" / "trajectories.jsonl"
-    inputs.parent.mkdir()
-    write_jsonl(trajectories, inputs)
+    inputs, screenshots = nameless_inputs(root, [3, 5, 2, 6])
     server = FakeOpenAI(make_judge("any_image", "brightness")).__enter__()
     base = [
         f"judge.base_url={server.base_url}",
@@ -54,7 +46,7 @@ def world(tmp_path_factory) -> dict:
         "agent=my-agent",
         "benchmark=my-bench",
     ]
-    reading = [str(inputs), "--allow-outside", str(root / "world"), "--no-progress"]
+    reading = [str(inputs), "--allow-outside", str(screenshots), "--no-progress"]
     judged = root / "judged"
     assert keyshot(["judge", *reading, *base, f"out={judged}"]) == 0
     yield {"root": root, "server": server, "base": base, "reading": reading, "judged": judged}
