@@ -37,11 +37,10 @@ from keyshot.infer.loaders.judge_records import (
     outcome_text,
     outcome_variant,
     record_task,
-    recorded_score,
-    scorer_variant,
+    recorded_answers,
 )
 from keyshot.infer.protocol.messages import MAX_KEPT_IMAGES
-from keyshot.infer.protocol.parsing import parse_score, parse_status
+from keyshot.infer.protocol.parsing import parse_status
 from keyshot.infer.protocol.verdicts import (
     VERDICTS_FILE,
     OutcomeCall,
@@ -166,24 +165,12 @@ def _convert_reference(record: dict, path: Path, threshold: int, max_kept: int) 
     if task is None:
         raise KeyError("no task text ('task', 'confirmed_task' or 'goal')")
 
-    shots = []
-    variant = scorer_variant(record["image_judge_record"])
-    for i, item in enumerate(record["image_judge_record"]):
-        try:
-            text, score, error = recorded_score(item, variant)
-        except ValueError as exc:
-            raise ValueError(f"image_judge_record[{i}]: {exc}") from None
-        shots.append(
-            ScreenshotRecord(
-                index=i,
-                score=score,
-                # as the reference read it for the record's own outcome prompt: its prompt set's rule
-                thought=parse_score(text, mode="reference", variant=variant).thought,
-                valid=score is not None,
-                error=error,
-                raw=text,
-            )
+    shots = [  # as the reference read them for the record's own outcome prompt: its prompt set's rule
+        ScreenshotRecord(
+            index=i, score=a.score, thought=a.thought, valid=a.score is not None, error=a.error, raw=a.text
         )
+        for i, a in enumerate(recorded_answers(record["image_judge_record"]))
+    ]
     kept = select_kept(shots, threshold, max_kept, mode="reference")
 
     outcome = outcome_text(record)
