@@ -51,17 +51,18 @@ def group_members(pgrp: int) -> list[int]:
     return [pid for pid, _, group in _stat_table() if group == pgrp]
 
 
-@pytest.fixture
-def judging(tiny_model_dir, tmp_path):
-    """Start ``keyshot judge --serve-scorer`` on a private checkpoint; yield (process, checkpoint, out)."""
+@pytest.fixture(scope="module")
+def judging(tiny_model_dir, tmp_path_factory):
+    """Start ``keyshot judge --serve-scorer`` on a private checkpoint; yield (start, out)."""
     python = python_or_skip("vllm")
+    tmp_path = tmp_path_factory.mktemp("orphans")
     checkpoint = make_scorer_checkpoint(tiny_model_dir, tmp_path / "private-ckpt")
     world = synthetic_trajectories(tmp_path / "world", 40, 3, seed=5)
     out = tmp_path / "run"
     procs, groups = [], []
     with spawn_fake_openai("judge", latency_s=0.5) as (judge_url, _):
 
-        def start() -> subprocess.Popen:
+        def start() -> tuple[subprocess.Popen, int]:
             argv = [sys.executable, "-m", "keyshot.infer.cli", "judge", str(world), "--no-progress"]
             argv += ["--config", str(REPO / "configs/judge/tiny_cpu.yaml"), "--serve-scorer", str(checkpoint)]
             argv += [
@@ -96,7 +97,7 @@ def judging(tiny_model_dir, tmp_path):
             return proc, group
 
         try:
-            yield start, checkpoint, out
+            yield start, out
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -108,30 +109,42 @@ def judging(tiny_model_dir, tmp_path):
                     os.killpg(group, signal.SIGKILL)
 
 
-def test_sigterm_stops_the_server_and_flushes(judging):
-    start, checkpoint, out = judging
-    proc, group = start()
-    proc.send_signal(signal.SIGTERM)
-    code = proc.wait(timeout=120)
-    err = proc.stderr.read().decode()
-    assert code == 128 + signal.SIGTERM, err[-3000:]
-    assert "stopped by SIGTERM" in err and "re-run the same command to resume" in err
-    wait_until(lambda: not group_members(group), "the vLLM processes exited", 60)
-    lines = (out / "verdicts.jsonl").read_bytes()
-    assert lines.endswith(b"\n") and lines.count(b"\n") >= 1  # whole lines only
-    assert not (out / ".lock").read_text().strip()  # the lock was released
-
-
-def test_kill_9_of_the_judge_takes_the_server_with_it(judging):
-    start, checkpoint, out = judging
+@pytest.fixture(scope="module")
+def killed_then_stopped(judging) -> dict:
+    """One run, two ends (each vLLM start costs half a minute of both cores): ``kill -9`` of the judge
+    while it scores, then the same command again (it takes over the stale lock and resumes), then SIGTERM
+    of that one. What each end left behind, for the two tests below."""
+    start, out = judging
+    seen: dict = {}
     proc, group = start()
     proc.kill()
     proc.wait()
     wait_until(lambda: not group_members(group), "the orphaned vLLM processes exited", 60)
-    # the run resumes after the kill (the stale lock is taken over)
-    again, _ = start()
+    seen["killed_group_left"] = group_members(group)
+    again, group = start()  # the run resumes after the kill (the stale lock is taken over)
     again.send_signal(signal.SIGTERM)
-    assert again.wait(timeout=120) == 128 + signal.SIGTERM, again.stderr.read().decode()[-3000:]
+    seen["code"] = again.wait(timeout=120)
+    seen["err"] = again.stderr.read().decode()
+    wait_until(lambda: not group_members(group), "the vLLM processes exited", 60)
+    seen["verdicts"] = (out / "verdicts.jsonl").read_bytes()
+    seen["lock"] = (out / ".lock").read_text()
+    return seen
+
+
+def test_sigterm_stops_the_server_and_flushes(killed_then_stopped):
+    seen = killed_then_stopped
+    assert seen["code"] == 128 + signal.SIGTERM, seen["err"][-3000:]
+    assert "stopped by SIGTERM" in seen["err"] and "re-run the same command to resume" in seen["err"]
+    lines = seen["verdicts"]
+    assert lines.endswith(b"\n") and lines.count(b"\n") >= 2  # whole lines only, from both runs
+    assert not seen["lock"].strip()  # the lock was released
+
+
+def test_kill_9_of_the_judge_takes_the_server_with_it(killed_then_stopped):
+    seen = killed_then_stopped
+    assert seen["killed_group_left"] == []
+    # the killed run's lock did not stop the next one: it started, scored and was stopped by SIGTERM
+    assert seen["code"] == 128 + signal.SIGTERM, seen["err"][-3000:]
 
 
 def test_reward_serve_with_serve_scorer_scores_through_vllm_and_takes_it_down_on_sigterm(
