@@ -229,11 +229,10 @@ def _log_scalars(accelerator, metrics_log: MetricsLog, record: dict, prefix: str
         accelerator.log(scalars, step=record["step"])
 
 
-def check_schedule(total_steps: int, warmup: int, lr: float) -> None:
+def check_schedule(total_steps: int, warmup: int) -> None:
     """Refuse, before the model loads, a schedule that would train at learning rate 0 throughout
-    (linear warmup starts at 0: with ``warmup >= total_steps`` a 1-step run never moves)."""
-    if lr <= 0:
-        raise ConfigError(f"optim.lr must be > 0, got {lr}")
+    (linear warmup starts at 0: with ``warmup >= total_steps`` a 1-step run never moves). A rate of 0 itself
+    is the config's to refuse (``OptimSettings``)."""
     if warmup > 0 and warmup >= total_steps:
         raise ConfigError(
             f"optim.warmup_ratio: {warmup} warmup steps for a run of {total_steps} steps; warmup must be "
@@ -393,7 +392,7 @@ def _plan_schedule(cfg: TrainConfig, data: _TrainingData, accumulation: int) -> 
     steps_per_epoch = data.sampler.num_steps // accumulation
     total_steps = cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch)
     warmup = math.ceil(cfg.optim.warmup_ratio * total_steps)
-    check_schedule(total_steps, warmup, cfg.optim.lr)
+    check_schedule(total_steps, warmup)
     logger.info(
         "train: %d examples, %d optimizer steps per epoch, %d steps in all (%d warmup)",
         len(data.train_set),
