@@ -704,7 +704,7 @@ def export_final(
 
     ``answer_tokens`` (the train rows' answer lengths, ``ScorerDataset.answer_tokens``) goes into
     ``keyshot.json``, where ``keyshot serve`` and ``keyshot judge`` read the answer length to allow."""
-    from keyshot.train.merge_lora import merge_adapter
+    from keyshot.train.adapter_merge import merge_adapter
 
     state_dict = accelerator.get_state_dict(model)  # gathers ZeRO-3 shards (16-bit save enabled in the JSON)
     final = run_dir / FINAL
