@@ -35,8 +35,16 @@ class LoraSettings:
     #: dtype; the adapters themselves stay float32. False: peft's own cast of every adapted activation to
     #: float32 first (keyshot.train.scorer_model.keep_input_dtype_under_autocast).
     keep_input_dtype: bool = True
+    #: The fused adapter forward (keyshot.train.lora_fused): each adapted layer adds ``(x @ A) @ B × scaling``
+    #: into its base output in one product, layers that share their input (q/k/v, gate/up) take one
+    #: ``x @ [A_q|A_k|A_v]``, and the backward accumulates into the input gradient in place. Needs dropout 0.
+    fused: bool = False
 
     def __post_init__(self) -> None:
+        if self.fused and self.dropout:
+            raise ConfigError(
+                f"model.lora.fused needs model.lora.dropout 0 (the fused forward has no dropout), got {self.dropout}"
+            )
         if self.r < 1:
             raise ConfigError(f"model.lora.r must be >= 1, got {self.r}")
         if not 0.0 <= self.dropout < 1.0:
