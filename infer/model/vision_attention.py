@@ -40,6 +40,11 @@ import torch.nn.functional as F
 
 logger = logging.getLogger(__name__)
 
+#: Attribute of a ``cu_seqlens`` tensor holding its windows grouped by length, ``[(length, index), ...]``
+#: with ``index`` a device tensor (windows, length) of packed positions: set by the tower's packing
+#: (vision_packing.py) so that the batched windows read no bounds back from the device.
+WINDOW_GROUPS = "_keyshot_window_groups"
+
 
 def _batched_forward(
     self,
@@ -55,21 +60,30 @@ def _batched_forward(
     q, k, v = self.qkv(hidden_states).reshape(seq_length, 3, self.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
     cos, sin = position_embeddings
     q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)  # (seq, heads, head_dim)
-    bounds = cu_seqlens.tolist()  # one host sync per layer, as transformers' own loop makes
-    by_length: dict[int, list[int]] = defaultdict(list)
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        if end > start:
-            by_length[end - start].append(start)
+    groups = getattr(cu_seqlens, WINDOW_GROUPS, None)  # the tower's packing from its grid: no host sync
+    if groups is None:
+        groups = _window_groups(cu_seqlens, q.device)
     out = torch.empty_like(q)
     dropout = self.attention_dropout if self.training else 0.0
-    for length, starts in by_length.items():
-        index = (
-            torch.tensor(starts, device=q.device)[:, None] + torch.arange(length, device=q.device)[None, :]
-        )
+    for _length, index in groups:
         qb, kb, vb = (t[index].transpose(1, 2) for t in (q, k, v))  # (windows, heads, length, head_dim)
         attended = F.scaled_dot_product_attention(qb, kb, vb, dropout_p=dropout, scale=self.scaling)
         out[index] = attended.transpose(1, 2).to(out.dtype)
     return self.proj(out.reshape(seq_length, -1))
+
+
+def _window_groups(cu_seqlens: torch.Tensor, device: torch.device) -> list[tuple[int, torch.Tensor]]:
+    """The windows grouped by length, each group's packed positions as a (windows, length) index, read from
+    ``cu_seqlens`` (one host sync: the tower's packing, vision_packing.py, hands the groups over instead)."""
+    bounds = cu_seqlens.tolist()
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        if end > start:
+            by_length[end - start].append(start)
+    return [
+        (length, torch.tensor(starts, device=device)[:, None] + torch.arange(length, device=device)[None, :])
+        for length, starts in by_length.items()
+    ]
 
 
 def _looks_like_qwen25_vl(model: torch.nn.Module) -> bool:
@@ -309,8 +323,12 @@ def use_padded_vision_mlp(model: torch.nn.Module, multiple: int = 128) -> int:
 
 def use_fast_vision_tower(model: torch.nn.Module) -> None:
     """Every change above, each equal to transformers' output within the dtype's rounding: batched windows,
-    the patch embedding as a matrix product, padded vision MLPs (where the tower asks no gradient). Applied
+    the patch embedding as a matrix product, padded vision MLPs (where the tower asks no gradient), and the
+    tower's packing read from its grid before the layers (vision_packing.py: no host sync per layer). Applied
     once however often it is called (the training recipe and the in-process scorer each call it)."""
+    from keyshot.infer.model.vision_packing import use_grid_packing
+
     use_batched_window_attention(model)
     use_linear_patch_embed(model)
     use_padded_vision_mlp(model)
+    use_grid_packing(model)
