@@ -51,9 +51,10 @@ from keyshot.train.checkpointing import (
     write_adapter_folder,
     write_model_folder,
 )
-from keyshot.train.label_loss import label_position_loss
+from keyshot.train.memory_plan import CheckpointPlan, describe_plan
 from keyshot.train.preemption import Preempted, PreemptionWatch, clear_marker
-from keyshot.train.scorer_model import load_scorer_model, parameter_groups
+from keyshot.train.scorer_model import load_scorer_model
+from keyshot.train.step import build_optimizer, train_step
 from keyshot.train.throughput import FlopsModel, ThroughputMeter, log_totals
 from keyshot.train.train_config import TrainConfig, is_due
 from keyshot.train.validation import MetricsLog, evaluate
@@ -257,6 +258,7 @@ def _run_training(cfg: TrainConfig, watch: PreemptionWatch) -> Path:
     accelerator = _start(cfg, run_dir)
     data = _load_data(cfg, accelerator)
     total_steps, warmup = _plan_schedule(cfg, data, accelerator.gradient_accumulation_steps)
+    logger.info("memory plan: %s", _memory_plan_line(cfg, data))
     finished = _finished_checkpoint(cfg, run_dir, data.ds, total_steps)
     if finished is not None:
         return finished
@@ -403,6 +405,13 @@ def _plan_schedule(cfg: TrainConfig, data: _TrainingData, accumulation: int) -> 
     return total_steps, warmup
 
 
+def _memory_plan_line(cfg: TrainConfig, data: _TrainingData) -> str:
+    """The run's checkpointing and why (:func:`~keyshot.train.memory_plan.describe_plan`), from the
+    micro-batches of the first epoch (every rank's) as the sampler makes them of the planned lengths."""
+    data.sampler.set_epoch(0)
+    return describe_plan(cfg.model, list(data.sampler), data.train_set.lengths, cfg.data.pad_to_multiple_of)
+
+
 def _finished_checkpoint(cfg: TrainConfig, run_dir: Path, ds, total_steps: int) -> Path | None:
     """``RUN/final`` when it already holds this run's result (same steps, data and base model)."""
     finished = read_meta(run_dir / FINAL) if (run_dir / FINAL / "keyshot.json").exists() else None
@@ -427,6 +436,7 @@ class _TrainingParts:
     scheduler: Any
     loader: Any  # the prepared train loader
     flops_model: FlopsModel
+    memory: CheckpointPlan | None  # which micro-batches are checkpointed (None: as prepared, every one)
     synced_gpus: bool  # ZeRO-3 on several processes: generation must keep every rank in step
 
 
@@ -440,12 +450,8 @@ def _prepare_model(cfg: TrainConfig, accelerator, loader, total_steps: int, warm
     flops_model = FlopsModel.from_model(
         model, lora=cfg.model.lora.enabled, train_vision=cfg.model.train_vision_tower
     )
-    optimizer = torch.optim.AdamW(
-        parameter_groups(model, cfg.optim, cfg.model.vision_lr_scale),
-        lr=cfg.optim.lr,
-        betas=tuple(cfg.optim.betas),
-        eps=cfg.optim.eps,
-    )
+    memory = CheckpointPlan.for_model(model, cfg.model)
+    optimizer = build_optimizer(model, cfg)
     scheduler_name = "constant_with_warmup" if cfg.optim.scheduler == "constant" else cfg.optim.scheduler
     scheduler = get_scheduler(
         scheduler_name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps
@@ -454,7 +460,7 @@ def _prepare_model(cfg: TrainConfig, accelerator, loader, total_steps: int, warm
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     accelerator.register_for_checkpointing(scheduler)  # stepped here, once per optimizer step
     synced_gpus = _deepspeed_stage(accelerator) == 3 and accelerator.num_processes > 1
-    return _TrainingParts(model, optimizer, scheduler, loader, flops_model, synced_gpus)
+    return _TrainingParts(model, optimizer, scheduler, loader, flops_model, memory, synced_gpus)
 
 
 def _init_trackers(cfg: TrainConfig, accelerator) -> None:
@@ -583,15 +589,18 @@ class _TrainingLoop:
 
     def _train_on(self, batch) -> None:
         """One micro-batch: forward, backward and (on the last of an accumulation) the optimizer step."""
-        accelerator, model, optimizer = self.accelerator, self.parts.model, self.parts.optimizer
-        with accelerator.accumulate(model):
-            loss = label_position_loss(model, batch)  # lm_head at the labelled positions only
-            accelerator.backward(loss)
-            if accelerator.sync_gradients:
-                self.grad_norm = accelerator.clip_grad_norm_(self.trainable, self.cfg.optim.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad()
-        self.losses.append(loss.detach().float())
+        result = train_step(
+            self.accelerator,
+            self.parts.model,
+            self.parts.optimizer,
+            batch,
+            trainable=self.trainable,
+            max_grad_norm=self.cfg.optim.max_grad_norm,
+            memory=self.parts.memory,
+        )
+        if result.optimizer_stepped:
+            self.grad_norm = result.grad_norm
+        self.losses.append(result.loss.float())
         self.meter.add_batch(batch)
 
     def _finish_optimizer_step(self) -> None:

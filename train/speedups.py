@@ -54,6 +54,12 @@ def _parts(model: torch.nn.Module):
     return text, visual
 
 
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The language model's decoder layers of a Qwen2.5-VL (peft-wrapped or not)."""
+    text, _ = _parts(model)
+    return text.layers
+
+
 def apply_speedups(model: torch.nn.Module, settings: ModelSettings) -> list[str]:
     """Apply every switch ``settings`` turns on to ``model`` (peft-wrapped or not); returns what was applied,
     e.g. ``["liger_kernel: 13 norms, 2 MLPs, rotary", "compile(inductor): 2 layers, 2 blocks"]``.

@@ -76,12 +76,26 @@ class ModelSettings:
     padding_free: bool = False
     #: With gradient_checkpointing, checkpoint every N-th decoder layer only (1: all of them).
     checkpoint_every: int = 1
+    #: With gradient_checkpointing, a micro-batch of at most this many token slots (rows × its longest row)
+    #: runs without checkpointing; a larger one is checkpointed (every checkpoint_every-th layer). None: every
+    #: micro-batch is checkpointed. The run says at its start which micro-batches that is (keyshot.train.memory_plan).
+    unchecked_token_cap: int | None = None
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 1:
             raise ConfigError(
                 f"model.checkpoint_every must be >= 1 (1: every layer), got {self.checkpoint_every}"
             )
+        if self.unchecked_token_cap is not None:
+            if self.unchecked_token_cap < 1:
+                raise ConfigError(
+                    f"model.unchecked_token_cap must be >= 1 (or null), got {self.unchecked_token_cap}"
+                )
+            if not self.gradient_checkpointing:
+                raise ConfigError(
+                    "model.unchecked_token_cap needs model.gradient_checkpointing=true (the micro-batches above "
+                    "the cap are checkpointed); without checkpointing every micro-batch runs uncapped"
+                )
 
 
 @dataclass
