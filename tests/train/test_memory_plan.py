@@ -57,7 +57,9 @@ def _run(tiny_model_dir, batch, cap: int, accumulation: int = 1):  # noqa: F811 
     calls = [0] * len(plan.layers)
     for index, layer in enumerate(plan.layers):
         # inside the layer's forward (transformers checkpoints ``forward``, the layer's own hooks stay outside)
-        layer.mlp.register_forward_pre_hook(lambda *_a, index=index: calls.__setitem__(index, calls[index] + 1))
+        layer.mlp.register_forward_pre_hook(
+            lambda *_a, index=index: calls.__setitem__(index, calls[index] + 1)
+        )
     accelerator = Accelerator(cpu=True, mixed_precision="no", gradient_accumulation_steps=accumulation)
     prepared, optimizer = accelerator.prepare(model, build_optimizer(model, TrainConfig(model=settings)))
     trainable = [p for p in prepared.parameters() if p.requires_grad]
@@ -96,3 +98,22 @@ def test_checkpointed_or_not_a_step_makes_the_same_update(tiny_model_dir, batch)
     assert weights.keys() == checked_weights.keys() and weights
     for name in weights:
         torch.testing.assert_close(checked_weights[name], weights[name], rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_the_shipped_lora_config_checkpoints_only_the_micro_batches_above_its_cap():
+    """configs/train/webjudge7b_lora.yaml: micro-batches of 4 screenshot rows (~1,700 tokens) run without
+    checkpointing; 4 rows of 4,096 tokens (data.max_length) checkpoint every second decoder layer."""
+    from keyshot.infer.common.config import load_config
+    from tests.support import paths
+
+    cfg = load_config(TrainConfig, paths.REPO / "configs/train/webjudge7b_lora.yaml")
+    model = cfg.model
+    assert (model.gradient_checkpointing, model.checkpoint_every, model.unchecked_token_cap) == (
+        True,
+        2,
+        8192,
+    )
+    lengths = [1716] * 4 + [cfg.data.max_length] * 4
+    line = describe_plan(model, [[0, 1, 2, 3], [4, 5, 6, 7]], lengths, cfg.data.pad_to_multiple_of)
+    assert "on the 1 of 2 micro-batches above model.unchecked_token_cap=8,192 token slots" in line
+    assert "(the largest: 4 rows × 4,096 = 16,384)" in line
