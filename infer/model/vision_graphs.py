@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from keyshot.infer.model.patch_rules import qwen25_vl_class
 from keyshot.infer.model.vision_packing import Grid, grid_of, use_grid_packing
 
 logger = logging.getLogger(__name__)
@@ -39,9 +40,7 @@ class _Captured:
 
 
 def _tower(model: torch.nn.Module) -> torch.nn.Module:
-    from keyshot.infer.model.vision_attention import _qwen25_vl_class
-
-    cls = _qwen25_vl_class("Qwen2_5_VisionTransformerPretrainedModel")
+    cls = qwen25_vl_class("Qwen2_5_VisionTransformerPretrainedModel")
     towers = [m for m in model.modules() if cls is not None and isinstance(m, cls)]
     if len(towers) != 1:
         raise TowerGraphsUnavailable(

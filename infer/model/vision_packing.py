@@ -20,17 +20,12 @@ also what lets a CUDA graph capture the tower (:mod:`keyshot.infer.model.vision_
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 
 import torch
 
-from keyshot.infer.model.vision_attention import (
-    WINDOW_GROUPS,
-    _nothing_patched,
-    _qwen25_vl_class,
-    _window_groups,
-)
+from keyshot.infer.model.patch_rules import nothing_patched, qwen25_vl_class
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +38,10 @@ PACKING_KEYS = (
     "cu_window_seqlens",
     "max_window_seqlen",
 )
+#: Attribute of a ``cu_seqlens`` tensor holding its windows grouped by length, ``[(length, index), ...]``
+#: with ``index`` a device tensor (windows, length) of packed positions: set by :func:`tower_packing`, read
+#: by the batched windows (vision_attention.py), which then read no bounds back from the device.
+WINDOW_GROUPS = "_keyshot_window_groups"
 CACHED_GRIDS = 16
 
 Grid = tuple[tuple[int, int, int], ...]
@@ -69,6 +68,20 @@ def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
+
+
+def window_groups(cu_seqlens: torch.Tensor, device: torch.device) -> list[tuple[int, torch.Tensor]]:
+    """The windows grouped by length, each group's packed positions as a (windows, length) index, read from
+    ``cu_seqlens`` (a host sync where it lives on a device: :func:`tower_packing` reads its host copy)."""
+    bounds = cu_seqlens.tolist()
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        if end > start:
+            by_length[end - start].append(start)
+    return [
+        (length, torch.tensor(starts, device=device)[:, None] + torch.arange(length, device=device)[None, :])
+        for length, starts in by_length.items()
+    ]
 
 
 def tower_packing(grid: Grid, config, device: torch.device | str) -> TowerPacking:
@@ -100,7 +113,7 @@ def _tower_packing(grid: Grid, config, device: torch.device) -> TowerPacking:
         max_window_seqlen=max(b - a for a, b in zip(windows[:-1], windows[1:], strict=True)),
     )
     for host, placed in ((cu_seqlens, packing.cu_seqlens), (cu_window_seqlens, packing.cu_window_seqlens)):
-        groups = [(length, _to_device(index, device)) for length, index in _window_groups(host, host.device)]
+        groups = [(length, _to_device(index, device)) for length, index in window_groups(host, host.device)]
         setattr(placed, WINDOW_GROUPS, groups)  # the batched windows' groups (vision_attention.py)
     return packing
 
@@ -148,14 +161,14 @@ def use_grid_packing(model: torch.nn.Module) -> int:
     warning when a Qwen2.5-VL's forward no longer takes the packing (a transformers upgrade): then nothing is
     changed."""
     what = "tower packing from the grid"
-    cls = _qwen25_vl_class("Qwen2_5_VisionTransformerPretrainedModel")
+    cls = qwen25_vl_class("Qwen2_5_VisionTransformerPretrainedModel")
     if cls is None:
-        return _nothing_patched(model, what, "transformers has no Qwen2_5_VisionTransformerPretrainedModel")
+        return nothing_patched(model, what, "transformers has no Qwen2_5_VisionTransformerPretrainedModel")
     if (why := _takes_packing()) is not None:
-        return _nothing_patched(model, what, why)
+        return nothing_patched(model, what, why)
     towers = [m for m in model.modules() if isinstance(m, cls)]
     if not towers:
-        return _nothing_patched(model, what, "no Qwen2_5_VisionTransformerPretrainedModel module")
+        return nothing_patched(model, what, "no Qwen2_5_VisionTransformerPretrainedModel module")
     for tower in towers:
         if "_keyshot_packings" not in tower.__dict__:
             tower._keyshot_packings = OrderedDict()
