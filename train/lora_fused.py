@@ -9,8 +9,8 @@ and up of an MLP) share one ``x @ [A_q|A_k|A_v]ᵀ``, and their backward accumul
 into one tensor in place (``dx = g_q W_q``, then ``dx += g_k W_k``, ``dx += g_v W_v``, ``dx += dxa [A_q|A_k|A_v]``)
 instead of summing separate ones. The adapters' weights stay peft's own parameters (no copy is kept; the
 concatenated A is built per call, r × in each), so ``save_pretrained``, ``merge_and_unload`` and the
-optimizer see what they saw; a layer that peft has merged, disabled or given a second active adapter runs
-peft's own forward.
+optimizer see what they saw; a layer that peft has merged, disabled or given a second active adapter, or
+whose weights DeepSpeed ZeRO-3 holds in shards, runs peft's own forward.
 
 :func:`use_fused_lora` patches a peft model once however often it is called and refuses one it cannot
 fuse (no LoRA linear layer, dropout, DoRA, an adapter bias, a non-linear base) in one line. Forward, input
@@ -159,9 +159,13 @@ def _run_group(members: list[torch.nn.Module], x: torch.Tensor) -> tuple[torch.T
 
 
 def _fusable(member: torch.nn.Module, x: torch.Tensor) -> bool:
-    """Whether every layer of ``member``'s group can take the fused path for ``x`` now."""
+    """Whether every layer of ``member``'s group can take the fused path for ``x`` now. Not where DeepSpeed
+    ZeRO-3 holds the weights in shards: it gathers a module's weights around that module's own forward,
+    which the fused product does not call."""
     group: _Group = member._keyshot_lora_group
     if any(_adapter(m) is None for m in group.members):
+        return False
+    if any(hasattr(p, "ds_id") for m in group.members for p in m.parameters()):
         return False
     base = member.get_base_layer()
     tensors = [base.weight, member.lora_A[_adapter(member)].weight, member.lora_B[_adapter(member)].weight]

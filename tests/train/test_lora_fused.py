@@ -143,6 +143,21 @@ def test_under_autocast_the_fused_products_run_in_its_dtype(tiny_model_dir, batc
     torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
 
 
+def test_a_layer_whose_weights_zero3_shards_runs_peft_s_forward(tiny_model_dir):
+    """ZeRO-3 gathers a module's weights around its own forward, which the fused product does not call: such
+    a group takes peft's path (a ``ds_id`` marks a partitioned parameter, as DeepSpeed sets it)."""
+    model = _lora_model(tiny_model_dir, fused=True)
+    attention = model.get_base_model().model.language_model.layers[0].self_attn
+    kinds: list[str] = []
+    for name in ("q_proj", "o_proj"):
+        getattr(attention, name).register_forward_hook(
+            lambda _m, _a, out: kinds.append(type(out.grad_fn).__name__)
+        )
+    attention.k_proj.base_layer.weight.ds_id = 0
+    model(input_ids=torch.tensor([[11, 12, 13, 14]]))
+    assert "FusedLoraGroup" not in kinds[0] and "FusedLoraGroup" in kinds[1]  # q/k/v: peft's; o: fused
+
+
 def test_what_cannot_be_fused_is_refused_in_one_line(tiny_model_dir):
     with pytest.raises(ConfigError, match=r"^model.lora.fused needs model.lora.dropout 0"):
         LoraSettings(enabled=True, dropout=0.05, fused=True)
