@@ -51,9 +51,10 @@ from keyshot.train.checkpointing import (
     write_adapter_folder,
     write_model_folder,
 )
-from keyshot.train.label_loss import label_position_loss
+from keyshot.train.memory_plan import CheckpointPlan, describe_plan
 from keyshot.train.preemption import Preempted, PreemptionWatch, clear_marker
-from keyshot.train.scorer_model import load_scorer_model, parameter_groups
+from keyshot.train.scorer_model import load_scorer_model
+from keyshot.train.step import build_optimizer, train_step
 from keyshot.train.throughput import FlopsModel, ThroughputMeter, log_totals
 from keyshot.train.train_config import TrainConfig, is_due
 from keyshot.train.validation import MetricsLog, evaluate
@@ -229,11 +230,10 @@ def _log_scalars(accelerator, metrics_log: MetricsLog, record: dict, prefix: str
         accelerator.log(scalars, step=record["step"])
 
 
-def check_schedule(total_steps: int, warmup: int, lr: float) -> None:
+def check_schedule(total_steps: int, warmup: int) -> None:
     """Refuse, before the model loads, a schedule that would train at learning rate 0 throughout
-    (linear warmup starts at 0: with ``warmup >= total_steps`` a 1-step run never moves)."""
-    if lr <= 0:
-        raise ConfigError(f"optim.lr must be > 0, got {lr}")
+    (linear warmup starts at 0: with ``warmup >= total_steps`` a 1-step run never moves). A rate of 0 itself
+    is the config's to refuse (``OptimSettings``)."""
     if warmup > 0 and warmup >= total_steps:
         raise ConfigError(
             f"optim.warmup_ratio: {warmup} warmup steps for a run of {total_steps} steps; warmup must be "
@@ -258,6 +258,7 @@ def _run_training(cfg: TrainConfig, watch: PreemptionWatch) -> Path:
     accelerator = _start(cfg, run_dir)
     data = _load_data(cfg, accelerator)
     total_steps, warmup = _plan_schedule(cfg, data, accelerator.gradient_accumulation_steps)
+    logger.info("memory plan: %s", _memory_plan_line(cfg, data))
     finished = _finished_checkpoint(cfg, run_dir, data.ds, total_steps)
     if finished is not None:
         return finished
@@ -393,7 +394,7 @@ def _plan_schedule(cfg: TrainConfig, data: _TrainingData, accumulation: int) -> 
     steps_per_epoch = data.sampler.num_steps // accumulation
     total_steps = cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch)
     warmup = math.ceil(cfg.optim.warmup_ratio * total_steps)
-    check_schedule(total_steps, warmup, cfg.optim.lr)
+    check_schedule(total_steps, warmup)
     logger.info(
         "train: %d examples, %d optimizer steps per epoch, %d steps in all (%d warmup)",
         len(data.train_set),
@@ -402,6 +403,13 @@ def _plan_schedule(cfg: TrainConfig, data: _TrainingData, accumulation: int) -> 
         warmup,
     )
     return total_steps, warmup
+
+
+def _memory_plan_line(cfg: TrainConfig, data: _TrainingData) -> str:
+    """The run's checkpointing and why (:func:`~keyshot.train.memory_plan.describe_plan`), from the
+    micro-batches of the first epoch (every rank's) as the sampler makes them of the planned lengths."""
+    data.sampler.set_epoch(0)
+    return describe_plan(cfg.model, list(data.sampler), data.train_set.lengths, cfg.data.pad_to_multiple_of)
 
 
 def _finished_checkpoint(cfg: TrainConfig, run_dir: Path, ds, total_steps: int) -> Path | None:
@@ -428,6 +436,7 @@ class _TrainingParts:
     scheduler: Any
     loader: Any  # the prepared train loader
     flops_model: FlopsModel
+    memory: CheckpointPlan | None  # which micro-batches are checkpointed (None: as prepared, every one)
     synced_gpus: bool  # ZeRO-3 on several processes: generation must keep every rank in step
 
 
@@ -441,12 +450,8 @@ def _prepare_model(cfg: TrainConfig, accelerator, loader, total_steps: int, warm
     flops_model = FlopsModel.from_model(
         model, lora=cfg.model.lora.enabled, train_vision=cfg.model.train_vision_tower
     )
-    optimizer = torch.optim.AdamW(
-        parameter_groups(model, cfg.optim, cfg.model.vision_lr_scale),
-        lr=cfg.optim.lr,
-        betas=tuple(cfg.optim.betas),
-        eps=cfg.optim.eps,
-    )
+    memory = CheckpointPlan.for_model(model, cfg.model)
+    optimizer = build_optimizer(model, cfg)
     scheduler_name = "constant_with_warmup" if cfg.optim.scheduler == "constant" else cfg.optim.scheduler
     scheduler = get_scheduler(
         scheduler_name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps
@@ -455,7 +460,7 @@ def _prepare_model(cfg: TrainConfig, accelerator, loader, total_steps: int, warm
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     accelerator.register_for_checkpointing(scheduler)  # stepped here, once per optimizer step
     synced_gpus = _deepspeed_stage(accelerator) == 3 and accelerator.num_processes > 1
-    return _TrainingParts(model, optimizer, scheduler, loader, flops_model, synced_gpus)
+    return _TrainingParts(model, optimizer, scheduler, loader, flops_model, memory, synced_gpus)
 
 
 def _init_trackers(cfg: TrainConfig, accelerator) -> None:
@@ -584,15 +589,18 @@ class _TrainingLoop:
 
     def _train_on(self, batch) -> None:
         """One micro-batch: forward, backward and (on the last of an accumulation) the optimizer step."""
-        accelerator, model, optimizer = self.accelerator, self.parts.model, self.parts.optimizer
-        with accelerator.accumulate(model):
-            loss = label_position_loss(model, batch)  # lm_head at the labelled positions only
-            accelerator.backward(loss)
-            if accelerator.sync_gradients:
-                self.grad_norm = accelerator.clip_grad_norm_(self.trainable, self.cfg.optim.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad()
-        self.losses.append(loss.detach().float())
+        result = train_step(
+            self.accelerator,
+            self.parts.model,
+            self.parts.optimizer,
+            batch,
+            trainable=self.trainable,
+            max_grad_norm=self.cfg.optim.max_grad_norm,
+            memory=self.parts.memory,
+        )
+        if result.optimizer_stepped:
+            self.grad_norm = result.grad_norm
+        self.losses.append(result.loss.float())
         self.meter.add_batch(batch)
 
     def _finish_optimizer_step(self) -> None:
@@ -705,7 +713,7 @@ def export_final(
 
     ``answer_tokens`` (the train rows' answer lengths, ``ScorerDataset.answer_tokens``) goes into
     ``keyshot.json``, where ``keyshot serve`` and ``keyshot judge`` read the answer length to allow."""
-    from keyshot.train.merge_lora import merge_adapter
+    from keyshot.train.adapter_merge import merge_adapter
 
     state_dict = accelerator.get_state_dict(model)  # gathers ZeRO-3 shards (16-bit save enabled in the JSON)
     final = run_dir / FINAL

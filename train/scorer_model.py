@@ -178,6 +178,10 @@ def add_lora(model, settings: ModelSettings):
         raise ModelSetupError(
             f"model.lora.target_modules {lora.target_modules!r} matches no module of the model"
         )
+    if lora.fused:
+        from keyshot.train.lora_fused import use_fused_lora
+
+        use_fused_lora(model)
     in_vision = sum(_section(n) != "llm" for n in adapted)
     logger.info("LoRA r=%d on %d modules (%d in the vision tower/merger)", lora.r, len(adapted), in_vision)
     return model

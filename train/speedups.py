@@ -5,15 +5,17 @@ checkpointing and LoRA, and can be called by bench/gpu.py on a model it built. E
 gives transformers' output within the dtype's rounding when on (tests/train/test_speedups.py), and refuses in one
 line where it cannot run:
 
-- ``liger_kernel``: Liger-Kernel's Triton RMSNorm (every norm of the language model, the vision blocks and
-  the merger), SwiGLU (the language model's MLPs) and rotary embedding (the language model's attention),
-  patched on this model's modules. Liger's own ``apply_liger_kernel_to_qwen2_5_vl`` is not used: its rotary
+- ``liger_kernel``: Liger-Kernel's Triton RMSNorm (every norm of the language model), SwiGLU (its MLPs)
+  and rotary embedding (its attention), patched on this model's modules: the language model only, so the
+  vision tower keeps transformers' modules and can be compiled beside it (``compile`` with ``liger_kernel``
+  compiles the tower's blocks and leaves the decoder layers to Liger). Liger's own ``apply_liger_kernel_to_qwen2_5_vl`` is not used: its rotary
   patch replaces ``apply_multimodal_rotary_pos_emb``, which transformers 5 no longer calls (it would apply
   nothing, silently), its norm and MLP patches also swap the classes of every model built later in the
   process, and its fused linear cross-entropy replaces the model's forward with one that runs ``lm_head``'s
   chunks over every position, where the recipe computes logits at labelled positions only.
 - ``compile``: ``torch.compile`` of each decoder layer and each vision block (regional compilation: every
-  layer has the same code, so one compilation serves all of them; the model's own Python stays eager).
+  layer has the same code, so one compilation serves all of them; the model's own Python stays eager); with
+  ``liger_kernel`` the vision blocks only (torch.compile does not trace Liger's Triton kernels).
 - ``vision_attention=varlen``: the tower's windows through torch's variable-length attention
   (:mod:`keyshot.infer.model.vision_varlen`) instead of the batched gathers.
 - ``padding_free``: right-padded batches run without their padding mask (see :func:`drop_right_padding_mask`).
@@ -52,15 +54,16 @@ def _parts(model: torch.nn.Module):
     return text, visual
 
 
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The language model's decoder layers of a Qwen2.5-VL (peft-wrapped or not)."""
+    text, _ = _parts(model)
+    return text.layers
+
+
 def apply_speedups(model: torch.nn.Module, settings: ModelSettings) -> list[str]:
     """Apply every switch ``settings`` turns on to ``model`` (peft-wrapped or not); returns what was applied,
     e.g. ``["liger_kernel: 13 norms, 2 MLPs, rotary", "compile(inductor): 2 layers, 2 blocks"]``.
     Raises :class:`ModelSetupError` (one line) where a switch cannot run here."""
-    if settings.liger_kernel and settings.compile != "off":
-        raise ModelSetupError(
-            "model.liger_kernel and model.compile do not compose (torch.compile fails to trace Liger's Triton "
-            "kernels: seen with torch 2.11, liger-kernel 0.8.5); turn one of them off"
-        )
     applied: list[str] = []
     if settings.checkpoint_every > 1 and settings.gradient_checkpointing:
         applied.append(
@@ -74,7 +77,9 @@ def apply_speedups(model: torch.nn.Module, settings: ModelSettings) -> list[str]
         drop_right_padding_mask(model)
         applied.append("padding_free: right-padded batches run without their mask")
     if settings.compile != "off":  # last: the compiled layers trace the patched forwards above
-        applied.append(f"compile({settings.compile}): {compile_layers(model, settings.compile)}")
+        # Liger's Triton kernels do not trace (torch 2.11, liger-kernel 0.8.5): its decoder layers stay eager
+        compiled = compile_layers(model, settings.compile, decoder=not settings.liger_kernel)
+        applied.append(f"compile({settings.compile}): {compiled}")
     for line in applied:
         logger.info("speed switch %s", line)
     return applied
@@ -129,25 +134,32 @@ def _liger_modules():
     return LigerRMSNorm, LigerSwiGLUMLP, liger_rotary_pos_emb
 
 
+def liger_targets(model: torch.nn.Module) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
+    """(norms, MLPs) that ``liger_kernel`` patches: the language model's RMSNorms (each layer's two and the
+    final one) and its decoder layers' MLPs; nothing of the vision tower or the merger."""
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
+
+    text, _ = _parts(model)
+    norms = [m for m in text.modules() if isinstance(m, qwen.Qwen2_5_VLRMSNorm)]
+    return norms, [layer.mlp for layer in text.layers]
+
+
 def use_liger_kernel(model: torch.nn.Module) -> str:
-    """Liger's RMSNorm on every Qwen2.5-VL RMSNorm of ``model``, its SwiGLU on the language model's MLPs
-    and its rotary kernel in the language model's attention (CUDA tensors only)."""
+    """Liger's RMSNorm on the language model's RMSNorms, its SwiGLU on the language model's MLPs and its
+    rotary kernel in the language model's attention (CUDA tensors only): :func:`liger_targets`."""
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
 
     rms_norm_cls, swiglu_cls, liger_rope = _liger_modules()
-    text, _ = _parts(model)
-    norms = mlps = 0
-    for module in base_model(model).modules():
-        if isinstance(module, qwen.Qwen2_5_VLRMSNorm):
-            # LigerRMSNorm's forward reads these attributes; Qwen's norm is Llama's (float32 inside, no offset)
-            module.offset, module.casting_mode, module.in_place, module.row_mode = 0.0, "llama", True, None
-            module.forward = types.MethodType(rms_norm_cls.forward, module)
-            norms += 1
-    for layer in text.layers:
-        if layer.mlp.act_fn.__class__.__name__ not in ("SiLU", "SiLUActivation"):
-            raise ModelSetupError(f"model.liger_kernel: Liger's SwiGLU needs silu, got {layer.mlp.act_fn}")
-        layer.mlp.forward = types.MethodType(swiglu_cls.forward, layer.mlp)
-        mlps += 1
+    norms, mlps = liger_targets(model)
+    for module in norms:
+        # LigerRMSNorm's forward reads these attributes; Qwen's norm is Llama's (float32 inside, no offset)
+        module.offset, module.casting_mode, module.in_place, module.row_mode = 0.0, "llama", True, None
+        module.forward = types.MethodType(rms_norm_cls.forward, module)
+    for mlp in mlps:
+        if mlp.act_fn.__class__.__name__ not in ("SiLU", "SiLUActivation"):
+            raise ModelSetupError(f"model.liger_kernel: Liger's SwiGLU needs silu, got {mlp.act_fn}")
+        mlp.forward = types.MethodType(swiglu_cls.forward, mlp)
+    norms, mlps = len(norms), len(mlps)
     rope = _patch_rotary(qwen, liger_rope)
     if not norms or not mlps or not rope:
         raise ModelSetupError(
@@ -207,9 +219,9 @@ def drop_right_padding_mask(model: torch.nn.Module) -> None:
 
 
 # ----------------------------------------------------------------------------------------- compile
-def compile_layers(model: torch.nn.Module, backend: str = "inductor") -> str:
-    """``torch.compile`` each decoder layer and each vision block in place (``nn.Module.compile``); the
-    modules, their parameters and their state dict are unchanged."""
+def compile_layers(model: torch.nn.Module, backend: str = "inductor", decoder: bool = True) -> str:
+    """``torch.compile`` each decoder layer (unless ``decoder`` is False) and each vision block in place
+    (``nn.Module.compile``); the modules, their parameters and their state dict are unchanged."""
     text, visual = _parts(model)
     eager = 0
     for block in visual.blocks:
@@ -220,7 +232,9 @@ def compile_layers(model: torch.nn.Module, backend: str = "inductor") -> str:
             mlp.forward = torch.compiler.disable(mlp.forward)
             mlp._keyshot_eager = True
         eager += bool(getattr(mlp, "_keyshot_eager", False))
-    for layer in [*text.layers, *visual.blocks]:
+    layers = [*(text.layers if decoder else []), *visual.blocks]
+    for layer in layers:
         layer.compile(backend=backend, dynamic=None)
     kept = f" ({eager} vision MLPs left eager)" if eager else ""
-    return f"{len(text.layers)} decoder layers, {len(visual.blocks)} vision blocks{kept}"
+    decoders = f"{len(text.layers)} decoder layers" if decoder else "no decoder layer (Liger's run eager)"
+    return f"{decoders}, {len(visual.blocks)} vision blocks{kept}"

@@ -35,8 +35,16 @@ class LoraSettings:
     #: dtype; the adapters themselves stay float32. False: peft's own cast of every adapted activation to
     #: float32 first (keyshot.train.scorer_model.keep_input_dtype_under_autocast).
     keep_input_dtype: bool = True
+    #: The fused adapter forward (keyshot.train.lora_fused): each adapted layer adds ``(x @ A) @ B × scaling``
+    #: into its base output in one product, layers that share their input (q/k/v, gate/up) take one
+    #: ``x @ [A_q|A_k|A_v]``, and the backward accumulates into the input gradient in place. Needs dropout 0.
+    fused: bool = False
 
     def __post_init__(self) -> None:
+        if self.fused and self.dropout:
+            raise ConfigError(
+                f"model.lora.fused needs model.lora.dropout 0 (the fused forward has no dropout), got {self.dropout}"
+            )
         if self.r < 1:
             raise ConfigError(f"model.lora.r must be >= 1, got {self.r}")
         if not 0.0 <= self.dropout < 1.0:
@@ -68,12 +76,26 @@ class ModelSettings:
     padding_free: bool = False
     #: With gradient_checkpointing, checkpoint every N-th decoder layer only (1: all of them).
     checkpoint_every: int = 1
+    #: With gradient_checkpointing, a micro-batch of at most this many token slots (rows × its longest row)
+    #: runs without checkpointing; a larger one is checkpointed (every checkpoint_every-th layer). None: every
+    #: micro-batch is checkpointed. The run says at its start which micro-batches that is (keyshot.train.memory_plan).
+    unchecked_token_cap: int | None = None
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 1:
             raise ConfigError(
                 f"model.checkpoint_every must be >= 1 (1: every layer), got {self.checkpoint_every}"
             )
+        if self.unchecked_token_cap is not None:
+            if self.unchecked_token_cap < 1:
+                raise ConfigError(
+                    f"model.unchecked_token_cap must be >= 1 (or null), got {self.unchecked_token_cap}"
+                )
+            if not self.gradient_checkpointing:
+                raise ConfigError(
+                    "model.unchecked_token_cap needs model.gradient_checkpointing=true (the micro-batches above "
+                    "the cap are checkpointed); without checkpointing every micro-batch runs uncapped"
+                )
 
 
 @dataclass

@@ -13,6 +13,7 @@ noise until trained. Shapes respect vLLM's CPU kernels: text head_dim 32 with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -114,6 +115,26 @@ def _build_tokenizer(vocab: int, seed: int):
     return tok
 
 
+@contextlib.contextmanager
+def _deepspeed_on_cpu():
+    """``DS_ACCELERATOR=cpu`` while the block runs, then the environment as it was.
+
+    Saving imports DeepSpeed where it is installed, which, without a GPU, warns that it "falls back" to the
+    CPU: this model is a CPU model, so the save says so. Only where nobody chose an accelerator and no GPU is
+    present: DeepSpeed keeps the accelerator it first finds for the whole process, and a CUDA run (a test,
+    bench/gpu.py) that builds the tiny model must still find CUDA afterwards."""
+    import torch
+
+    if "DS_ACCELERATOR" in os.environ or torch.cuda.is_available():
+        yield
+        return
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    try:
+        yield
+    finally:
+        os.environ.pop("DS_ACCELERATOR", None)
+
+
 def build_tiny_qwen25vl(
     out_dir: str | Path,
     seed: int = 0,
@@ -209,12 +230,10 @@ def build_tiny_qwen25vl(
         video_processor=video_processor,
         chat_template=CHAT_TEMPLATE,
     )
-    # Saving imports DeepSpeed when it is installed, which warns that it "falls back" to the CPU: this
-    # model is a CPU model, say so (only when nobody chose an accelerator); and no progress bar for 1 shard.
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # no progress bar for one shard
     try:
-        model.save_pretrained(out, safe_serialization=True)
+        with _deepspeed_on_cpu():
+            model.save_pretrained(out, safe_serialization=True)
     finally:
         hf_logging.enable_progress_bar()
     processor.save_pretrained(out)

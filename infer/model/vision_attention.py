@@ -33,10 +33,12 @@ from __future__ import annotations
 import inspect
 import logging
 import types
-from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
+
+from keyshot.infer.model.patch_rules import nothing_patched, qwen25_vl_class
+from keyshot.infer.model.vision_packing import WINDOW_GROUPS, use_grid_packing, window_groups
 
 logger = logging.getLogger(__name__)
 
@@ -55,35 +57,16 @@ def _batched_forward(
     q, k, v = self.qkv(hidden_states).reshape(seq_length, 3, self.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
     cos, sin = position_embeddings
     q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)  # (seq, heads, head_dim)
-    bounds = cu_seqlens.tolist()  # one host sync per layer, as transformers' own loop makes
-    by_length: dict[int, list[int]] = defaultdict(list)
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        if end > start:
-            by_length[end - start].append(start)
+    groups = getattr(cu_seqlens, WINDOW_GROUPS, None)  # the tower's packing from its grid: no host sync
+    if groups is None:
+        groups = window_groups(cu_seqlens, q.device)
     out = torch.empty_like(q)
     dropout = self.attention_dropout if self.training else 0.0
-    for length, starts in by_length.items():
-        index = (
-            torch.tensor(starts, device=q.device)[:, None] + torch.arange(length, device=q.device)[None, :]
-        )
+    for _length, index in groups:
         qb, kb, vb = (t[index].transpose(1, 2) for t in (q, k, v))  # (windows, heads, length, head_dim)
         attended = F.scaled_dot_product_attention(qb, kb, vb, dropout_p=dropout, scale=self.scaling)
         out[index] = attended.transpose(1, 2).to(out.dtype)
     return self.proj(out.reshape(seq_length, -1))
-
-
-def _looks_like_qwen25_vl(model: torch.nn.Module) -> bool:
-    """Whether ``model`` holds modules of transformers' Qwen2.5-VL (whatever their classes are called)."""
-    return any("qwen2_5_vl" in type(m).__module__ for m in model.modules())
-
-
-def _qwen25_vl_class(name: str):
-    """transformers' Qwen2.5-VL class ``name``, or None where this transformers has none of that name."""
-    try:
-        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
-    except ImportError:
-        return None
-    return getattr(modeling_qwen2_5_vl, name, None)
 
 
 def _takes(cls, *names: str) -> bool:
@@ -98,14 +81,6 @@ def _takes(cls, *names: str) -> bool:
 def _runs(module: torch.nn.Module, function) -> bool:
     """Whether ``module``'s forward is already ``function`` (patched before)."""
     return getattr(module.__dict__.get("forward"), "__func__", None) is function
-
-
-def _nothing_patched(model: torch.nn.Module, what: str, why: str) -> int:
-    if _looks_like_qwen25_vl(model):
-        logger.warning(
-            "%s: nothing patched in this Qwen2.5-VL (%s); transformers' own forward runs", what, why
-        )
-    return 0
 
 
 def _patch_forwards(
@@ -141,7 +116,7 @@ def _patch_forwards(
             module.forward = types.MethodType(forward, module)
         patched += 1
     if not found:
-        return _nothing_patched(model, what, none_found)
+        return nothing_patched(model, what, none_found)
     return patched
 
 
@@ -149,11 +124,11 @@ def use_batched_window_attention(model: torch.nn.Module) -> int:
     """Patch every Qwen2.5-VL vision attention module of ``model`` that does not use flash-attn; returns how
     many run the batched windows (those patched by an earlier call included)."""
     what = "batched vision windows"
-    cls = _qwen25_vl_class("Qwen2_5_VLVisionAttention")
+    cls = qwen25_vl_class("Qwen2_5_VLVisionAttention")
     if cls is None:
-        return _nothing_patched(model, what, "transformers has no Qwen2_5_VLVisionAttention")
+        return nothing_patched(model, what, "transformers has no Qwen2_5_VLVisionAttention")
     if not _takes(cls, "hidden_states", "cu_seqlens", "position_embeddings"):
-        return _nothing_patched(model, what, "Qwen2_5_VLVisionAttention.forward's arguments changed")
+        return nothing_patched(model, what, "Qwen2_5_VLVisionAttention.forward's arguments changed")
 
     def refuse(module) -> str | None:  # flash-attn runs its own varlen kernel: nothing to batch
         implementation = getattr(module.config, "_attn_implementation", "sdpa") or "sdpa"
@@ -179,9 +154,9 @@ def use_linear_patch_embed(model: torch.nn.Module) -> int:
     """Run Qwen2.5-VL's patch embedding (a Conv3d whose kernel is its stride) as the matrix product it is;
     returns how many run so (those patched by an earlier call included)."""
     what = "patch embedding as a matrix product"
-    cls = _qwen25_vl_class("Qwen2_5_VisionPatchEmbed")
+    cls = qwen25_vl_class("Qwen2_5_VisionPatchEmbed")
     if cls is None:
-        return _nothing_patched(model, what, "transformers has no Qwen2_5_VisionPatchEmbed")
+        return nothing_patched(model, what, "transformers has no Qwen2_5_VisionPatchEmbed")
 
     def refuse(module) -> str | None:
         proj = getattr(module, "proj", None)
@@ -280,9 +255,9 @@ def use_padded_vision_mlp(model: torch.nn.Module, multiple: int = 128) -> int:
     returns how many run so (those patched by an earlier call included). The weights are padded in place at
     the first such forward (see :func:`_pad_in_place`): no second copy."""
     what = "padded vision MLPs"
-    cls = _qwen25_vl_class("Qwen2_5_VLMLP")
+    cls = qwen25_vl_class("Qwen2_5_VLMLP")
     if cls is None:
-        return _nothing_patched(model, what, "transformers has no Qwen2_5_VLMLP")
+        return nothing_patched(model, what, "transformers has no Qwen2_5_VLMLP")
     visual = getattr(getattr(model, "model", model), "visual", model)
 
     def refuse(module) -> str | None:
@@ -309,8 +284,10 @@ def use_padded_vision_mlp(model: torch.nn.Module, multiple: int = 128) -> int:
 
 def use_fast_vision_tower(model: torch.nn.Module) -> None:
     """Every change above, each equal to transformers' output within the dtype's rounding: batched windows,
-    the patch embedding as a matrix product, padded vision MLPs (where the tower asks no gradient). Applied
+    the patch embedding as a matrix product, padded vision MLPs (where the tower asks no gradient), and the
+    tower's packing read from its grid before the layers (vision_packing.py: no host sync per layer). Applied
     once however often it is called (the training recipe and the in-process scorer each call it)."""
     use_batched_window_attention(model)
     use_linear_patch_embed(model)
     use_padded_vision_mlp(model)
+    use_grid_packing(model)

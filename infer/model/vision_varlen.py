@@ -59,7 +59,7 @@ def _varlen_forward(
             f"model.vision_attention=varlen runs on CUDA in bfloat16/float16; the tower runs on {q.device.type} "
             f"in {q.dtype}: use vision_attention=batched"
         )
-    if max_seqlen is None:  # transformers passes it; computing it costs one host sync
+    if max_seqlen is None:  # the tower's packing passes it (vision_packing.py); else one host sync per layer
         max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
     v = v.to(q.dtype)
@@ -72,7 +72,11 @@ def _varlen_forward(
 def use_varlen_vision_attention(model: torch.nn.Module) -> int:
     """Patch every Qwen2.5-VL vision attention module of ``model`` to run its windows through torch's
     variable-length attention; returns how many were patched (the tower's depth), and refuses a model with
-    none. Applying it again patches the same modules again (the forward is replaced, never wrapped)."""
+    none. Applying it again patches the same modules again (the forward is replaced, never wrapped). The
+    tower gets its packing from the grid (:func:`~keyshot.infer.model.vision_packing.use_grid_packing`), so
+    each layer is handed its ``max_seqlen`` and reads nothing back from the device."""
+    from keyshot.infer.model.vision_packing import use_grid_packing
+
     varlen_attn = varlen_attention_function()
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLVisionAttention
 
@@ -92,5 +96,6 @@ def use_varlen_vision_attention(model: torch.nn.Module) -> int:
             f"model.vision_attention=varlen found no Qwen2_5_VLVisionAttention in {type(model).__name__} (a "
             "transformers upgrade may have renamed it): use vision_attention=batched"
         )
+    use_grid_packing(model)
     logger.info("vision attention: %d layers run their windows through torch's varlen_attn", patched)
     return patched

@@ -384,7 +384,7 @@ def test_lora_run_and_merge(tiny_model_dir, datasets_dir, launch_env, tmp_path):
     from transformers import AutoModelForImageTextToText
 
     run_dir = tmp_path / "run"
-    launch(
+    output = launch(
         "cpu1.yaml",
         _overrides(
             tiny_model_dir,
@@ -394,9 +394,16 @@ def test_lora_run_and_merge(tiny_model_dir, datasets_dir, launch_env, tmp_path):
             "optim.lr=1e-2",
             "model.lora.enabled=true",
             "model.lora.r=4",
+            "model.lora.fused=true",  # the fused adapters train, save and merge as peft's
+            "model.unchecked_token_cap=100000",
             "eval.generate_samples=0",
         ),
         launch_env,
+    )
+    assert "LoRA fused: " in output
+    assert (
+        "memory plan: no activation checkpointing: every micro-batch fits model.unchecked_token_cap=100,000"
+        in output
     )
     adapter, merged = run_dir / "final_adapter", run_dir / "final"
     assert (adapter / "adapter_config.json").exists() and (adapter / "keyshot.json").exists()

@@ -219,10 +219,32 @@ def test_cuda_switches_refuse_in_one_line_without_cuda(tiny_model_dir, switch, m
     assert "\n" not in str(caught.value)
 
 
-def test_liger_and_compile_together_are_refused_in_one_line(tiny_model_dir):
+def test_liger_patches_the_language_model_only_and_the_tower_compiles_beside_it(tiny_model_dir):
+    """Liger's kernels go to the language model's norms and MLPs alone (the tower's and the merger's norms
+    stay transformers'), so with ``compile`` the tower's blocks compile and the decoder layers stay Liger's."""
+    from keyshot.train.speedups import compile_layers, liger_targets
+
+    model = _load(tiny_model_dir)
+    names = {id(m): n for n, m in model.named_modules()}
+    norms, mlps = liger_targets(model)
+    depth = model.config.get_text_config().num_hidden_layers
+    assert len(norms) == 2 * depth + 1 and len(mlps) == depth
+    assert all(names[id(m)].startswith("model.language_model.") for m in [*norms, *mlps])
+    tower_norms = [
+        n for n, m in model.named_modules() if type(m).__name__ == "Qwen2_5_VLRMSNorm" and "visual" in n
+    ]
+    assert tower_norms and not set(tower_norms) & {names[id(m)] for m in norms}
+    assert compile_layers(model, "aot_eager", decoder=False).startswith("no decoder layer")
+    assert all(block._compiled_call_impl is not None for block in model.model.visual.blocks)
+    assert all(layer._compiled_call_impl is None for layer in model.model.language_model.layers)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
+def test_liger_with_compile_is_no_longer_refused_as_a_pair(tiny_model_dir):
+    """Where Liger cannot run, the line says why (no CUDA), not that the two switches do not compose."""
     settings = _settings(tiny_model_dir, liger_kernel=True, compile="inductor")
     with pytest.raises(
-        ModelSetupError, match=r"^model.liger_kernel and model.compile do not compose"
+        ModelSetupError, match=r"^model.liger_kernel=true needs liger-kernel with triton"
     ) as caught:
         apply_speedups(_load(tiny_model_dir), settings)
     assert "\n" not in str(caught.value)
@@ -301,10 +323,26 @@ def test_regional_compile_with_inductor_on_cuda(tiny_model_dir, batch):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (Liger's kernels, inductor)")
+def test_liger_with_the_tower_compiled_on_cuda(tiny_model_dir, batch):
+    """Liger on the language model, inductor on the tower's blocks: transformers' step within rounding."""
+    pytest.importorskip("liger_kernel", reason="liger-kernel is not installed (pip install 'keyshot[liger]')")
+    torch._dynamo.reset()
+    settings = _settings(tiny_model_dir, gradient_checkpointing=True, train_vision_tower=True)
+    reference = _prepare(_load(tiny_model_dir, device="cuda"), settings)
+    want = _step(reference, batch, "cuda")
+    both = ModelSettings(**{**settings.__dict__, "liger_kernel": True, "compile": "inductor"})
+    model = _prepare(_load(tiny_model_dir, device="cuda"), both)
+    assert all(block._compiled_call_impl is not None for block in model.model.visual.blocks)
+    assert all(layer._compiled_call_impl is None for layer in model.model.language_model.layers)
+    _assert_same_step(_step(model, batch, "cuda"), want, 1e-4)
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_every_switch_at_once_on_cuda(tiny_model_dir, batch):
-    """Every switch that composes, on a bf16 LoRA model as the 7B would train (compile is refused beside
-    Liger): transformers' step within bf16 rounding."""
+    """The switches of the shipped 7B LoRA config, with the fused adapters, on a bf16 LoRA model as the 7B
+    would train: transformers' step within bf16 rounding."""
     pytest.importorskip("liger_kernel", reason="liger-kernel is not installed (pip install 'keyshot[liger]')")
     torch._dynamo.reset()
     lora = LoraSettings(enabled=True, r=4, dropout=0.0)
@@ -312,6 +350,7 @@ def test_every_switch_at_once_on_cuda(tiny_model_dir, batch):
     reference = _prepare(_load(tiny_model_dir, torch.bfloat16, "cuda"), settings)
     want = _step(reference, batch, "cuda")
     switches = {"liger_kernel": True, "vision_attention": "varlen", "padding_free": True}
-    every = ModelSettings(**{**settings.__dict__, **switches, "checkpoint_every": 2})
+    fused = LoraSettings(enabled=True, r=4, dropout=0.0, fused=True)
+    every = ModelSettings(**{**settings.__dict__, **switches, "checkpoint_every": 2, "lora": fused})
     model = _prepare(_load(tiny_model_dir, torch.bfloat16, "cuda"), every)
     _assert_same_step(_step(model, batch, "cuda"), want, 3e-2)

@@ -76,6 +76,20 @@ def test_unknown_and_bad_keys_are_rejected():
     assert (cfg.optim.lr, cfg.max_steps, cfg.model.lora.enabled) == (2e-4, 7, True)
 
 
+def test_the_learning_rate_is_checked_once_by_the_config():
+    """``optim.lr > 0`` has one home, ``OptimSettings``: the recipe's schedule check refuses only what the
+    config cannot know (warmup as long as the run), so the two refusals cannot drift apart."""
+    path = REPO / "configs/train/tiny_cpu.yaml"
+    with pytest.raises(ConfigError, match=r"optim.lr=0.*: optim.lr must be > 0, got 0.0$"):
+        load_config(TrainConfig, path, ["optim.lr=0"])
+    checks = sorted(
+        p.relative_to(REPO).as_posix()
+        for p in (REPO / "train").glob("*.py")
+        if "optim.lr must be > 0" in p.read_text(encoding="utf-8")
+    )
+    assert checks == ["train/train_config.py"]
+
+
 def test_checkpoint_every_zero_means_only_the_final_one_and_a_negative_is_refused():
     """checkpoint.every_steps=0 once divided by zero at the first optimizer step (tests/e2e/test_real_data.py
     trains with it to the last step)."""

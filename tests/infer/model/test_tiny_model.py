@@ -62,3 +62,16 @@ def test_special_tokens_follow_the_bpe_vocabulary(tiny_model_dir):
     # The prompts tokenise compactly (the BPE was trained on them): the scorer system prompt is ~2k chars.
     system = load_prompt_set().system("key_screenshot")
     assert len(tok(system).input_ids) < len(system) / 4
+
+
+def test_building_leaves_the_process_environment_as_it_was(tmp_path, monkeypatch):
+    """The save sets DS_ACCELERATOR=cpu for DeepSpeed's import and takes it back: a CUDA run of the same
+    process (a test, bench/gpu.py) that built the tiny model still finds its accelerator."""
+    import os
+
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    build_tiny_qwen25vl(tmp_path / "model", seed=1)
+    assert "DS_ACCELERATOR" not in os.environ
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    build_tiny_qwen25vl(tmp_path / "again", seed=1)
+    assert os.environ["DS_ACCELERATOR"] == "cpu"
