@@ -104,7 +104,7 @@ bench: setup setup-vllm setup-openrlhf setup-verl setup-browser setup-openenv
 
 # The GPU kit (bench/gpu.py): on a CUDA machine the 7B shape, random weights; writes bench/RESULTS-gpu.md.
 bench-gpu: setup
-	$(BIN)/python bench/gpu.py
+	$(BIN)/python -m bench.gpu
 
 lint: setup
 	$(BIN)/ruff check .

@@ -2,8 +2,8 @@
 ceiling, the vision tower, and train/serve parity, at Qwen2.5-VL-7B's shape, in one command with nothing
 to download.
 
-    python bench/gpu.py                    # on a CUDA machine: the 7B shape; writes bench/RESULTS-gpu.md
-    python bench/gpu.py --shape tiny       # the same code paths with the tiny model (what CPU machines run)
+    python -m bench.gpu                    # on a CUDA machine: the 7B shape; writes bench/RESULTS-gpu.md
+    python -m bench.gpu --shape tiny       # the same code paths with the tiny model (what CPU machines run)
     bash bench/gpu_session.sh OUT          # on a lent GPU: the CUDA tests, then this kit (issue 57's rows)
 
 The model is built from ``configs/models/qwen2.5-vl-7b.json`` with random bf16 weights created on the
@@ -60,38 +60,35 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # `python bench/gpu.py` from a checkout
-    sys.path.insert(0, str(REPO))
-
-from keyshot.infer.common.config import load_config  # noqa: E402
-from keyshot.infer.common.fileio import write_text_atomic  # noqa: E402
-from keyshot.infer.judge.local_scorer import TransformersScorer  # noqa: E402
-from keyshot.infer.model.tiny_model import build_tiny_qwen25vl  # noqa: E402
-from keyshot.infer.protocol.chat_template import (  # noqa: E402
+from keyshot.infer.common.config import load_config
+from keyshot.infer.common.fileio import write_text_atomic
+from keyshot.infer.judge.local_scorer import TransformersScorer
+from keyshot.infer.model.tiny_model import build_tiny_qwen25vl
+from keyshot.infer.protocol.chat_template import (
     ScorerRenderer,
     image_policy_for,
     image_size,
     set_processor_pixel_bounds,
 )
-from keyshot.infer.protocol.images import DEFAULT_POLICY, prepare_image  # noqa: E402
-from keyshot.infer.protocol.messages import scorer_example, scorer_messages  # noqa: E402
-from keyshot.infer.protocol.prompts import load_prompt_set  # noqa: E402
-from keyshot.infer.testing.scorer_data import scorer_rows  # noqa: E402
-from keyshot.train.batches import ScorerCollator, build_batch_sampler  # noqa: E402
-from keyshot.train.memory_plan import CheckpointPlan, batch_token_slots, describe_plan  # noqa: E402
-from keyshot.train.scorer_model import prepare_for_training  # noqa: E402
-from keyshot.train.speedups import decoder_layers  # noqa: E402
-from keyshot.train.step import build_optimizer, train_step  # noqa: E402
-from keyshot.train.throughput import (  # noqa: E402
+from keyshot.infer.protocol.images import DEFAULT_POLICY, prepare_image
+from keyshot.infer.protocol.messages import scorer_example, scorer_messages
+from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.testing.scorer_data import scorer_rows
+from keyshot.train.batches import ScorerCollator, build_batch_sampler
+from keyshot.train.memory_plan import CheckpointPlan, batch_token_slots, describe_plan
+from keyshot.train.scorer_model import prepare_for_training
+from keyshot.train.speedups import decoder_layers
+from keyshot.train.step import build_optimizer, train_step
+from keyshot.train.throughput import (
     FlopsModel,
     ThroughputMeter,
     batch_shape_stats,
     labelled_tokens,
     log_totals,
 )
-from keyshot.train.train_config import ModelSettings, TrainConfig  # noqa: E402
+from keyshot.train.train_config import ModelSettings, TrainConfig
 
+REPO = Path(__file__).resolve().parents[1]
 logger = logging.getLogger("bench.gpu")
 
 SHAPE_7B = REPO / "configs" / "models" / "qwen2.5-vl-7b.json"
@@ -1356,7 +1353,7 @@ def main(argv: list[str] | None = None) -> int:
     peak, source = (args.peak, "--peak") if args.peak else device_peak(device, args.cpu_peak)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     workers = args.workers if args.workers is not None else (8 if device.type == "cuda" else 0)
-    command = "python bench/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.gpu " + " ".join(argv if argv is not None else sys.argv[1:])
     train_rows: list[dict] = []
     scoring: dict | None = None
     vision: dict | None = None

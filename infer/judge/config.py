@@ -48,6 +48,10 @@ class ScorerConfig:
     device: str = "cpu"
     dtype: str = "auto"  # bfloat16 on CUDA, float32 on CPU
     batch_size: int = 4
+    #: backend transformers on CUDA: replay the vision tower from a CUDA graph for up to this many screenshot
+    #: grids (a grid is a batch's screenshot sizes after the pixel bounds: screenshots of one size at one
+    #: batch size share one; each is captured the first time it is seen). 0: off.
+    tower_cuda_graphs: int = 0
     serve: ServeConfig | None = None  # settings for --serve-scorer
 
     def __post_init__(self) -> None:
@@ -57,6 +61,13 @@ class ScorerConfig:
             member_configs(self.endpoints)  # one model, no endpoint twice
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.tower_cuda_graphs < 0:
+            raise ValueError(f"tower_cuda_graphs must be >= 0, got {self.tower_cuda_graphs}")
+        if self.tower_cuda_graphs and (self.backend != "transformers" or self.device != "cuda"):
+            raise ValueError(
+                "tower_cuda_graphs needs the in-process scorer on a GPU (backend: transformers, device: cuda); "
+                "set it to 0"
+            )
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs must be within [0, 20] (or null), got {self.logprobs}")
         if self.max_tokens is not None and self.max_tokens < 1:

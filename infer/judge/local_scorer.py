@@ -60,6 +60,9 @@ class TransformersScorer(KeyScreenshotScorer):
         max_new_tokens: answer length limit.
         logprobs: keep this many top alternatives per generated token and fill ``expected_score``.
         checkpoint: the folder's description when the caller has read it (else it is read here).
+        tower_cuda_graphs: on CUDA, replay the vision tower from a CUDA graph for up to this many grids
+            (a batch's screenshot sizes), each captured the first time it is seen
+            (:func:`keyshot.infer.model.vision_graphs.use_tower_cuda_graphs`); 0: off.
     """
 
     backend = "transformers"
@@ -76,6 +79,7 @@ class TransformersScorer(KeyScreenshotScorer):
         parse_mode: str = "strict",
         logprobs: int | None = None,
         checkpoint: CheckpointDescription | None = None,
+        tower_cuda_graphs: int = 0,
     ):
         super().__init__(prompts, parse_mode=parse_mode)
         import torch
@@ -90,6 +94,9 @@ class TransformersScorer(KeyScreenshotScorer):
         torch_dtype = getattr(torch, scorer_dtype(device, dtype))
         model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch_dtype).to(device)
         self._setup(model, processor, policy, device, batch_size, max_new_tokens, logprobs, model_dir)
+        if tower_cuda_graphs and device != "cuda":
+            raise ValueError(f"tower_cuda_graphs needs device cuda, not {device}; set it to 0")
+        self.tower_cuda_graphs = tower_cuda_graphs
 
     @classmethod
     def from_model(
@@ -153,6 +160,7 @@ class TransformersScorer(KeyScreenshotScorer):
             gen.pad_token_id if gen.pad_token_id is not None else self.processor.tokenizer.pad_token_id
         )
         self._lock = threading.Lock()  # one generate at a time, whatever the event loop does
+        self.tower_cuda_graphs = 0
 
     @property
     def name(self) -> str:
@@ -189,8 +197,12 @@ class TransformersScorer(KeyScreenshotScorer):
         self, task: str, key_points: str, images: Sequence[PreparedImage]
     ) -> list[Generation]:
         torch = self._torch
-        inputs = self.encode(task, key_points, images).to(self.device)
+        encoded = self.encode(task, key_points, images)
+        grid = encoded["image_grid_thw"]  # read on the host, before it moves
+        inputs = encoded.to(self.device)
         prompt_lengths = inputs["attention_mask"].sum(dim=1).tolist()
+        with self._lock:
+            self._graph_tower(grid)
         with self._lock, torch.inference_mode():
             result = self.model.generate(
                 **inputs,
@@ -226,6 +238,18 @@ class TransformersScorer(KeyScreenshotScorer):
                 )
             )
         return generations
+
+    def _graph_tower(self, grid_thw: Any) -> None:
+        """Capture the tower for this batch's grid, while fewer than ``tower_cuda_graphs`` are."""
+        if not self.tower_cuda_graphs:
+            return
+        from keyshot.infer.model.vision_graphs import captured_grids, use_tower_cuda_graphs
+        from keyshot.infer.model.vision_packing import grid_of
+
+        grid = grid_of(grid_thw)
+        held = captured_grids(self.model)
+        if grid not in held and len(held) < self.tower_cuda_graphs:
+            use_tower_cuda_graphs(self.model, [grid])
 
     def _token_logprobs(self, logits: Sequence[Any], row: int, ids: list[int], finish: str) -> list[dict]:
         torch = self._torch

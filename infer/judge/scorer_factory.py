@@ -158,6 +158,7 @@ def _configured_scorer(
             parse_mode=cfg.pipeline.parse_mode,
             logprobs=sc.logprobs,
             checkpoint=checkpoint,
+            tower_cuda_graphs=sc.tower_cuda_graphs,
         )
     endpoint = endpoint or sc.endpoint
     if endpoint is None and not sc.endpoints:

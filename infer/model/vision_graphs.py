@@ -70,6 +70,11 @@ def _graphed_forward(self, hidden_states, grid_thw=None, **kwargs):
     return _copy(captured.output)
 
 
+def captured_grids(model: torch.nn.Module) -> set[Grid]:
+    """The grids ``model``'s vision tower has a CUDA graph for (none before :func:`use_tower_cuda_graphs`)."""
+    return set(_tower(model).__dict__.get("_keyshot_graphs", {}))
+
+
 def use_tower_cuda_graphs(model: torch.nn.Module, grids: Iterable[Grid], channels: int | None = None) -> int:
     """Capture ``model``'s vision tower as a CUDA graph for each grid of ``grids`` (each a tuple of
     ``(t, h, w)`` rows: one per image of a batch); returns how many grids have a graph (those captured by an

@@ -298,6 +298,7 @@ def test_a_folder_from_before_the_prompt_variant_rename_resumes(world, tmp_path,
         ("judge.timeout_s=0", "timeout_s must be > 0"),
         ("judge.max_tokens=0", "max_tokens must be >= 1"),
         ("scorer.batch_size=0", "batch_size must be >= 1"),
+        ("scorer.tower_cuda_graphs=2", "tower_cuda_graphs needs the in-process scorer on a GPU"),
         ("concurency=2", "unknown key(s) 'concurency' (did you mean 'concurrency'?)"),
     ],
 )

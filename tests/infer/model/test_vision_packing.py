@@ -184,3 +184,31 @@ def test_cuda_graphs_of_the_tower_give_its_output(tiny_model_dir):
     assert len(replays) == 2
     torch.testing.assert_close(got1, want1, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(got2, want2, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_in_process_scorer_replays_its_tower_per_grid_and_answers_as_without(tiny_model_dir):
+    """``scorer.tower_cuda_graphs``: the in-process scorer captures the grids it sees, up to the number set,
+    and answers as it does without them."""
+    from PIL import Image
+
+    from keyshot.infer.judge.local_scorer import TransformersScorer
+    from keyshot.infer.model.vision_graphs import captured_grids
+    from keyshot.infer.protocol.images import prepare_image
+    from keyshot.infer.protocol.prompts import load_prompt_set
+
+    def scorer(graphs: int) -> TransformersScorer:
+        return TransformersScorer(
+            tiny_model_dir, load_prompt_set(), device="cuda", dtype="float32", max_new_tokens=8,
+            batch_size=2, tower_cuda_graphs=graphs,
+        )  # fmt: skip
+
+    wide = prepare_image(Image.new("RGB", (1280, 720), "white"), scorer(0).image_policy)
+    tall = prepare_image(Image.new("RGB", (720, 1280), "white"), scorer(0).image_policy)
+    plain, graphed = scorer(0), scorer(2)
+    for images in ([wide], [wide, wide], [tall], [wide]):
+        assert [g.text for g in graphed.generate("a task", "1. a point", images)] == [
+            g.text for g in plain.generate("a task", "1. a point", images)
+        ]
+    assert len(captured_grids(graphed.model)) == 2  # the third grid ([tall]) ran as before
