@@ -1,6 +1,6 @@
 """Image-policy throughput against plain PIL decoding of the same screenshots, in one process.
 
-    python -m bench.images                                  # the real 1280×720 shots in tests/fixtures
+    python -m bench.images                                  # the real WorkArena shots in ../shared/data, else the fixtures'
     python -m bench.images '../shared/data/agentlab_workarena/*/screenshot_step_*.png' --json out.json
 
 Arguments are files, folders or glob patterns (quoted, so the shell leaves them to the bench). Every
@@ -59,7 +59,10 @@ from keyshot.infer.protocol.images import (  # noqa: E402
 logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_SHOTS = (
+#: The default input: the real WorkArena screenshots of the shared data beside the repository (65, from
+#: 1280×713 to 3024×1592) where they are, else the fixture run's 7 (1280×720 and 1282×713).
+REAL_SHOTS = "../shared/data/agentlab_workarena/*/screenshot_step_*.png"
+FIXTURE_SHOTS = (
     REPO
     / "tests/fixtures/trajectories/agentlab/2024-12-18_12-51-50_DemoAgentArgs_on_workarena.servicenow.knowledge-base-search_5"
 )
@@ -278,7 +281,12 @@ def screenshot_files(args: list[str]) -> list[Path]:
 def rows_of(data: dict) -> Rows:
     by = {r["method"]: r for r in data["results"]}
     base = by[BASELINE]
-    shots = f"{len(data['files'])} screenshots ({', '.join('×'.join(map(str, size)) for size in data['sizes'])}), 1 thread"
+    sizes = data["sizes"]
+    span = ", ".join("×".join(map(str, size)) for size in sizes)
+    if len(sizes) > 3:
+        span = f"{len(sizes)} sizes, {'×'.join(map(str, sizes[0]))} to {'×'.join(map(str, sizes[-1]))}"
+    source = data.get("source", "screenshots")
+    shots = f"{len(data['files'])} {source} ({span}), 1 thread"
     compared = [
         (
             f"{method} vs plain PIL decode, screenshots per CPU second",
@@ -302,7 +310,8 @@ def rows_of(data: dict) -> Rows:
     )
     prepare = by[PREPARE]
     headline = Headline(
-        "Screenshots prepared per CPU second: keyshot's image policy (decode, resize, JPEG) / PIL's decode alone",
+        "Screenshots prepared per CPU second: keyshot's image policy (decode, resize, JPEG) / PIL's decode "
+        f"alone, {len(data['files'])} {data.get('source', 'screenshots')}",
         f"{prepare['ratio_to_decode']:.2f}×",
     )
     notes = tuple(f"Not run: {line}." for line in data["not_run"])
@@ -322,7 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    paths = screenshot_files(args.paths or [str(DEFAULT_SHOTS)])
+    if args.paths:
+        source, paths = "the screenshots named", screenshot_files(args.paths)
+    elif glob.glob(str(REPO / REAL_SHOTS)):
+        source, paths = "real WorkArena screenshots", screenshot_files([str(REPO / REAL_SHOTS)])
+    else:
+        source, paths = "the fixture run's screenshots", screenshot_files([str(FIXTURE_SHOTS)])
     if not paths:
         parser.error("no screenshots found")
     files = [p.read_bytes() for p in paths]
@@ -350,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         f"scoring, so every screenshot's original must be made) {once:.0f} ms: {twice / once:.2f}x"
     )
     data = {
+        "source": source,
         "files": [str(p) for p in paths],
         "sizes": sizes,
         "cpu": platform.processor() or platform.machine(),
