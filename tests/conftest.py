@@ -37,6 +37,22 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_qwen25vl(tmp_path_factory.mktemp("tiny-qwen25vl"), seed=0)
 
 
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Forget accelerate's process-wide state after each test that set it. A test that runs a trainer in
+    process (TRL's GRPOTrainer in bf16, the training recipe) leaves AcceleratorState set, and the next
+    `Accelerator(mixed_precision=...)` with other settings in the same worker is refused; accelerate's own
+    tests reset it the same way."""
+    yield
+    import sys
+
+    if "accelerate.state" in sys.modules:
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
 # ---------------------------------------------------------------------------- running side by side
 # `make test` runs the suite in pytest-xdist workers (`-n 3 --dist loadgroup`; `-n N` alone gets loadgroup
 # too, below): most slow tests wait on a server, a launcher or a browser, so three workers keep two cores
