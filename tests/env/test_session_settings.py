@@ -99,3 +99,19 @@ def test_keyshots_trl_environments_record_through_the_episode_recorder(tmp_path)
     assert env.episode is not None and len(env.episode.screenshots) == env.step_count + 1
     env.episode.finish("done")
     assert [p.suffix for p in (tmp_path / "kept").iterdir()].count(".jsonl") == 1
+
+
+def test_the_documented_defaults_are_the_session_settings_and_the_servers():
+    """docs/reward.md and ``keyshot reward env``'s description name the deadlines and the port in words:
+    they say what SessionSettings and EnvServer hold (a default changed there is changed here too)."""
+    docs = " ".join((paths.REPO / "docs" / "reward.md").read_text().split())
+    described = " ".join(env_command.__doc__.split())
+    defaults = SessionSettings()
+    for said in (
+        f"`--answer-within-s` (default {defaults.answer_within_s:g} s)",
+        f"`page_timeout_s` (one call on a page, {defaults.page_timeout_s:g} s,",
+        f"BrowserGym's {defaults.dom_wait_s:g} s)",
+        f"on port {EnvServer.port} by default",
+    ):
+        assert said in docs, f"docs/reward.md: {said!r}"
+    assert f"(port {EnvServer.port} by default:" in described

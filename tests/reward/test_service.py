@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import urllib.request
 
 import pytest
 
+from keyshot.infer.cli import build_parser, parse
 from keyshot.infer.common.processes import free_port
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge
@@ -20,6 +22,7 @@ from keyshot.infer.testing.images import png
 from keyshot.infer.testing.launch import start_reward_serve
 from keyshot.reward.logs import SAMPLE_KEYS
 from keyshot.reward.service import Metrics
+from tests.support import paths
 from tests.support.reward import FIXTURES, write_config
 
 pytest.importorskip("fastapi")
@@ -241,7 +244,6 @@ def test_sigterm_drains_and_leaves_no_process(service):
 def test_the_services_options_default_to_its_limits(tmp_path, capsys):
     """``keyshot reward serve``'s limit options repeated ServiceLimits' defaults by hand (256 MiB, 200, 64,
     600 s): they are read from it, and --help says each."""
-    from keyshot.infer.cli import build_parser, parse
     from keyshot.reward.command import LIMIT_OPTIONS, service_limits
     from keyshot.reward.service import ServiceLimits
 
@@ -266,3 +268,15 @@ def test_the_services_options_default_to_its_limits(tmp_path, capsys):
         deadline_s=7.5,
         token_env="T",
     )
+
+
+def test_the_documented_service_command_line_shows_its_defaults():
+    """docs/reward.md's synopsis of ``keyshot reward serve`` shows each option's default (``[--queue-size
+    64]``): given as written, they are the options' defaults (ServiceLimits' for the limits)."""
+    docs = " ".join((paths.REPO / "docs" / "reward.md").read_text().split())
+    synopsis = docs.split("`keyshot reward serve --config FILE ", 1)[1].split("`", 1)[0]
+    shown = re.findall(r"\[(--[\w-]+) ([^\]A-Z]+)\]", synopsis)  # DIR, VAR: placeholders
+    assert {option for option, _ in shown} >= {"--port", "--max-body-mb", "--queue-size", "--deadline-s"}
+    command = ["reward", "serve", "--config", "c.yaml"]
+    as_written = parse(build_parser(), [*command, *(word for pair in shown for word in pair)])
+    assert vars(as_written) == vars(parse(build_parser(), command)), synopsis
