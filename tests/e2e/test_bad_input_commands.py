@@ -149,39 +149,38 @@ def _unknown_schema(task: Path) -> str:
     return "schema_version"
 
 
+def _v2_result(task: Path, steps: list) -> None:
+    """``task``'s result.json in Online-Mind2Web's v2 schema, ``steps`` its action history."""
+    (task / "result.json").write_text(
+        json.dumps({"schema_version": "online-mind2web-v2", "task": "t", "action_history": steps})
+    )
+
+
 def _v2_missing_screenshot(task: Path) -> str:
     steps = [
         {"step": 0, "screenshot": "nope.png", "action": "a"},
         {"step": 1, "screenshot": "0.png", "action": "b"},
     ]
-    (task / "result.json").write_text(
-        json.dumps({"schema_version": "online-mind2web-v2", "task": "t", "action_history": steps})
-    )
+    _v2_result(task, steps)
     return "nope.png"
 
 
 def _v2_escape(task: Path) -> str:
     png(task.parent.parent / "secret.png")
     steps = [{"step": 0, "screenshot": "../../secret.png", "action": "a"}]
-    (task / "result.json").write_text(
-        json.dumps({"schema_version": "online-mind2web-v2", "task": "t", "action_history": steps})
-    )
+    _v2_result(task, steps)
     return "outside the input"
 
 
 def _v2_absolute(task: Path) -> str:
     secret = png(task.parent.parent / "abs-secret.png")
     steps = [{"step": 0, "screenshot": str(secret), "action": "a"}]
-    (task / "result.json").write_text(
-        json.dumps({"schema_version": "online-mind2web-v2", "task": "t", "action_history": steps})
-    )
+    _v2_result(task, steps)
     return "outside the input"
 
 
 def _v2_step_not_object(task: Path) -> str:
-    (task / "result.json").write_text(
-        json.dumps({"schema_version": "online-mind2web-v2", "task": "t", "action_history": ["click"]})
-    )
+    _v2_result(task, ["click"])
     return "action_history[0]"
 
 
@@ -190,9 +189,7 @@ def _v2_duplicate_steps(task: Path) -> str:
         {"step": 0, "screenshot": "0.png", "action": "a"},
         {"step": 0, "screenshot": "1.png", "action": "b"},
     ]
-    (task / "result.json").write_text(
-        json.dumps({"schema_version": "online-mind2web-v2", "task": "t", "action_history": steps})
-    )
+    _v2_result(task, steps)
     return "duplicate step"
 
 
