@@ -7,9 +7,9 @@ Both take any keyshot judge config (configs/reward/*.yaml add a reward: section)
 key=value after it, as every keyshot command does (judge.model=gpt-4o).
 
 ``filter`` judges every rollout under ROLLOUTS (any format ``keyshot judge`` reads) and writes
-``OUT/rewards.jsonl`` (every rollout: id, agent, task, run, source, reward, progress, error) and
-``OUT/accepted.jsonl`` (those with reward >= --min-reward); ``--link`` also links each accepted trajectory
-folder into ``OUT/accepted/`` under the path it has below ROLLOUTS (AgentLab's
+``OUT/rewards.jsonl`` (every rollout: id, agent, benchmark, task_id, run, source, reward, progress, error,
+kind) and ``OUT/accepted.jsonl`` (those with reward >= --min-reward); ``--link`` also links each accepted
+trajectory folder into ``OUT/accepted/`` under the path it has below ROLLOUTS (AgentLab's
 ``<time>_<agent>_on_<task>`` names, Online-Mind2Web's ``<agent>/<task>`` folders), so that
 ``keyshot judge OUT/accepted`` reads each with its own agent, task and run. ``serve`` is the HTTP service
 (docs/reward.md).

@@ -1,11 +1,11 @@
 """Rejection sampling: every rollout under some folders judged by the reward model, those at or above a
 reward kept (``keyshot reward filter`` is its command line).
 
-``OUT/rewards.jsonl`` holds every rollout (id, agent, task, run, source, reward, progress, error),
-``OUT/accepted.jsonl`` those with reward >= the minimum; with ``link``, each accepted trajectory folder is
-linked into ``OUT/accepted/`` under the path it has below its input (AgentLab's ``<time>_<agent>_on_<task>``
-names, Online-Mind2Web's ``<agent>/<task>`` folders), so that ``keyshot judge OUT/accepted`` reads each
-with its own agent, task and run.
+``OUT/rewards.jsonl`` holds every rollout's record (:func:`filter_record`; an unreadable one with its
+reason), ``OUT/accepted.jsonl`` those with reward >= the minimum; with ``link``, each accepted trajectory
+folder is linked into ``OUT/accepted/`` under the path it has below its input (AgentLab's
+``<time>_<agent>_on_<task>`` names, Online-Mind2Web's ``<agent>/<task>`` folders), so that ``keyshot judge
+OUT/accepted`` reads each with its own agent, task and run.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def read_rollouts(paths: list[str]) -> tuple[list[tuple[Trajectory, Path]], list
 
 
 def filter_record(t: Trajectory, r: RewardResult) -> dict:
+    """``t``'s line of ``OUT/rewards.jsonl``: who and what it is, and its reward or why it has none."""
     return {
         "id": t.uid,
         "agent": t.agent,
