@@ -31,6 +31,7 @@ from pathlib import Path
 
 from keyshot.env.miniwob.budget import BrowserBudget
 from keyshot.env.miniwob.pool import BrowserPool
+from keyshot.env.miniwob.settings import SessionSettings
 from keyshot.env.replay import ReplayBrowser
 from keyshot.env.trl import BrowserGymWebEnv, MiniWoBEnv, ReplayEnv, miniwob_rows, prompt, with_miniwob_reward
 from keyshot.infer.common.errors import KeyshotError
@@ -55,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset-prompt", default="Complete the web task successfully.")
     p.add_argument("--dataset-size", type=int, default=1000)
     p.add_argument("--keep-episodes", help="keep every episode there (keyshot judge reads it)")
-    p.add_argument("--max-steps", type=int, default=10, help="actions per episode")
+    p.add_argument("--max-steps", type=int, default=SessionSettings.max_steps, help="actions per episode")
     p.add_argument("--max-completion-length", type=int, default=1024)
     p.add_argument("--max-tool-calling-iterations", type=int)
     p.add_argument("--image-size", type=int, default=512, help="resize screenshots for the policy; 0: keep")
