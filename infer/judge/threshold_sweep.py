@@ -54,6 +54,7 @@ from keyshot.infer.judge.sweep_source import (
     sweepable,
 )
 from keyshot.infer.loaders.trajectory import TrajectoryError
+from keyshot.infer.metrics.sweep_compare import SWEEP_FILE
 from keyshot.infer.protocol.verdicts import (
     VERDICTS_FILE,
     ResumeIndex,
@@ -70,7 +71,6 @@ from keyshot.infer.runs.run_record import check_fingerprint, mark_stand_in, stan
 logger = logging.getLogger(__name__)
 
 DEFAULT_DELTAS = (2, 3, 4)
-SWEEP_FILE = "sweep.json"
 
 
 def delta_folder(out: Path, delta: float) -> Path:
