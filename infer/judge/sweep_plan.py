@@ -97,9 +97,11 @@ def calls_rule(pipeline: PipelineConfig) -> str:
     return "one outcome call per trajectory"
 
 
-def judged_cache_words(judged: JudgedFolder, record: dict, cache: Path, own: Path | None) -> tuple[bool, str]:
+def judged_cache_words(judged: JudgedFolder, record: dict, cache: Path) -> tuple[bool, str]:
     """Whether the judged run's own requests can be answered by the sweep's ``cache`` (the judged run's is
-    ``own``), and why: the judge settings it was judged with, as far as its run.json records them."""
+    :attr:`~keyshot.infer.judge.sweep_source.JudgedFolder.own_cache`), and why: the judge settings it was
+    judged with, as far as its run.json records them."""
+    own = judged.own_cache
     if own is None or cache.resolve() != own.resolve():
         return False, f"not in this sweep's cache ({cache}): paid"
     differ = [
@@ -124,10 +126,9 @@ def forecast_lines(
     judged: JudgedFolder,
     record: dict,
     cache: Path,
-    own: Path | None,
 ) -> list[str]:
     """What a sweep says before it sends anything: per δ the outcome calls it pays at most, and why
-    (``cache``: the sweep's call cache; ``own``: the judged run's, None for released records)."""
+    (``cache``: the sweep's call cache)."""
     total = sum(r.at_most for r in rows)
     lines = [
         f"Before any call: at most {count_of(total, 'outcome call', 'outcome calls')} to pay ({calls_rule(pipeline)})."
@@ -144,7 +145,7 @@ def forecast_lines(
         lines.append(said + ".")
     repeats = sum(r.judged_own for r in rows)
     if repeats:
-        usable, why = judged_cache_words(judged, record, cache, own)
+        usable, why = judged_cache_words(judged, record, cache)
         fewer = f": then {total - repeats} paid in all" if usable else ""
         lines.append(
             f"The judged run's own requests ({repeats}, at its δ={judged.protocol.get('threshold')}, the same kept "

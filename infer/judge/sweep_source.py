@@ -22,6 +22,7 @@ from keyshot.infer.judge.config import JudgeRunError
 from keyshot.infer.judge.inputs import ReadOptions
 from keyshot.infer.judge.pipeline import PipelineConfig
 from keyshot.infer.judge.protocol_record import ScorerFacts, protocol_record
+from keyshot.infer.judge.run import CACHE_FILE
 from keyshot.infer.judge.scorers import KeyScreenshotScorer, ScreenshotScore
 from keyshot.infer.loaders.judge_records import recorded_actions
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
@@ -71,6 +72,11 @@ class JudgedFolder:
     @property
     def folder(self) -> Path:
         return self.source if self.source.is_dir() else self.source.parent
+
+    @property
+    def own_cache(self) -> Path | None:
+        """The judged run's call cache (None for released records: no run of keyshot's made them)."""
+        return None if self.released else self.folder / CACHE_FILE
 
     @property
     def policy(self) -> ImagePolicy | None:

@@ -249,12 +249,8 @@ def prepare_sweep(
     items, left, named = sweepable(judged, read_with)
     for line in named:
         logger.warning("not swept: %s", line)
-    own_cache = None if judged.released else judged.folder / CACHE_FILE
-    cache_path = (
-        Path(cfg.cache)
-        if cfg.cache
-        else (own_cache if own_cache and own_cache.is_file() else out / CACHE_FILE)
-    )
+    own = judged.own_cache
+    cache_path = Path(cfg.cache) if cfg.cache else (own if own and own.is_file() else out / CACHE_FILE)
     return PreparedSweep(
         source, cfg, deltas, out, judged, pipeline, records, read_with, items, left, cache_path
     )
@@ -293,8 +289,7 @@ class PreparedSweep:
     def forecast_lines(self) -> list[str]:
         """What the sweep says before it sends anything: how many outcome calls it pays at most, and why."""
         record = next(iter(self.records.values()), {})
-        own = None if self.judged.released else self.judged.folder / CACHE_FILE
-        return forecast_lines(self.forecast(), self.pipeline, self.judged, record, self.cache_path, own)
+        return forecast_lines(self.forecast(), self.pipeline, self.judged, record, self.cache_path)
 
     def run(self, *, concurrency: int | None = None, progress: bool = True) -> dict:
         """Ask each δ's outcomes (resuming what an earlier run finished) and write ``OUT/sweep.json``; its
