@@ -17,9 +17,8 @@ from pathlib import Path
 
 from keyshot.infer.common.text import count_of
 from keyshot.infer.judge.pipeline import PipelineConfig, outcome_calls
-from keyshot.infer.judge.sweep_source import JudgedFolder, read_judged, sweep_pipeline
+from keyshot.infer.judge.sweep_source import JudgedFolder, read_judged, sweep_pipeline, unsweepable
 from keyshot.infer.protocol.verdicts import Verdict, select_kept
-from keyshot.infer.runs.counts import NO_SCORES, outcome_of
 
 #: The recorded judge settings an answer in the judged run's cache was sent with (its cache key holds them).
 JUDGE_SETTINGS = ("judge_model", "judge_max_tokens", "judge_temperature", "judge_seed")
@@ -160,7 +159,7 @@ def plan_sweep(source: Path, deltas: list[float], pipeline: PipelineConfig | Non
     trajectory whose kept screenshots equal an earlier δ's asks the same request: the cache answers it)."""
     judged = read_judged(source)
     cfg = sweep_pipeline(pipeline or PipelineConfig(), judged)
-    usable = [v for v in judged.verdicts if v.key_points and outcome_of(v) != NO_SCORES]
+    usable = [v for v in judged.verdicts if unsweepable(v) is None]  # what a sweep asks, as it decides
     scores = sum(s.score is not None for v in usable for s in v.screenshots)
     return [
         {

@@ -240,6 +240,19 @@ class _Sources:
         )
 
 
+def unsweepable(v: Verdict) -> str | None:
+    """Why a sweep cannot ask the outcome of the judged verdict ``v`` again, read from the verdict alone (its
+    trajectory aside); None when it can."""
+    outcome = outcome_of(v)
+    if not v.key_points:
+        return "no key points in the judged verdict"
+    if outcome == NO_SCORES:
+        return "no readable screenshot score in the judged verdict"
+    if outcome == INCOMPLETE and (v.incomplete or any(s.call_failed for s in v.screenshots)):
+        return "judged verdict incomplete: finish it with keyshot judge first"
+    return None
+
+
 def sweepable(judged: JudgedFolder, read_with: ReadOptions) -> tuple[list[SweepItem], Counter, list[str]]:
     """The verdicts a sweep can ask the outcome of, each with its trajectory (read with ``read_with``); the
     others counted by reason, with the first few named."""
@@ -248,14 +261,7 @@ def sweepable(judged: JudgedFolder, read_with: ReadOptions) -> tuple[list[SweepI
     named: list[str] = []
     sources = _Sources(read_with)
     for v in judged.verdicts:
-        outcome = outcome_of(v)
-        reason = None
-        if not v.key_points:
-            reason = "no key points in the judged verdict"
-        elif outcome == NO_SCORES:
-            reason = "no readable screenshot score in the judged verdict"
-        elif outcome == INCOMPLETE and (v.incomplete or any(s.call_failed for s in v.screenshots)):
-            reason = "judged verdict incomplete: finish it with keyshot judge first"
+        reason = unsweepable(v)
         if reason is None:
             try:
                 trajectory = _released_trajectory(v) if judged.released else sources.find(v)
