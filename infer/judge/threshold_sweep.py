@@ -203,8 +203,7 @@ def _read_with(judged: JudgedFolder, cfg: JudgeRunConfig, allow_outside: tuple[s
     """How the sweep reads the judged trajectories: as the judged run recorded it read them (else with the
     config's format, agent and benchmark), and ``--allow-outside`` beside."""
     base = judged.read_with or ReadOptions(format=cfg.format, agent=cfg.agent, benchmark=cfg.benchmark)
-    extra = tuple(str(Path(p).resolve()) for p in allow_outside)
-    return replace(base, allow_outside=tuple(dict.fromkeys((*base.allow_outside, *extra))))
+    return base.also_outside(allow_outside)
 
 
 def run_sweep(
