@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +37,7 @@ class ReadOptions:
     @classmethod
     def of(cls, paths: list[str], cfg: JudgeRunConfig, allow_outside: tuple[str, ...] = ()) -> ReadOptions:
         absolute = tuple(str(Path(p).resolve()) for p in paths)
-        outside = tuple(str(Path(p).resolve()) for p in allow_outside)
-        return cls(absolute, cfg.format, cfg.agent, cfg.benchmark, outside)
+        return cls(absolute, cfg.format, cfg.agent, cfg.benchmark).also_outside(allow_outside)
 
     @classmethod
     def recorded(cls, data: dict) -> ReadOptions:
@@ -48,6 +47,11 @@ class ReadOptions:
 
     def to_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    def also_outside(self, folders: Iterable[str | Path]) -> ReadOptions:
+        """These options, the screenshots also allowed to point into ``folders`` (``--allow-outside``)."""
+        extra = (str(Path(p).resolve()) for p in folders)
+        return dataclasses.replace(self, allow_outside=tuple(dict.fromkeys((*self.allow_outside, *extra))))
 
     def joined(self, earlier: ReadOptions | None) -> ReadOptions:
         """These options, keeping the paths and folders an earlier run of the same folder read too."""

@@ -24,7 +24,13 @@ from keyshot.infer.common.config import load_config, split_paths_and_overrides
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.sweep_plan import plan_markdown, plan_sweep
 from keyshot.infer.judge.sweep_source import SweepError, pipeline_keys_given
-from keyshot.infer.judge.threshold_sweep import closing_lines, parse_deltas, prepare_sweep, sweep_markdown
+from keyshot.infer.judge.threshold_sweep import (
+    DEFAULT_DELTAS,
+    closing_lines,
+    parse_deltas,
+    prepare_sweep,
+    sweep_markdown,
+)
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -38,7 +44,9 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--config", help="YAML JudgeRunConfig: the judge asked for the outcome calls")
     parser.add_argument("--out", type=Path, help="folder for OUT/delta_<δ>/ and sweep.json (not with --plan)")
     parser.add_argument(
-        "--deltas", default="2,3,4", help="thresholds δ to sweep, comma-separated (default 2,3,4)"
+        "--deltas",
+        default=",".join(map(str, DEFAULT_DELTAS)),
+        help="thresholds δ to sweep, comma-separated (default %(default)s)",
     )
     parser.add_argument(
         "--plan",

@@ -17,9 +17,8 @@ from pathlib import Path
 
 from keyshot.infer.common.text import count_of
 from keyshot.infer.judge.pipeline import PipelineConfig, outcome_calls
-from keyshot.infer.judge.sweep_source import JudgedFolder, read_judged, sweep_pipeline
+from keyshot.infer.judge.sweep_source import JudgedFolder, read_judged, sweep_pipeline, unsweepable
 from keyshot.infer.protocol.verdicts import Verdict, select_kept
-from keyshot.infer.runs.counts import NO_SCORES, outcome_of
 
 #: The recorded judge settings an answer in the judged run's cache was sent with (its cache key holds them).
 JUDGE_SETTINGS = ("judge_model", "judge_max_tokens", "judge_temperature", "judge_seed")
@@ -97,9 +96,11 @@ def calls_rule(pipeline: PipelineConfig) -> str:
     return "one outcome call per trajectory"
 
 
-def judged_cache_words(judged: JudgedFolder, record: dict, cache: Path, own: Path | None) -> tuple[bool, str]:
+def judged_cache_words(judged: JudgedFolder, record: dict, cache: Path) -> tuple[bool, str]:
     """Whether the judged run's own requests can be answered by the sweep's ``cache`` (the judged run's is
-    ``own``), and why: the judge settings it was judged with, as far as its run.json records them."""
+    :attr:`~keyshot.infer.judge.sweep_source.JudgedFolder.own_cache`), and why: the judge settings it was
+    judged with, as far as its run.json records them."""
+    own = judged.own_cache
     if own is None or cache.resolve() != own.resolve():
         return False, f"not in this sweep's cache ({cache}): paid"
     differ = [
@@ -124,10 +125,9 @@ def forecast_lines(
     judged: JudgedFolder,
     record: dict,
     cache: Path,
-    own: Path | None,
 ) -> list[str]:
     """What a sweep says before it sends anything: per δ the outcome calls it pays at most, and why
-    (``cache``: the sweep's call cache; ``own``: the judged run's, None for released records)."""
+    (``cache``: the sweep's call cache)."""
     total = sum(r.at_most for r in rows)
     lines = [
         f"Before any call: at most {count_of(total, 'outcome call', 'outcome calls')} to pay ({calls_rule(pipeline)})."
@@ -144,7 +144,7 @@ def forecast_lines(
         lines.append(said + ".")
     repeats = sum(r.judged_own for r in rows)
     if repeats:
-        usable, why = judged_cache_words(judged, record, cache, own)
+        usable, why = judged_cache_words(judged, record, cache)
         fewer = f": then {total - repeats} paid in all" if usable else ""
         lines.append(
             f"The judged run's own requests ({repeats}, at its δ={judged.protocol.get('threshold')}, the same kept "
@@ -159,7 +159,7 @@ def plan_sweep(source: Path, deltas: list[float], pipeline: PipelineConfig | Non
     trajectory whose kept screenshots equal an earlier δ's asks the same request: the cache answers it)."""
     judged = read_judged(source)
     cfg = sweep_pipeline(pipeline or PipelineConfig(), judged)
-    usable = [v for v in judged.verdicts if v.key_points and outcome_of(v) != NO_SCORES]
+    usable = [v for v in judged.verdicts if unsweepable(v) is None]  # what a sweep asks, as it decides
     scores = sum(s.score is not None for v in usable for s in v.screenshots)
     return [
         {

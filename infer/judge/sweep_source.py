@@ -22,6 +22,7 @@ from keyshot.infer.judge.config import JudgeRunError
 from keyshot.infer.judge.inputs import ReadOptions
 from keyshot.infer.judge.pipeline import PipelineConfig
 from keyshot.infer.judge.protocol_record import ScorerFacts, protocol_record
+from keyshot.infer.judge.run import CACHE_FILE
 from keyshot.infer.judge.scorers import KeyScreenshotScorer, ScreenshotScore
 from keyshot.infer.loaders.judge_records import recorded_actions
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
@@ -71,6 +72,11 @@ class JudgedFolder:
     @property
     def folder(self) -> Path:
         return self.source if self.source.is_dir() else self.source.parent
+
+    @property
+    def own_cache(self) -> Path | None:
+        """The judged run's call cache (None for released records: no run of keyshot's made them)."""
+        return None if self.released else self.folder / CACHE_FILE
 
     @property
     def policy(self) -> ImagePolicy | None:
@@ -234,6 +240,19 @@ class _Sources:
         )
 
 
+def unsweepable(v: Verdict) -> str | None:
+    """Why a sweep cannot ask the outcome of the judged verdict ``v`` again, read from the verdict alone (its
+    trajectory aside); None when it can."""
+    outcome = outcome_of(v)
+    if not v.key_points:
+        return "no key points in the judged verdict"
+    if outcome == NO_SCORES:
+        return "no readable screenshot score in the judged verdict"
+    if outcome == INCOMPLETE and (v.incomplete or any(s.call_failed for s in v.screenshots)):
+        return "judged verdict incomplete: finish it with keyshot judge first"
+    return None
+
+
 def sweepable(judged: JudgedFolder, read_with: ReadOptions) -> tuple[list[SweepItem], Counter, list[str]]:
     """The verdicts a sweep can ask the outcome of, each with its trajectory (read with ``read_with``); the
     others counted by reason, with the first few named."""
@@ -242,14 +261,7 @@ def sweepable(judged: JudgedFolder, read_with: ReadOptions) -> tuple[list[SweepI
     named: list[str] = []
     sources = _Sources(read_with)
     for v in judged.verdicts:
-        outcome = outcome_of(v)
-        reason = None
-        if not v.key_points:
-            reason = "no key points in the judged verdict"
-        elif outcome == NO_SCORES:
-            reason = "no readable screenshot score in the judged verdict"
-        elif outcome == INCOMPLETE and (v.incomplete or any(s.call_failed for s in v.screenshots)):
-            reason = "judged verdict incomplete: finish it with keyshot judge first"
+        reason = unsweepable(v)
         if reason is None:
             try:
                 trajectory = _released_trajectory(v) if judged.released else sources.find(v)

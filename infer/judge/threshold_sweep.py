@@ -54,6 +54,7 @@ from keyshot.infer.judge.sweep_source import (
     sweepable,
 )
 from keyshot.infer.loaders.trajectory import TrajectoryError
+from keyshot.infer.metrics.sweep_compare import SWEEP_FILE
 from keyshot.infer.protocol.verdicts import (
     VERDICTS_FILE,
     ResumeIndex,
@@ -70,7 +71,6 @@ from keyshot.infer.runs.run_record import check_fingerprint, mark_stand_in, stan
 logger = logging.getLogger(__name__)
 
 DEFAULT_DELTAS = (2, 3, 4)
-SWEEP_FILE = "sweep.json"
 
 
 def delta_folder(out: Path, delta: float) -> Path:
@@ -203,8 +203,7 @@ def _read_with(judged: JudgedFolder, cfg: JudgeRunConfig, allow_outside: tuple[s
     """How the sweep reads the judged trajectories: as the judged run recorded it read them (else with the
     config's format, agent and benchmark), and ``--allow-outside`` beside."""
     base = judged.read_with or ReadOptions(format=cfg.format, agent=cfg.agent, benchmark=cfg.benchmark)
-    extra = tuple(str(Path(p).resolve()) for p in allow_outside)
-    return replace(base, allow_outside=tuple(dict.fromkeys((*base.allow_outside, *extra))))
+    return base.also_outside(allow_outside)
 
 
 def run_sweep(
@@ -249,12 +248,8 @@ def prepare_sweep(
     items, left, named = sweepable(judged, read_with)
     for line in named:
         logger.warning("not swept: %s", line)
-    own_cache = None if judged.released else judged.folder / CACHE_FILE
-    cache_path = (
-        Path(cfg.cache)
-        if cfg.cache
-        else (own_cache if own_cache and own_cache.is_file() else out / CACHE_FILE)
-    )
+    own = judged.own_cache
+    cache_path = Path(cfg.cache) if cfg.cache else (own if own and own.is_file() else out / CACHE_FILE)
     return PreparedSweep(
         source, cfg, deltas, out, judged, pipeline, records, read_with, items, left, cache_path
     )
@@ -293,8 +288,7 @@ class PreparedSweep:
     def forecast_lines(self) -> list[str]:
         """What the sweep says before it sends anything: how many outcome calls it pays at most, and why."""
         record = next(iter(self.records.values()), {})
-        own = None if self.judged.released else self.judged.folder / CACHE_FILE
-        return forecast_lines(self.forecast(), self.pipeline, self.judged, record, self.cache_path, own)
+        return forecast_lines(self.forecast(), self.pipeline, self.judged, record, self.cache_path)
 
     def run(self, *, concurrency: int | None = None, progress: bool = True) -> dict:
         """Ask each δ's outcomes (resuming what an earlier run finished) and write ``OUT/sweep.json``; its

@@ -28,7 +28,9 @@ from keyshot.infer.protocol.verdicts import Verdict
 from keyshot.infer.runs.run_record import read_protocol
 from keyshot.infer.runs.verdict_sources import load_verdicts
 
-SWEEP_FILE = "sweep.json"  # the file keyshot sweep writes (keyshot.infer.judge.sweep.SWEEP_FILE)
+#: The file ``keyshot sweep`` writes beside its δ folders (:mod:`keyshot.infer.judge.threshold_sweep`, above
+#: this room, writes it by this name).
+SWEEP_FILE = "sweep.json"
 
 
 @dataclass

@@ -8,12 +8,13 @@ status's (the outcome's probability of success) are read at the token where the 
 from __future__ import annotations
 
 import math
+import string
 from dataclasses import dataclass
 
 from keyshot.infer.common.text import count_of
-from keyshot.infer.protocol.parsing import STATUS_WORDS, Mode, status_word_offset
+from keyshot.infer.protocol.parsing import STATUS_MARKS, STATUS_WORDS, Mode, status_word_offset
 
-_STRIP = " \t\n\"'`*[(<"
+_STRIP = string.whitespace + STATUS_MARKS
 
 
 def token_index(text: str, logprobs: list[dict], offset: int) -> int | None:

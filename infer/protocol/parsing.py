@@ -183,6 +183,10 @@ def _strict_thought(text: str, score_at: int, variant: str) -> str:
 
 # ---------------------------------------------------------------- outcome status
 _STATUS_LABEL = re.compile(r"status\s*\**\s*:", re.IGNORECASE)
+#: What may stand between the status label and its word besides white space (quotes, markup): the parser
+#: skips it, and the log-probability reader strips it from the token at the status word.
+STATUS_MARKS = "\"'`*[(<"
+_STATUS_PREFIX = re.compile(rf"[\s{re.escape(STATUS_MARKS)}]*")
 #: The status words, each with what it says (True: success), in the order a status value is matched
 #: against them: failure words first ("unsuccessful" holds "success", "incomplete" holds "complete", "not
 #: successful" begins a phrase). The one table of the parser and of the log-probability reader
@@ -217,15 +221,12 @@ def parse_status(text: str, mode: Mode = "strict") -> StatusResult:
     if not labels:
         return StatusResult(None, False, "answer has no 'Status:' label")
     value = text[labels[-1].end() :].strip().lower()
-    value = re.sub(r"^[\s\"'`*\[(<]+", "", value)
+    value = value[_STATUS_PREFIX.match(value).end() :]
     for word, success in STATUS_WORDS.items():
         if re.match(rf"{re.escape(word)}\b", value):
             return StatusResult(success, True)
     shown = value.splitlines()[0][:40] if value else ""
     return StatusResult(None, False, f"status value {shown!r} is neither success nor failure")
-
-
-_STATUS_PREFIX = re.compile(r"[\s\"'`*\[(<]*")
 
 
 def status_word_offset(text: str, mode: Mode = "strict") -> int | None:

@@ -81,11 +81,17 @@ def record_inputs(folder: Path, inputs: dict) -> None:
 def read_inputs(folder: Path) -> dict | None:
     """What :func:`record_inputs` recorded in ``folder`` (a judge run's, or its merged shards'); None for a
     folder that records none (older runs, released records)."""
+    found = _beside(folder, INPUTS)
+    return found if isinstance(found, dict) else None
+
+
+def _beside(folder: Path, key: str) -> object:
+    """What ``folder/run.json`` records under ``key`` beside its payload (the inputs, the stand-in mark);
+    None without a readable run file."""
     try:
-        found = (_read_record(folder) or {}).get(INPUTS)
+        return (_read_record(folder) or {}).get(key)
     except RunFolderError:
         return None
-    return found if isinstance(found, dict) else None
 
 
 def mark_stand_in(folder: Path, sentence: str) -> None:
@@ -98,11 +104,7 @@ def mark_stand_in(folder: Path, sentence: str) -> None:
 def stand_in_of(folder: Path) -> str | None:
     """The stand-in sentence of the run in ``folder`` (a run folder, or the folder of a verdict file), or
     None: a run of real models, or a folder without a readable run file."""
-    try:
-        record = _read_record(folder)
-    except RunFolderError:
-        return None
-    mark = (record or {}).get(STAND_IN)
+    mark = _beside(folder, STAND_IN)
     return mark if isinstance(mark, str) else None
 
 

@@ -261,23 +261,13 @@ def test_outcome_modes_key_point_and_combined():
         assert kp.usage["judge"].calls == trajectory.num_screenshots + 1 + n_points
         assert kp.success is True
 
-        combined = judge_all(
-            WebJudge(
-                judge_client(server),
-                JUDGE_SCORES,
-                PipelineConfig(outcome_mode="combined", combined_max_key_points=0),
-            ),
-            [trajectory],
-        )[0]
+        def combined_with(most: int) -> Verdict:
+            config = PipelineConfig(outcome_mode="combined", combined_max_key_points=most)
+            return judge_all(WebJudge(judge_client(server), JUDGE_SCORES, config), [trajectory])[0]
+
+        combined = combined_with(0)
         assert combined.config["outcome_mode_used"] == "cot" and len(combined.outcome_calls) == 1
-        combined = judge_all(
-            WebJudge(
-                judge_client(server),
-                JUDGE_SCORES,
-                PipelineConfig(outcome_mode="combined", combined_max_key_points=99),
-            ),
-            [trajectory],
-        )[0]
+        combined = combined_with(99)
         assert combined.config["outcome_mode_used"] == "key_point"
         assert len(combined.outcome_calls) == n_points
 

@@ -462,3 +462,21 @@ def test_the_sweep_says_before_any_call_what_it_will_pay_and_why(tmp_path, capsy
     )
     assert f"δ=2: at most {points} paid of {points} calls for 3 trajectories to ask" in printed
     assert "The judged run's own requests" in printed and "not in this sweep's cache" in printed
+
+
+def test_the_plan_leaves_out_the_judged_verdicts_the_sweep_leaves_out(tmp_path, capsys):
+    """A judged verdict its run left incomplete (a call that failed for good) is not asked by the sweep, and
+    the plan does not count it either: both read one rule (the plan counted it before)."""
+    with FakeOpenAI(make_judge("any_image", "brightness")) as server:
+        overrides = _judged_run(tmp_path, server, [3, 5, 2, 6])
+        verdicts = tmp_path / "run" / "verdicts.jsonl"
+        lines = verdicts.read_text().splitlines()
+        failed = {**json.loads(lines[0]), "error": "outcome: the call failed", "incomplete": ["outcome"]}
+        verdicts.write_text("\n".join([json.dumps(failed), *lines[1:]]) + "\n")
+        out = tmp_path / "sweep"
+        argv = ["sweep", str(tmp_path / "run"), "--out", str(out), "--deltas", "2", "--no-progress"]
+        assert keyshot([*argv, *overrides]) == 0, capsys.readouterr().err
+    result = json.loads((out / "sweep.json").read_text())
+    assert result["sweepable"] == 3 and sum(result["not_swept"].values()) == 1
+    plan = plan_sweep(tmp_path / "run", [2])
+    assert plan[0]["trajectories"] == result["per_delta"][0]["trajectories"] == 3

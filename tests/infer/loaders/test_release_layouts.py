@@ -32,29 +32,31 @@ def release_layout(root: Path) -> tuple[Path, list[str]]:
     return root / "online_mind2web", tasks
 
 
+def judge_reference(inputs: list[Path], out: Path, *extra: str) -> None:
+    """``keyshot judge INPUTS`` in the reference configuration into ``out``, a fake judge answering."""
+    with FakeOpenAI(make_judge()) as judge:
+        argv = ["judge", *map(str, inputs), "--config", REFERENCE, "--no-progress", f"out={out}", *extra]
+        assert keyshot([*argv, f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]) == 0
+
+
+def metrics_with_labels(judged: Path, labels: Path, out: Path) -> int:
+    """``keyshot metrics`` of the verdicts judged into ``judged``, joined with the human labels ``labels``."""
+    return keyshot(
+        ["metrics", str(judged / "verdicts.jsonl"), "--human-labels", str(labels), "--out", str(out)]
+    )
+
+
 def test_release_layout_is_judged_per_agent_and_joins_human_labels(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     data, tasks = release_layout(tmp_path)
     out = tmp_path / "judged"
-    with FakeOpenAI(make_judge()) as judge:
-        argv = ["judge", str(data), "--config", REFERENCE, "--no-progress", f"out={out}"]
-        assert keyshot([*argv, f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]) == 0
+    judge_reference([data], out)
     verdicts = read_verdicts(out / "verdicts.jsonl")
     assert sorted((v.agent, v.task_id) for v in verdicts) == sorted(
         (a, t) for a in ("SeeAct", "Browser_Use") for t in tasks
     )  # the same task run by two agents is two trajectories
     metrics = tmp_path / "metrics"
-    code = keyshot(
-        [
-            "metrics",
-            str(out / "verdicts.jsonl"),
-            "--human-labels",
-            str(tmp_path / "human_label.json"),
-            "--out",
-            str(metrics),
-        ]
-    )
-    assert code == 0
+    assert metrics_with_labels(out, tmp_path / "human_label.json", metrics) == 0
     report = json.loads((metrics / "metrics.json").read_text())
     assert json.dumps(report).count("SeeAct") and json.dumps(report).count("Browser_Use")
     assert f"{2 * len(tasks)} of {2 * len(tasks)} verdicts matched a human label" in caplog.text
@@ -63,50 +65,17 @@ def test_release_layout_is_judged_per_agent_and_joins_human_labels(tmp_path, cap
 def test_a_join_that_matches_nothing_is_an_error_naming_both_sides(tmp_path, capsys):
     data, tasks = release_layout(tmp_path)
     out = tmp_path / "judged"
-    with FakeOpenAI(make_judge()) as judge:
-        argv = ["judge", str(data / "SeeAct"), "--config", REFERENCE, "--no-progress", f"out={out}"]
-        assert keyshot([*argv, f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]) == 0
+    judge_reference([data / "SeeAct"], out)
     assert all(v.agent is None for v in read_verdicts(out / "verdicts.jsonl"))  # one agent's folder: no name
     capsys.readouterr()
-    code = keyshot(
-        [
-            "metrics",
-            str(out / "verdicts.jsonl"),
-            "--human-labels",
-            str(tmp_path / "human_label.json"),
-            "--out",
-            str(tmp_path / "m"),
-        ]
-    )
+    code = metrics_with_labels(out, tmp_path / "human_label.json", tmp_path / "m")
     err = capsys.readouterr().err
     assert code == 2 and f"only 0 of {len(tasks)} verdicts matched a human label" in err
     assert tasks[0] in err and "--agent NAME" in err
     # naming the agent fixes it
     out2 = tmp_path / "judged2"
-    with FakeOpenAI(make_judge()) as judge:
-        argv = [
-            "judge",
-            str(data / "SeeAct"),
-            "--config",
-            REFERENCE,
-            "--no-progress",
-            f"out={out2}",
-            "agent=SeeAct",
-        ]
-        assert keyshot([*argv, f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]) == 0
-    assert (
-        keyshot(
-            [
-                "metrics",
-                str(out2 / "verdicts.jsonl"),
-                "--human-labels",
-                str(tmp_path / "human_label.json"),
-                "--out",
-                str(tmp_path / "m2"),
-            ]
-        )
-        == 0
-    )
+    judge_reference([data / "SeeAct"], out2, "agent=SeeAct")
+    assert metrics_with_labels(out2, tmp_path / "human_label.json", tmp_path / "m2") == 0
 
 
 def test_nothing_readable_is_an_error_that_says_what_was_seen(tmp_path, capsys):
@@ -132,9 +101,7 @@ def test_agentlab_runs_of_one_task_are_kept_apart_and_true_duplicates_reported(t
     rerun = original.name.replace(stamp, "2030-01-01_00-00-00")  # the same task, agent and seed, run again
     shutil.copytree(original, runs / rerun)
     out = tmp_path / "judged"
-    with FakeOpenAI(make_judge()) as judge:
-        argv = ["judge", str(runs), str(runs / rerun), "--config", REFERENCE, "--no-progress", f"out={out}"]
-        assert keyshot([*argv, f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]) == 0
+    judge_reference([runs, runs / rerun], out)
     verdicts = read_verdicts(out / "verdicts.jsonl")
     assert len(verdicts) == 2 and {v.run for v in verdicts} == {stamp, "2030-01-01_00-00-00"}
     assert len({(v.task_id, v.agent) for v in verdicts}) == 1  # one task, one agent, two runs
@@ -160,9 +127,7 @@ def test_outputs_are_shareable_and_help_is_plain_text(tmp_path, capsys):
     out = tmp_path / "judged"
     old = os.umask(0o022)
     try:
-        with FakeOpenAI(make_judge()) as judge:
-            argv = ["judge", str(data), "--config", REFERENCE, "--no-progress", f"out={out}", "--report"]
-            assert keyshot([*argv, f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]) == 0
+        judge_reference([data], out, "--report")
     finally:
         os.umask(old)
     for name in ("verdicts.jsonl", "summary.json", "summary.md", "run.json", "report/index.html"):
@@ -210,9 +175,7 @@ def test_deeper_release_trees_are_found_with_their_agents(tmp_path):
     (root / "agentrewardbench" / "webarena" / "empty").mkdir(parents=True)
     _, tasks = release_layout(root / "om2w")
     out = tmp_path / "judged"
-    with FakeOpenAI(make_judge()) as judge:
-        argv = ["judge", str(root), "--config", REFERENCE, "--no-progress", f"out={out}"]
-        assert keyshot([*argv, f"judge.base_url={judge.base_url}", "judge.api_key_env=null"]) == 0
+    judge_reference([root], out)
     verdicts = read_verdicts(out / "verdicts.jsonl")
     assert sorted((v.agent, v.benchmark == "workarena") for v in verdicts) == sorted(
         [("DemoAgent-gpt-4o", True)] + [(a, False) for a in ("SeeAct", "Browser_Use") for _ in tasks]
