@@ -86,6 +86,11 @@ def apply_speedups(model: torch.nn.Module, settings: ModelSettings) -> list[str]
 
 
 # ----------------------------------------------------------------------------------------- checkpointing
+def checkpointed_layers(count: int, every: int) -> list[bool]:
+    """Which of ``count`` decoder layers are checkpointed with ``model.checkpoint_every=every``: 0, N, 2N, ..."""
+    return [index % every == 0 for index in range(count)]
+
+
 def checkpoint_every(model: torch.nn.Module, every: int) -> str:
     """Keep activation checkpointing on every ``every``-th decoder layer (0, N, 2N, ...) and turn it off on
     the others. The model's checkpointing must be on already."""
@@ -93,8 +98,8 @@ def checkpoint_every(model: torch.nn.Module, every: int) -> str:
     layers = list(text.layers)
     if not any(getattr(layer, "gradient_checkpointing", False) for layer in layers):
         raise ModelSetupError("model.checkpoint_every needs model.gradient_checkpointing=true")
-    for index, layer in enumerate(layers):
-        layer.gradient_checkpointing = index % every == 0
+    for layer, flag in zip(layers, checkpointed_layers(len(layers), every), strict=True):
+        layer.gradient_checkpointing = flag
     kept = sum(layer.gradient_checkpointing for layer in layers)
     return f"{kept} of {len(layers)} decoder layers checkpointed"
 
