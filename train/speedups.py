@@ -141,11 +141,13 @@ def _liger_modules():
 
 def liger_targets(model: torch.nn.Module) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
     """(norms, MLPs) that ``liger_kernel`` patches: the language model's RMSNorms (each layer's two and the
-    final one) and its decoder layers' MLPs; nothing of the vision tower or the merger."""
-    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
+    final one) and its decoder layers' MLPs; nothing of the vision tower or the merger. No norm where this
+    transformers has no ``Qwen2_5_VLRMSNorm`` (:func:`use_liger_kernel` then refuses in one line)."""
+    from keyshot.infer.model.patch_rules import qwen25_vl_class
 
+    norm_cls = qwen25_vl_class("Qwen2_5_VLRMSNorm")
     text, _ = _parts(model)
-    norms = [m for m in text.modules() if isinstance(m, qwen.Qwen2_5_VLRMSNorm)]
+    norms = [m for m in text.modules() if norm_cls is not None and isinstance(m, norm_cls)]
     return norms, [layer.mlp for layer in text.layers]
 
 
