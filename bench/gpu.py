@@ -444,10 +444,9 @@ def micro_batch(cfg: TrainConfig, row_tokens: int | None, asked: int | None) -> 
 
 def recomputed_share(settings: ModelSettings, plan: CheckpointPlan | None, model, batch: dict) -> float:
     """The share of the decoder layers whose forward the backward recomputes for ``batch``."""
-    layers = decoder_layers(model)
     if plan is not None:
-        on = plan.checkpointed(batch["input_ids"].numel())
-        return sum(on and i % plan.every == 0 for i in range(len(layers))) / len(layers)
+        return sum(plan.layers_checkpointed(batch["input_ids"].numel())) / len(plan.layers)
+    layers = decoder_layers(model)
     if not settings.gradient_checkpointing:
         return 0.0
     return sum(bool(getattr(m, "gradient_checkpointing", False)) for m in layers) / len(layers)

@@ -126,19 +126,26 @@ def _compute_dtype(x: torch.Tensor, tensors: list[torch.Tensor]) -> torch.dtype 
     return x.dtype if dtypes == {x.dtype} else None
 
 
+def _unfusable(layer, name: str) -> str | None:
+    """Why adapter ``name`` of ``layer`` is not vanilla LoRA the fused product computes, or None."""
+    if name in layer.lora_variant:
+        return f"adapter {name!r} is a LoRA variant ({type(layer.lora_variant[name]).__name__}, e.g. DoRA)"
+    if layer.lora_B[name].bias is not None:
+        return f"adapter {name!r} has a bias (lora_bias)"
+    if not isinstance(layer.lora_dropout[name], torch.nn.Identity):
+        return f"adapter {name!r} has dropout (set model.lora.dropout 0)"
+    return None
+
+
 def _adapter(layer) -> str | None:
-    """The one active adapter this layer fuses, or None (merged, disabled, several, or not vanilla LoRA)."""
+    """The one active adapter this layer fuses, or None (merged, disabled, several, or not vanilla LoRA: one
+    added after :func:`use_fused_lora` checked the layer)."""
     if layer.disable_adapters or layer.merged:
         return None
     active = [a for a in layer.active_adapters if a in layer.lora_A]
-    if len(active) != 1:
+    if len(active) != 1 or _unfusable(layer, active[0]) is not None:
         return None
-    name = active[0]
-    if name in layer.lora_variant or layer.lora_B[name].bias is not None:
-        return None
-    if not isinstance(layer.lora_dropout[name], torch.nn.Identity):
-        return None
-    return name
+    return active[0]
 
 
 def _run_group(members: list[torch.nn.Module], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -163,12 +170,11 @@ def _fusable(member: torch.nn.Module, x: torch.Tensor) -> bool:
     ZeRO-3 holds the weights in shards: it gathers a module's weights around that module's own forward,
     which the fused product does not call."""
     group: _Group = member._keyshot_lora_group
-    if any(_adapter(m) is None for m in group.members):
+    names = [_adapter(m) for m in group.members]
+    if None in names or any(hasattr(p, "ds_id") for m in group.members for p in m.parameters()):
         return False
-    if any(hasattr(p, "ds_id") for m in group.members for p in m.parameters()):
-        return False
-    base = member.get_base_layer()
-    tensors = [base.weight, member.lora_A[_adapter(member)].weight, member.lora_B[_adapter(member)].weight]
+    name = names[group.members.index(member)]
+    tensors = [member.get_base_layer().weight, member.lora_A[name].weight, member.lora_B[name].weight]
     return _compute_dtype(x, tensors) is not None
 
 
@@ -185,16 +191,7 @@ def _refusal(layer) -> str | None:
         return f"its base layer is a {type(base).__name__}, not torch.nn.Linear"
     if getattr(layer, "fan_in_fan_out", False):
         return "fan_in_fan_out is set"
-    for name in layer.lora_A:
-        if name in layer.lora_variant:
-            return (
-                f"adapter {name!r} is a LoRA variant ({type(layer.lora_variant[name]).__name__}, e.g. DoRA)"
-            )
-        if layer.lora_B[name].bias is not None:
-            return f"adapter {name!r} has a bias (lora_bias)"
-        if not isinstance(layer.lora_dropout[name], torch.nn.Identity):
-            return f"adapter {name!r} has dropout (set model.lora.dropout 0)"
-    return None
+    return next((why for name in layer.lora_A if (why := _unfusable(layer, name)) is not None), None)
 
 
 def use_fused_lora(model: torch.nn.Module) -> int:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from keyshot.train.speedups import checkpointed_layers, decoder_layers
 from keyshot.train.train_config import ModelSettings
 
 
@@ -47,19 +48,22 @@ class CheckpointPlan:
         up at preparation then holds for every micro-batch)."""
         if settings.unchecked_token_cap is None:
             return None
-        from keyshot.train.speedups import decoder_layers
-
         return cls(list(decoder_layers(model)), settings.unchecked_token_cap, settings.checkpoint_every)
 
     def checkpointed(self, token_slots: int) -> bool:
         return token_slots > self.cap
 
+    def layers_checkpointed(self, token_slots: int) -> list[bool]:
+        """Per decoder layer, whether a micro-batch of ``token_slots`` checkpoints it."""
+        on = self.checkpointed(token_slots)
+        return [on and flag for flag in checkpointed_layers(len(self.layers), self.every)]
+
     def apply(self, batch: dict[str, torch.Tensor]) -> bool:
         """Set the decoder layers' checkpointing for ``batch``; returns whether it is checkpointed."""
-        on = self.checkpointed(batch["input_ids"].numel())
-        for index, layer in enumerate(self.layers):
-            layer.gradient_checkpointing = on and index % self.every == 0
-        return on
+        slots = batch["input_ids"].numel()
+        for layer, flag in zip(self.layers, self.layers_checkpointed(slots), strict=True):
+            layer.gradient_checkpointing = flag
+        return self.checkpointed(slots)
 
 
 def describe_plan(

@@ -86,6 +86,11 @@ def apply_speedups(model: torch.nn.Module, settings: ModelSettings) -> list[str]
 
 
 # ----------------------------------------------------------------------------------------- checkpointing
+def checkpointed_layers(count: int, every: int) -> list[bool]:
+    """Which of ``count`` decoder layers are checkpointed with ``model.checkpoint_every=every``: 0, N, 2N, ..."""
+    return [index % every == 0 for index in range(count)]
+
+
 def checkpoint_every(model: torch.nn.Module, every: int) -> str:
     """Keep activation checkpointing on every ``every``-th decoder layer (0, N, 2N, ...) and turn it off on
     the others. The model's checkpointing must be on already."""
@@ -93,8 +98,8 @@ def checkpoint_every(model: torch.nn.Module, every: int) -> str:
     layers = list(text.layers)
     if not any(getattr(layer, "gradient_checkpointing", False) for layer in layers):
         raise ModelSetupError("model.checkpoint_every needs model.gradient_checkpointing=true")
-    for index, layer in enumerate(layers):
-        layer.gradient_checkpointing = index % every == 0
+    for layer, flag in zip(layers, checkpointed_layers(len(layers), every), strict=True):
+        layer.gradient_checkpointing = flag
     kept = sum(layer.gradient_checkpointing for layer in layers)
     return f"{kept} of {len(layers)} decoder layers checkpointed"
 
@@ -136,11 +141,13 @@ def _liger_modules():
 
 def liger_targets(model: torch.nn.Module) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
     """(norms, MLPs) that ``liger_kernel`` patches: the language model's RMSNorms (each layer's two and the
-    final one) and its decoder layers' MLPs; nothing of the vision tower or the merger."""
-    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
+    final one) and its decoder layers' MLPs; nothing of the vision tower or the merger. No norm where this
+    transformers has no ``Qwen2_5_VLRMSNorm`` (:func:`use_liger_kernel` then refuses in one line)."""
+    from keyshot.infer.model.patch_rules import qwen25_vl_class
 
+    norm_cls = qwen25_vl_class("Qwen2_5_VLRMSNorm")
     text, _ = _parts(model)
-    norms = [m for m in text.modules() if isinstance(m, qwen.Qwen2_5_VLRMSNorm)]
+    norms = [m for m in text.modules() if norm_cls is not None and isinstance(m, norm_cls)]
     return norms, [layer.mlp for layer in text.layers]
 
 

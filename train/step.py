@@ -6,7 +6,7 @@ size (:mod:`keyshot.train.memory_plan`), the loss with logits at the labelled po
 accumulation the clipped optimizer step (accelerate skips the optimizer's step and zeroing on the others, so
 the optimizer's cost is paid once per ``gradient_accumulation_steps`` micro-batches). A benchmark that
 measures the recipe calls :func:`train_step` itself, never a copy of it; ``phase`` lets it time the step's
-parts (the recipe passes none).
+parts, ``phase("forward")``, ``phase("backward")`` and ``phase("optimizer")`` (the recipe passes none).
 """
 
 from __future__ import annotations
@@ -22,9 +22,6 @@ from keyshot.train.label_loss import label_position_loss
 from keyshot.train.memory_plan import CheckpointPlan
 from keyshot.train.scorer_model import parameter_groups
 from keyshot.train.train_config import TrainConfig
-
-#: The names :func:`train_step` gives its parts, in order (``phase(name)`` wraps each).
-PHASES = ("forward", "backward", "optimizer")
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:

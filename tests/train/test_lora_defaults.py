@@ -20,13 +20,14 @@ def test_the_measured_defaults_and_the_7b_lora_config():
     assert lora.enabled and lora.dropout == 0.0 and lora.keep_input_dtype
 
 
-def _lora_model(model_dir, keep: bool = True):
+def _lora_model(model_dir, dtype: str = "bfloat16", **lora):
+    """The tiny model with r=4 adapters (``lora``: more LoraSettings), without checkpointing."""
     settings = ModelSettings(
         name_or_path=str(model_dir),
-        dtype="bfloat16",
+        dtype=dtype,
         attn_implementation="sdpa",
         gradient_checkpointing=False,
-        lora=LoraSettings(enabled=True, r=4, alpha=8, keep_input_dtype=keep),
+        lora=LoraSettings(enabled=True, r=4, alpha=8, **lora),
     )
     return load_scorer_model(settings)
 
@@ -52,13 +53,15 @@ def test_the_cast_patch_applies_once_and_can_be_switched_off(tiny_model_dir):
     assert layers and keep_input_dtype_under_autocast(model) == len(layers)  # again: nothing new
     assert {id(m): m.__dict__["_cast_input_dtype"] for m in layers} == patched
     assert _adapter_input_dtypes(model) == {torch.bfloat16}
-    assert _adapter_input_dtypes(_lora_model(tiny_model_dir, keep=False)) == {torch.float32}  # peft's cast
+    assert _adapter_input_dtypes(_lora_model(tiny_model_dir, keep_input_dtype=False)) == {
+        torch.float32
+    }  # peft's cast
 
 
 def test_the_cast_patch_says_when_peft_changed(tiny_model_dir, monkeypatch, caplog):
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    model = _lora_model(tiny_model_dir, keep=False)
+    model = _lora_model(tiny_model_dir, keep_input_dtype=False)
     monkeypatch.setattr(
         BaseTunerLayer, "_cast_input_dtype", lambda self, x, dtype, copy=False: x, raising=True
     )
@@ -76,14 +79,7 @@ def test_the_cast_patch_says_when_peft_changed(tiny_model_dir, monkeypatch, capl
 @pytest.mark.parametrize("dropout", [0.0, 0.05])
 def test_dropout_zero_is_no_module(tiny_model_dir, dropout):
     """peft runs no dropout module at 0 (an identity): the activation is not copied through a mask."""
-    settings = ModelSettings(
-        name_or_path=str(tiny_model_dir),
-        dtype="float32",
-        attn_implementation="sdpa",
-        gradient_checkpointing=False,
-        lora=LoraSettings(enabled=True, r=4, alpha=8, dropout=dropout),
-    )
-    model = load_scorer_model(settings)
+    model = _lora_model(tiny_model_dir, "float32", dropout=dropout)
     kinds = {
         type(d).__name__
         for m in model.modules()

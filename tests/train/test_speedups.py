@@ -239,6 +239,33 @@ def test_liger_patches_the_language_model_only_and_the_tower_compiles_beside_it(
     assert all(layer._compiled_call_impl is None for layer in model.model.language_model.layers)
 
 
+def test_liger_applies_once_and_refuses_when_transformers_changed(tiny_model_dir, monkeypatch):
+    """With stand-ins for Liger's kernels (they need CUDA): applied again, the same patch and the rotary's
+    original kept; where this transformers has no class Liger patches, a one-line refusal, not a no-op."""
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
+
+    from keyshot.train import speedups
+
+    class Kernel:
+        def forward(self, x):
+            return x
+
+    def rope(q, k, cos, sin, unsqueeze_dim=1):
+        return q, k
+
+    monkeypatch.setattr(speedups, "_liger_modules", lambda: (Kernel, Kernel, rope))
+    original = qwen.apply_rotary_pos_emb
+    monkeypatch.setattr(qwen, "apply_rotary_pos_emb", original)  # put back after the test
+    model = _load(tiny_model_dir)
+    line = speedups.use_liger_kernel(model)
+    assert speedups.use_liger_kernel(model) == line  # again: the same modules, nothing wrapped twice
+    assert qwen.apply_rotary_pos_emb._keyshot_original is original
+    monkeypatch.delattr(qwen, "Qwen2_5_VLRMSNorm")
+    with pytest.raises(ModelSetupError, match=r"^model.liger_kernel applied to 0 norms") as caught:
+        speedups.use_liger_kernel(model)
+    assert "\n" not in str(caught.value)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
 def test_liger_with_compile_is_no_longer_refused_as_a_pair(tiny_model_dir):
     """Where Liger cannot run, the line says why (no CUDA), not that the two switches do not compose."""

@@ -232,6 +232,8 @@ def test_padding_keeps_no_second_copy_of_the_weights(tiny_model_dir, tmp_path):
         ("use_batched_window_attention", "Qwen2_5_VLVisionAttention"),
         ("use_linear_patch_embed", "Qwen2_5_VisionPatchEmbed"),
         ("use_padded_vision_mlp", "Qwen2_5_VLMLP"),
+        ("use_grid_packing", "Qwen2_5_VisionTransformerPretrainedModel"),  # vision_packing.py's
+        ("use_grid_packing", "get_vision_window_index"),  # a helper the tower's forward no longer calls
     ],
 )
 def test_a_patch_says_when_it_found_nothing_to_patch(tiny_model_dir, monkeypatch, caplog, patch, renamed):
@@ -251,6 +253,7 @@ def test_a_patch_says_when_it_found_nothing_to_patch(tiny_model_dir, monkeypatch
         len(warnings) == 1 and "nothing patched in this Qwen2.5-VL" in warnings[0] and renamed in warnings[0]
     )
     assert all("forward" not in m.__dict__ for m in model.modules())
+    assert not model.model.visual._forward_pre_hooks  # no packing hook either
 
 
 def test_window_attention_says_when_its_forward_changed(tiny_model_dir, monkeypatch, caplog):
