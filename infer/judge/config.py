@@ -12,6 +12,7 @@ from keyshot.infer.client.pool import DEFAULT_COOLDOWN_S, member_configs
 from keyshot.infer.common.config import ConfigError
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.judge.pipeline import PipelineConfig
+from keyshot.infer.judge.protocol_record import JUDGE_SCORES_BACKEND
 from keyshot.infer.protocol.answer_format import answer_format
 from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy
 from keyshot.infer.serve.plan import ServeConfig
@@ -53,6 +54,11 @@ class ScorerConfig:
     #: batch size share one; each is captured the first time it is seen). 0: off.
     tower_cuda_graphs: int = 0
     serve: ServeConfig | None = None  # settings for --serve-scorer
+
+    @property
+    def judge_scores(self) -> bool:
+        """The reference configuration: no scorer, the judge scores every screenshot itself."""
+        return self.backend == JUDGE_SCORES_BACKEND
 
     def __post_init__(self) -> None:
         if self.endpoint is not None and self.endpoints:
@@ -223,7 +229,7 @@ class JudgeRunConfig:
                     "outcome",
                 ),
             ]
-            if self.scorer.backend == "none":
+            if self.scorer.judge_scores:
                 limits.append(("judge.max_tokens", self.judge.max_tokens, "key_screenshot"))
         for key, ep in constrained.items():
             if key.startswith("scorer"):

@@ -88,11 +88,10 @@ def estimate_run(
     run's fingerprint says which); no call is made."""
     prompts = load_prompt_set(cfg.pipeline.prompt_variant)
     judge = EndpointCost.of("judge", cfg.judge)
-    backend = cfg.scorer.backend
     endpoint = scorer_endpoint(cfg)
-    if backend == "none":
+    if cfg.scorer.judge_scores:
         scorer = judge
-    elif backend == "openai" and endpoint is not None:
+    elif cfg.scorer.backend == "openai" and endpoint is not None:
         scorer = EndpointCost.of("scorer", endpoint)
     else:
         scorer = EndpointCost("scorer (in-process)", cfg.scorer.checkpoint or "?")

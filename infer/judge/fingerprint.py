@@ -13,7 +13,7 @@ from keyshot.infer.model.checkpoint import CheckpointDescription
 def protocol_fingerprint(cfg: JudgeRunConfig, checkpoint: CheckpointDescription | None = None) -> dict:
     """What decides a run's verdicts: a run folder keeps its verdicts only for this protocol.
     ``checkpoint``: the description of ``scorer.checkpoint`` its caller read (read here when not given)."""
-    if checkpoint is None and cfg.scorer.backend != "none":
+    if checkpoint is None and not cfg.scorer.judge_scores:
         checkpoint = describe_scorer(cfg.scorer)
     facts, policy = scorer_facts(cfg, checkpoint)
     return protocol_record(cfg.pipeline, cfg.judge, facts, policy)

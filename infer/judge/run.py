@@ -147,7 +147,7 @@ def check_endpoints(cfg: JudgeRunConfig, serve_scorer: str | None) -> None:
 def check_scorer_limit(cfg: JudgeRunConfig, checkpoint: CheckpointDescription | None) -> None:
     """Refuse, before any server starts or call is paid, a ``scorer.max_tokens`` below the answer length
     the scorer checkpoint was trained on (:func:`~keyshot.infer.judge.scorer_factory.scorer_max_tokens`)."""
-    if cfg.scorer.backend != "none" and cfg.scorer.max_tokens is not None:
+    if not cfg.scorer.judge_scores and cfg.scorer.max_tokens is not None:
         scorer_max_tokens(cfg.scorer, cfg.scorer.max_tokens, checkpoint)
 
 
@@ -214,7 +214,7 @@ def _inputs_and_protocol(
     per run), once the scorer's settings are checked; refuses an input that holds no trajectory."""
     if serve_scorer:
         apply_serve_scorer(cfg, serve_scorer)
-    checkpoint = describe_scorer(cfg.scorer) if cfg.scorer.backend != "none" else None
+    checkpoint = describe_scorer(cfg.scorer) if not cfg.scorer.judge_scores else None
     if checkpoint is not None and not serve_scorer:  # a served one is checked by its server's plan
         check_prompt_version(checkpoint, cfg.pipeline.prompt_variant)
     check_scorer_limit(cfg, checkpoint)
@@ -239,7 +239,7 @@ def dry_run(
     for folder in filter(None, [serve_scorer, cfg.scorer.checkpoint]):
         check_model_folder(folder)
     inputs, fingerprint, checkpoint = _inputs_and_protocol(paths, cfg, serve_scorer, allow_outside, shard)
-    if cfg.scorer.backend != "none":
+    if not cfg.scorer.judge_scores:
         warn_default_policy(cfg.scorer, scorer_policy(cfg.scorer, checkpoint))
     out = run_folder(cfg, shard)
     check_fingerprint(out, fingerprint, record=False)
@@ -251,7 +251,7 @@ def dry_run(
         if per_trajectory
         else f"≥ {2 * len(todo):,} (one outcome call per key point)"
     )
-    if cfg.scorer.backend == "none":
+    if cfg.scorer.judge_scores:
         judge_calls = f"{len(todo) * 2 + shots:,} (the judge scores every screenshot)"
     agents = sorted({t.agent or "no agent name" for t in inputs.trajectories})
     owned = f"shard {shard} owns {inputs.owned} of {inputs.found}" if shard else f"{inputs.found}"
