@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--viewports", default="1280x720,miniwob")
-    parser.add_argument("--json", type=Path, help="write the figures there, and their rows beside them")
+    record.json_option(parser)
     parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)  # the client's own run
     args = parser.parse_args(argv)
     if args.client:

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", default="8,32", help="session counts, comma-separated")
     parser.add_argument("--viewport", default="1280x720")
     parser.add_argument("--max-steps", type=int, default=2)
-    parser.add_argument("--json", type=Path, help="write the figures there, and their rows beside them")
+    record.json_option(parser)
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
