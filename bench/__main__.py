@@ -19,12 +19,10 @@ import time
 from pathlib import Path
 
 from bench.catalog import BENCHMARKS, BY_NAME
-from bench.record import read, rows_path
-from bench.results import ROWS, regenerate
+from bench.record import REPO, read, rows_path
+from bench.results import RESULTS, ROWS, regenerate
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.testing.frameworks import framework_python, missing
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def run(name: str, work: Path) -> str:
@@ -68,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     args.work.mkdir(parents=True, exist_ok=True)
     failed = [problem for name in names if (problem := run(name, args.work))]
-    for path in regenerate(ROWS, ROWS.parent / "RESULTS.md"):
+    for path in regenerate(ROWS, RESULTS):
         print(f"[bench] wrote {path}")
     if failed:
         print(f"[bench] failed: {', '.join(failed)}", file=sys.stderr)
