@@ -22,8 +22,7 @@ import worker as worker_module  # noqa: E402  (the worker runs by path; so is it
 
 from keyshot.env.miniwob.settings import SessionSettings  # noqa: E402
 
-SETTINGS = SessionSettings(page_timeout_s=20.0)  # the deadlines the pool gives its workers
-TIMEOUT_MS = round(SETTINGS.page_timeout_s * 1000)
+SETTINGS = SessionSettings()  # the deadlines the pool gives its workers
 
 
 def main() -> None:
@@ -55,7 +54,7 @@ def main() -> None:
             json.dumps(
                 {
                     "waited_s": waited,
-                    "timeout_s": TIMEOUT_MS / 1000,
+                    "timeout_s": SETTINGS.page_timeout_s,
                     "raised": raised,
                     "crashed": crashed.crashed,
                     "answer": answer,
