@@ -100,6 +100,7 @@ bench: setup setup-vllm setup-openrlhf setup-verl setup-browser setup-openenv
 	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
 	KEYSHOT_OPENRLHF_PYTHON=$(CURDIR)/$(OPENRLHF_VENV)/bin/python \
 	KEYSHOT_VERL_PYTHON=$(CURDIR)/$(VERL_VENV)/bin/python \
+	KEYSHOT_OPENENV_PYTHON=$(CURDIR)/$(OPENENV_VENV)/bin/python \
 	$(BIN)/python -m bench
 
 # The GPU kit (bench/gpu.py): on a CUDA machine the 7B shape, random weights; writes bench/RESULTS-gpu.md.

@@ -19,20 +19,19 @@ import time
 from pathlib import Path
 
 from bench.catalog import BENCHMARKS, BY_NAME
-from bench.record import read, rows_path
-from bench.results import ROWS, regenerate
+from bench.record import REPO, read, rows_path
+from bench.results import RESULTS, ROWS, regenerate
 from keyshot.infer.common.fileio import write_text_atomic
-
-REPO = Path(__file__).resolve().parents[1]
+from keyshot.infer.testing.frameworks import framework_python, missing
 
 
 def run(name: str, work: Path) -> str:
     """Runs one benchmark and keeps the rows it wrote; returns what went wrong, or ""."""
     benchmark = BY_NAME[name]
     out, log = work.resolve() / f"{name}.json", work.resolve() / f"{name}.log"
-    python = REPO / benchmark.python if benchmark.python else Path(sys.executable)
-    if not python.exists():
-        return f"{name} ({python} missing: make setup-openenv)"
+    if benchmark.framework and (problem := missing(benchmark.framework)):
+        return f"{name} ({problem})"
+    python = framework_python(benchmark.framework) if benchmark.framework else Path(sys.executable)
     shown = out.relative_to(REPO) if out.is_relative_to(REPO) else out  # the command its rows record
     command = [str(python), "-m", f"bench.{name}", *benchmark.args, "--json", str(shown)]
     print(f"[bench] {name}: {' '.join(command[1:])} (log: {log})", flush=True)
@@ -67,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     args.work.mkdir(parents=True, exist_ok=True)
     failed = [problem for name in names if (problem := run(name, args.work))]
-    for path in regenerate(ROWS, ROWS.parent / "RESULTS.md"):
+    for path in regenerate(ROWS, RESULTS):
         print(f"[bench] wrote {path}")
     if failed:
         print(f"[bench] failed: {', '.join(failed)}", file=sys.stderr)

@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fixtures", action="store_true", help="the test fixtures instead (3.4 screenshots each)"
     )
     ap.add_argument("--trajectories", type=int, default=40, help="synthetic trajectories to judge")
-    ap.add_argument("--json", type=Path, help="write the results as JSON here, and their rows beside it")
+    record.json_option(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="keyshot-bench-calls-") as tmp:

@@ -12,9 +12,8 @@ class Benchmark:
     title: str
     args: tuple[str, ...] = ()  # what `make bench` passes it beside --json
     not_run: str = ""  # why `make bench` leaves it out; its row files stay as they are
-    python: str = (
-        ""  # its interpreter, relative to the repository, where it is not the one running make bench
-    )
+    # the framework venv it runs in (keyshot.infer.testing.frameworks), where not the one running make bench
+    framework: str = ""
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
@@ -39,7 +38,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         not_run="long: 128 pages take about 13 GB and 10 minutes; other jobs must leave the room",
     ),
     Benchmark("sessions", "The reward env's memory per session", ("--sessions", "4,20")),
-    Benchmark("step_buffers", "A step's buffers in the reward env", python=".venv-openenv/bin/python"),
+    Benchmark("step_buffers", "A step's buffers in the reward env", framework="openenv"),
     Benchmark(
         "openenv_trl",
         "TRL's BrowserGym example on keyshot reward env",

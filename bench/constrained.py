@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "--limits", type=_limits, nargs="+", default=[(64, 128)], help="SCORER,JUDGE token limits"
     )
     ap.add_argument("--vllm-python", default=None)
-    ap.add_argument("--json", type=Path, default=None)
+    record.json_option(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="bench-constrained-") as tmp:

@@ -326,9 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         "paths", nargs="*", help="screenshots, folders or glob patterns (default: the fixtures)"
     )
     parser.add_argument("--min-seconds", type=float, default=1.0, help="timed seconds per method (default 1)")
-    parser.add_argument(
-        "--json", type=Path, help="also write the figures to this JSON file, their rows beside it"
-    )
+    record.json_option(parser)
     args = parser.parse_args(argv)
 
     if args.paths:

@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--task", default="click-button")
     ap.add_argument("--judge-latency", type=float, default=1.5)
     ap.add_argument("--scorer-latency", type=float, default=0.1)
-    ap.add_argument("--json", type=Path)
+    record.json_option(ap)
     args = ap.parse_args(argv)
     setup = browser_setup()
     report: dict = {

@@ -81,7 +81,6 @@ def measure(viewport: str, steps: int, tmp: Path) -> dict:
             served = start_reward_env(
                 framework_python("openenv"), config, *extra, "--max-sessions", "1", stderr=log, timeout_s=300
             )
-        server, url = served.proc, served.url
         try:
             client = subprocess.run(
                 [
@@ -89,7 +88,7 @@ def measure(viewport: str, steps: int, tmp: Path) -> dict:
                     "-m",
                     "bench.observation",
                     "--client",
-                    url,
+                    served.url,
                     "--steps",
                     str(steps),
                 ],
@@ -101,8 +100,7 @@ def measure(viewport: str, steps: int, tmp: Path) -> dict:
             if client.returncode:
                 raise SystemExit(f"the client failed: {client.stderr[-2000:]}")
         finally:
-            server.terminate()
-            server.wait(timeout=120)
+            served.stop(grace_s=120)
     return {"viewport": viewport, **json.loads(client.stdout.strip().splitlines()[-1])}
 
 
@@ -137,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--viewports", default="1280x720,miniwob")
-    parser.add_argument("--json", type=Path, help="write the figures there, and their rows beside them")
+    record.json_option(parser)
     parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)  # the client's own run
     args = parser.parse_args(argv)
     if args.client:

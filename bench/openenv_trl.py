@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "--server-arg", action="append", default=[], help="one more argument of keyshot reward env"
     )
     parser.add_argument("--time-limit-s", type=float, help="stop the trainer then (its figures so far)")
-    parser.add_argument("--json", type=Path, help="write the figures there, and their rows beside them")
+    record.json_option(parser)
     args = parser.parse_args(argv)
     for flavour in ("", "trl"):
         if missing("openenv", flavour):

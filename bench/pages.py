@@ -22,7 +22,6 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import psutil
 
@@ -110,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default="click-button")
     parser.add_argument("--viewport", help="WIDTHxHEIGHT of every page (default: the task's own)")
     parser.add_argument("--record", action="store_true", help="print the lines to paste into budget.py")
-    parser.add_argument("--json", type=Path, help="write the figures there, and their rows beside them")
+    record.json_option(parser)
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.pages.split(",")]
     viewport = tuple(int(v) for v in args.viewport.split("x")) if args.viewport else None

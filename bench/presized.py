@@ -83,7 +83,7 @@ def rows_of(data: dict) -> Rows:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", type=Path)
+    record.json_option(ap)
     args = ap.parse_args(argv)
     files = sorted(SCREENSHOTS.glob("*/screenshot_step_*.png"))
     if not files:

@@ -2,14 +2,16 @@
 
 A benchmark's ``rows_of(figures)`` turns what it measured (its JSON) into :class:`Rows`: its tables, its
 headline figures (the table at the top of RESULTS.md, with a bar plot where one says it better) and notes on
-how it was measured. :func:`finish` prints them, and saves the benchmark's JSON and, beside it, its row file
-(``X.json`` → ``X.rows.json``) with what ran: when, at which commit, the command and the machine.
+how it was measured. :func:`finish` prints them, and, given ``--json FILE`` (:func:`json_option`), saves the
+benchmark's JSON there and, beside it, its row file (``X.json`` → ``X.rows.json``) with what ran: when, at
+which commit, the command and the machine.
 ``python -m bench`` keeps each run's row file as ``bench/rows/<name>.json``; ``python -m bench.results``
 reads every file there (:func:`read`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -92,6 +94,16 @@ class RowFile:
     commit: str
     command: str
     machine: str
+
+
+def json_option(parser: argparse.ArgumentParser) -> None:
+    """The ``--json FILE`` option of every benchmark (``python -m bench`` passes it): :func:`finish` writes
+    the figures there and their rows beside them."""
+    parser.add_argument(
+        "--json",
+        type=Path,
+        help="write the figures to this JSON file, and their rows beside it (X.rows.json)",
+    )
 
 
 def rows_path(json_path: Path) -> Path:

@@ -23,6 +23,7 @@ from keyshot.infer.common.fileio import atomic_output, write_text_atomic
 
 BENCH = Path(__file__).resolve().parent
 ROWS = BENCH / "rows"
+RESULTS = BENCH / "RESULTS.md"
 PLOT = "RESULTS.png"
 
 Section = tuple[Benchmark, list[tuple[Path, RowFile]]]
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--rows", type=Path, default=ROWS, help="the row files' folder")
-    parser.add_argument("--out", type=Path, default=BENCH / "RESULTS.md")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     try:
         written = regenerate(args.rows, args.out)

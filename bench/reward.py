@@ -678,7 +678,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--memory-episodes", type=int, default=64)
     ap.add_argument("--memory-steps", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="small sizes for a smoke run (tests)")
-    ap.add_argument("--json", type=Path)
+    record.json_option(ap)
     ap.add_argument("--memory-child", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.memory_child:

@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         "--endpoint-slots", type=int, default=2, help="requests one scorer endpoint takes at once"
     )
     ap.add_argument("--merge-lines", type=int, default=100_000)
-    ap.add_argument("--json", type=Path)
+    record.json_option(ap)
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="keyshot-scale-") as tmp_name:
         tmp = Path(tmp_name)

@@ -52,11 +52,10 @@ def measure(count: int, viewport: str, max_steps: int, tmp: Path) -> dict:
                 )
             except RuntimeError as exc:
                 raise SystemExit(f"{exc}: {(tmp / f'server-{count}.log').read_text()[-2000:]}") from None
-        server, url = served.proc, served.url
         try:
-            idle = rss_mib(server.pid)
+            idle = rss_mib(served.proc.pid)
             driver = subprocess.Popen(
-                [str(python), str(CLIENT), url, str(count)],
+                [str(python), str(CLIENT), served.url, str(count)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
@@ -70,12 +69,11 @@ def measure(count: int, viewport: str, max_steps: int, tmp: Path) -> dict:
                 raise SystemExit(f"the clients ended (exit {driver.wait()}) before their episodes did")
             seconds = time.monotonic() - started
             time.sleep(2)
-            held = rss_mib(server.pid)  # the sessions still connected, their last answers held
+            held = rss_mib(served.proc.pid)  # the sessions still connected, their last answers held
             driver.stdin.close()
             driver.wait(timeout=120)
         finally:
-            server.terminate()
-            server.wait(timeout=120)
+            served.stop(grace_s=120)
     shape = played[0]["shape"]
     return {
         "sessions": count,
@@ -106,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", default="8,32", help="session counts, comma-separated")
     parser.add_argument("--viewport", default="1280x720")
     parser.add_argument("--max-steps", type=int, default=2)
-    parser.add_argument("--json", type=Path, help="write the figures there, and their rows beside them")
+    record.json_option(parser)
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

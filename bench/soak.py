@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-steps", type=int, default=3)
     ap.add_argument("--kill-every", type=float, default=20.0, help="seconds between kills, on average")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", type=Path)
+    record.json_option(ap)
     args = ap.parse_args(argv)
     watch = Watch()
     with (

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=24)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--json", type=Path, help="write the figures there, and their rows beside them")
+    record.json_option(parser)
     parser.add_argument("--way", choices=["fixed", "glibc"], help=argparse.SUPPRESS)  # one way, in a child
     args = parser.parse_args(argv)
     if args.way:

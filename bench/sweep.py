@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trajectories", type=int, default=24)
     parser.add_argument("--screenshots", type=int, default=8)
     parser.add_argument("--latency", type=float, default=0.05, help="seconds each fake answer takes")
-    parser.add_argument("--json", type=Path, help="also write the figures here, and their rows beside them")
+    record.json_option(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:

@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shots", type=Path, action="append", help="screenshot folders (default: tests/fixtures)"
     )
-    parser.add_argument("--json", type=Path, help="also write the figures here, and their rows beside them")
+    record.json_option(parser)
     parser.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="timed epochs per strategy (alternating)")
     ap.add_argument("--max-pixels", type=int, default=1600 * 28 * 28, help="the tiny processor's max_pixels")
     ap.add_argument("--max-length", type=int, default=4096)
-    ap.add_argument("--json", type=Path, help="also write the results as JSON, and their rows beside it")
+    record.json_option(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     report = run(args)

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", type=Path)
+    record.json_option(ap)
     args = ap.parse_args(argv)
     payload = _payload()
     kib = len(json.dumps(payload)) / 1024
