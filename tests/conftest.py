@@ -15,8 +15,9 @@ from tests.support.paths import FIXTURES, TESTS
 from tests.support.vllm import scorer_checkpoint, vllm_server  # noqa: F401
 
 # Fixtures of tests/support/ for every module: the reward tests' fake servers, their config and the reset of
-# the process-wide reward models (tests/support/reward.py).
-pytest_plugins = ("tests.support.reward",)
+# the process-wide reward models (tests/support/reward.py); the tiny model's labelled training batch
+# (tests/support/tiny_model.py).
+pytest_plugins = ("tests.support.reward", "tests.support.tiny_model")
 
 
 # Keep third-party caches and sockets out of $HOME and away from other runs.

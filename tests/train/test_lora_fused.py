@@ -11,16 +11,16 @@ from keyshot.infer.common.config import ConfigError
 from keyshot.train.lora_fused import fused_layers, use_fused_lora
 from keyshot.train.scorer_model import ModelSetupError
 from keyshot.train.train_config import LoraSettings
-from tests.train.test_speedups import _load, _prepare, _settings, batch  # noqa: F401 (batch: a fixture)
+from tests.support.tiny_model import load_tiny, prepare_seeded, tiny_settings
 
 
 def _lora_model(tiny_model_dir, *, fused: bool, checkpointing: bool = False):
-    settings = _settings(
+    settings = tiny_settings(
         tiny_model_dir,
         gradient_checkpointing=checkpointing,
         lora=LoraSettings(enabled=True, r=4, alpha=8, fused=fused),
     )
-    model = _prepare(_load(tiny_model_dir), settings)
+    model = prepare_seeded(load_tiny(tiny_model_dir), settings)
     generator = torch.Generator().manual_seed(1)  # B starts at zero: give it values, the same in both models
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -29,7 +29,7 @@ def _lora_model(tiny_model_dir, *, fused: bool, checkpointing: bool = False):
     return model
 
 
-def _step_with_input_grad(model, batch):  # noqa: F811 (the fixture's value)
+def _step_with_input_grad(model, batch):
     """Loss, labelled logits, the adapters' gradients and the gradient at the language model's input."""
     model.train()
     model.zero_grad(set_to_none=True)
@@ -53,7 +53,7 @@ def _step_with_input_grad(model, batch):  # noqa: F811 (the fixture's value)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_fused_adapters_equal_peft_in_float32(tiny_model_dir, batch, checkpointing):  # noqa: F811
+def test_fused_adapters_equal_peft_in_float32(tiny_model_dir, batch, checkpointing):
     fused = _lora_model(tiny_model_dir, fused=True, checkpointing=checkpointing)
     reference = _lora_model(tiny_model_dir, fused=False, checkpointing=checkpointing)
     kinds: list[str] = []
@@ -110,7 +110,7 @@ def test_fused_adapters_save_load_and_merge_as_peft_does(tiny_model_dir, tmp_pat
         want = fused(input_ids=ids).logits
     fused.save_pretrained(tmp_path / "adapter")
     with torch.no_grad():
-        loaded = PeftModel.from_pretrained(_load(tiny_model_dir), str(tmp_path / "adapter"))
+        loaded = PeftModel.from_pretrained(load_tiny(tiny_model_dir), str(tmp_path / "adapter"))
         torch.testing.assert_close(loaded(input_ids=ids).logits, want, rtol=1e-5, atol=1e-5)
         merged = merge_adapter(
             tmp_path / "adapter",
@@ -128,7 +128,7 @@ def test_fused_adapters_save_load_and_merge_as_peft_does(tiny_model_dir, tmp_pat
         torch.testing.assert_close(fused.merge_and_unload()(input_ids=ids).logits, want, rtol=1e-5, atol=1e-5)
 
 
-def test_under_autocast_the_fused_products_run_in_its_dtype(tiny_model_dir, batch):  # noqa: F811
+def test_under_autocast_the_fused_products_run_in_its_dtype(tiny_model_dir, batch):
     """The recipe's bf16 autocast (here on the CPU): the fused layers compute in bf16 from float32 adapters,
     as peft's layers do under autocast, and give its loss within bf16 rounding."""
     fused = _lora_model(tiny_model_dir, fused=True)

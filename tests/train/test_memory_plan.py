@@ -11,7 +11,7 @@ from keyshot.infer.common.config import ConfigError
 from keyshot.train.memory_plan import CheckpointPlan, batch_token_slots, describe_plan
 from keyshot.train.step import build_optimizer, train_step
 from keyshot.train.train_config import ModelSettings, TrainConfig
-from tests.train.test_speedups import _load, _prepare, _settings, batch  # noqa: F401 (batch: a fixture)
+from tests.support.tiny_model import load_tiny, prepare_seeded, tiny_settings
 
 
 def test_the_plan_says_which_micro_batches_are_checkpointed_and_why():
@@ -44,15 +44,15 @@ def test_a_cap_needs_checkpointing_to_fall_back_on():
     assert CheckpointPlan.for_model(torch.nn.Linear(2, 2), ModelSettings()) is None  # no cap: no plan
 
 
-def _run(tiny_model_dir, batch, cap: int, accumulation: int = 1):  # noqa: F811 (the fixture's value)
+def _run(tiny_model_dir, batch, cap: int, accumulation: int = 1):
     """Steps of the recipe's train_step on the tiny model under ``cap``: (per step: result, forward runs of
     each decoder layer, its recompute included), the model and its plan."""
     from accelerate import Accelerator
 
-    settings = _settings(
+    settings = tiny_settings(
         tiny_model_dir, gradient_checkpointing=True, checkpoint_every=2, unchecked_token_cap=cap
     )
-    model = _prepare(_load(tiny_model_dir), settings).train()
+    model = prepare_seeded(load_tiny(tiny_model_dir), settings).train()
     plan = CheckpointPlan.for_model(model, settings)
     calls = [0] * len(plan.layers)
     for index, layer in enumerate(plan.layers):
@@ -73,7 +73,7 @@ def _run(tiny_model_dir, batch, cap: int, accumulation: int = 1):  # noqa: F811 
     return steps, model, plan
 
 
-def test_a_micro_batch_above_the_cap_is_checkpointed_and_one_within_is_not(tiny_model_dir, batch):  # noqa: F811
+def test_a_micro_batch_above_the_cap_is_checkpointed_and_one_within_is_not(tiny_model_dir, batch):
     slots = batch["input_ids"].numel()
     for cap, recomputed in ((slots, [1, 1]), (slots - 1, [2, 1])):  # layer 0 of 2 checkpointed above the cap
         steps, model, plan = _run(tiny_model_dir, batch, cap, accumulation=2)
@@ -84,7 +84,7 @@ def test_a_micro_batch_above_the_cap_is_checkpointed_and_one_within_is_not(tiny_
         assert second.optimizer_stepped and second.grad_norm is not None and torch.isfinite(second.loss)
 
 
-def test_checkpointed_or_not_a_step_makes_the_same_update(tiny_model_dir, batch):  # noqa: F811
+def test_checkpointed_or_not_a_step_makes_the_same_update(tiny_model_dir, batch):
     slots = batch["input_ids"].numel()
     outcomes = []
     for cap in (slots, slots - 1):  # the same micro-batch within the cap, then above it

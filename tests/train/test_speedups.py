@@ -5,64 +5,14 @@ marked ``gpu`` (skipped without CUDA)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from keyshot.infer.common.config import ConfigError
-from keyshot.train.scorer_model import ModelSetupError, prepare_for_training
+from keyshot.train.scorer_model import ModelSetupError
 from keyshot.train.speedups import apply_speedups, is_right_padded
 from keyshot.train.train_config import LoraSettings, ModelSettings
-
-
-def _load(tiny_model_dir, dtype=torch.float32, device="cpu"):
-    from transformers import AutoModelForImageTextToText
-
-    return AutoModelForImageTextToText.from_pretrained(
-        tiny_model_dir, dtype=dtype, attn_implementation="sdpa"
-    ).to(device)
-
-
-def _prepare(model, settings: ModelSettings):
-    torch.manual_seed(0)  # LoRA's random A matrices: the same in the model and its reference
-    return prepare_for_training(model, settings)
-
-
-def _settings(tiny_model_dir, **kw) -> ModelSettings:
-    kw = {"dtype": "float32", "gradient_checkpointing": False, **kw}
-    return ModelSettings(name_or_path=str(tiny_model_dir), attn_implementation="sdpa", **kw)
-
-
-@pytest.fixture(scope="module")
-def batch(tiny_model_dir):
-    """Two right-padded rows of unequal length, one screenshot each (two sizes), the answer labelled."""
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(tiny_model_dir)
-    rng = np.random.default_rng(0)
-    images = [
-        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for w, h in [(640, 360), (300, 500)]
-    ]
-    texts = [
-        processor.apply_chat_template(
-            [
-                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]},
-                {"role": "assistant", "content": answer},
-            ],
-            tokenize=False,
-        )
-        for prompt, answer in [
-            ("Is the task done?", "Score: 4"),
-            ("Rate this page for the goal: buy a red shoe", "3"),
-        ]
-    ]
-    out = processor(text=texts, images=images, padding=True, padding_side="right", return_tensors="pt")
-    labels = torch.full_like(out["input_ids"], -100)
-    for row, length in enumerate(out["attention_mask"].sum(-1).tolist()):
-        labels[row, length - 4 : length] = out["input_ids"][row, length - 4 : length]
-    assert out["attention_mask"][0].sum() != out["attention_mask"][1].sum()  # one row is padded
-    return {**out, "labels": labels}
+from tests.support.tiny_model import load_tiny, prepare_seeded, tiny_settings
 
 
 def _step(model, batch, device="cpu"):
@@ -136,22 +86,25 @@ def test_the_switches_are_config_keys(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ checkpoint_every
 def test_checkpoint_every_second_layer_gives_the_same_step(tiny_model_dir, batch):
-    every = _prepare(
-        _load(tiny_model_dir), _settings(tiny_model_dir, gradient_checkpointing=True, checkpoint_every=2)
+    every = prepare_seeded(
+        load_tiny(tiny_model_dir),
+        tiny_settings(tiny_model_dir, gradient_checkpointing=True, checkpoint_every=2),
     )
     layers = every.model.language_model.layers
     assert [layer.gradient_checkpointing for layer in layers] == [True, False]
-    reference = _prepare(_load(tiny_model_dir), _settings(tiny_model_dir, gradient_checkpointing=True))
+    reference = prepare_seeded(
+        load_tiny(tiny_model_dir), tiny_settings(tiny_model_dir, gradient_checkpointing=True)
+    )
     assert all(layer.gradient_checkpointing for layer in reference.model.language_model.layers)
     _assert_same_step(_step(every, batch), _step(reference, batch), 1e-5)
 
 
 def test_checkpoint_every_without_checkpointing_changes_nothing_and_lora_keeps_it(tiny_model_dir):
-    plain = _prepare(_load(tiny_model_dir), _settings(tiny_model_dir, checkpoint_every=2))
+    plain = prepare_seeded(load_tiny(tiny_model_dir), tiny_settings(tiny_model_dir, checkpoint_every=2))
     assert not any(layer.gradient_checkpointing for layer in plain.model.language_model.layers)
-    lora = _prepare(
-        _load(tiny_model_dir),
-        _settings(
+    lora = prepare_seeded(
+        load_tiny(tiny_model_dir),
+        tiny_settings(
             tiny_model_dir,
             gradient_checkpointing=True,
             checkpoint_every=2,
@@ -166,8 +119,8 @@ def test_checkpoint_every_without_checkpointing_changes_nothing_and_lora_keeps_i
 @pytest.mark.parametrize("lora", [False, True])
 def test_right_padded_batches_drop_their_mask_and_keep_the_loss(tiny_model_dir, batch, lora):
     def run(**switch):
-        settings = _settings(tiny_model_dir, lora=LoraSettings(enabled=lora, r=4), **switch)
-        model = _prepare(_load(tiny_model_dir), settings)
+        settings = tiny_settings(tiny_model_dir, lora=LoraSettings(enabled=lora, r=4), **switch)
+        model = prepare_seeded(load_tiny(tiny_model_dir), settings)
         masks = []
         base = model.get_base_model() if lora else model
         base.model.language_model.register_forward_pre_hook(
@@ -196,10 +149,14 @@ def test_regional_compile_with_the_other_cpu_switches_gives_the_same_step(tiny_m
     every second layer: the switches compose."""
     torch._dynamo.reset()
     switches = {"gradient_checkpointing": True, "checkpoint_every": 2, "padding_free": True}
-    model = _prepare(_load(tiny_model_dir), _settings(tiny_model_dir, compile="aot_eager", **switches))
+    model = prepare_seeded(
+        load_tiny(tiny_model_dir), tiny_settings(tiny_model_dir, compile="aot_eager", **switches)
+    )
     assert all(layer._compiled_call_impl is not None for layer in model.model.language_model.layers)
     assert all(block._compiled_call_impl is not None for block in model.model.visual.blocks)
-    reference = _prepare(_load(tiny_model_dir), _settings(tiny_model_dir, gradient_checkpointing=True))
+    reference = prepare_seeded(
+        load_tiny(tiny_model_dir), tiny_settings(tiny_model_dir, gradient_checkpointing=True)
+    )
     assert model.state_dict().keys() == reference.state_dict().keys()  # checkpoints are unchanged
     _assert_same_step(_step(model, batch), _step(reference, batch), 1e-5)
 
@@ -215,7 +172,7 @@ def test_regional_compile_with_the_other_cpu_switches_gives_the_same_step(tiny_m
 )
 def test_cuda_switches_refuse_in_one_line_without_cuda(tiny_model_dir, switch, message):
     with pytest.raises(ModelSetupError, match=message) as caught:
-        apply_speedups(_load(tiny_model_dir), _settings(tiny_model_dir, **switch))
+        apply_speedups(load_tiny(tiny_model_dir), tiny_settings(tiny_model_dir, **switch))
     assert "\n" not in str(caught.value)
 
 
@@ -224,7 +181,7 @@ def test_liger_patches_the_language_model_only_and_the_tower_compiles_beside_it(
     stay transformers'), so with ``compile`` the tower's blocks compile and the decoder layers stay Liger's."""
     from keyshot.train.speedups import compile_layers, liger_targets
 
-    model = _load(tiny_model_dir)
+    model = load_tiny(tiny_model_dir)
     names = {id(m): n for n, m in model.named_modules()}
     norms, mlps = liger_targets(model)
     depth = model.config.get_text_config().num_hidden_layers
@@ -256,7 +213,7 @@ def test_liger_applies_once_and_refuses_when_transformers_changed(tiny_model_dir
     monkeypatch.setattr(speedups, "_liger_modules", lambda: (Kernel, Kernel, rope))
     original = qwen.apply_rotary_pos_emb
     monkeypatch.setattr(qwen, "apply_rotary_pos_emb", original)  # put back after the test
-    model = _load(tiny_model_dir)
+    model = load_tiny(tiny_model_dir)
     line = speedups.use_liger_kernel(model)
     assert speedups.use_liger_kernel(model) == line  # again: the same modules, nothing wrapped twice
     assert qwen.apply_rotary_pos_emb._keyshot_original is original
@@ -269,18 +226,18 @@ def test_liger_applies_once_and_refuses_when_transformers_changed(tiny_model_dir
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
 def test_liger_with_compile_is_no_longer_refused_as_a_pair(tiny_model_dir):
     """Where Liger cannot run, the line says why (no CUDA), not that the two switches do not compose."""
-    settings = _settings(tiny_model_dir, liger_kernel=True, compile="inductor")
+    settings = tiny_settings(tiny_model_dir, liger_kernel=True, compile="inductor")
     with pytest.raises(
         ModelSetupError, match=r"^model.liger_kernel=true needs liger-kernel with triton"
     ) as caught:
-        apply_speedups(_load(tiny_model_dir), settings)
+        apply_speedups(load_tiny(tiny_model_dir), settings)
     assert "\n" not in str(caught.value)
 
 
 def test_varlen_patches_every_vision_attention_and_refuses_a_cpu_tower(tiny_model_dir):
     from keyshot.infer.model.vision_varlen import VarlenUnavailable, use_varlen_vision_attention
 
-    model = _load(tiny_model_dir)
+    model = load_tiny(tiny_model_dir)
     depth = model.config.vision_config.depth
     assert use_varlen_vision_attention(model) == depth
     assert use_varlen_vision_attention(model) == depth  # again: the same modules, replaced not wrapped
@@ -300,11 +257,11 @@ def test_varlen_patches_every_vision_attention_and_refuses_a_cpu_tower(tiny_mode
 def test_varlen_vision_attention_matches_transformers_on_cuda(tiny_model_dir, batch, train_tower):
     """bfloat16 (varlen_attn's dtypes): the step equals the batched windows' within bf16 rounding, with the
     tower frozen and trained (gradients through varlen_attn's backward)."""
-    settings = _settings(tiny_model_dir, dtype="bfloat16", train_vision_tower=train_tower)
-    reference = _prepare(_load(tiny_model_dir, torch.bfloat16, "cuda"), settings)
+    settings = tiny_settings(tiny_model_dir, dtype="bfloat16", train_vision_tower=train_tower)
+    reference = prepare_seeded(load_tiny(tiny_model_dir, torch.bfloat16, "cuda"), settings)
     want = _step(reference, batch, "cuda")
     varlen = ModelSettings(**{**settings.__dict__, "vision_attention": "varlen"})
-    model = _prepare(_load(tiny_model_dir, torch.bfloat16, "cuda"), varlen)
+    model = prepare_seeded(load_tiny(tiny_model_dir, torch.bfloat16, "cuda"), varlen)
     assert apply_speedups(model, varlen) == ["vision_attention=varlen: 2 layers"]  # again: the same patch
     _assert_same_step(_step(model, batch, "cuda"), want, 3e-2)
 
@@ -314,11 +271,11 @@ def test_varlen_vision_attention_matches_transformers_on_cuda(tiny_model_dir, ba
 @pytest.mark.parametrize("lora", [False, True])
 def test_liger_kernel_matches_transformers_on_cuda(tiny_model_dir, batch, lora):
     pytest.importorskip("liger_kernel", reason="liger-kernel is not installed (pip install 'keyshot[liger]')")
-    settings = _settings(tiny_model_dir, lora=LoraSettings(enabled=lora, r=4, dropout=0.0))
-    reference = _prepare(_load(tiny_model_dir, device="cuda"), settings)
+    settings = tiny_settings(tiny_model_dir, lora=LoraSettings(enabled=lora, r=4, dropout=0.0))
+    reference = prepare_seeded(load_tiny(tiny_model_dir, device="cuda"), settings)
     want = _step(reference, batch, "cuda")
     liger = ModelSettings(**{**settings.__dict__, "liger_kernel": True})
-    model = _prepare(_load(tiny_model_dir, device="cuda"), liger)
+    model = prepare_seeded(load_tiny(tiny_model_dir, device="cuda"), liger)
     applied = model.get_base_model() if lora else model
     text = applied.model.language_model
     assert type(text.norm).forward is not text.norm.forward.__func__  # patched on the instance
@@ -341,11 +298,12 @@ def test_liger_kernel_matches_transformers_on_cuda(tiny_model_dir, batch, lora):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (inductor's Triton kernels)")
 def test_regional_compile_with_inductor_on_cuda(tiny_model_dir, batch):
     torch._dynamo.reset()
-    settings = _settings(tiny_model_dir, gradient_checkpointing=True, checkpoint_every=2)
-    model = _prepare(
-        _load(tiny_model_dir, device="cuda"), ModelSettings(**{**settings.__dict__, "compile": "inductor"})
+    settings = tiny_settings(tiny_model_dir, gradient_checkpointing=True, checkpoint_every=2)
+    model = prepare_seeded(
+        load_tiny(tiny_model_dir, device="cuda"),
+        ModelSettings(**{**settings.__dict__, "compile": "inductor"}),
     )
-    reference = _prepare(_load(tiny_model_dir, device="cuda"), settings)
+    reference = prepare_seeded(load_tiny(tiny_model_dir, device="cuda"), settings)
     _assert_same_step(_step(model, batch, "cuda"), _step(reference, batch, "cuda"), 1e-4)
 
 
@@ -355,11 +313,11 @@ def test_liger_with_the_tower_compiled_on_cuda(tiny_model_dir, batch):
     """Liger on the language model, inductor on the tower's blocks: transformers' step within rounding."""
     pytest.importorskip("liger_kernel", reason="liger-kernel is not installed (pip install 'keyshot[liger]')")
     torch._dynamo.reset()
-    settings = _settings(tiny_model_dir, gradient_checkpointing=True, train_vision_tower=True)
-    reference = _prepare(_load(tiny_model_dir, device="cuda"), settings)
+    settings = tiny_settings(tiny_model_dir, gradient_checkpointing=True, train_vision_tower=True)
+    reference = prepare_seeded(load_tiny(tiny_model_dir, device="cuda"), settings)
     want = _step(reference, batch, "cuda")
     both = ModelSettings(**{**settings.__dict__, "liger_kernel": True, "compile": "inductor"})
-    model = _prepare(_load(tiny_model_dir, device="cuda"), both)
+    model = prepare_seeded(load_tiny(tiny_model_dir, device="cuda"), both)
     assert all(block._compiled_call_impl is not None for block in model.model.visual.blocks)
     assert all(layer._compiled_call_impl is None for layer in model.model.language_model.layers)
     _assert_same_step(_step(model, batch, "cuda"), want, 1e-4)
@@ -373,11 +331,11 @@ def test_every_switch_at_once_on_cuda(tiny_model_dir, batch):
     pytest.importorskip("liger_kernel", reason="liger-kernel is not installed (pip install 'keyshot[liger]')")
     torch._dynamo.reset()
     lora = LoraSettings(enabled=True, r=4, dropout=0.0)
-    settings = _settings(tiny_model_dir, dtype="bfloat16", gradient_checkpointing=True, lora=lora)
-    reference = _prepare(_load(tiny_model_dir, torch.bfloat16, "cuda"), settings)
+    settings = tiny_settings(tiny_model_dir, dtype="bfloat16", gradient_checkpointing=True, lora=lora)
+    reference = prepare_seeded(load_tiny(tiny_model_dir, torch.bfloat16, "cuda"), settings)
     want = _step(reference, batch, "cuda")
     switches = {"liger_kernel": True, "vision_attention": "varlen", "padding_free": True}
     fused = LoraSettings(enabled=True, r=4, dropout=0.0, fused=True)
     every = ModelSettings(**{**settings.__dict__, **switches, "checkpoint_every": 2, "lora": fused})
-    model = _prepare(_load(tiny_model_dir, torch.bfloat16, "cuda"), every)
+    model = prepare_seeded(load_tiny(tiny_model_dir, torch.bfloat16, "cuda"), every)
     _assert_same_step(_step(model, batch, "cuda"), want, 3e-2)

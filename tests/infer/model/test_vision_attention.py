@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-
-def _vision_inputs(model_dir, sizes, max_pixels):
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(model_dir)
-    rng = np.random.default_rng(0)
-    images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for w, h in sizes]
-    batch = processor.image_processor(images=images, return_tensors="pt", max_pixels=max_pixels)
-    return batch["pixel_values"], batch["image_grid_thw"]
+from tests.support.tiny_model import pooled, vision_inputs
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -32,7 +22,7 @@ def test_batched_windows_match_the_per_window_loop(tiny_model_dir, dtype):
     )
     assert use_batched_window_attention(batched) == batched.config.vision_config.depth
     # screenshots of several sizes: full windows, edge windows of other lengths, two full-attention images
-    pixels, grid = _vision_inputs(tiny_model_dir, [(1280, 720), (700, 2600), (160, 90)], max_pixels=200704)
+    pixels, grid = vision_inputs(tiny_model_dir, [(1280, 720), (700, 2600), (160, 90)], max_pixels=200704)
     with torch.no_grad():
         want = reference.model.visual(pixels.to(dtype), grid_thw=grid)
         got = batched.model.visual(pixels.to(dtype), grid_thw=grid)
@@ -53,10 +43,6 @@ def test_flash_attention_models_are_left_alone(tiny_model_dir):
         if type(module).__name__ == "Qwen2_5_VLVisionAttention":
             module.config._attn_implementation = "flash_attention_2"
     assert use_batched_window_attention(model) == 0
-
-
-def _pooled(out):
-    return out.pooler_output if hasattr(out, "pooler_output") else out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -82,10 +68,10 @@ def test_fast_vision_tower_matches_transformers(tiny_model_dir, dtype):
     use_batched_window_attention(fast)
     assert use_linear_patch_embed(fast) == 1
     assert use_padded_vision_mlp(fast, multiple=48) == fast.config.vision_config.depth
-    pixels, grid = _vision_inputs(tiny_model_dir, [(1280, 720), (160, 90)], max_pixels=200704)
+    pixels, grid = vision_inputs(tiny_model_dir, [(1280, 720), (160, 90)], max_pixels=200704)
     with torch.no_grad():
-        want = _pooled(reference.model.visual(pixels.to(dtype), grid_thw=grid))
-        got = _pooled(fast.model.visual(pixels.to(dtype), grid_thw=grid))
+        want = pooled(reference.model.visual(pixels.to(dtype), grid_thw=grid))
+        got = pooled(fast.model.visual(pixels.to(dtype), grid_thw=grid))
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
     mlp = fast.model.visual.blocks[0].mlp
@@ -147,12 +133,12 @@ def test_patches_apply_once_however_often_called(tiny_model_dir):
     assert use_batched_window_attention(model) == depth and use_linear_patch_embed(model) == 1
     assert use_padded_vision_mlp(model) == depth
     assert {n: m.__dict__.get("forward") for n, m in model.named_modules()} == forwards
-    pixels, grid = _vision_inputs(tiny_model_dir, [(640, 360)], max_pixels=200704)
+    pixels, grid = vision_inputs(tiny_model_dir, [(640, 360)], max_pixels=200704)
     with torch.inference_mode():  # the in-process scorer's forward pads the MLPs in place
-        _pooled(model.model.visual(pixels, grid_thw=grid))
+        pooled(model.model.visual(pixels, grid_thw=grid))
     assert all("_padded" in b.mlp.__dict__ for b in model.model.visual.blocks)
-    want = _pooled(reference.model.visual(pixels, grid_thw=grid))
-    got = _pooled(model.model.visual(pixels, grid_thw=grid))  # the tower trains: its own modules run
+    want = pooled(reference.model.visual(pixels, grid_thw=grid))
+    got = pooled(model.model.visual(pixels, grid_thw=grid))  # the tower trains: its own modules run
     got.sum().backward()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     tower = list(model.model.visual.blocks.parameters())
@@ -177,9 +163,9 @@ def test_padding_keeps_no_second_copy_of_the_weights(tiny_model_dir, tmp_path):
     model.requires_grad_(False)
     before = _storage_bytes(list(model.parameters()) + list(model.buffers()))
     use_padded_vision_mlp(model, multiple=48)
-    pixels, grid = _vision_inputs(tiny_model_dir, [(640, 360)], max_pixels=200704)
+    pixels, grid = vision_inputs(tiny_model_dir, [(640, 360)], max_pixels=200704)
     with torch.no_grad():
-        first = _pooled(model.model.visual(pixels, grid_thw=grid))
+        first = pooled(model.model.visual(pixels, grid_thw=grid))
     mlps = [b.mlp for b in model.model.visual.blocks]
     assert all("_padded" in m.__dict__ for m in mlps)
     held = (
@@ -216,7 +202,7 @@ def test_padding_keeps_no_second_copy_of_the_weights(tiny_model_dir, tmp_path):
     assert mlp.up_proj.weight.data_ptr() == mlp._padded[0][mlp._padded[0].shape[0] // 2].data_ptr()
     with torch.no_grad():
         torch.testing.assert_close(
-            _pooled(again.model.visual(pixels, grid_thw=grid)), first, rtol=1e-5, atol=1e-5
+            pooled(again.model.visual(pixels, grid_thw=grid)), first, rtol=1e-5, atol=1e-5
         )
         model.to(torch.bfloat16)  # the parameters become tensors of their own: padded again, in bfloat16
         model.model.visual(pixels.to(torch.bfloat16), grid_thw=grid)

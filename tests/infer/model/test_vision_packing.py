@@ -10,7 +10,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.infer.model.test_vision_attention import _pooled, _vision_inputs
+from tests.support.tiny_model import pooled, vision_inputs
 
 SIZES = [(1280, 720), (700, 2600), (160, 90)]  # full windows, edge windows, a full-attention image each
 
@@ -78,13 +78,13 @@ def test_a_tower_forward_reads_back_nothing_but_its_grid(tiny_model_dir):
 
     reference, model = _model(tiny_model_dir), _model(tiny_model_dir)
     use_fast_vision_tower(model)
-    pixels, grid = _vision_inputs(tiny_model_dir, SIZES, max_pixels=200704)
+    pixels, grid = vision_inputs(tiny_model_dir, SIZES, max_pixels=200704)
     tower = model.model.visual
     with torch.no_grad():
-        want = _pooled(reference.model.visual(pixels, grid_thw=grid))
-        _pooled(tower(pixels, grid_thw=grid))  # the first forward of a grid computes its packing
+        want = pooled(reference.model.visual(pixels, grid_thw=grid))
+        pooled(tower(pixels, grid_thw=grid))  # the first forward of a grid computes its packing
         with HostReads() as reads:
-            got = _pooled(tower(pixels, grid_thw=grid))
+            got = pooled(tower(pixels, grid_thw=grid))
     assert [t is grid for t in reads.tensors] == [True] and reads.scalars.count == 0
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -96,7 +96,7 @@ def test_the_packing_is_transformers_own_and_kept_per_grid(tiny_model_dir):
 
     model = _model(tiny_model_dir)
     config = model.config.vision_config
-    _, grid = _vision_inputs(tiny_model_dir, SIZES, max_pixels=200704)
+    _, grid = vision_inputs(tiny_model_dir, SIZES, max_pixels=200704)
     packing = tower_packing(tuple(map(tuple, grid.tolist())), config, "cpu")
     window_index, cu_windows = vision_utils.get_vision_window_index(
         grid, config.spatial_merge_size, config.window_size, config.patch_size
@@ -110,7 +110,7 @@ def test_the_packing_is_transformers_own_and_kept_per_grid(tiny_model_dir):
     assert use_grid_packing(model) == 1 == use_grid_packing(model)  # once: one hook, one cache
     tower = model.model.visual
     assert len(tower._forward_pre_hooks) == 1
-    pixels, _ = _vision_inputs(tiny_model_dir, [(160, 90)], max_pixels=200704)
+    pixels, _ = vision_inputs(tiny_model_dir, [(160, 90)], max_pixels=200704)
     with torch.no_grad():
         for rows in range(1, CACHED_GRIDS + 3):  # more grids than kept: the oldest go
             tower(pixels[: 4 * rows], grid_thw=torch.tensor([[1, 2, 2 * rows]]))
@@ -143,15 +143,15 @@ def test_a_cuda_tower_forward_never_synchronises(tiny_model_dir, varlen):
     use_fast_vision_tower(model)
     if varlen:
         use_varlen_vision_attention(model)
-    pixels, grid = _vision_inputs(tiny_model_dir, SIZES, max_pixels=200704)
+    pixels, grid = vision_inputs(tiny_model_dir, SIZES, max_pixels=200704)
     pixels = pixels.to("cuda", torch.bfloat16)
     with torch.no_grad():
-        want = _pooled(reference.model.visual(pixels, grid_thw=grid.cuda()))
-        _pooled(model.model.visual(pixels, grid_thw=grid))  # the packing of this grid
+        want = pooled(reference.model.visual(pixels, grid_thw=grid.cuda()))
+        pooled(model.model.visual(pixels, grid_thw=grid))  # the packing of this grid
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            got = _pooled(model.model.visual(pixels, grid_thw=grid))
+            got = pooled(model.model.visual(pixels, grid_thw=grid))
         finally:
             torch.cuda.set_sync_debug_mode("default")
     torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
@@ -166,12 +166,12 @@ def test_cuda_graphs_of_the_tower_give_its_output(tiny_model_dir):
 
     model = _model(tiny_model_dir, torch.bfloat16, "cuda")
     use_fast_vision_tower(model)
-    one, grid1 = _vision_inputs(tiny_model_dir, SIZES[:1], max_pixels=200704)
-    two, grid2 = _vision_inputs(tiny_model_dir, SIZES[:1] * 2, max_pixels=200704)
+    one, grid1 = vision_inputs(tiny_model_dir, SIZES[:1], max_pixels=200704)
+    two, grid2 = vision_inputs(tiny_model_dir, SIZES[:1] * 2, max_pixels=200704)
     tower = model.model.visual
     with torch.no_grad():
-        want1 = _pooled(tower(one.to("cuda", torch.bfloat16), grid_thw=grid1)).clone()
-        want2 = _pooled(tower(two.to("cuda", torch.bfloat16), grid_thw=grid2)).clone()
+        want1 = pooled(tower(one.to("cuda", torch.bfloat16), grid_thw=grid1)).clone()
+        want2 = pooled(tower(two.to("cuda", torch.bfloat16), grid_thw=grid2)).clone()
     assert use_tower_cuda_graphs(model, [grid_of(grid1), grid_of(grid2)]) == 2
     assert use_tower_cuda_graphs(model, [grid_of(grid1)]) == 2  # again: nothing new
     replays = []
@@ -179,8 +179,8 @@ def test_cuda_graphs_of_the_tower_give_its_output(tiny_model_dir):
         original = graph.graph.replay
         graph.graph.replay = lambda original=original: (replays.append(1), original())[1]
     with torch.no_grad():
-        got1 = _pooled(tower(one.to("cuda", torch.bfloat16), grid_thw=grid1))
-        got2 = _pooled(tower(two.to("cuda", torch.bfloat16), grid_thw=grid2))
+        got1 = pooled(tower(one.to("cuda", torch.bfloat16), grid_thw=grid1))
+        got2 = pooled(tower(two.to("cuda", torch.bfloat16), grid_thw=grid2))
     assert len(replays) == 2
     torch.testing.assert_close(got1, want1, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(got2, want2, rtol=1e-2, atol=1e-2)
