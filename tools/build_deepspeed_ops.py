@@ -15,9 +15,12 @@ import sys
 import time
 from pathlib import Path
 
+#: where the op is built when ``TORCH_EXTENSIONS_DIR`` is not set: inside this environment
+EXTENSIONS_DIR = Path(sys.prefix) / "torch-extensions"
+
 
 def main() -> int:
-    folder = os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch-extensions"))
+    folder = os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_DIR))
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()

@@ -16,6 +16,7 @@ import pytest
 from keyshot.infer.testing.scorer_data import build_scorer_dataset
 from keyshot.infer.testing.watch import wait_until
 from tests.support import paths
+from tools.build_deepspeed_ops import EXTENSIONS_DIR
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +45,7 @@ def launch_env() -> dict[str, str]:
     env.pop("ACCELERATE_USE_CPU", None)
     # DeepSpeed's CPU op, built once by `make setup` (tools/build_deepspeed_ops.py) into this environment: a
     # fresh folder would JIT-compile it again in the first ZeRO launch (~50 CPU seconds)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch-extensions"))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_DIR))
     return env
 
 
