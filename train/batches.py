@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from keyshot.infer.common.fileio import recover_folder
 from keyshot.infer.protocol.chat_template import (
     IGNORE_INDEX,
     NO_IMAGE_ROOM,
@@ -48,6 +49,8 @@ def load_scorer_dataset(path: str | Path):
     from datasets import Dataset, DatasetDict, load_from_disk
 
     p = Path(path)
+    if str(path):
+        recover_folder(p)  # a rebuild killed between its renames (where they are two) left the old one aside
     if not str(path) or not p.exists():
         raise DataError(f"{p}: dataset folder not found (set data.path to a `keyshot synth` output)")
     if not p.is_dir():

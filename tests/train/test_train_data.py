@@ -165,6 +165,18 @@ def test_dataset_counts_shrunk_and_dropped_rows(dataset_dir, processor):
         assert data[i]["input_ids"].numel() == data.lengths[i] <= renderer.max_length
 
 
+def test_a_dataset_a_killed_rebuild_left_aside_is_put_back_and_loaded(dataset_dir, tmp_path):
+    """Where a folder cannot be exchanged in one step, replace_folder renames the old one aside first: a
+    rebuild killed there leaves only `.ds.replaced`, and the dataset reader puts it back."""
+    import shutil
+
+    aside = tmp_path / ".ds.replaced"
+    shutil.copytree(dataset_dir, aside)
+    ds = load_scorer_dataset(tmp_path / "ds")
+    assert not aside.exists() and (tmp_path / "ds").is_dir()
+    assert len(ds["train"]) == len(load_scorer_dataset(dataset_dir)["train"])
+
+
 def test_a_row_kept_once_with_its_count_trains_count_times_an_epoch(dataset_dir, renderer):
     train = load_scorer_dataset(dataset_dir)["train"]
     counts = [1 + i % 3 for i in range(len(train))]
