@@ -11,6 +11,7 @@ from keyshot.infer.client.judge_client import EndpointConfig
 from keyshot.infer.client.pool import DEFAULT_COOLDOWN_S, member_configs
 from keyshot.infer.common.config import ConfigError
 from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.judge.local_scorer import on_cuda
 from keyshot.infer.judge.pipeline import PipelineConfig
 from keyshot.infer.judge.protocol_record import JUDGE_SCORES_BACKEND
 from keyshot.infer.protocol.answer_format import answer_format
@@ -69,7 +70,7 @@ class ScorerConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.tower_cuda_graphs < 0:
             raise ValueError(f"tower_cuda_graphs must be >= 0, got {self.tower_cuda_graphs}")
-        if self.tower_cuda_graphs and (self.backend != "transformers" or self.device != "cuda"):
+        if self.tower_cuda_graphs and (self.backend != "transformers" or not on_cuda(self.device)):
             raise ValueError(
                 "tower_cuda_graphs needs the in-process scorer on a GPU (backend: transformers, device: cuda); "
                 "set it to 0"

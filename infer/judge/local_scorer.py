@@ -38,13 +38,18 @@ class Generation:
     logprobs: list[dict] | None = None
 
 
+def on_cuda(device: str) -> bool:
+    """Whether the in-process scorer's ``device`` is a GPU (``cuda`` or ``cuda:N``)."""
+    return str(device).startswith("cuda")
+
+
 def scorer_dtype(device: str, dtype: str = "auto") -> str:
     """The torch dtype name the in-process scorer loads in: ``auto`` is bfloat16 on CUDA (a 7B in
     fp32 would need twice the memory for no gain) and float32 elsewhere (exact parity with vLLM
     ``--dtype float32`` on CPU)."""
     if dtype != "auto":
         return dtype
-    return "bfloat16" if str(device).startswith("cuda") else "float32"
+    return "bfloat16" if on_cuda(device) else "float32"
 
 
 class TransformersScorer(KeyScreenshotScorer):
@@ -85,6 +90,8 @@ class TransformersScorer(KeyScreenshotScorer):
         import torch
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
+        if tower_cuda_graphs and not on_cuda(device):
+            raise ValueError(f"tower_cuda_graphs needs device cuda, not {device}; set it to 0")
         model_dir = Path(model_dir)
         if not (model_dir / "config.json").is_file():
             raise CheckpointError(f"{model_dir}: not a model folder (no config.json)")
@@ -94,8 +101,6 @@ class TransformersScorer(KeyScreenshotScorer):
         torch_dtype = getattr(torch, scorer_dtype(device, dtype))
         model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch_dtype).to(device)
         self._setup(model, processor, policy, device, batch_size, max_new_tokens, logprobs, model_dir)
-        if tower_cuda_graphs and device != "cuda":
-            raise ValueError(f"tower_cuda_graphs needs device cuda, not {device}; set it to 0")
         self.tower_cuda_graphs = tower_cuda_graphs
 
     @classmethod

@@ -311,6 +311,23 @@ def test_impossible_values_are_refused_naming_the_key(world, tmp_path, capsys, o
     assert not (tmp_path / "run").exists()
 
 
+def test_tower_cuda_graphs_take_any_cuda_device_and_are_refused_off_one():
+    """One rule for a GPU device (local_scorer.on_cuda) in the config's check and the scorer's."""
+    from keyshot.infer.judge.config import ScorerConfig
+    from keyshot.infer.judge.local_scorer import TransformersScorer
+    from keyshot.infer.protocol.prompts import load_prompt_set
+
+    for device in ("cuda", "cuda:1"):
+        assert ScorerConfig(backend="transformers", device=device, tower_cuda_graphs=2).tower_cuda_graphs == 2
+    with pytest.raises(ValueError, match="tower_cuda_graphs needs the in-process scorer on a GPU"):
+        ScorerConfig(backend="transformers", device="cpu", tower_cuda_graphs=2)
+    # the scorer refuses before it reads the model folder
+    with pytest.raises(ValueError, match="tower_cuda_graphs needs device cuda, not cpu"):
+        TransformersScorer(
+            "/nonexistent", load_prompt_set("online_mind2web"), device="cpu", tower_cuda_graphs=2
+        )
+
+
 def test_reference_configuration_sends_the_reference_request_parameters(world, tmp_path):
     with FakeOpenAI(make_judge()) as judge:
         argv = [
