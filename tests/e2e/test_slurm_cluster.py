@@ -19,8 +19,8 @@ from keyshot.infer.cli import main as keyshot
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.fake_openai import spawn_fake_openai
 from keyshot.infer.testing.scorer_data import build_scorer_dataset
-from tests.infer.judge.test_shards_merge import _comparable, _config, _input, _totals
 from tests.support import paths
+from tests.support.shard_runs import agent_inputs, comparable, judge_config, totals
 from tests.support.slurm import ensure_slurm, job_state, sbatch, slurm_cluster, wait_for
 
 pytestmark = pytest.mark.slow
@@ -46,11 +46,11 @@ def _logs(folder: Path) -> str:
 
 
 def test_judge_array_then_merge_equals_one_process(cluster, tmp_path):
-    inputs = _input(tmp_path, n=12, shots=3)
+    inputs = agent_inputs(tmp_path, n=12, shots=3)
     out, logs = tmp_path / "run", tmp_path / "logs"
     logs.mkdir()  # SLURM does not create the folder of --output
     with spawn_fake_openai("judge") as (url, _):
-        cfg = _config(tmp_path, {"base_url": url})
+        cfg = judge_config(tmp_path, {"base_url": url})
         array = sbatch(
             cluster,
             "--array=0-2",
@@ -80,9 +80,9 @@ def test_judge_array_then_merge_equals_one_process(cluster, tmp_path):
         merged = json.loads((out / "summary.json").read_text())
         single = json.loads((tmp_path / "one/summary.json").read_text())
         assert merged["run"]["merged_shards"] == 3
-        assert _totals(merged) == _totals(single)
-        one = sorted(map(_comparable, read_verdicts(tmp_path / "one/verdicts.jsonl")))
-        assert sorted(map(_comparable, read_verdicts(out / "verdicts.jsonl"))) == one and len(one) == 24
+        assert totals(merged) == totals(single)
+        one = sorted(map(comparable, read_verdicts(tmp_path / "one/verdicts.jsonl")))
+        assert sorted(map(comparable, read_verdicts(out / "verdicts.jsonl"))) == one and len(one) == 24
 
         # a shard lost: re-submit that array task alone (SHARDS says how many there are), merge again
         kept = {i: (out / f"shard-{i}-of-3/summary.json").stat().st_mtime_ns for i in (0, 2)}
@@ -110,7 +110,7 @@ def test_judge_array_then_merge_equals_one_process(cluster, tmp_path):
         )
         wait_for(cluster, [again, merge], timeout_s=600)
     assert job_state(cluster, merge) == "COMPLETED", _logs(logs)
-    assert sorted(map(_comparable, read_verdicts(out / "verdicts.jsonl"))) == one
+    assert sorted(map(comparable, read_verdicts(out / "verdicts.jsonl"))) == one
     assert all((out / f"shard-{i}-of-3/summary.json").stat().st_mtime_ns == t for i, t in kept.items())
 
 

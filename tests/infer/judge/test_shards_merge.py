@@ -23,7 +23,6 @@ from keyshot.infer.protocol.verdicts import VERDICTS_FILE, read_verdicts
 from keyshot.infer.runs.run_record import INPUTS, RUN_FILE
 from keyshot.infer.runs.shards import ShardError, ShardSpec, shard_key, shard_of
 from keyshot.infer.runs.summary import summarize
-from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import (
     FakeOpenAI,
     echo_responder,
@@ -32,41 +31,11 @@ from keyshot.infer.testing.fake_openai import (
     spawn_fake_openai,
 )
 from keyshot.infer.testing.watch import kill_when, line_count
-from keyshot.infer.testing.worlds import synthetic_trajectories
 from tests.support import paths
 from tests.support.nameless_inputs import nameless_inputs
+from tests.support.shard_runs import agent_inputs, comparable, judge_config, totals
 
 REPO = paths.REPO
-
-
-def _input(tmp_path: Path, n: int = 12, shots: int = 3) -> list[str]:
-    """Two agents on the same tasks with the same start pages: calls shared across trajectories."""
-    return [
-        str(synthetic_trajectories(tmp_path / "in" / agent, n, shots, seed=1, size=(96, 64), agent=agent))
-        for agent in ("agent-a", "agent-b")
-    ]
-
-
-def _config(tmp_path: Path, scorer: dict, name: str = "cfg.yaml") -> str:
-    """The shipped 7B judge config with the judge and the scorer (or a pool, ``scorer["scorer"]``) faked."""
-    section = scorer.get("scorer") or {
-        "endpoint": {"base_url": scorer["base_url"], "model": "webjudge-7b", "api_key_env": None}
-    }
-    return str(
-        fake_judge_config(tmp_path / name, scorer["base_url"], section, judge={"backoff_base_s": 0.01})
-    )
-
-
-def _comparable(v) -> tuple:
-    """What a verdict says, without timing and without which of two identical calls paid."""
-    return (
-        v.key,
-        v.success,
-        v.key_points,
-        v.outcome_text,
-        tuple(v.kept),
-        tuple((s.score, s.raw) for s in v.screenshots),
-    )
 
 
 def _rounded(value):
@@ -77,12 +46,6 @@ def _rounded(value):
     if isinstance(value, list):
         return [_rounded(v) for v in value]
     return value
-
-
-def _totals(summary: dict) -> dict:
-    return {
-        role: (u["calls"], u["prompt_tokens"], u["completion_tokens"]) for role, u in summary["usage"].items()
-    }
 
 
 def test_shard_spec_parses_and_refuses():
@@ -127,9 +90,9 @@ def test_shards_are_stable_when_trajectories_are_added():
 
 
 def test_merged_shards_equal_one_process(tmp_path, capsys):
-    inputs = _input(tmp_path)
+    inputs = agent_inputs(tmp_path)
     with FakeOpenAI(judge_responder) as server:
-        cfg = _config(tmp_path, {"base_url": server.base_url})
+        cfg = judge_config(tmp_path, {"base_url": server.base_url})
         assert (
             keyshot(["judge", *inputs, "--config", cfg, "--out", str(tmp_path / "one"), "--no-progress"]) == 0
         )
@@ -154,12 +117,12 @@ def test_merged_shards_equal_one_process(tmp_path, capsys):
     capsys.readouterr()
     assert keyshot(["merge", str(tmp_path / "many")]) == 0
     assert "merged from 3 shards" in capsys.readouterr().out
-    one = sorted(map(_comparable, read_verdicts(tmp_path / "one/verdicts.jsonl")))
-    many = sorted(map(_comparable, read_verdicts(tmp_path / "many/verdicts.jsonl")))
+    one = sorted(map(comparable, read_verdicts(tmp_path / "one/verdicts.jsonl")))
+    many = sorted(map(comparable, read_verdicts(tmp_path / "many/verdicts.jsonl")))
     assert len(one) == 24 and one == many
     s1 = json.loads((tmp_path / "one/summary.json").read_text())
     s3 = json.loads((tmp_path / "many/summary.json").read_text())
-    assert _totals(s1) == _totals(s3)
+    assert totals(s1) == totals(s3)
     # the merge summed the shards' own summaries: exactly what summarising the merged file says
     recount = summarize(read_verdicts(tmp_path / "many/verdicts.jsonl"), run=s3["run"])
     assert _rounded(json.loads(json.dumps(recount))) == _rounded(s3)  # (sums of costs in another order)
@@ -175,10 +138,10 @@ def test_merged_shards_equal_one_process(tmp_path, capsys):
 
 
 def test_merge_refuses_missing_unfinished_and_mixed_shards(tmp_path, capsys):
-    inputs = _input(tmp_path, n=6, shots=2)
+    inputs = agent_inputs(tmp_path, n=6, shots=2)
     out = tmp_path / "run"
     with FakeOpenAI(judge_responder) as server:
-        cfg = _config(tmp_path, {"base_url": server.base_url})
+        cfg = judge_config(tmp_path, {"base_url": server.base_url})
         for i in (0, 2):
             keyshot(
                 ["judge", *inputs, "--config", cfg, "--out", str(out), "--shard", f"{i}/4", "--no-progress"]
@@ -223,7 +186,7 @@ def test_merge_refuses_missing_unfinished_and_mixed_shards(tmp_path, capsys):
         assert again == ["judged again"]
 
         # a shard judged under another protocol
-        other = _config(tmp_path, {"base_url": server.base_url}, "other.yaml")
+        other = judge_config(tmp_path, {"base_url": server.base_url}, "other.yaml")
         Path(other).write_text(Path(other).read_text().replace("threshold: 3", "threshold: 4"))
         out2 = tmp_path / "mixed"
         keyshot(["judge", *inputs, "--config", cfg, "--out", str(out2), "--shard", "0/2", "--no-progress"])
@@ -381,10 +344,10 @@ def test_both_merges_refuse_missing_unfinished_and_foreign_and_write_nothing(
 
 
 def test_killed_shard_resumes_and_merges_without_loss(tmp_path, capsys):
-    inputs = _input(tmp_path, n=16, shots=3)
+    inputs = agent_inputs(tmp_path, n=16, shots=3)
     out = tmp_path / "run"
     with spawn_fake_openai("judge", latency_s=0.05) as (url, _):
-        cfg = _config(tmp_path, {"base_url": url})
+        cfg = judge_config(tmp_path, {"base_url": url})
         argv = ["judge", *inputs, "--config", cfg, "--out", str(out), "--no-progress"]
         for i in (0, 1):
             assert keyshot([*argv, "--shard", f"{i}/2"]) == 0
@@ -412,7 +375,7 @@ def test_killed_shard_resumes_and_merges_without_loss(tmp_path, capsys):
 
 
 def test_scorer_pool_survives_an_endpoint_dying_mid_run(tmp_path, capsys, caplog):
-    inputs = _input(tmp_path, n=16, shots=5)
+    inputs = agent_inputs(tmp_path, n=16, shots=5)
     with (
         FakeOpenAI(judge_responder) as judge,
         FakeOpenAI(judge_responder, latency_s=0.03) as a,
@@ -422,7 +385,9 @@ def test_scorer_pool_survives_an_endpoint_dying_mid_run(tmp_path, capsys, caplog
             {"base_url": s.base_url, "model": "webjudge-7b", "api_key_env": None, "max_concurrency": 4}
             for s in (a, b)
         ]
-        cfg = _config(tmp_path, {"base_url": judge.base_url, "scorer": {"endpoints": pool, "cooldown_s": 60}})
+        cfg = judge_config(
+            tmp_path, {"base_url": judge.base_url, "scorer": {"endpoints": pool, "cooldown_s": 60}}
+        )
         out = tmp_path / "run"
         port_a, port_b = a.port, b.port
 
