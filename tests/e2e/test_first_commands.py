@@ -15,8 +15,8 @@ from keyshot.infer.common.text import ELLIPSIS
 from keyshot.infer.demo import ID_WIDTH, MEANINGLESS, verdict_table
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
-from tests.infer.report.test_report import Page
 from tests.support import paths
+from tests.support.report_pages import Page
 
 REPO = paths.REPO
 TRAJ = REPO / "tests" / "fixtures" / "trajectories"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from keyshot.infer.cli import main as keyshot
-from tests.infer.report.test_report import judged_run
+from tests.support.report_pages import judged_run
 
 pytestmark = pytest.mark.slow
 
