@@ -288,7 +288,7 @@ def test_a_scorer_cut_at_its_trained_answer_length_is_called_a_checkpoint_proble
     raising the limit again would only pay for longer answers, so the message points at the checkpoint."""
     from keyshot.infer.cli import main as keyshot
     from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
-    from tests.infer.judge.test_evidence import VERBOSE, judge_argv
+    from tests.support.judge_inputs import VERBOSE, judge_argv
 
     with FakeOpenAI(make_judge(reasoning_words=VERBOSE)) as server:
         argv = judge_argv(

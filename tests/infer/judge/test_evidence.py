@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.client.cache import CallCache
@@ -23,28 +22,19 @@ from keyshot.infer.testing.fake_openai import (
     make_judge,
     make_teacher,
 )
-from tests.infer.judge.test_judge_command import ALL_PATHS, N_SCREENSHOTS, N_TRAJECTORIES, judge_overrides
-from tests.infer.judge.test_pipeline import agentlab_trajectories, judge_all, judge_client
-from tests.support import paths
-
-REPO = paths.REPO
-TINY_CPU = str(REPO / "configs/judge/tiny_cpu.yaml")  # the scorer's max_tokens is 64
-VERBOSE = 200  # words of reasoning before the score: ~400 tokens
+from tests.support.judge_inputs import (
+    N_SCREENSHOTS,
+    N_TRAJECTORIES,
+    VERBOSE,
+    agentlab_trajectories,
+    judge_all,
+    judge_argv,
+    judge_client,
+)
 
 
 def scorer_requests(server: FakeOpenAI) -> int:
     return sum(identify_step(r) == "key_screenshot" for r in server.requests)
-
-
-def judge_argv(server: FakeOpenAI, out: Path, **extra: str) -> list[str]:
-    """keyshot judge over the fixtures with the shipped CPU config; judge and scorer are ``server``."""
-    argv = ["judge", *map(str, ALL_PATHS), "--config", TINY_CPU, "--no-progress"]
-    return argv + judge_overrides(
-        server.base_url,
-        out,
-        **{"scorer.endpoint.base_url": server.base_url, "scorer.endpoint.model": "fake-scorer"},
-        **extra,
-    )
 
 
 # ---------------------------------------------------------------------------- the call

@@ -18,37 +18,16 @@ from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.fake_openai import FakeOpenAI, fetch_stats, make_judge, spawn_fake_openai
 from keyshot.infer.testing.watch import kill_when, line_count
 from tests.support import paths
+from tests.support.judge_inputs import ALL_PATHS, N_SCREENSHOTS, N_TRAJECTORIES, TRAJ, judge_overrides
 from tests.support.vllm import vllm_request_count
 
 REPO = paths.REPO
 FIXTURES = paths.FIXTURES
-TRAJ = FIXTURES / "trajectories"
 REFERENCE_OUTPUT = (
     FIXTURES
     / "reference_outputs"
     / "WebJudge_Online_Mind2Web_eval_gpt-4o_score_threshold_3_auto_eval_results.json"
 )
-ALL_PATHS = [
-    TRAJ / "agentlab",
-    FIXTURES / "agentlab_small",
-    TRAJ / "online_mind2web_v1",
-    TRAJ / "online_mind2web_v2",
-    TRAJ / "jsonl" / "trajectories.jsonl",
-]
-N_TRAJECTORIES = 7
-N_SCREENSHOTS = 24
-
-
-def judge_overrides(base_url: str, out: Path, **extra: str) -> list[str]:
-    items = [
-        f"judge.base_url={base_url}",
-        "judge.model=fake-judge",
-        "judge.api_key_env=null",
-        "judge.backoff_base_s=0.01",
-        "judge.timeout_s=10",
-        f"out={out}",
-    ]
-    return items + [f"{k}={v}" for k, v in extra.items()]
 
 
 def lines_of(path: Path) -> list[dict]:

@@ -40,14 +40,10 @@ from keyshot.infer.protocol.verdicts import (
 from keyshot.infer.runs.verdict_sources import read_reference_records
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge, score_image
 from tests.support import paths
+from tests.support.judge_inputs import agentlab_trajectories, judge_all, judge_client
 
 FIXTURES = paths.FIXTURES
-AGENTLAB_DIRS = [FIXTURES / "trajectories" / "agentlab", FIXTURES / "agentlab_small"]
 REFERENCE = FIXTURES / "reference_outputs"
-
-
-def agentlab_trajectories() -> list[Trajectory]:
-    return [t for d in AGENTLAB_DIRS for t in load_trajectories(d)]
 
 
 def fixture_trajectories() -> list[Trajectory]:
@@ -56,29 +52,6 @@ def fixture_trajectories() -> list[Trajectory]:
     for name in ("online_mind2web_v1", "online_mind2web_v2", "jsonl"):
         out.extend(load_trajectories(FIXTURES / "trajectories" / name))
     return out
-
-
-def judge_client(server: FakeOpenAI, **overrides) -> JudgeClient:
-    values = {
-        "base_url": server.base_url,
-        "model": "fake-judge",
-        "api_key_env": None,
-        "timeout_s": 5,
-        "backoff_base_s": 0.01,
-        "backoff_max_s": 0.05,
-    }
-    values.update(overrides)
-    return JudgeClient(EndpointConfig(**values))
-
-
-def judge_all(webjudge: WebJudge, trajectories: list[Trajectory]) -> list[Verdict]:
-    async def go():
-        try:
-            return [await webjudge.judge(t) for t in trajectories]
-        finally:
-            await webjudge.aclose()
-
-    return asyncio.run(go())
 
 
 # ---------------------------------------------------------------------------- selection
