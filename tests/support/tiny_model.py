@@ -1,6 +1,7 @@
 """The tiny Qwen2.5-VL as the training and vision-tower tests set it up: the model loaded in fp32 with sdpa,
 prepared for training with seeded LoRA matrices, a labelled two-row batch (the ``batch`` fixture, which
-tests/conftest.py offers every module), and the tower's inputs for screenshots of given sizes."""
+tests/conftest.py offers every module), the tower's inputs for screenshots of given sizes, and a made-up
+model's sizes for the FLOPs counter (``FLOPS_ARGS``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,23 @@ from PIL import Image
 
 from keyshot.train.scorer_model import prepare_for_training
 from keyshot.train.train_config import ModelSettings
+
+# a made-up model's sizes for keyshot.train.throughput.FlopsModel
+FLOPS_ARGS = dict(
+    llm_params=1000,
+    llm_layers=2,
+    llm_hidden=64,
+    vision_params=500,
+    vision_layers=2,
+    vision_full_layers=1,
+    vision_hidden=64,
+    window_patches=16,
+    merger_params=100,
+    merge_unit=4,
+    llm_factor=3.0,
+    vision_factor=1.0,
+    merger_factor=3.0,
+)
 
 
 def load_tiny(tiny_model_dir, dtype=torch.float32, device="cpu"):

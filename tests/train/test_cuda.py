@@ -26,9 +26,9 @@ REPO = paths.REPO
 
 def test_log_totals_on_cuda():
     from keyshot.train.throughput import FlopsModel, ThroughputMeter, log_totals
-    from tests.train.test_model_setup import _FLOPS_ARGS
+    from tests.support.tiny_model import FLOPS_ARGS
 
-    meter = ThroughputMeter(FlopsModel(**_FLOPS_ARGS), peak_tflops_per_device=1.0, world_size=1)
+    meter = ThroughputMeter(FlopsModel(**FLOPS_ARGS), peak_tflops_per_device=1.0, world_size=1)
     meter.add_batch(
         {"attention_mask": torch.ones(1, 10, dtype=torch.long), "image_grid_thw": torch.tensor([[1, 4, 4]])}
     )

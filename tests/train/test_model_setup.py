@@ -13,6 +13,7 @@ from keyshot.train.scorer_model import (
 )
 from keyshot.train.throughput import FlopsModel, ThroughputMeter
 from keyshot.train.train_config import LoraSettings, ModelSettings, OptimSettings
+from tests.support.tiny_model import FLOPS_ARGS
 
 
 def _settings(tiny_model_dir, **kw) -> ModelSettings:
@@ -119,7 +120,7 @@ def test_log_totals_meet_on_the_model_device():
     bring both to the device before concatenating (on CUDA, today's torch.cat of the two raised)."""
     from keyshot.train.throughput import log_totals
 
-    full = FlopsModel(**_FLOPS_ARGS)
+    full = FlopsModel(**FLOPS_ARGS)
     meter = ThroughputMeter(full, peak_tflops_per_device=1.0, world_size=1)
     meter.add_batch(
         {"attention_mask": torch.ones(1, 10, dtype=torch.long), "image_grid_thw": torch.tensor([[1, 4, 4]])}
@@ -132,23 +133,6 @@ def test_log_totals_meet_on_the_model_device():
     assert stats.device.type == "meta" and stats.shape == (5,)
     cpu = log_totals([torch.tensor(2.0), torch.tensor(4.0)], meter, "cpu")
     assert cpu[0].item() == 3.0 and cpu[1:3].tolist() == [1, 10]
-
-
-_FLOPS_ARGS = dict(
-    llm_params=1000,
-    llm_layers=2,
-    llm_hidden=64,
-    vision_params=500,
-    vision_layers=2,
-    vision_full_layers=1,
-    vision_hidden=64,
-    window_patches=16,
-    merger_params=100,
-    merge_unit=4,
-    llm_factor=3.0,
-    vision_factor=1.0,
-    merger_factor=3.0,
-)
 
 
 def test_lora_keeps_bf16_activations_under_autocast_and_float32_adapters(tiny_model_dir):
