@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import record
-from bench.record import Headline, Rows, Table, ratio_table
+from bench.record import REPO, Headline, Rows, Table, ratio_table
 from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
 from keyshot.infer.judge.pipeline import PipelineConfig, WebJudge
 from keyshot.infer.judge.scorers import JUDGE_SCORES, OpenAIScorer
@@ -38,7 +38,6 @@ from keyshot.infer.protocol.verdicts import Verdict
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 from keyshot.infer.testing.worlds import synthetic_trajectories
 
-REPO = Path(__file__).resolve().parents[1]
 #: USD per million tokens (input, output), list prices
 PRICES = {"gpt-4o": (2.50, 10.00), "o4-mini": (1.10, 4.40)}
 #: The scorer's compute per screenshot at Qwen2.5-VL-7B shape (prefill of one 1280×720 request):

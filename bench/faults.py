@@ -28,14 +28,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench import record
-from bench.record import Headline, Rows, ratio_table
+from bench.record import REPO, Headline, Rows, ratio_table
 from keyshot.data_synth.labels import LABELS_FILE, read_store
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, make_judge, make_teacher
 from keyshot.infer.testing.watch import kill_when, line_count
 from keyshot.infer.testing.worlds import synthetic_trajectories
 
-ROOT = Path(__file__).resolve().parents[1]
 FAST_RETRY = ["backoff_base_s=0.02", "backoff_max_s=0.2", "timeout_s=1.0"]
 
 
@@ -63,7 +62,7 @@ class Outcome:
 # ---------------------------------------------------------------------------- judge
 def judge_command(world: Path, out: Path, judge_url: str, scorer_url: str) -> list[str]:
     argv = [sys.executable, "-m", "keyshot.infer.cli", "judge", str(world), "--no-progress"]
-    argv += ["--config", str(ROOT / "configs/judge/webjudge7b.yaml"), f"out={out}", "scorer.logprobs=null"]
+    argv += ["--config", str(REPO / "configs/judge/webjudge7b.yaml"), f"out={out}", "scorer.logprobs=null"]
     argv += [
         f"judge.base_url={judge_url}",
         "judge.model=fake-judge",
@@ -119,7 +118,7 @@ def run_judge_scenario(
         for _ in range(kills):
             proc = subprocess.Popen(
                 judge_command(world, out, judge.base_url, scorer.base_url),
-                cwd=ROOT,
+                cwd=REPO,
                 stderr=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
             )
@@ -130,7 +129,7 @@ def run_judge_scenario(
             codes.append(proc.returncode)
         proc = subprocess.run(
             judge_command(world, out, judge.base_url, scorer.base_url),
-            cwd=ROOT,
+            cwd=REPO,
             capture_output=True,
             text=True,
         )
@@ -145,7 +144,7 @@ def run_judge_scenario(
     with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
         proc = subprocess.run(
             judge_command(world, out, judge.base_url, scorer.base_url),
-            cwd=ROOT,
+            cwd=REPO,
             capture_output=True,
             text=True,
         )
@@ -174,7 +173,7 @@ def clean_judge(world: Path, work: Path) -> dict:
         started = time.perf_counter()
         proc = subprocess.run(
             judge_command(world, out, judge.base_url, scorer.base_url),
-            cwd=ROOT,
+            cwd=REPO,
             capture_output=True,
             text=True,
         )
@@ -196,7 +195,7 @@ def dead_endpoint_judge(world: Path, work: Path) -> Outcome:
             if not a.startswith("judge.backoff") and a != "judge.timeout_s=1.0"
         ]
         started = time.perf_counter()
-        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
         elapsed = time.perf_counter() - started
         requests = judge.stats.requests
     line = [ln for ln in proc.stderr.splitlines() if "is down" in ln][-1:]
@@ -272,13 +271,13 @@ def run_synth(
         started = time.perf_counter()
         labels = run / LABELS_FILE
         for _ in range(kills):
-            proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             target = line_count(labels) + 15
             kill_when(
                 proc, lambda n=target: line_count(labels) >= n, f"{target} label lines were written", 600
             )
             codes.append(proc.returncode)
-        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
         codes.append(proc.returncode)
         seconds = time.perf_counter() - started
         served = teacher.settled_stats().completions_served + judge.settled_stats().completions_served
@@ -292,7 +291,7 @@ def run_synth(
         cfg = synth_config(work / f"synth-{slug(name)}.yaml", run, world, teacher.base_url, judge.base_url)
         proc = subprocess.run(
             [sys.executable, "-m", "keyshot.infer.cli", "synth", "run", "--config", str(cfg), "--no-build"],
-            cwd=ROOT,
+            cwd=REPO,
             capture_output=True,
             text=True,
         )

@@ -60,6 +60,7 @@ from pathlib import Path
 
 import torch
 
+from bench.record import REPO
 from keyshot.infer.common.config import load_config
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.judge.local_scorer import TransformersScorer
@@ -88,7 +89,6 @@ from keyshot.train.throughput import (
 )
 from keyshot.train.train_config import ModelSettings, TrainConfig
 
-REPO = Path(__file__).resolve().parents[1]
 logger = logging.getLogger("bench.gpu")
 
 SHAPE_7B = REPO / "configs" / "models" / "qwen2.5-vl-7b.json"

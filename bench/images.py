@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from bench import record  # noqa: E402
-from bench.record import Headline, Rows, ratio_table  # noqa: E402
+from bench.record import REPO, Headline, Rows, ratio_table  # noqa: E402
 from keyshot.infer.protocol.images import (  # noqa: E402
     DEFAULT_POLICY,
     REFERENCE_POLICY,
@@ -58,7 +58,6 @@ from keyshot.infer.protocol.images import (  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[1]
 #: The default input: the real WorkArena screenshots of the shared data beside the repository (65, from
 #: 1280×713 to 3024×1592) where they are, else the fixture run's 7 (1280×720 and 1282×713).
 REAL_SHOTS = "../shared/data/agentlab_workarena/*/screenshot_step_*.png"

@@ -25,9 +25,7 @@ import time
 from pathlib import Path
 
 from bench import record
-from bench.record import Rows, Table
-
-REPO = Path(__file__).resolve().parents[1]
+from bench.record import REPO, Rows, Table
 
 
 def play(url: str, steps: int) -> dict:

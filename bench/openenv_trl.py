@@ -34,13 +34,12 @@ from pathlib import Path
 import psutil
 
 from bench import record
-from bench.record import Headline, Rows, Table
+from bench.record import REPO, Headline, Rows, Table
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
 from keyshot.infer.testing.frameworks import framework_python, missing
 from keyshot.infer.testing.launch import start_reward_env
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "tests" / "fixtures" / "trl_browsergym" / "browsergym.py"
 DRIVER = REPO / "tests" / "framework" / "openenv_trl_example.py"
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench import record
-from bench.record import Rows, ratio_table
+from bench.record import REPO, Rows, ratio_table
 from keyshot.infer.client.judge_client import JudgeClient
 from keyshot.infer.model.checkpoint import write_scorer_meta
 from keyshot.infer.model.tiny_model import build_tiny_qwen25vl
@@ -36,8 +36,6 @@ from keyshot.infer.protocol.messages import scorer_messages
 from keyshot.infer.protocol.prompts import load_prompt_set
 from keyshot.infer.serve.plan import ServeConfig
 from keyshot.infer.serve.server import VLLMServer
-
-REPO = Path(__file__).resolve().parents[1]
 
 SCREENSHOTS = REPO.parent / "shared" / "data" / "agentlab_workarena"
 TASK = "Order an iPad Pro with 256 GB of storage in silver"

@@ -48,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench import record
-from bench.record import Headline, Plot, Rows, ratio_table
+from bench.record import REPO, Headline, Plot, Rows, ratio_table
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge, spawn_fake_openai
@@ -59,7 +59,6 @@ from keyshot.reward import Episode, RewardModel
 from keyshot.reward.service import RewardService, ServiceLimits
 from keyshot.reward.trl import environment_reward
 
-ROOT = Path(__file__).resolve().parents[1]
 HALF_FAULTS = {"500": 0.25, "timeout": 0.1, "malformed": 0.15}
 
 
@@ -309,7 +308,7 @@ def bench_openrlhf(work: Path, judge: FakeOpenAI, config: Path, batch: list[dict
         print(f"[reward] OpenRLHF row skipped: {missing('openrlhf')}", flush=True)
         return {"openrlhf_s": None, "openrlhf_judge_calls_per_episode": None, "openrlhf_ratio": None}
     warmup = rollouts(work / "openrlhf-warmup", 1, 2, 3)
-    framework = ROOT / "tests" / "framework"
+    framework = REPO / "tests" / "framework"
     proc = subprocess.Popen(
         [str(python), str(framework / "openrlhf_rollouts.py"), "--tiny", str(work / "tiny")],
         stdin=subprocess.PIPE,
@@ -416,7 +415,7 @@ def bench_verl(args, work: Path, judge: FakeOpenAI, scorer_url: str, serial_s: f
     config.write_text(config.read_text() + "reward:\n  on_failure: zero\n")  # verl needs a number
     spec = {
         "workdir": str(work / "verl"),
-        "reward_file": str(ROOT / "reward" / "verl.py"),
+        "reward_file": str(REPO / "reward" / "verl.py"),
         "cases": [
             {
                 "name": "bench",
@@ -432,7 +431,7 @@ def bench_verl(args, work: Path, judge: FakeOpenAI, scorer_url: str, serial_s: f
     before = judge.stats.completions_served
     argv = [
         str(python),
-        str(ROOT / "tests" / "framework" / "verl_reward_loop.py"),
+        str(REPO / "tests" / "framework" / "verl_reward_loop.py"),
         str(work / "verl" / "spec.json"),
     ]
     done = subprocess.run(
@@ -506,7 +505,7 @@ def bench_memory(args) -> dict:
         str(args.memory_episodes),
         str(args.memory_steps),
     ]
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=True)
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -25,13 +25,12 @@ import time
 from pathlib import Path
 
 from bench import record
-from bench.record import Headline, Rows, ratio_table
+from bench.record import REPO, Headline, Rows, ratio_table
 from keyshot.infer.protocol.verdicts import OutcomeCall, RoleUsage, ScreenshotRecord, Verdict
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, judge_responder, spawn_fake_openai
 from keyshot.infer.testing.worlds import synthetic_trajectories
 
-ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = 27  # Online-Mind2Web's mean trajectory length
 FAST_JUDGE = {"max_concurrency": 64}
 
@@ -51,7 +50,7 @@ def _judge(inputs: list[str], cfg: Path, out: Path, shard: str | None = None) ->
     ]
     if shard:
         argv += ["--shard", shard]
-    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def _wait(procs: list[subprocess.Popen]) -> None:
@@ -184,21 +183,21 @@ def bench_merge(tmp: Path, lines: int, shards: int = 8) -> dict:
     idle = int(
         subprocess.run(
             [sys.executable, "-c", "import keyshot.infer.judge.verdict_merge; " + base],
-            cwd=ROOT,
+            cwd=REPO,
             capture_output=True,
             text=True,
             check=True,
         ).stdout
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code, str(root)], cwd=REPO, capture_output=True, text=True, check=True
     )
     seconds, peak_kb, merged = out.stdout.split()
     # a trajectory of shard 0 judged again (a second line for it): that shard is re-read line by line
     with open(folders[0] / "verdicts.jsonl", "a", encoding="utf-8") as fh:
         fh.write(_verdict(0, rng).to_json() + "\n")
     again = subprocess.run(
-        [sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code, str(root)], cwd=REPO, capture_output=True, text=True, check=True
     )
     reread_seconds, reread_kb, _ = again.stdout.split()
     return {

@@ -24,14 +24,13 @@ from pathlib import Path
 import psutil
 
 from bench import record
-from bench.record import Rows, ratio_table
+from bench.record import REPO, Rows, ratio_table
 from keyshot.env.miniwob import budget as recorded
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 from keyshot.infer.testing.frameworks import framework_python
 from keyshot.infer.testing.launch import start_reward_env
 
-REPO = Path(__file__).resolve().parents[1]
 CLIENT = REPO / "tests" / "framework" / "openenv_client.py"
 
 

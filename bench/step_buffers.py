@@ -19,16 +19,13 @@ import json
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import psutil
 from PIL import Image
 
 from bench import record
-from bench.record import Rows, ratio_table
-
-REPO = Path(__file__).resolve().parents[1]
+from bench.record import REPO, Rows, ratio_table
 
 
 def step_memory(sessions: int, steps: int, fixed: bool) -> float:

@@ -33,14 +33,12 @@ from pathlib import Path
 from PIL import Image
 
 from bench import record
-from bench.record import Rows, ratio_table
+from bench.record import REPO, Rows, ratio_table
 from keyshot.data_synth.dataset import BuildConfig, SplitConfig, build_dataset
 from keyshot.data_synth.labels import KeyPointsRecord, LabelRecord, LabelStore, TrajectoryRecord
 from keyshot.data_synth.run_folder import open_manifest
 from keyshot.infer.protocol.images import DEFAULT_POLICY, prepare_image
 from keyshot.infer.protocol.prompts import load_prompt_set
-
-REPO = Path(__file__).resolve().parents[1]
 
 DEFAULT_SHOTS = [REPO / "tests/fixtures/trajectories", REPO / "tests/fixtures/agentlab_small"]
 AGENTS = ("SeeAct", "Browser_Use", "Claude_Computer_Use_3.5", "Agent-E", "Operator")

@@ -16,19 +16,17 @@ import asyncio
 import base64
 import json
 import time
-from pathlib import Path
 
 import httpx2
 
 from bench import record
-from bench.record import Rows, ratio_table
+from bench.record import REPO, Rows, ratio_table
 from keyshot.infer.client.transport import authorization, openai_client
 from keyshot.infer.protocol.messages import scorer_messages
 from keyshot.infer.protocol.prompts import load_prompt_set
 from keyshot.infer.testing.fake_openai import spawn_fake_openai
 
-ROOT = Path(__file__).resolve().parents[1]
-SCREENSHOT = ROOT / "infer/samples/48c73f3f53e2611c4a1052457c1033db/trajectory/1.jpg"
+SCREENSHOT = REPO / "infer/samples/48c73f3f53e2611c4a1052457c1033db/trajectory/1.jpg"
 
 
 def _payload() -> dict:
