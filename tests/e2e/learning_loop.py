@@ -39,7 +39,7 @@ from keyshot.infer.protocol.images import ImagePolicy, prepare_image
 from keyshot.infer.testing.cue_world import WorldSpec, agreement, cue_score, cue_teacher, make_world
 from keyshot.infer.testing.fake_openai import FakeOpenAI
 from keyshot.infer.testing.frameworks import framework_python
-from tests.support.paths import REPO
+from tests.support.paths import FIXTURES, REPO
 
 BIN = Path(sys.executable).parent
 POLICY = ImagePolicy(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS)
@@ -62,7 +62,7 @@ def run(cmd: list[str], log: Path, env: dict | None = None) -> None:
 
 def backgrounds() -> list[Path]:
     found = sorted((REPO / "infer" / "samples").rglob("*.png"))
-    found += sorted((REPO / "tests" / "fixtures" / "trajectories" / "agentlab").rglob("*.png"))
+    found += sorted((FIXTURES / "trajectories" / "agentlab").rglob("*.png"))
     return found
 
 

@@ -19,7 +19,7 @@ from tests.support import paths
 from tests.support.report_pages import Page
 
 REPO = paths.REPO
-TRAJ = REPO / "tests" / "fixtures" / "trajectories"
+TRAJ = paths.FIXTURES / "trajectories"
 REFERENCE = str(REPO / "configs" / "judge" / "reference_gpt4o.yaml")
 WEBJUDGE7B = str(REPO / "configs" / "judge" / "webjudge7b.yaml")
 OM2W = TRAJ / "online_mind2web_v1"  # 2 trajectories, no agent name
@@ -99,7 +99,7 @@ def test_dry_run_says_why_the_rest_is_not_judged(tmp_path, capsys):
 def test_judging_released_judge_records_points_at_the_commands_that_read_them(tmp_path, capsys):
     """AgentRewardBench's released WebJudge records are verdicts: keyshot judge names the two commands
     that read them (metrics, synth import-arb), with the judges found there."""
-    records = REPO / "tests" / "fixtures" / "arb"
+    records = paths.FIXTURES / "arb"
     argv = ["judge", str(records), "--config", REFERENCE, "--out", str(tmp_path / "o"), "--dry-run"]
     assert keyshot(argv + fake_judge_args(dead_url())) == EXIT_USAGE
     err = capsys.readouterr().err

@@ -19,7 +19,7 @@ from keyshot.infer.loaders.trajectory import TrajectoryError
 from tests.support import paths
 
 REPO = paths.REPO
-OM2W_LABELS = REPO / "tests" / "fixtures" / "online_mind2web" / "human_label.json"
+OM2W_LABELS = paths.FIXTURES / "online_mind2web" / "human_label.json"
 TINY_JUDGE = REPO / "configs" / "judge" / "tiny_cpu.yaml"
 
 #: The judge's verdicts (task -> success) and the humans' labels (task -> 0/1): they agree on 3 of 4.

@@ -55,7 +55,7 @@ from tests.support.reward import write_config
 
 REPO = paths.REPO
 TRL_EXAMPLE = REPO / "examples" / "reward" / "trl_browsergym_grpo.py"
-OM2W_V1 = sorted((REPO / "tests" / "fixtures" / "trajectories" / "online_mind2web_v1").iterdir())
+OM2W_V1 = sorted((paths.FIXTURES / "trajectories" / "online_mind2web_v1").iterdir())
 PNG = b"\x89PNG\r\n\x1a\n"
 ENTER_TEXT = """Goal: Enter "Kasie" into the text field and press Submit.
 

@@ -26,7 +26,7 @@ from tests.support.reward import write_config
 pytestmark = pytest.mark.slow
 
 REPO = paths.REPO
-EXAMPLE = REPO / "tests" / "fixtures" / "trl_browsergym" / "browsergym.py"
+EXAMPLE = paths.FIXTURES / "trl_browsergym" / "browsergym.py"
 MAX_STEPS = 2
 
 

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("no_shared_model")
 
 REPO = paths.REPO
 EXAMPLES = REPO / "examples" / "reward"
-OM2W_V1 = sorted((REPO / "tests" / "fixtures" / "trajectories" / "online_mind2web_v1").iterdir())
+OM2W_V1 = sorted((paths.FIXTURES / "trajectories" / "online_mind2web_v1").iterdir())
 
 
 def load_by_path(path: Path, name: str):

@@ -47,7 +47,7 @@ from tests.support.reward import write_config
 pytestmark = pytest.mark.usefixtures("no_shared_model")
 
 REPO = paths.REPO
-OM2W_V1 = sorted((REPO / "tests" / "fixtures" / "trajectories" / "online_mind2web_v1").iterdir())
+OM2W_V1 = sorted((paths.FIXTURES / "trajectories" / "online_mind2web_v1").iterdir())
 SAMPLE_KEYS = {"score", *reward_logs.SAMPLE_KEYS}
 DRIVER = REPO / "tests" / "framework" / "verl_reward_loop.py"
 CONSTANT_WARNING = "every sample of a prompt is scored on the same rollout"

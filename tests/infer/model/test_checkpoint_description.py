@@ -32,7 +32,7 @@ from tests.support import paths
 from tests.support.frameworks import python_or_skip
 
 REPO = paths.REPO
-TRAJ = REPO / "tests" / "fixtures" / "trajectories" / "online_mind2web_v1"
+TRAJ = paths.FIXTURES / "trajectories" / "online_mind2web_v1"
 TINY_JUDGE = str(REPO / "configs" / "judge" / "tiny_cpu.yaml")
 WEBJUDGE_7B = "osunlp/WebJudge-7B"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -131,7 +131,7 @@ def test_rebuild_reuses_thumbnails_and_released_records_render(report, tmp_path,
     started = time.perf_counter()
     assert keyshot(["report", str(run), "--no-progress"]) == 0
     assert "0 screenshots converted" in caplog.text and time.perf_counter() - started < 30
-    records = REPO / "tests" / "fixtures" / "arb_records"
+    records = paths.FIXTURES / "arb_records"
     assert keyshot(["report", str(records), "--out", str(tmp_path / "arb"), "--no-progress"]) == 0
     rows = next(s for s in Page((tmp_path / "arb" / "index.html").read_text()).scripts if s.startswith("["))
     assert len(json.loads(rows)) >= 1
@@ -187,7 +187,7 @@ def test_report_and_metrics_of_agent_runs_say_to_judge_them_first(tmp_path, caps
     """Raw agent runs are named a trajectory folder with the command to run first; the failed report
     leaves no report folder (nor its lock) beside the input."""
     raw = tmp_path / "runs"
-    shutil.copytree(REPO / "tests" / "fixtures" / "trajectories" / "agentlab", raw)
+    shutil.copytree(paths.FIXTURES / "trajectories" / "agentlab", raw)
     assert keyshot(["report", str(raw), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is a trajectory folder" in err and f"keyshot judge {raw}" in err
