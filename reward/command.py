@@ -146,7 +146,11 @@ def filter_arguments(f: argparse.ArgumentParser) -> None:
         metavar="ROLLOUTS [KEY=VALUE ...]",
         help="trajectory folders or JSONL files, and config overrides (judge.model=gpt-4o)",
     )
-    f.add_argument("--config", required=True, help="a keyshot judge config (configs/reward/*.yaml)")
+    f.add_argument(
+        "--config",
+        required=True,
+        help="a keyshot judge config (configs/reward/*.yaml, or one by name: reward/local)",
+    )
     f.add_argument("--min-reward", type=float, default=1.0)
     f.add_argument("--out", required=True, help="output folder")
     f.add_argument(
@@ -158,7 +162,11 @@ def filter_arguments(f: argparse.ArgumentParser) -> None:
 
 def serve_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (judge.model=gpt-4o)")
-    s.add_argument("--config", required=True, help="a keyshot judge config (configs/reward/*.yaml)")
+    s.add_argument(
+        "--config",
+        required=True,
+        help="a keyshot judge config (configs/reward/*.yaml, or one by name: reward/local)",
+    )
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8100, help="0: a free port (the start-up line names it)")
     limit_arguments(s)

@@ -88,7 +88,11 @@ def run(args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--miniwob", required=True, metavar="TASK", help="the MiniWoB task, e.g. click-test")
-    p.add_argument("--config", required=True, help="a keyshot judge config (configs/reward/*.yaml)")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="a keyshot judge config (configs/reward/*.yaml, or one by name: reward/local)",
+    )
     p.add_argument("--host", default=SERVER.host)
     p.add_argument(
         "--port",

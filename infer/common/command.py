@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
-from keyshot.infer.common.helptext import plain
+from keyshot.infer.common.helptext import HelpFormatter, plain
 
 #: Entry-point group of the subcommands: each names a :class:`Command` (``module:NAME``); pyproject.toml
 #: lists keyshot's own, and a plug-in package may add its own.
@@ -54,7 +54,7 @@ class Command:
             self.name,
             help=self.help,
             description=plain(self.description or self.help),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=HelpFormatter,
         )
         return self.configure(parser)
 

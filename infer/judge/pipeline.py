@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -365,7 +366,7 @@ class WebJudge:
         usage = verdict.usage.setdefault(role, RoleUsage())
         first_of: dict[bytes, int] = {}  # an image's first screenshot: identical ones are scored once
         for shot, img in zip(trajectory.screenshots, prepared, strict=True):
-            record = ScreenshotRecord(index=shot.index, path=shot.name)
+            record = ScreenshotRecord(index=shot.index, path=shot.recorded_name)
             if isinstance(img, str):
                 record.error = f"{UNREADABLE_IMAGE}{img}"
             else:
@@ -421,7 +422,7 @@ class WebJudge:
             agent=trajectory.agent,
             benchmark=trajectory.benchmark,
             run=trajectory.run,
-            source=str(trajectory.source) if trajectory.source is not None else None,
+            source=os.path.abspath(trajectory.source) if trajectory.source is not None else None,
             human_label=trajectory.human_label,
             reward=trajectory.reward,
             config=self.describe(),

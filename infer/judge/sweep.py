@@ -41,7 +41,10 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="JUDGED|key=value",
         help="the judged folder (keyshot run folder, verdicts.jsonl or released judge records), then config overrides",
     )
-    parser.add_argument("--config", help="YAML JudgeRunConfig: the judge asked for the outcome calls")
+    parser.add_argument(
+        "--config",
+        help="YAML JudgeRunConfig: the judge asked for the outcome calls (a file, or a shipped one by name)",
+    )
     parser.add_argument("--out", type=Path, help="folder for OUT/delta_<δ>/ and sweep.json (not with --plan)")
     parser.add_argument(
         "--deltas",

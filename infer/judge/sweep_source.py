@@ -253,6 +253,19 @@ def unsweepable(v: Verdict) -> str | None:
     return None
 
 
+def none_readable(judged: JudgedFolder, why: str) -> SweepError:
+    """The one line of a sweep that finds none of the judged trajectories it would ask about."""
+    return SweepError(
+        f"{judged.source}: none of its {len(judged.verdicts)} judged trajectories can be read again ({why}): "
+        "put them back where the verdicts say they were, or judge them again"
+    )
+
+
+def source_missing(judged: JudgedFolder, v: Verdict) -> bool:
+    """True when a keyshot verdict's trajectory is no longer where it says (released records hold theirs)."""
+    return not judged.released and not (v.source and Path(v.source).exists())
+
+
 def sweepable(judged: JudgedFolder, read_with: ReadOptions) -> tuple[list[SweepItem], Counter, list[str]]:
     """The verdicts a sweep can ask the outcome of, each with its trajectory (read with ``read_with``); the
     others counted by reason, with the first few named."""
@@ -273,4 +286,6 @@ def sweepable(judged: JudgedFolder, read_with: ReadOptions) -> tuple[list[SweepI
                 items.append(SweepItem(v, trajectory))
                 continue
         left[reason] += 1
+    if judged.verdicts and not items and left["trajectory not readable"]:
+        raise none_readable(judged, named[0] if named else "trajectory not readable")
     return items, left, named

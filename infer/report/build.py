@@ -17,6 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 import keyshot.infer.report.plots as plots
+from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.fileio import write_bytes_atomic, write_text_atomic
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
@@ -75,6 +76,7 @@ def build_report(
     """Write the report of ``source`` (a run folder, verdict file or judge records, or a run already
     loaded with :func:`~keyshot.infer.report.model.load_run`) into ``out``."""
     run = source if isinstance(source, Run) else load_run(source)
+    require_screenshots(run)
     out.mkdir(parents=True, exist_ok=True)
     (out / PAGES_DIR).mkdir(exist_ok=True)
     for name in ("report.css", "report.js"):
@@ -142,6 +144,17 @@ def build_report(
         thumbs.reused,
     )
     return out / "index.html"
+
+
+def require_screenshots(run: Run) -> None:
+    """Refuse, in one line, a run whose verdicts name screenshot files none of which can be found: a
+    report of them would show none (a folder moved, or verdicts of an older keyshot judged elsewhere)."""
+    files = [Path(s.path.split("#screenshot")[0]) for v in run.verdicts for s in v.screenshots if s.path]
+    if files and not any(f.exists() for f in files):
+        raise KeyshotError(
+            f"{run.path or 'the run'}: none of its {len(files)} screenshots can be found (the first: "
+            f"{files[0]}): put the trajectories back where the verdicts say they were, or judge them again"
+        )
 
 
 # ---------------------------------------------------------------------------- index
