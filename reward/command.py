@@ -25,6 +25,7 @@ from pathlib import Path
 from keyshot.infer.common.command import Command
 from keyshot.infer.common.config import split_paths_and_overrides
 from keyshot.infer.common.errors import EXIT_INCOMPLETE, KeyshotError
+from keyshot.infer.judge.run import check_endpoints
 from keyshot.infer.judge.scorer_factory import (
     add_serve_scorer_argument,
     apply_serve_scorer,
@@ -132,6 +133,7 @@ def run_serve(args: argparse.Namespace) -> int:
         scorer = dataclasses.replace(cfg.scorer, endpoint=endpoint, endpoints=None)
         cfg = dataclasses.replace(cfg, scorer=scorer)
     try:
+        check_endpoints(cfg, None)  # as keyshot judge: a judge or scorer that is down, exit 6 at start
         run_service(RewardModel(cfg, settings), limits, args.host, args.port)
     finally:
         if server is not None:

@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         allow_outside=tuple(args.allow_outside),
     )
     print("\n".join(sweep.forecast_lines()), flush=True)
+    sweep.check_judge()
     result = sweep.run(progress=not args.no_progress)
     print(sweep_markdown(result))
     lines, code = closing_lines(result, args.out)

@@ -12,10 +12,11 @@ import pytest
 
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.common.config import load_config
+from keyshot.infer.common.errors import EXIT_PREFLIGHT
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.fingerprint import protocol_fingerprint
 from keyshot.infer.judge.sweep_source import SWEPT_FROM
-from keyshot.infer.judge.threshold_sweep import delta_folder
+from keyshot.infer.judge.threshold_sweep import delta_folder, run_sweep
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.runs.run_record import PROTOCOL, RUN_FILE, protocol_differences
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
@@ -91,7 +92,11 @@ def test_constrained_answers_are_recorded_as_sent(world, capsys):
     out = root / "sweep-constrained"
     server.requests.clear()
     argv = ["sweep", str(world["judged"]), "--out", str(out), "--deltas", "4", "--no-progress"]
-    assert keyshot([*argv, *base, "judge.constrained=true"]) == 0, capsys.readouterr().err
+    # the command's preflight refuses the fake judge (not a vLLM), as keyshot judge's: the library sends
+    assert keyshot([*argv, *base, "judge.constrained=true"]) == EXIT_PREFLIGHT
+    assert "judge.constrained=true needs a vLLM server" in capsys.readouterr().err and not out.exists()
+    cfg = load_config(JudgeRunConfig, None, [*base, "judge.constrained=true"])
+    run_sweep(world["judged"], cfg, [4.0], out, progress=False)
     sent = [r for r in server.requests if identify_step(r) == "outcome"]
     assert sent and all("structured_outputs" in r for r in sent)
     swept = _run_file(delta_folder(out, 4))[PROTOCOL]
