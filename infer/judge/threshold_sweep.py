@@ -56,6 +56,7 @@ from keyshot.infer.judge.sweep_source import (
 )
 from keyshot.infer.loaders.trajectory import TrajectoryError
 from keyshot.infer.metrics.sweep_compare import SWEEP_FILE
+from keyshot.infer.protocol.images import DEFAULT_POLICY
 from keyshot.infer.protocol.verdicts import (
     VERDICTS_FILE,
     ResumeIndex,
@@ -394,7 +395,8 @@ class _DeltaSweep:
             JudgeClient(cfg.judge, cache, ledger),
             RecordedScores(self.judged, pipeline),
             pipeline,
-            image_policy=self.judged.policy,
+            # released records show no screenshot (outcome images: none): no policy to warn about
+            image_policy=self.judged.policy or (DEFAULT_POLICY if self.judged.released else None),
         )
         folder.mkdir(parents=True, exist_ok=True)
         check_fingerprint(folder, self.record, record=False)

@@ -301,7 +301,25 @@ def load_trajectories(
         jobs = _folder_jobs(
             path, fmt, on_error=on_error, agent=agent, benchmark=benchmark, errors=errors, scope=scope
         )
-    return _run(jobs, on_error, errors)
+    loaded = _run(jobs, on_error, errors)
+    return loaded if agent is None else _say_recorded_agents(loaded, agent)
+
+
+def _say_recorded_agents(trajectories: Iterator[Trajectory], agent: str) -> Iterator[Trajectory]:
+    """``trajectories``, saying once that ``agent`` was not used for those that record their own agent
+    (AgentLab runs name theirs): ``agent=`` names the agent of trajectories that record none."""
+    said = False
+    for t in trajectories:
+        if t.agent != agent and not said:
+            said = True
+            logger.warning(
+                "agent=%r is not used for %s and the others that record their own agent (%r here): it names "
+                "the agent of trajectories that record none",
+                agent,
+                t.source or t.task_id,
+                t.agent,
+            )
+        yield t
 
 
 def _single(

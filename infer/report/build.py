@@ -94,7 +94,9 @@ def build_report(
         agree = None
         if human_outcome(truth) is not None and word not in (NO_SCORES, INCOMPLETE):
             agree = bool(v.success) == human_outcome(truth)
-        page_html = trajectory_page(run, v, i, truth, kind, word, agree, thumbs, sources.trajectory(v))
+        # released records are no trajectory files: nothing to read again (their pages show what they hold)
+        trajectory = sources.trajectory(v) if run.source_kind == "keyshot" else None
+        page_html = trajectory_page(run, v, i, truth, kind, word, agree, thumbs, trajectory)
         write_text_atomic(out / href, page_html)
         rows.append(
             {
