@@ -33,6 +33,7 @@ from keyshot.infer.judge.fingerprint import protocol_fingerprint
 from keyshot.infer.judge.inputs import load_all, other_inputs_message
 from keyshot.infer.judge.run import run_judge, run_warnings
 from keyshot.infer.metrics.compute import OVERALL, compute_metrics, records_from_verdicts
+from keyshot.infer.metrics.files import truth_source
 from keyshot.infer.model.checkpoint import read_meta
 from keyshot.infer.model.tiny_model import build_tiny_scorer
 from keyshot.infer.protocol.verdicts import VERDICTS_FILE, Verdict, latest_verdicts, read_verdicts
@@ -128,9 +129,8 @@ def agreement_line(verdicts: list[Verdict], judged: Path) -> str:
     row = report.row("agreement", OVERALL)
     if not row.n:
         return "agreement: none of these trajectories records a reward or a human label"
-    truths = ", ".join(f"{source} for {n}" for source, n in report.truth.items())
     return (
-        f"agreement with the recorded truth ({truths}): {row.agreement:.0%} of {row.n} (judge success rate "
+        f"agreement with the recorded truth ({truth_source(report)}): {row.agreement:.0%} of {row.n} (judge success rate "
         f"{row.judge_sr:.0%}, recorded {row.human_sr:.0%}); the others record none. "
         f"`keyshot metrics {judged} --out {judged / 'metrics'}` writes the tables"
     )

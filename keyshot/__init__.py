@@ -11,7 +11,7 @@ The package's code lives in five floors, each importable on its own (docs/archit
 
 What most users call is re-exported here, loaded on first use (``import keyshot`` stays light)::
 
-    from keyshot import load_trajectories, WebJudge, JudgeRunConfig, load_config
+    from keyshot import load_trajectories, WebJudge, webjudge_from_config, JudgeRunConfig, load_config
     from keyshot.reward import RewardModel, Episode  # keyshot as an RL reward (docs/reward.md)
 """
 
@@ -39,6 +39,7 @@ _EXPORTS = {
     "KeyshotError": "keyshot.infer.common.errors",
     "JudgeRunConfig": "keyshot.infer.judge.config",
     "WebJudge": "keyshot.infer.judge.pipeline",
+    "webjudge_from_config": "keyshot.infer.judge.scorer_factory",
     "PipelineConfig": "keyshot.infer.judge.pipeline",
     "compute_metrics": "keyshot.infer.metrics.compute",
     "RewardModel": "keyshot.reward",

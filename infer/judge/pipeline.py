@@ -203,7 +203,7 @@ class WebJudge:
         self.protocol = Protocol(self.prompts, self.config.parse_mode)
         self._slots_by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.stop_error: RunStopError | None = None  # a spent budget, an endpoint that is down, cut answers
-        self.concurrency = 8  # trajectories judge_sync judges at once (from_config: the config's)
+        self.concurrency = 8  # trajectories judge_sync judges at once (webjudge_from_config: the config's)
         self.cut_watches: dict[str, CutWatch] = {}  # per token-limit setting, this run's answers
         self.policy = image_policy or scorer.image_policy or DEFAULT_POLICY
         if image_policy is None and scorer.image_policy is None and scorer.role == "scorer":
@@ -479,23 +479,6 @@ class WebJudge:
     async def aclose(self) -> None:
         await self.scorer.aclose()
         await self.judge_client.aclose()
-
-    @classmethod
-    def from_config(cls, config: str | os.PathLike | None = None, *overrides: str) -> WebJudge:
-        """A WebJudge built as ``keyshot judge`` builds it, from a judge config (a YAML file or a shipped
-        config's name, ``webjudge7b``) and ``key.sub=value`` overrides: its judge client and its scorer (a
-        served endpoint, the judge's own scores for the reference configuration, or a local model). No
-        preflight, no cache and no run folder: :meth:`judge_sync` or ``await judge(t)``."""
-        from keyshot.infer.client.usage import UsageLedger
-        from keyshot.infer.common.config import load_config
-        from keyshot.infer.judge.config import JudgeRunConfig
-        from keyshot.infer.judge.scorer_factory import build_scorer
-
-        cfg = load_config(JudgeRunConfig, config, list(overrides))
-        ledger = UsageLedger()
-        judge = cls(JudgeClient(cfg.judge, None, ledger), build_scorer(cfg, None, ledger), cfg.pipeline)
-        judge.concurrency = cfg.concurrency
-        return judge
 
     def judge_sync(self, trajectories: Iterable[Trajectory], concurrency: int | None = None) -> list[Verdict]:
         """Judge ``trajectories`` (at most ``concurrency`` at once, else the config's), in order, in an

@@ -6,14 +6,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 
 from keyshot.infer.client.cache import CallCache
 from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
 from keyshot.infer.client.pool import EndpointPool
 from keyshot.infer.client.usage import UsageLedger
-from keyshot.infer.common.config import ConfigError
+from keyshot.infer.common.config import ConfigError, load_config
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError, ScorerConfig
 from keyshot.infer.judge.local_scorer import TransformersScorer
+from keyshot.infer.judge.pipeline import WebJudge
 from keyshot.infer.judge.protocol_record import JUDGE_SCORES_BACKEND, ScorerFacts
 from keyshot.infer.judge.scorers import JUDGE_SCORES, JudgeScores, KeyScreenshotScorer, OpenAIScorer
 from keyshot.infer.model.checkpoint import (
@@ -234,3 +236,16 @@ def start_served_scorer(
         "constrained": base.constrained,  # vLLM holds answers to the format, as the protocol records
     }
     return server, server.endpoint(**(kept if base else {}))
+
+
+def webjudge_from_config(config: str | os.PathLike | None = None, *overrides: str) -> WebJudge:
+    """A :class:`~keyshot.infer.judge.pipeline.WebJudge` built as ``keyshot judge`` builds it, from a judge
+    config (a YAML file or a shipped config's name, ``webjudge7b``) and ``key.sub=value`` overrides: its
+    judge client and its scorer (a served endpoint, the judge's own scores for the reference
+    configuration, or a local model), the config's concurrency. No preflight, no cache and no run
+    folder: ``judge_sync(trajectories)``, or ``await judge(t)`` then ``aclose()``."""
+    cfg = load_config(JudgeRunConfig, config, list(overrides))
+    ledger = UsageLedger()
+    webjudge = WebJudge(JudgeClient(cfg.judge, None, ledger), build_scorer(cfg, None, ledger), cfg.pipeline)
+    webjudge.concurrency = cfg.concurrency
+    return webjudge

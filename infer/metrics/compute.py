@@ -406,6 +406,20 @@ def recorded_truth(v: Verdict) -> tuple[str | None, str | None]:
     return None, None
 
 
+def truth_of(
+    v: Verdict, human_labels: Mapping[tuple[str, str], str] | None = None, agent: str | None = None
+) -> tuple[str | None, str | None]:
+    """A verdict's truth and the name of its source, the one home of both (metrics, the report, the
+    sweep's δ comparison and the run's summary name the truth by it): the label of ``human_labels`` (a
+    label file, keyed by task id and agent: ``HUMAN_LABELS``), else what the verdict carries
+    (:func:`recorded_truth`). ``agent`` names the agent of a verdict judged without one."""
+    if human_labels is not None:
+        label = human_labels.get((str(v.task_id), agent_key(str(v.agent or agent or "unknown"))))
+        if label is not None:
+            return label, HUMAN_LABELS
+    return recorded_truth(v)
+
+
 def records_from_verdicts(
     verdicts: Iterable[Verdict],
     human_labels: Mapping[tuple[str, str], str] | None = None,
@@ -428,11 +442,9 @@ def records_from_verdicts(
         agent_name = str(v.agent or agent or "unknown")
         bench = str(v.benchmark or benchmark or "unknown")
         predicted = normalize_prediction(v.success)
-        human, truth = recorded_truth(v)
-        key = (task_id, agent_key(agent_name))
+        human, truth = truth_of(v, human_labels, agent)
         verdict_keys.append((task_id, agent_name))
-        if human_labels is not None and key in human_labels:
-            human, truth = human_labels[key], HUMAN_LABELS
+        if human_labels is not None and (task_id, agent_key(agent_name)) in human_labels:
             matched += 1
         elif (bench, agent_key(agent_name), task_id) in arb:
             human, truth = arb[(bench, agent_key(agent_name), task_id)], ARB_ANNOTATION

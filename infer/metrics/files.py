@@ -11,7 +11,15 @@ from pathlib import Path
 
 from keyshot.infer.common.fileio import make_folder, write_bytes_atomic
 from keyshot.infer.common.text import shorten_middle
-from keyshot.infer.metrics.compute import AGENTLAB_REWARD, ARB_ANNOTATION, HUMAN_LABELS, MetricsReport
+from keyshot.infer.metrics.compute import (
+    AGENTLAB_REWARD,
+    ARB_ANNOTATION,
+    HUMAN_LABELS,
+    MetricsReport,
+    compute_metrics,
+    records_from_verdicts,
+)
+from keyshot.infer.protocol.verdicts import Verdict
 
 
 def percent(value: float | None) -> str:
@@ -30,6 +38,25 @@ def truth_source(report: MetricsReport) -> str:
     if len(report.truth) == 1:
         return next(iter(report.truth))
     return ", ".join(f"{source} {n}" for source, n in report.truth.items())
+
+
+def agreement_summary(verdicts: list[Verdict]) -> dict | None:
+    """The agreement of ``verdicts`` with the truth they carry (human labels, AgentLab reward), overall,
+    with the truth's name (:func:`truth_source`): what a run's summary shows; None when none has a truth."""
+    records = records_from_verdicts(verdicts)
+    if not any(r.truth for r in records):
+        return None
+    report = compute_metrics(records)
+    overall = next((r for r in report.agreement if r.scope == "overall"), None)
+    if overall is None:
+        return None
+    return {
+        "truth": truth_source(report),
+        "n": overall.n,
+        "agreement": overall.agreement,
+        "judge_sr": overall.judge_sr,
+        "truth_sr": overall.human_sr,
+    }
 
 
 def truth_sr_column(report: MetricsReport) -> str:

@@ -22,6 +22,7 @@ from keyshot.infer.common.fileio import write_bytes_atomic, write_text_atomic
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.metrics.compute import human_outcome
+from keyshot.infer.metrics.files import truth_source
 from keyshot.infer.metrics.operating_plots import reliability_diagram, sweep_plot
 from keyshot.infer.protocol.parsing import split_key_points
 from keyshot.infer.protocol.verdicts import Verdict, verdict_key
@@ -87,7 +88,7 @@ def build_report(
     sources = Sources()
     rows = []
     bar = tqdm(total=len(run.verdicts), desc="report", unit="traj", disable=not progress)
-    for i, (v, truth) in enumerate(zip(run.verdicts, truths, strict=True)):
+    for i, (v, (truth, _)) in enumerate(zip(run.verdicts, truths, strict=True)):
         href = f"{PAGES_DIR}/{i:05d}.html"
         kind = kind_of(v, truth)
         word = outcome_of(v)
@@ -267,6 +268,7 @@ def index_page(run: Run, rows: list[dict], report, operating: list[str] = ()) ->
         else ""
     )
     beside = "".join(f'<img src="plots/{name}" alt="{_OPERATING_ALT[name]}">' for name in operating)
+    truth_named = f": {esc(truth_source(report))}" if report is not None else ""
     body = f"""
 {stand_in_banner(run)}
 <h2>Run</h2>{counts}
@@ -274,7 +276,7 @@ def index_page(run: Run, rows: list[dict], report, operating: list[str] = ()) ->
 <div><h2>Protocol that produced these verdicts</h2>{protocol}</div>
 <div><h2>Kinds of outcome</h2>{apart}</div>
 </div>
-<h2>Agreement with ground truth</h2>{metrics_tables(report)}
+<h2>Agreement with the truth{truth_named}</h2>{metrics_tables(report)}
 <h2>Plots</h2>
 <div class="plots"><img src="plots/scores.png" alt="score histogram">{beside}<img src="plots/agents.png" alt="success rate per agent">
 <img src="plots/confusion.png" alt="confusion matrix"></div>

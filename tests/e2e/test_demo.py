@@ -48,7 +48,7 @@ def test_the_demo_reads_every_answer_of_the_untrained_model(vllm_server, scorer_
     assert re.fullmatch(
         r"success rate: \d+% \(\d of 3 verdicts that rest on readable scores\)", success_rate_line(verdicts)
     )
-    assert "(AgentLab reward for 1): " in agreement_line(verdicts, out)
+    assert "(AgentLab reward): " in agreement_line(verdicts, out)  # the truth's one name
 
     assert read_protocol(out)[CONSTRAINED] == ["judge", "scorer"]
     index = html.unescape(build_report(out, out / "report", progress=False).read_text())
