@@ -153,7 +153,9 @@ def filter_arguments(f: argparse.ArgumentParser) -> None:
         required=True,
         help="a keyshot judge config (configs/reward/*.yaml, or one by name: reward/local)",
     )
-    f.add_argument("--min-reward", type=float, default=1.0)
+    f.add_argument(
+        "--min-reward", type=float, default=1.0, help="keep the rollouts whose reward is at least this"
+    )
     f.add_argument("--out", required=True, help="output folder")
     f.add_argument(
         "--link",
@@ -169,7 +171,7 @@ def serve_arguments(s: argparse.ArgumentParser) -> None:
         required=True,
         help="a keyshot judge config (configs/reward/*.yaml, or one by name: reward/local)",
     )
-    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     s.add_argument("--port", type=int, default=8100, help="0: a free port (the start-up line names it)")
     limit_arguments(s)
     add_serve_scorer_argument(s, "and score with it while the service runs")

@@ -93,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help="a keyshot judge config (configs/reward/*.yaml, or one by name: reward/local)",
     )
-    p.add_argument("--host", default=SERVER.host)
+    p.add_argument("--host", default=SERVER.host, help="the address to listen on")
     p.add_argument(
         "--port",
         type=int,
