@@ -6,6 +6,7 @@ trajectories are read again as the judged run read them (its agent, benchmark an
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -105,9 +106,10 @@ def test_constrained_answers_are_recorded_as_sent(world, capsys):
     assert swept == protocol_fingerprint(cfg) and swept["constrained_answers"] == ["judge"]
 
 
-def test_other_settings_are_refused_before_any_call(world, capsys):
-    """A resumed sweep with another judge temperature, and a pipeline setting the folder was not judged
-    with, are refused in one line naming them; a setting equal to the folder's is taken."""
+def test_other_settings_are_refused_before_any_call(world, capsys, caplog):
+    """A resumed sweep with another judge temperature, and a pipeline override the folder was not judged
+    with, are refused in one line naming them; a setting equal to the folder's is taken, and a config
+    file's gives way to the folder's, said once."""
     server, base, root = world["server"], world["base"], world["root"]
     out = root / "sweep-refused"
     argv = ["sweep", str(world["judged"]), "--out", str(out), "--deltas", "2", "--no-progress", *base]
@@ -125,9 +127,15 @@ def test_other_settings_are_refused_before_any_call(world, capsys):
         in err
     )
     assert "pipeline.max_kept=10" in err and "where it was 50" in err
+    # a config file's setting gives way to the folder's, said once (a shipped config sweeps any folder)
     config = root / "other.yaml"
     config.write_text("pipeline:\n  outcome_images: none\n")
-    assert keyshot([*argv, "--config", str(config)]) != 0
-    assert f"pipeline.outcome_images='none' ({config}) where it was 'scorer'" in capsys.readouterr().err
-    assert server.stats.requests == before
+    caplog.set_level(logging.WARNING)
+    assert keyshot([*argv, "--config", str(config)]) == 0
+    said = [r.getMessage() for r in caplog.records if "give way" in r.getMessage()]
+    assert said == [
+        f"{config}'s pipeline settings give way to the judged folder's (a sweep changes only δ): "
+        "outcome_images 'none' -> 'scorer'"
+    ]
+    assert server.stats.requests == before  # finished there already: nothing asked, no preflight
     assert len(read_verdicts(delta_folder(out, 2) / "verdicts.jsonl")) == 4
