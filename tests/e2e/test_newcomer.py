@@ -272,3 +272,17 @@ def test_webjudge_from_a_config_in_python(judge_server, tmp_path, monkeypatch):
     judge = webjudge_from_config("reference_gpt4o", *fake(judge_server))
     verdicts = judge.judge_sync(load_trajectories(OM2W))
     assert len(verdicts) == 2 and all(v.finished and v.success is not None for v in verdicts)
+
+
+def test_reward_serve_checks_its_endpoints_at_start(tmp_path, monkeypatch, capsys):
+    """As keyshot judge: a judge and scorer that are down end ``keyshot reward serve`` at start, exit 6,
+    in one line naming both (docs/reliability.md), before the service listens."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    monkeypatch.chdir(tmp_path)
+    dead = "http://127.0.0.1:9/v1"
+    argv = ["reward", "serve", "--config", "reward/openrlhf", "--port", "0", "--allow-root", str(tmp_path)]
+    argv += [f"judge.base_url={dead}", "judge.api_key_env=null", f"scorer.endpoint.base_url={dead}"]
+    assert keyshot(argv) == EXIT_PREFLIGHT
+    line = one_error_line(capsys.readouterr().err)
+    assert line.count("cannot connect") == 2

@@ -372,8 +372,15 @@ def test_a_spent_budget_stops_the_sweep_and_says_so(tmp_path, capsys):
         rc = keyshot(
             ["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *_overrides(server), *prices]
         )
-    capsys.readouterr()
+    printed = capsys.readouterr().out
     assert rc == EXIT_BUDGET
+    last = printed.strip().splitlines()[
+        -3:
+    ]  # the stop, said once with the one thing to do, and what was written
+    assert last[0].startswith("Stopped: δ=2:") and last[0].endswith(
+        "; re-run the same keyshot sweep to go on"
+    )
+    assert last[-1].startswith("wrote ") and "compare them" not in printed and printed.count("re-run") == 1
     first = json.loads((out / "sweep.json").read_text())["per_delta"][0]
     assert "budget" in first["stopped"] and "no further call is sent" in first["stopped"]
 
