@@ -305,13 +305,16 @@ def load_trajectories(
     return loaded if agent is None else _say_recorded_agents(loaded, agent)
 
 
+#: The ``agent=`` names :func:`_say_recorded_agents` has said were not used.
+_SAID_AGENTS: set[str] = set()
+
+
 def _say_recorded_agents(trajectories: Iterator[Trajectory], agent: str) -> Iterator[Trajectory]:
     """``trajectories``, saying once that ``agent`` was not used for those that record their own agent
     (AgentLab runs name theirs): ``agent=`` names the agent of trajectories that record none."""
-    said = False
     for t in trajectories:
-        if t.agent != agent and not said:
-            said = True
+        if t.agent != agent and agent not in _SAID_AGENTS:
+            _SAID_AGENTS.add(agent)  # once in a process (a command may read its inputs twice)
             logger.warning(
                 "agent=%r is not used for %s and the others that record their own agent (%r here): it names "
                 "the agent of trajectories that record none",

@@ -262,9 +262,12 @@ def test_agent_is_said_once_where_runs_record_their_own(tmp_path, caplog):
         tmp_path / "a" / ("2025-01-01_00-00-00_DemoAgentArgs_on_x.y_1"),
     )
     caplog.set_level(logging.WARNING)
-    loaded = list(load_trajectories(tmp_path / "a", agent="MyAgent"))
+    loaded = list(load_trajectories(tmp_path / "a", agent="NewcomerAgent"))
     assert len(loaded) == 2 and {t.agent for t in loaded} == {"DemoAgent-gpt-4o"}
-    assert caplog.text.count("agent='MyAgent' is not used") == 1
+    assert (
+        len(list(load_trajectories(tmp_path / "a", agent="NewcomerAgent"))) == 2
+    )  # read again: not said again
+    assert caplog.text.count("agent='NewcomerAgent' is not used") == 1
 
 
 def test_webjudge_from_a_config_in_python(judge_server, tmp_path, monkeypatch):
