@@ -328,10 +328,12 @@ def shipped_names() -> dict[str, list[Path]]:
     return names
 
 
-def resolve_config(path: str | os.PathLike) -> Path:
+def resolve_config(path: str | os.PathLike, folder: str | None = None) -> Path:
     """The file ``--config`` names: a path as given where it exists, else a shipped config by its name
     (``webjudge7b``, ``judge/tiny_cpu``, ``configs/judge/webjudge7b.yaml`` from any folder). The one
-    resolver of config names; a name that several shipped configs have is refused, naming them."""
+    resolver of config names; a name that several shipped configs have is the one in ``folder`` (the
+    config class's ``SHIPPED_FOLDER``: ``keyshot judge --config tiny_cpu`` reads judge/tiny_cpu), else
+    refused, naming them."""
     p = Path(path)
     if p.exists():
         return p
@@ -340,6 +342,8 @@ def resolve_config(path: str | os.PathLike) -> Path:
     for suffix in CONFIG_SUFFIXES:
         rel = rel.removesuffix(suffix)
     found = shipped_names().get(rel, []) if not p.is_absolute() else []
+    if len(found) > 1 and folder is not None:
+        found = [f for f in found if f.parent.name == folder] or found
     if len(found) > 1:
         root = shipped_configs()
         named = ", ".join(f.relative_to(root).with_suffix("").as_posix() for f in found)  # type: ignore[arg-type]
@@ -403,7 +407,7 @@ def load_config(
     data: dict = {}
     lines: dict[KeyPath, int] = {}
     if path is not None:
-        path = resolve_config(path)
+        path = resolve_config(path, getattr(cls, "SHIPPED_FOLDER", None))
         data, lines = read_config_file(path)
         if section is not None:
             part = data.get(section) or {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from keyshot.infer.client.judge_client import EndpointConfig
 from keyshot.infer.client.pool import DEFAULT_COOLDOWN_S, member_configs
@@ -163,6 +163,8 @@ class RewardSettings:
 class JudgeRunConfig:
     """One ``keyshot judge`` run (``configs/judge/*.yaml``)."""
 
+    #: the shipped configs' folder a name two folders share is read from (``--config tiny_cpu``)
+    SHIPPED_FOLDER: ClassVar[str] = "judge"
     judge: EndpointConfig
     scorer: ScorerConfig = field(default_factory=ScorerConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)

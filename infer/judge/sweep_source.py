@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from keyshot.infer.client.endpoint import EndpointConfig
-from keyshot.infer.common.config import read_config_file
-from keyshot.infer.judge.config import JudgeRunError
+from keyshot.infer.common.config import read_config_file, resolve_config
+from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.judge.inputs import ReadOptions
 from keyshot.infer.judge.pipeline import PipelineConfig
 from keyshot.infer.judge.protocol_record import ScorerFacts, protocol_record
@@ -131,7 +131,7 @@ def pipeline_keys_given(config: str | None, overrides: list[str]) -> dict[str, s
     where: a config file's give way to the judged folder's, an override that differs is refused."""
     given: dict[str, str] = {}
     if config is not None:
-        data, _ = read_config_file(config)
+        data, _ = read_config_file(resolve_config(config, JudgeRunConfig.SHIPPED_FOLDER))
         section = data.get("pipeline") if isinstance(data, dict) else None
         given.update({key: str(config) for key in section or {}})
     for item in overrides:

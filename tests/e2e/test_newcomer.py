@@ -21,8 +21,10 @@ import pytest
 from keyshot import load_trajectories, webjudge_from_config
 from keyshot.infer.cli import build_parser
 from keyshot.infer.cli import main as keyshot
+from keyshot.infer.common.config import ConfigError, load_config, resolve_config
 from keyshot.infer.common.errors import EXIT_CLOSED_OUTPUT, EXIT_PREFLIGHT, EXIT_USAGE
 from keyshot.infer.judge import sweep as sweep_command
+from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.protocol.verdicts import VERDICTS_FILE, read_verdicts
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 from tests.support import paths
@@ -184,8 +186,11 @@ def test_shipped_configs_by_name_version_and_one_line_config_errors(tmp_path, mo
     for config in ("webjudge7b", "configs/judge/webjudge7b.yaml", "judge/webjudge7b"):
         assert keyshot(["judge", str(OM2W), "--config", config, "--dry-run", *dead]) == EXIT_PREFLIGHT
         assert "dry run: 2 trajectories found" in capsys.readouterr().out
-    assert keyshot(["judge", str(OM2W), "--config", "tiny_cpu", "--dry-run"]) == EXIT_USAGE
-    assert "judge/tiny_cpu, serve/tiny_cpu, train/tiny_cpu" in one_error_line(capsys.readouterr().err)
+    # a name three folders share is the command's own (judge/tiny_cpu), and refused where none is its own
+    assert resolve_config("tiny_cpu", JudgeRunConfig.SHIPPED_FOLDER).parent.name == "judge"
+    assert load_config(JudgeRunConfig, "tiny_cpu").scorer.backend == "openai"  # the judge config, read
+    with pytest.raises(ConfigError, match="judge/tiny_cpu, serve/tiny_cpu, train/tiny_cpu"):
+        resolve_config("tiny_cpu")
     assert keyshot(["judge", str(OM2W), "--config", "no_such_config", "--dry-run"]) == EXIT_USAGE
     assert "e.g. --config webjudge7b" in one_error_line(capsys.readouterr().err)
     (tmp_path / "bad.yaml").write_text("judge:\n  model: gpt-4o\n  temperature: [0.1,\n")
