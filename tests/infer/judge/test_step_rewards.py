@@ -128,3 +128,25 @@ def test_faults_on_the_follow_up_lose_nothing(tmp_path, trajectory):
         v = judge_all(_judge(server, tmp_path, retries=8, step_rewards=True), [trajectory])[0]
     assert v.finished
     _check_steps(v)
+
+
+def test_the_dry_run_counts_the_step_question(trajectory):
+    from keyshot.infer.judge.config import JudgeRunConfig
+    from keyshot.infer.judge.estimate import estimate_run
+    from keyshot.infer.protocol.images import DEFAULT_POLICY
+
+    def judge_calls(**pipeline) -> tuple[int, int]:
+        cfg = JudgeRunConfig(
+            judge=EndpointConfig(base_url="http://127.0.0.1:9", model="m", api_key_env=None),
+            pipeline=PipelineConfig(**pipeline),
+        )
+        judge = estimate_run([trajectory], cfg, DEFAULT_POLICY)[0]
+        return judge.calls, judge.prompt_tokens
+
+    off, on = judge_calls(), judge_calls(step_rewards=True)
+    assert on[0] == off[0] + 1 and on[1] > off[1]
+    kp_off, kp_on = (
+        judge_calls(outcome_mode="key_point"),
+        judge_calls(outcome_mode="key_point", step_rewards=True),
+    )
+    assert kp_on[0] == kp_off[0] and kp_on[1] > kp_off[1]
