@@ -512,6 +512,8 @@ def test_step_rewards_sum_to_the_episodes_progress_and_mix_with_the_outcome(tmp_
         assert len(r.step_rewards) == len(r.step_progress) == len(r.step_scores)
         assert sum(r.step_rewards) == pytest.approx(r.progress) == pytest.approx(r.step_progress[-1])
         assert len(r.key_point_steps) == len(r.key_points)
-        assert m.reward == pytest.approx(0.5 * r.progress + 0.5 * r.reward) == pytest.approx(sum(m.step_rewards))
+        assert (
+            m.reward == pytest.approx(0.5 * r.progress + 0.5 * r.reward) == pytest.approx(sum(m.step_rewards))
+        )
         assert m.step_rewards[:-1] == pytest.approx([x / 2 for x in r.step_rewards[:-1]])
     assert len({r.progress for r in results}) > 1  # progress tells the group's rollouts apart
