@@ -178,6 +178,18 @@ def per_step_rewards(
     return rewards
 
 
+def per_action_rewards(step_rewards: Sequence[float], actions: int) -> list[float]:
+    """The per-screenshot rewards as ``actions`` actions earn them: screenshot t is the page action t - 1 led
+    to, the first page's reward (no action led to it) goes to the first action, and a screenshot past the
+    last action's page to the last action, so the sum is kept. No action: one entry, the sum."""
+    if actions < 1:
+        return [float(sum(step_rewards))]
+    out = [0.0] * actions
+    for t, reward in enumerate(step_rewards):
+        out[min(max(t - 1, 0), actions - 1)] += reward
+    return out
+
+
 def rollout_id(rollout: Any, trajectory: Trajectory | None, position: int) -> str:
     """The id a result reports: the dict's ``id``, the episode's or folder's name, else the position."""
     if isinstance(rollout, dict) and rollout.get("id") is not None:

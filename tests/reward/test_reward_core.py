@@ -200,7 +200,25 @@ def test_log_fields_have_the_same_keys_and_numbers_only_whatever_the_results():
         metrics.setdefault(name, []).append(value)
     assert metrics["keyshot/progress"] == [0.5] and metrics["keyshot/progress_n"] == [1.0]
     assert metrics["keyshot/failed"] == [0.0, 1.0, 0.0] and metrics["keyshot/p_success"] == [0.2]
-    assert dict(trainer_metrics([])) == {"keyshot/progress_n": 0.0, "keyshot/p_success_n": 0.0}
+    assert dict(trainer_metrics([])) == {
+        "keyshot/progress_n": 0.0,
+        "keyshot/p_success_n": 0.0,
+        "keyshot/credited_steps_n": 0.0,
+        "keyshot/first_credited_step_n": 0.0,
+    }
+    # per-step rewards: how many steps earned one, and the first that did (a number every sample has)
+    stepped = [
+        RewardResult(id="s", step_rewards=[0.0, 0.5, 0.0, 0.5]),
+        RewardResult(id="z", step_rewards=[0.0]),
+    ]
+    logs = sample_logs([*stepped, results[0]])
+    assert logs["keyshot_credited_steps"] == [2.0, 0.0, 0.0] and logs["keyshot_has_credited_steps"] == [
+        1,
+        1,
+        0,
+    ]
+    assert logs["keyshot_first_credited_step"] == [1.0, 0.0, 0.0]
+    assert logs["keyshot_has_first_credited_step"] == [1.0, 0.0, 0.0]
 
 
 def test_identical_screenshots_scored_once_are_not_counted_as_cache_hits(tmp_path, servers):

@@ -485,9 +485,13 @@ def test_step_rewards_sum_to_the_episodes_progress_and_mix_with_the_outcome(tmp_
     """reward.value step_progress (pipeline.step_rewards): r_t = P_t - P_(t-1) per screenshot, summing to the
     episode's progress; reward.step_outcome_weight adds the verdict at the last step."""
     from keyshot.infer.common.config import ConfigError
-    from keyshot.reward.model import per_step_rewards
+    from keyshot.reward.model import per_action_rewards, per_step_rewards
 
     assert per_step_rewards([0.0, 0.5, 0.5, 1.0], True) == [0.0, 0.5, 0.0, 0.5]
+    # to actions: the first page's reward to the first action, a page past the last action's to the last
+    assert per_action_rewards([0.5, 0.0, 0.5, 0.0], 3) == [0.5, 0.5, 0.0]
+    assert per_action_rewards([0.1, 0.2, 0.3, 0.4], 2) == pytest.approx([0.3, 0.7])
+    assert per_action_rewards([0.25, 0.75], 0) == [1.0]
     assert per_step_rewards([0.5, 0.5], False, 0.5) == [0.25, 0.0]
     assert per_step_rewards([0.0, 1.0], True, 0.5) == [0.0, 1.0]
     judge, scorer = servers
