@@ -42,13 +42,13 @@ from keyshot.env.miniwob.setup import CHROMIUM_ENV, MiniWoBError, browser_setup
 from keyshot.env.page import Browser, Page
 from keyshot.env.play import record_failure, run_episode
 from keyshot.env.replay import ReplayBrowser
-from keyshot.env.trl import MiniWoBEnv, with_miniwob_reward
+from keyshot.frameworks.trl.env import MiniWoBEnv, with_miniwob_reward
+from keyshot.frameworks.trl.reward import environment_reward
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 from keyshot.reward import Episode, RewardModel
-from keyshot.reward.trl import environment_reward
 from tests.support import paths
 from tests.support.processes import gone
 from tests.support.reward import write_config

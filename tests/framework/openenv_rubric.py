@@ -1,4 +1,4 @@
-"""keyshot's OpenEnv rubric (keyshot.reward.openenv.KeyshotRubric) called as OpenEnv calls a rubric
+"""keyshot's OpenEnv rubric (keyshot.frameworks.openenv.rubric.KeyshotRubric) called as OpenEnv calls a rubric
 (``Rubric.__call__``, OpenEnv's released code), on BrowserGym observations of keyshot's environment; run in
 the OpenEnv venv by tests/reward/test_openenv_rubric.py (openenv is not installed in .venv).
 
@@ -21,9 +21,9 @@ import numpy as np
 from browsergym_env.models import BrowserGymAction, BrowserGymObservation
 from PIL import Image
 
+from keyshot.frameworks.openenv.rubric import KeyshotRubric
 from keyshot.infer.testing.images import encoded
 from keyshot.reward import shared
-from keyshot.reward.openenv import KeyshotRubric
 
 GOAL = "Click the button."
 

@@ -1,5 +1,5 @@
-"""keyshot in OpenEnv: the rubric (keyshot.reward.openenv.KeyshotRubric) called by OpenEnv's own Rubric code,
-and the page-to-wire fields of the environment (keyshot.env.openenv.wire).
+"""keyshot in OpenEnv: the rubric (keyshot.frameworks.openenv.rubric.KeyshotRubric) called by OpenEnv's own Rubric code,
+and the page-to-wire fields of the environment (keyshot.frameworks.openenv.wire).
 
 In .venv: the wire fields of a live page, and ``keyshot reward env`` where OpenEnv is not installed. In the
 OpenEnv venv (make setup-openenv; ``$KEYSHOT_OPENENV_PYTHON``), by tests/framework/openenv_rubric.py: sessions
@@ -20,9 +20,9 @@ import pydantic
 import pytest
 
 from keyshot.env.miniwob.client import VIEWPORT_OPENENV
-from keyshot.env.openenv import command as env_command
-from keyshot.env.openenv.wire import Pixels, split_text, wire_fields
 from keyshot.env.page import Page
+from keyshot.frameworks.openenv import command as env_command
+from keyshot.frameworks.openenv.wire import Pixels, split_text, wire_fields
 from keyshot.infer.cli import build_parser, parse
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.loaders import load_trajectories

@@ -38,15 +38,19 @@ def count(server: FakeOpenAI, step: str) -> int:
 
 # ---------------------------------------------------------------------------- the public name
 def test_keyshot_reward_is_the_public_name_and_its_adapter_files_load_by_path():
+    import keyshot.frameworks.trl.reward
+    import keyshot.frameworks.verl.reward
     import keyshot.reward
-    import keyshot.reward.trl
-    import keyshot.reward.verl
     from keyshot.reward.model import RewardModel
 
     assert keyshot.reward.RewardModel is RewardModel
-    assert callable(keyshot.reward.verl.compute_score) and callable(keyshot.reward.trl.environment_reward)
+    assert callable(keyshot.frameworks.verl.reward.compute_score) and callable(
+        keyshot.frameworks.trl.reward.environment_reward
+    )
     # OpenRLHF's loader: a spec from the file, no sys.modules entry, exec_module
-    spec = importlib.util.spec_from_file_location("reward_func", REPO / "reward" / "openrlhf.py")
+    spec = importlib.util.spec_from_file_location(
+        "reward_func", REPO / "frameworks" / "openrlhf" / "reward.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert callable(module.reward_func)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from keyshot.frameworks.openrlhf.reward import reward_func
+from keyshot.frameworks.trl.reward import EpisodeRecorder, environment_reward, reward_function
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.protocol.verdicts import read_verdicts
@@ -18,8 +20,6 @@ from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, identify_st
 from keyshot.infer.testing.worlds import synthetic_trajectories
 from keyshot.reward import Episode, RewardModel
 from keyshot.reward import shared as reward_shared
-from keyshot.reward.openrlhf import reward_func
-from keyshot.reward.trl import EpisodeRecorder, environment_reward, reward_function
 from tests.support.reward import FIXTURES, OM2W_V1, write_config
 
 pytestmark = pytest.mark.usefixtures("no_shared_model")
@@ -260,7 +260,7 @@ def test_openrlhf_reward_func(tmp_path, servers, monkeypatch):
 AGENT_FILE = """
 from pathlib import Path
 from keyshot.infer.loaders import load_trajectory
-from keyshot.reward.openrlhf import KeyshotAgentInstance, Observation
+from keyshot.frameworks.openrlhf.reward import KeyshotAgentInstance, Observation
 
 class AgentInstance(KeyshotAgentInstance):
     async def start(self, label):
@@ -280,7 +280,7 @@ def test_an_openrlhf_agents_page_is_the_environments_page():
     """One page type: OpenRLHF's Observation is keyshot's Page under its former name, built as before
     (text, screenshot, done= and answer= by keyword), so a keyshot browser's page can be returned as it is."""
     from keyshot.env.page import Page
-    from keyshot.reward.openrlhf import Observation
+    from keyshot.frameworks.openrlhf.reward import Observation
 
     assert Observation is Page
     first = Observation("page 0")

@@ -26,14 +26,9 @@ import pytest
 import yaml
 from PIL import Image
 
-import keyshot.reward.trl as reward_trl
+import keyshot.frameworks.trl.reward as reward_trl
 from keyshot.env.replay import ReplayBrowser
-from keyshot.infer.loaders import load_trajectories
-from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
-from keyshot.infer.testing.worlds import synthetic_trajectories
-from keyshot.reward import RewardModel, logs
-from keyshot.reward import shared as reward_shared
-from keyshot.reward.trl import (
+from keyshot.frameworks.trl.reward import (
     EPISODE_COLUMN,
     NO_IMAGE,
     EpisodeRecorder,
@@ -44,6 +39,11 @@ from keyshot.reward.trl import (
     environment_reward,
     reward_function,
 )
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from keyshot.infer.testing.worlds import synthetic_trajectories
+from keyshot.reward import RewardModel, logs
+from keyshot.reward import shared as reward_shared
 from tests.support import paths
 from tests.support.reward import OM2W_V1 as FOLDERS
 from tests.support.reward import write_config

@@ -1,4 +1,4 @@
-"""keyshot's verl reward (reward/verl.py).
+"""keyshot's verl reward (frameworks/verl/reward.py).
 
 In .venv: ``compute_score`` called as verl's reward manager calls it (one call per sample, concurrently).
 In the verl venv (tools/setup_verl.sh; ``$KEYSHOT_VERL_PYTHON``, default .venv-verl): verl 0.9.1's own
@@ -33,13 +33,13 @@ from types import ModuleType
 
 import pytest
 
+from keyshot.frameworks.verl import reward as verl_reward
+from keyshot.frameworks.verl.reward import compute_score, compute_score_sync
+from keyshot.frameworks.verl.state import VerlState
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
 from keyshot.reward import logs as reward_logs
 from keyshot.reward import shared as reward_shared
-from keyshot.reward import verl as verl_reward
 from keyshot.reward.episode import Episode
-from keyshot.reward.verl import compute_score, compute_score_sync
-from keyshot.reward.verl_state import VerlState
 from tests.support import paths
 from tests.support.frameworks import python_or_skip
 from tests.support.reward import write_config
@@ -89,9 +89,9 @@ def copies(tmp_path: Path, per_prompt: int) -> list[tuple[int, str]]:
 
 
 def loaded_by_path(name: str) -> ModuleType:
-    """reward/verl.py as verl loads ``custom_reward_function.path`` (``load_module``: a module object of its
+    """frameworks/verl/reward.py as verl loads ``custom_reward_function.path`` (``load_module``: a module object of its
     own, under a name of its own, not in ``sys.modules``)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "reward" / "verl.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "frameworks" / "verl" / "reward.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -359,7 +359,7 @@ def verl_run(tmp_path_factory):
         spec = {
             "compose": documented_verl_commands(),
             "workdir": str(tmp),
-            "reward_file": str(REPO / "reward" / "verl.py"),
+            "reward_file": str(REPO / "frameworks" / "verl" / "reward.py"),
             "cases": [
                 {
                     "name": "column",
@@ -496,11 +496,13 @@ def test_the_documented_verl_commands_compose_with_verls_own_config(verl_run):
     assert len(commands) == 2, "docs/reward.md: one verl command in its section, one in the cluster examples"
     for composed in commands:
         assert "error" not in composed, composed
-        assert composed["path"] == "pkg://keyshot.reward.verl" and composed["name"] == "compute_score"
+        assert (
+            composed["path"] == "pkg://keyshot.frameworks.verl.reward" and composed["name"] == "compute_score"
+        )
         assert composed["manager"] == {
             "source": "importlib",
             "name": "KeyshotRewardManager",
-            "path": "pkg://keyshot.reward.verl",
+            "path": "pkg://keyshot.frameworks.verl.reward",
         }
         assert composed["reward_kwargs"] == {"keyshot_config": str(REPO / "configs" / "reward" / "verl.yaml")}
         assert composed["enable"] is True and composed["model_path"] and composed["rollout"] == "vllm"

@@ -18,7 +18,7 @@ its dict): ``goal`` (the task judged), ``url``, ``screenshot`` (a nested H×W×C
 OpenEnv sends it, PNG/JPEG bytes, base64 or a PIL image), ``metadata.task_id`` (optional); the action is
 BrowserGym's action string (``action_str`` of the action, or the string itself). An environment passes
 its reset observation as ``(None, observation)``, so the page the episode starts on is judged too
-(``keyshot.env.openenv`` does); each later pair is an action with the page it led to, the order
+(``keyshot.frameworks.openenv`` does); each later pair is an action with the page it led to, the order
 :meth:`Episode.add_step` records. A step without a screenshot (a browser that
 failed) leaves the episode without a verdict, saying so.
 
@@ -33,7 +33,7 @@ in the call cache and none is paid twice.
 Screenshots are written to disk as they arrive (nothing decoded stays in memory); the pairs kept in
 ``trajectory`` leave the screenshot out. Runs where OpenEnv is installed (``make setup-openenv``)::
 
-    from keyshot.reward.openenv import KeyshotRubric
+    from keyshot.frameworks.openenv.rubric import KeyshotRubric
     env = MyBrowserEnvironment(rubric=KeyshotRubric("configs/reward/trl.yaml"))
 """
 

@@ -4,10 +4,10 @@ configs/reward/verl_trainer.yaml, docs/reward.md)::
 
     reward:
       custom_reward_function:
-        path: pkg://keyshot.reward.verl     # or this file's path
+        path: pkg://keyshot.frameworks.verl.reward     # or this file's path
         name: compute_score                 # compute_score_sync for verl's ``remote`` reward manager
         reward_kwargs: {keyshot_config: configs/reward/verl.yaml}   # else $KEYSHOT_REWARD_CONFIG
-      reward_manager: {source: importlib, name: KeyshotRewardManager, module: {path: pkg://keyshot.reward.verl}}
+      reward_manager: {source: importlib, name: KeyshotRewardManager, module: {path: pkg://keyshot.frameworks.verl.reward}}
 
 verl calls ``compute_score`` once per sample, concurrently, on its reward-loop workers' event loops (8 Ray
 actors by default); within a process the calls meet in the shared model's batches, and across processes
@@ -31,7 +31,7 @@ scorer requests go to ``http://host:port/v1`` under the one model name the route
 of the keyshot config.
 
 This file holds no state (verl loads it by path, so it may exist more than once in a process): what the
-adapter remembers lives with the shared model (:mod:`keyshot.reward.verl_state`), and every sample is
+adapter remembers lives with the shared model (:mod:`keyshot.frameworks.verl.state`), and every sample is
 scored and settled on that model's own loop.
 """
 
@@ -43,12 +43,12 @@ import os
 import socket
 from typing import Any
 
+from keyshot.frameworks.verl.state import RouterModelError, listed_model, router_url, state_of
 from keyshot.reward.episode import Episode
 from keyshot.reward.logs import sample_logs
 from keyshot.reward.model import RewardModel, RewardResult
 from keyshot.reward.rollouts import RolloutError, read_rollout
 from keyshot.reward.shared import config_path, require_number_on_failure, score_shared, shared_model
-from keyshot.reward.verl_state import RouterModelError, listed_model, router_url, state_of
 
 __all__ = [
     "MANAGERS",
