@@ -150,13 +150,18 @@ def screenshot_of(value: Any) -> Image.Image | bytes | str:
 
 def result_metadata(result: RewardResult) -> dict[str, Any]:
     """What an observation's metadata says of keyshot's reward: the reward (None: no verdict), why there
-    is none, the key points, the scorer's step scores and the per-sample log fields."""
+    is none, the key points, the scorer's step scores, the per-sample log fields and, with
+    ``pipeline.step_rewards``, the rewards per step (one per screenshot: the first page's, then each
+    action's), the progress at each step and the screenshot each key point was first met at (else None)."""
     logs = {key: values[0] for key, values in sample_logs([result]).items()}
     return {
         "keyshot_reward": result.reward,
         "keyshot_error": result.error,
         "keyshot_key_points": result.key_points,
         "keyshot_step_scores": result.step_scores,
+        "keyshot_step_rewards": result.step_rewards,
+        "keyshot_step_progress": result.step_progress,
+        "keyshot_key_point_steps": result.key_point_steps,
         **logs,
     }
 
@@ -332,10 +337,23 @@ class KeyshotRubric(TrajectoryRubric):
         return model.settle(RewardResult.failure(rid, "deadline", problem, task_id=episode.task_id))
 
     def compute_step_rewards(self) -> list[float | None]:
-        """The episode's reward for every step once it is scored (the judge's verdict is about the whole
-        episode), the intermediate reward before."""
+        """Once the episode is scored with ``pipeline.step_rewards``: each step's own reward (r_t = P_t -
+        P_(t-1), the reset's page first; they sum to the episode's progress, docs/reward.md "Rewards per
+        step"). Without them, the episode's reward for every step (the verdict is about the whole episode);
+        before the end, the intermediate reward."""
+        steps = len(self._trajectory)
+        if self.result is not None and self.result.step_rewards is not None:
+            if len(self.result.step_rewards) == steps:
+                return list(self.result.step_rewards)
+            logger.warning(
+                "reward %s: %d step rewards for %d steps (a step without a screenshot); the episode's reward "
+                "stands for every step",
+                self.result.id,
+                len(self.result.step_rewards),
+                steps,
+            )
         value = self.result.reward if self.result is not None else self.intermediate_reward
-        return [value] * len(self._trajectory)
+        return [value] * steps
 
     def reset(self) -> None:
         """A new episode: an unscored one's files are removed."""

@@ -4,8 +4,9 @@ the OpenEnv venv by tests/reward/test_openenv_rubric.py (openenv is not installe
 
     python tests/framework/openenv_rubric.py PLAN_JSON
 
-PLAN: ``{"healthy": CONFIG, "dead": CONFIG, "zero": CONFIG, "keep": DIR}`` (configs whose judge answers,
-whose judge is down, and the latter with ``on_failure: zero``). Prints one JSON object, one entry per case.
+PLAN: ``{"healthy": CONFIG, "dead": CONFIG, "zero": CONFIG, "steps": CONFIG, "keep": DIR}`` (configs whose
+judge answers, whose judge is down, the latter with ``on_failure: zero``, and one with
+``pipeline.step_rewards``). Prints one JSON object, one entry per case.
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ def main() -> None:
     failed = episode(70)
     failed[-1] = (failed[-1][0], observation(None, True, error="the browser failed at step 2: it crashed"))
     out["no_screenshot"] = play(KeyshotRubric(plan["healthy"]), failed)
+
+    # rewards per step (pipeline.step_rewards): compute_step_rewards gives each step its own
+    out["steps"] = play(KeyshotRubric(plan["steps"]), episode(110))
 
     # a judge that is down: None with the reason (never 0); with on_failure: zero, a counted 0.0
     out["dead"] = play(KeyshotRubric(plan["dead"]), episode(80))

@@ -31,6 +31,7 @@ from keyshot.env.replay import ReplayBrowser
 from keyshot.frameworks.trl.reward import (
     EPISODE_COLUMN,
     NO_IMAGE,
+    STEP_REWARDS_COLUMN,
     EpisodeRecorder,
     KeyshotEnvironment,
     TrlRewardError,
@@ -53,7 +54,7 @@ pytestmark = pytest.mark.usefixtures("no_shared_model")
 
 REPO = paths.REPO
 #: the columns every keyshot reward logs per sample through ``log_extra``
-EXTRA_COLUMNS = {*logs.SAMPLE_KEYS, "keyshot_error", EPISODE_COLUMN}
+EXTRA_COLUMNS = {*logs.SAMPLE_KEYS, "keyshot_error", STEP_REWARDS_COLUMN, EPISODE_COLUMN}
 
 
 @pytest.fixture
@@ -332,6 +333,32 @@ def test_progress_is_logged_per_sample_so_trls_sum_over_count_is_the_mean_over_s
     # a mean per call would be biased here: the call of one sample would weigh as much as the other two
     assert statistics.fmean(statistics.fmean(c) for c in per_call) != pytest.approx(trl_mean)
     assert pending["keyshot/failed"] == [0.0, 0.0, 0.0, 1.0] and pending["keyshot/progress_n"] == [1.0, 2.0]
+
+
+def test_trl_takes_the_sum_of_the_steps_and_logs_each_steps_reward(config):
+    """reward.value step_progress with pipeline.step_rewards: TRL gets each sample's one number, the sum of its
+    steps' rewards; the completions table gets the steps' rewards themselves (a list per sample)."""
+    import yaml
+
+    cfg = yaml.safe_load(config.read_text())
+    cfg["pipeline"]["step_rewards"] = True
+    cfg["reward"] = {"value": "step_progress"}
+    config.write_text(yaml.safe_dump(cfg))
+    metrics: dict[str, list] = defaultdict(list)
+    extras: dict[str, list] = defaultdict(list)
+    rewards = asyncio.run(
+        reward_function(config)(
+            **column_batch(FOLDERS, generations=1), log_metric=recorded(metrics), log_extra=recorded(extras)
+        )
+    )
+    steps = extras[STEP_REWARDS_COLUMN]
+    assert set(extras) == EXTRA_COLUMNS and len(steps) == len(rewards) == len(FOLDERS)
+    for reward, per_step, progress in zip(rewards, steps, extras["keyshot_progress"], strict=True):
+        assert reward == pytest.approx(sum(per_step)) == pytest.approx(progress)
+    shots = [len(next(load_trajectories(f)).screenshots) for f in FOLDERS]
+    assert [len(s) for s in steps] == shots
+    assert extras["keyshot_credited_steps"] == [float(sum(x > 0 for x in s)) for s in steps]
+    assert len(metrics["keyshot/credited_steps"]) == len(FOLDERS)
 
 
 def test_extras_have_the_same_columns_every_call_healthy_or_dead(config, dead_config):

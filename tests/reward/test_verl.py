@@ -32,6 +32,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 
 from keyshot.frameworks.verl import reward as verl_reward
 from keyshot.frameworks.verl.reward import compute_score, compute_score_sync
@@ -317,6 +318,32 @@ def replays(per_task: int, elsewhere: tuple[int, ...] = ()) -> list[dict]:
     return rows
 
 
+def dark_then_bright(tmp: Path) -> Path:
+    """A trajectory whose first page is dark and the two after its actions bright: the fake judge (key point
+    k at the k-th screenshot scored >= 3, by brightness) meets its two key points at screenshots 1 and 2."""
+    from PIL import Image
+
+    from keyshot.infer.loaders.jsonl import write_jsonl
+    from keyshot.infer.loaders.trajectory import Screenshot, Trajectory
+
+    folder = tmp / "dark-then-bright"
+    folder.mkdir()
+    shots = []
+    for i, level in enumerate((0, 255, 255)):
+        Image.new("RGB", (320, 200), (level,) * 3).save(folder / f"step_{i}.png")
+        shots.append(Screenshot(path=folder / f"step_{i}.png", index=i))
+    task = "Find the page number 7 and open its settings"
+    trajectory = Trajectory(
+        task_id="dark-then-bright",
+        task=task,
+        actions=["click('1')", "click('2')"],
+        screenshots=shots,
+        agent="a",
+    )
+    write_jsonl([trajectory], folder / "trajectory.jsonl")
+    return folder / "trajectory.jsonl"
+
+
 @pytest.fixture(scope="module")
 def verl_run(tmp_path_factory):
     """One Ray session of verl's reward loop over its cases (tests/framework/verl_reward_loop.py): verl's
@@ -327,7 +354,7 @@ def verl_run(tmp_path_factory):
     served = str(tmp / "tokenizer")  # the reward model's path: what verl's vLLM would serve it as
     counted = ("column", "stream", "after", "remote")
     with contextlib.ExitStack() as servers:
-        judges = {name: servers.enter_context(FakeOpenAI(make_judge())) for name in counted}
+        judges = {name: servers.enter_context(FakeOpenAI(make_judge())) for name in (*counted, "steps")}
         scorer = servers.enter_context(FakeOpenAI(make_judge()))
         upstream = servers.enter_context(FakeOpenAI(make_judge(), model=served, strict_model=True))
         router = {"upstream": upstream.base_url.removesuffix("/v1")}
@@ -356,6 +383,10 @@ def verl_run(tmp_path_factory):
             for _ in range(4)
         ]
         stock_naive = ["reward.reward_manager.source=register", "reward.reward_manager.name=naive"]
+        stepped = healthy("steps")
+        with_steps = yaml.safe_load(Path(stepped).read_text())
+        with_steps["pipeline"]["step_rewards"] = True
+        Path(stepped).write_text(yaml.safe_dump(with_steps))
         spec = {
             "compose": documented_verl_commands(),
             "workdir": str(tmp),
@@ -368,6 +399,21 @@ def verl_run(tmp_path_factory):
                     "overrides": stock_naive,
                 },
                 {"name": "dead", "keyshot_config": str(dead), "samples": own},
+                {  # KeyshotStepRewardManager after the batch: r_t at the last token of each agent turn
+                    "name": "steps",
+                    "keyshot_config": stepped,
+                    "samples": [
+                        {"index": 0, "replay": str(dark_then_bright(tmp)), "answer": "done", "turns": True}
+                    ]
+                    * 2,
+                    "path": "after",
+                    "router": router,
+                    "overrides": [
+                        "reward.reward_manager.source=importlib",
+                        "reward.reward_manager.name=KeyshotStepRewardManager",
+                        f"reward.reward_manager.module.path={REPO / 'frameworks' / 'verl' / 'reward.py'}",
+                    ],
+                },
                 {"name": "unset", "keyshot_config": str(unset), "samples": own[:1]},
                 {
                     "name": "remote",
@@ -434,6 +480,19 @@ def test_verls_reward_loop_turns_keyshot_scores_into_its_tensors_and_metrics(ver
     assert metrics["val-aux/om2w/keyshot_failed/mean@4"] == 0.0
     assert verl_run["judge"]["column"].count("key_points") == 2  # once per task, for 8 samples
     assert verl_run["log"].count(CONSTANT_WARNING) == 1 and "record an Episode per rollout" in verl_run["log"]
+
+
+@pytest.mark.slow
+def test_the_step_manager_puts_each_steps_reward_at_the_last_token_of_its_agent_turn(verl_run):
+    """Two actions, two key points met at screenshots 1 and 2: r = (0, 0.5, 0.5) per screenshot, the first
+    page's and the first action's on the first turn's last token (0), the second action's on the second's
+    (2), nothing on the final answer's (4); a row sums to the episode's progress (GRPO's reward)."""
+    steps = verl_run["results"]["steps"]
+    assert "error" not in steps, steps
+    assert steps["rm_nonzero"] == [[[0, 0.5], [2, 0.5]]] * 2
+    assert steps["rm_scores"] == steps["extra"]["keyshot_progress"] == steps["extra"]["score"] == [1.0, 1.0]
+    assert steps["extra"]["keyshot_credited_steps"] == [2.0, 2.0] and set(steps["extra_keys"]) == SAMPLE_KEYS
+    assert steps["extra"]["keyshot_first_credited_step"] == [1.0, 1.0]
 
 
 @pytest.mark.slow
