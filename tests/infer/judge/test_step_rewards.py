@@ -118,6 +118,24 @@ def test_a_failed_follow_up_is_incomplete_and_resumes_from_the_cache(tmp_path, t
     assert second.usage["judge"].calls - second.usage["judge"].cached == 1  # only the follow-up is paid
 
 
+def test_the_step_fields_hold_on_every_fixture_trajectory(tmp_path):
+    """Every real fixture trajectory (AgentLab, Online-Mind2Web v1 and v2, JSONL), in cot and key_point
+    modes: one entry per key point and per screenshot, non-decreasing, the last the share of key points met."""
+    from keyshot.infer.loaders import load_trajectories
+    from tests.support.judge_inputs import ALL_PATHS, N_TRAJECTORIES
+
+    trajectories = [t for path in ALL_PATHS for t in load_trajectories(path)]
+    with FakeOpenAI(make_judge("any_image", "brightness")) as server:
+        for mode in ("cot", "key_point"):
+            verdicts = judge_all(
+                _judge(server, tmp_path / mode, step_rewards=True, outcome_mode=mode), trajectories
+            )
+            assert len(verdicts) == len(trajectories) == N_TRAJECTORIES
+            for v in verdicts:
+                assert v.finished and v.step_error is None, (v.task_id, v.errors)
+                _check_steps(v)
+
+
 def test_step_rewards_refuse_reference_mode():
     with pytest.raises(ValueError, match="step_rewards asks a question the reference does not"):
         PipelineConfig(step_rewards=True, parse_mode="reference")
