@@ -139,26 +139,10 @@ async def ask_score(
     return completion, protocol.read_score(completion.text, cut=completion.cut)
 
 
-def outcome_request(
-    protocol: Protocol,
-    task: str,
-    key_points: str,
-    actions: Sequence[str],
-    thoughts: Sequence[str] | None,
-    images: Sequence[str] | None,
-    image_thoughts: Sequence[str],
-) -> list[dict]:
-    """The outcome call's messages (what :func:`ask_outcome` sends, and what the step question follows)."""
-    return outcome_messages(
-        protocol.prompts,
-        task,
-        key_points,
-        actions,
-        thoughts,
-        None if images is None else list(images),
-        list(image_thoughts),
-        mode=protocol.mode,
-    )
+def outcome_request(protocol: Protocol, *request: Any) -> list[dict]:
+    """The outcome call's messages (what :func:`ask_outcome` sends, and what the step question follows);
+    ``request`` is :func:`ask_outcome`'s: task, key points, actions, thoughts, images, image thoughts."""
+    return outcome_messages(protocol.prompts, *request, mode=protocol.mode)
 
 
 def steps_version(protocol: Protocol) -> str:

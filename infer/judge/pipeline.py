@@ -46,6 +46,7 @@ import hashlib
 import logging
 import time
 import weakref
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -266,22 +267,27 @@ class WebJudge:
             completion.prompt_tokens, completion.completion_tokens, completion.cost_usd, completion.cached
         )
 
-    async def _key_points(self, trajectory: Trajectory, verdict: Verdict) -> str:
+    async def _asked(self, verdict: Verdict, what: str, step: str, call: Awaitable[tuple]) -> tuple:
+        """A judge call's answer (``call``, whose first item is the completion), counted in the verdict under
+        ``what``: its usage and any cut (under ``step``'s token limit); a call that failed for good makes the
+        verdict incomplete and is raised."""
         try:
-            completion, points, error = await ask_key_points(
-                self.judge_client,
-                self.protocol,
-                trajectory.task,
-                max_tokens=self.config.key_points_max_tokens,
-            )
+            answer = await call
         except JudgeCallError as exc:
             verdict.usage["judge"].errors += 1
-            verdict.incomplete.append(f"key points: {exc}")
+            verdict.incomplete.append(f"{what}: {exc}")
             raise
+        completion = answer[0]
         self._record_call(verdict, "judge", completion)
-        setting = self._judge_setting("key_points")
-        self._answered(setting, verdict, "key points", completion.cut, completion.completion_tokens)
+        self._answered(self._judge_setting(step), verdict, what, completion.cut, completion.completion_tokens)
         self._check_cuts()
+        return answer
+
+    async def _key_points(self, trajectory: Trajectory, verdict: Verdict) -> str:
+        max_tokens = self.config.key_points_max_tokens
+        call = ask_key_points(self.judge_client, self.protocol, trajectory.task, max_tokens=max_tokens)
+        completion, points, error = await self._asked(verdict, "key points", "key_points", call)
+        setting = self._judge_setting("key_points")
         if points is None and completion.cut:
             raise _StepError(f"{completion.error}; {raise_advice(setting)}")
         if points is None:
@@ -298,48 +304,20 @@ class WebJudge:
         key_point: str | None = None,
     ) -> OutcomeCall:
         points = key_point if key_point is not None else key_points
-        first_met = None
-        try:
-            if key_point is not None and self.config.step_rewards:
-                completion, status, first_met = await ask_outcome_first_met(
-                    self.judge_client,
-                    self.protocol,
-                    outcome_request(
-                        self.protocol,
-                        trajectory.task,
-                        points,
-                        trajectory.actions,
-                        trajectory.thoughts,
-                        images,
-                        thoughts,
-                    ),
-                    listed_shots(verdict),
-                    max_tokens=self.config.outcome_max_tokens,
-                    logprobs=self.config.outcome_logprobs,
-                )
-            else:
-                completion, status = await ask_outcome(
-                    self.judge_client,
-                    self.protocol,
-                    trajectory.task,
-                    points,
-                    trajectory.actions,
-                    trajectory.thoughts,
-                    images,
-                    thoughts,
-                    max_tokens=self.config.outcome_max_tokens,
-                    logprobs=self.config.outcome_logprobs,
-                )
-        except JudgeCallError as exc:
-            verdict.usage["judge"].errors += 1
-            what = "outcome" if key_point is None else f"outcome for key point {key_point!r}"
-            verdict.incomplete.append(f"{what}: {exc}")
-            raise
-        self._record_call(verdict, "judge", completion)
-        setting = self._judge_setting("outcome")
+        request = (trajectory.task, points, trajectory.actions, trajectory.thoughts, images, thoughts)
+        limits = {"max_tokens": self.config.outcome_max_tokens, "logprobs": self.config.outcome_logprobs}
         what = "outcome" if key_point is None else f"outcome for key point {key_point!r}"
-        self._answered(setting, verdict, what, completion.cut, completion.completion_tokens)
-        self._check_cuts()
+        first_met = None
+        if key_point is not None and self.config.step_rewards:
+            messages = outcome_request(self.protocol, *request)
+            call = ask_outcome_first_met(
+                self.judge_client, self.protocol, messages, listed_shots(verdict), **limits
+            )
+            completion, status, first_met = await self._asked(verdict, what, "outcome", call)
+        else:
+            call = ask_outcome(self.judge_client, self.protocol, *request, **limits)
+            completion, status = await self._asked(verdict, what, "outcome", call)
+        setting = self._judge_setting("outcome")
         if completion.cut and self.strict:
             raise _StepError(f"{completion.error}; {raise_advice(setting)}")
         reading = read_status_probability(
@@ -593,7 +571,7 @@ class WebJudge:
                 self._set_steps(verdict, [c.step for c in calls])
 
     async def _key_point_steps(
-        self, verdict: Verdict, messages: list[dict], call: OutcomeCall, items: list[str]
+        self, verdict: Verdict, messages: list[dict], outcome: OutcomeCall, items: list[str]
     ) -> None:
         """The step question after a ``cot`` outcome (one call more): when each key point was first met."""
         if not items or not verdict.screenshots:
@@ -601,29 +579,20 @@ class WebJudge:
                 "no key points to place" if not items else "no screenshots to place key points at"
             )
             return
-        if not call.valid or call.text is None:
+        if not outcome.valid or outcome.text is None:
             verdict.step_error = "the outcome could not be read, so the step question was not asked"
             return
         what = "key point steps"
-        try:
-            completion, steps = await ask_key_point_steps(
-                self.judge_client,
-                self.protocol,
-                messages,
-                call.text,
-                items,
-                listed_shots(verdict),
-                max_tokens=self.config.outcome_max_tokens,
-            )
-        except JudgeCallError as exc:
-            verdict.usage["judge"].errors += 1
-            verdict.incomplete.append(f"{what}: {exc}")
-            raise
-        self._record_call(verdict, "judge", completion)
-        self._answered(
-            self._judge_setting("outcome"), verdict, what, completion.cut, completion.completion_tokens
+        call = ask_key_point_steps(
+            self.judge_client,
+            self.protocol,
+            messages,
+            outcome.text,
+            items,
+            listed_shots(verdict),
+            max_tokens=self.config.outcome_max_tokens,
         )
-        self._check_cuts()
+        completion, steps = await self._asked(verdict, what, "outcome", call)
         if steps.valid:
             self._set_steps(verdict, steps.steps)
         else:
