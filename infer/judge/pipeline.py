@@ -596,7 +596,8 @@ class WebJudge:
         if steps.valid:
             self._set_steps(verdict, steps.steps)
         else:
-            verdict.step_error = f"{steps.error} (answer: {completion.text[:200]!r})"
+            advice = f"; {raise_advice(self._judge_setting('outcome'))}" if completion.cut else ""
+            verdict.step_error = f"{steps.error} (answer: {completion.text[:200]!r}){advice}"
             verdict.errors.append(f"{what}: {verdict.step_error}")
 
     @staticmethod

@@ -168,3 +168,16 @@ def test_the_dry_run_counts_the_step_question(trajectory):
         judge_calls(outcome_mode="key_point", step_rewards=True),
     )
     assert kp_on[0] == kp_off[0] and kp_on[1] > kp_off[1]
+
+
+def test_a_cut_step_answer_gives_no_steps_and_says_which_limit_to_raise(tmp_path, trajectory):
+    judge = make_judge("any_image", "brightness")
+
+    def long_winded(request: dict) -> str:
+        return ("Let me think about each page in turn. " * 40) if is_follow_up(request) else judge(request)
+
+    with FakeOpenAI(long_winded) as server:
+        v = judge_all(_judge(server, tmp_path, step_rewards=True, outcome_max_tokens=60), [trajectory])[0]
+    assert v.success is not None and v.key_point_steps is None
+    assert "cut by max_tokens" in v.step_error and "pipeline.outcome_max_tokens" in v.step_error
+    assert any(c.startswith("key point steps: cut at") for c in v.cut)
