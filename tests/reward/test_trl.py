@@ -621,7 +621,12 @@ def replay_dataset():
 def test_grpo_trainer_step_with_a_recording_environment_healthy_and_dead_judge(
     tmp_path, tiny_policy, config, dead_config
 ):
+    import yaml
+
     kept = tmp_path / "episodes"
+    cfg = yaml.safe_load(config.read_text())  # with the rewards per step: TRL's table gets them
+    cfg["pipeline"]["step_rewards"] = True
+    config.write_text(yaml.safe_dump(cfg))
     healthy = grpo_step(
         tmp_path / "healthy",
         tiny_policy,
@@ -646,6 +651,8 @@ def test_grpo_trainer_step_with_a_recording_environment_healthy_and_dead_judge(
     for _, row in rows.iterrows():
         [result] = scored(config, [kept / f"{row[EPISODE_COLUMN]}.jsonl"])
         assert row["keyshot_environment_reward"] == result.reward
+        assert list(row[STEP_REWARDS_COLUMN]) == pytest.approx(result.step_rewards)  # one per screenshot
+        assert sum(row[STEP_REWARDS_COLUMN]) == pytest.approx(result.progress)
 
     dead = grpo_step(
         tmp_path / "dead", tiny_policy, [environment_reward(dead_config)], replay_dataset(), ReplayRecorder
