@@ -128,13 +128,23 @@ LABELS = [str(f) for f in OM2W_V1]
 
 @slow
 def test_single_turn_executor_loads_the_reward_file_by_path(tmp_path, servers, openrlhf, one_process):
+    import yaml
+
     reward_file = REWARD_FILE
     config = write_config(tmp_path / "reward.yaml", *servers)
+    cfg = yaml.safe_load(config.read_text())  # the rewards per step asked too: the verdicts stay the same
+    cfg["pipeline"]["step_rewards"] = True
+    config.write_text(yaml.safe_dump(cfg))
     out = openrlhf.run(tmp_path, config, mode="single", reward=str(reward_file), labels=LABELS)
     assert out["executor"] == "openrlhf.utils.agent.SingleTurnAgentExecutor"
     check_tensors(out, 2)
     assert out["rewards"] == one_process[0] and out["info"]["keyshot_failed"] == [0.0, 0.0]
     assert out["info"]["reward"] == out["rewards"]
+    # the steps in OpenRLHF's extra_logs, as the numbers it takes (each one tensor of one value)
+    assert out["info"]["keyshot_has_credited_steps"] == [1.0, 1.0] and out["info"][
+        "keyshot_has_progress"
+    ] == [1.0, 1.0]
+    assert all(n >= 1.0 for n in out["info"]["keyshot_credited_steps"])
 
 
 @slow
