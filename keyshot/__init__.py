@@ -1,11 +1,14 @@
 """keyshot: cheap, reliable WebJudge for web agents.
 
-The package's code lives in five floors, each importable on its own (docs/architecture.md):
+The package's code lives in six floors, each importable on its own (docs/architecture.md):
 
 - ``keyshot.infer``: the protocol and its runtime (trajectories, the judge and scorer calls, runs,
   metrics, reports, the ``keyshot`` command);
-- ``keyshot.reward``: keyshot as an RL reward, its service and one adapter per framework;
-- ``keyshot.env``: where episodes come from (a replay, live MiniWoB pages, ``keyshot reward env``);
+- ``keyshot.reward``: keyshot as an RL reward (the model, the episode recorder, the rollout filter and
+  the service);
+- ``keyshot.env``: where episodes come from (a replay, live MiniWoB pages);
+- ``keyshot.frameworks``: one package per RL framework (TRL, OpenRLHF, verl, OpenEnv), its reward adapter
+  and its environment (``keyshot reward env``);
 - ``keyshot.data_synth``: teacher labels distilled into a Hugging Face dataset;
 - ``keyshot.train``: the scorer's fine-tuning recipe.
 

@@ -1,4 +1,5 @@
-"""``keyshot reward``: rejection sampling and the reward service.
+"""``keyshot reward filter`` and ``keyshot reward serve``: rejection sampling and the reward service (the
+``keyshot reward`` group that holds them, with ``env``, is :mod:`keyshot.frameworks.command`).
 
     keyshot reward filter runs/rollouts --config configs/reward/trl.yaml --min-reward 1 --out runs/accepted --link
     keyshot reward serve --config configs/reward/openrlhf.yaml --port 8100 --allow-root /data/rollouts
@@ -36,7 +37,7 @@ from keyshot.reward.rollout_filter import ACCEPTED_DIR, ACCEPTED_FILE, REWARDS_F
 from keyshot.reward.service import ServiceLimits
 from keyshot.reward.shared import require_number_on_failure
 
-#: Entry-point group of ``keyshot reward``'s subcommands that live on other floors (``env``: keyshot.env.openenv),
+#: Entry-point group of ``keyshot reward``'s subcommands that live on other floors (``env``: keyshot.frameworks.openenv),
 #: each a :class:`~keyshot.infer.cli.Command`: this floor never imports them.
 SUBCOMMANDS_GROUP = "keyshot.reward.commands"
 
@@ -178,29 +179,23 @@ def serve_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--vllm-log", default="vllm.log", help="the vLLM server's log with --serve-scorer")
 
 
-COMMAND = Command(
-    "reward",
-    help="keyshot as a reward model: rejection sampling (filter) and the HTTP service (serve)",
+#: ``keyshot reward filter``
+FILTER = Command(
+    "filter",
+    help="judge rollouts, keep those with reward >= --min-reward",
     description=__doc__,
-    subcommands=(
-        Command(
-            "filter",
-            help="judge rollouts, keep those with reward >= --min-reward",
-            description=__doc__,
-            arguments=filter_arguments,
-            run=run_filter,
-            overrides="items",
-        ),
-        Command(
-            "serve",
-            help="the reward service (FastAPI/uvicorn)",
-            description=__doc__,
-            arguments=serve_arguments,
-            run=run_serve,
-            overrides="overrides",
-            # a signal ends the service once the requests in flight are answered: there is nothing to resume
-            on_stop="the service answered the requests in flight and stopped",
-        ),
-    ),
-    plugins=SUBCOMMANDS_GROUP,
+    arguments=filter_arguments,
+    run=run_filter,
+    overrides="items",
+)
+#: ``keyshot reward serve``
+SERVE = Command(
+    "serve",
+    help="the reward service (FastAPI/uvicorn)",
+    description=__doc__,
+    arguments=serve_arguments,
+    run=run_serve,
+    overrides="overrides",
+    # a signal ends the service once the requests in flight are answered: there is nothing to resume
+    on_stop="the service answered the requests in flight and stopped",
 )

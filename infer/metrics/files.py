@@ -83,14 +83,25 @@ def metrics_markdown(report: MetricsReport) -> str:
         "",
         truth,
         "",
-        f"| group | n | no status | judge SR | {truth_sr_column(report)} | AR | SR gap |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    completion = any(r.n_completion for r in report.agreement)
+    if completion:  # WebCanvas's completion rate beside the success rate, when the verdicts say it
+        out += [
+            "CR: the judge's completion rate, key points met over key points (WebCanvas), micro-averaged "
+            "over the verdicts that say which were met (n CR); the macro row averages the agents' CRs.",
+            "",
+        ]
+    out += [
+        f"| group | n | no status | judge SR | {truth_sr_column(report)} | AR | SR gap |"
+        + (" CR | n CR |" if completion else ""),
+        "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if completion else ""),
     ]
     for r in report.agreement:
         name = f"**{r.group}**" if r.scope in ("overall", "macro") else r.group
         out.append(
             f"| {name} | {r.n} | {r.n_no_verdict} | {percent(r.judge_sr)} | {percent(r.human_sr)} | "
             f"{percent(r.agreement)} | {percent(r.sr_gap)} |"
+            + (f" {percent(r.completion_rate)} | {r.n_completion} |" if completion else "")
         )
     out += [
         "",
@@ -127,6 +138,8 @@ _CSV_FIELDS = [
     "precision",
     "recall",
     "f1",
+    "completion_rate",
+    "n_completion",
 ]
 
 

@@ -251,3 +251,83 @@ def split_key_points(key_points: str) -> list[str]:
     lines = [line for line in key_points.splitlines() if line.strip()]
     items = [m.group(1) for m in map(_NUMBERED.match, lines) if m]
     return items or [line.strip() for line in lines]
+
+
+# ---------------------------------------------------------------- when each key point was first met
+@dataclass(frozen=True)
+class StepsResult:
+    """When each key point was first met: one screenshot index (or None: not met) per key point; ``steps``
+    is None when the answer cannot be read, ``error`` says why (never a silent "not met")."""
+
+    steps: list[int | None] | None
+    valid: bool
+    error: str | None = None
+
+
+_KP_STEP_LINE = re.compile(
+    r"^[ \t>*_#-]*key[ \t]*point[ \t]*(\d+)[ \t*_]*[:\uff1a][ \t*_]*(.*?)[ \t*_.]*$", re.IGNORECASE | re.M
+)
+_FIRST_MET_LINE = re.compile(
+    r"^[ \t>*_#-]*first[ \t]*met[ \t*_]*[:\uff1a][ \t*_]*(.*?)[ \t*_.]*$", re.I | re.M
+)
+_STEP_VALUE = re.compile(r"(?:screenshot[ \t]*)?#?[ \t]*(\d+)", re.IGNORECASE)
+_NOT_MET = ("none", "not met", "never", "null")
+
+
+def _step_value(value: str, indices: frozenset[int]) -> tuple[int | None, str | None]:
+    """A screenshot index, None for "none", or the error."""
+    value = value.strip().strip("\"'`").strip()
+    if value.lower() in _NOT_MET:
+        return None, None
+    found = _STEP_VALUE.fullmatch(value)
+    if found is None:
+        return None, f"{value[:40]!r} is neither 'Screenshot N' nor 'none'"
+    index = int(found.group(1))
+    if index not in indices:
+        return None, f"screenshot {index} is not one of the trajectory's ({min(indices)}..{max(indices)})"
+    return index, None
+
+
+def parse_key_point_steps(text: str, n_key_points: int, indices: set[int] | frozenset[int]) -> StepsResult:
+    """Read the follow-up's answer: ``Key Point k: Screenshot N`` or ``Key Point k: none``, one line for
+    every key point 1..``n_key_points``, N one of ``indices`` (the trajectory's screenshots). A missing,
+    repeated or unknown key point, or a value that is neither, makes the answer unreadable."""
+    indices = frozenset(indices)
+    if not indices:
+        return StepsResult(None, False, "the trajectory has no screenshots to name")
+    found: dict[int, int | None] = {}
+    for line in _KP_STEP_LINE.finditer(text or ""):
+        k = int(line.group(1))
+        if not 1 <= k <= n_key_points:
+            return StepsResult(None, False, f"key point {k} named, but there are {n_key_points}")
+        if k in found:
+            return StepsResult(None, False, f"key point {k} answered twice")
+        step, error = _step_value(line.group(2), indices)
+        if error is not None:
+            return StepsResult(None, False, f"key point {k}: {error}")
+        found[k] = step
+    missing = [k for k in range(1, n_key_points + 1) if k not in found]
+    if missing:
+        return StepsResult(None, False, f"no line for key point(s) {missing} ('Key Point k: Screenshot N')")
+    return StepsResult([found[k] for k in range(1, n_key_points + 1)], True)
+
+
+def parse_first_met(text: str, success: bool | None, indices: set[int] | frozenset[int]) -> StepsResult:
+    """Read a per-key-point outcome answer's ``First Met: Screenshot N`` (or ``none``) line, against the
+    status it gave (``success``): a met key point names its screenshot, an unmet one names none; a
+    status that could not be read gives no step either."""
+    if success is None:
+        return StepsResult(None, False, "no status read, so no first step")
+    lines = list(_FIRST_MET_LINE.finditer(text or ""))
+    if len(lines) != 1:
+        return StepsResult(None, False, f"{len(lines)} 'First Met:' lines (one is asked for)")
+    if not indices:
+        return StepsResult(None, False, "the trajectory has no screenshots to name")
+    step, error = _step_value(lines[0].group(1), frozenset(indices))
+    if error is not None:
+        return StepsResult(None, False, f"First Met: {error}")
+    if success and step is None:
+        return StepsResult(None, False, "status success, but First Met: none")
+    if not success and step is not None:
+        return StepsResult(None, False, f"status failure, but First Met: screenshot {step}")
+    return StepsResult([step], True)

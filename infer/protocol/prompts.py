@@ -19,6 +19,7 @@ from keyshot.infer.common.errors import KeyshotError
 VARIANTS = ("online_mind2web", "general")
 STEPS = ("key_points", "key_screenshot", "outcome")
 _DATA = "webjudge_prompts.json"
+_STEP_DATA = "key_point_steps.json"
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,30 @@ def load_prompt_set(variant: str = "online_mind2web") -> PromptSet:
     prefix = variant + "."
     strings = tuple(sorted((k[len(prefix) :], v) for k, v in _raw().items() if k.startswith(prefix)))
     return PromptSet(variant=variant, strings=strings)
+
+
+@dataclass(frozen=True)
+class StepPrompts:
+    """keyshot's own question of when each key point was first met (``pipeline.step_rewards``): the
+    follow-up of the outcome conversation (``followup``) and the line a per-key-point outcome call adds
+    (``key_point_suffix``). Kept apart from the reference's strings, so a prompt set's version (which
+    datasets and checkpoints record) is the same with step rewards on or off; its own version is
+    ``steps@<digest>``."""
+
+    followup: str
+    key_point_suffix: str
+
+    @property
+    def version(self) -> str:
+        digest = hashlib.sha256(json.dumps([self.followup, self.key_point_suffix]).encode()).hexdigest()
+        return f"steps@{digest[:10]}"
+
+
+@cache
+def load_step_prompts() -> StepPrompts:
+    """The step-attribution strings (``prompts/key_point_steps.json``)."""
+    raw = json.loads(resources.files(__package__).joinpath("prompts", _STEP_DATA).read_text(encoding="utf-8"))
+    return StepPrompts(followup=raw["followup"], key_point_suffix=raw["key_point_suffix"])
 
 
 def prompt_set_for_version(version: str) -> PromptSet:

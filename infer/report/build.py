@@ -29,6 +29,7 @@ from keyshot.infer.protocol.verdicts import Verdict, verdict_key
 from keyshot.infer.report.model import (
     Run,
     calibration_of,
+    first_met_here,
     ground_truth,
     kind_of,
     load_run,
@@ -380,6 +381,8 @@ def trajectory_page(
     threshold = v.config.get("threshold", run.protocol.get("threshold", 3))
     embedded = _embedded_screenshots(trajectory)
     steps = _steps(trajectory)
+    met_here = first_met_here(v)
+    progress = dict(zip((s.index for s in v.screenshots), v.step_progress or [], strict=False))
     first_of: dict[str, int] = {}
     cards_html = []
     for s in v.screenshots:
@@ -391,6 +394,8 @@ def trajectory_page(
         badges.append(f'<span class="badge">{f"score {esc(s.score)}" if s.valid else "no score"}</span>')
         if s.expected_score is not None:
             badges.append(f'<span class="badge">expected {s.expected_score:.2f}</span>')
+        if s.index in progress:
+            badges.append(f'<span class="badge">progress {100 * progress[s.index]:.0f}%</span>')
         badges.append(
             '<span class="badge kept">kept</span>'
             if kept
@@ -407,10 +412,12 @@ def trajectory_page(
         if same is not None:
             duplicate = f'<div class="desc">same image as #{same}: scored once</div>'
         error = f'<div class="err">{esc(_no_paths(s.error))}</div>' if s.error else ""
+        met = met_here.get(s.index)
+        met_html = f'<div class="desc met"><b>first met here:</b> {esc("; ".join(met))}</div>' if met else ""
         cards_html.append(
             f'<div class="shot{" kept" if kept else ""}">{img}<div class="meta">{"".join(badges)}</div>'
             f"{_step_html(steps.get(s.index))}"
-            f'<div class="desc"><b>scorer:</b> {esc(s.thought)}</div>{duplicate}{error}</div>'
+            f'<div class="desc"><b>scorer:</b> {esc(s.thought)}</div>{met_html}{duplicate}{error}</div>'
         )
     outcome = ""
     if v.outcome_calls and len(v.outcome_calls) > 1 or (v.outcome_calls and v.outcome_calls[0].key_point):

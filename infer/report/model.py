@@ -27,11 +27,13 @@ from keyshot.infer.metrics.compute import (
     MetricsReport,
     compute_metrics,
     evidence_notes,
+    key_points_met,
     records_from_verdicts,
     truth_of,
     withheld_reason,
 )
 from keyshot.infer.metrics.sweep_compare import SweepComparison, compare_sweep, is_sweep_folder
+from keyshot.infer.protocol.parsing import split_key_points
 from keyshot.infer.protocol.verdicts import Verdict
 from keyshot.infer.runs.counts import INCOMPLETE, NO_SCORES, outcome_of
 from keyshot.infer.runs.run_record import read_protocol, stand_in_of
@@ -151,9 +153,24 @@ def run_records(run: Run, truths: list[tuple[str | None, str | None]]) -> list[J
             truth=source if label else None,
             withheld=withheld_reason(v),
             p_success=v.p_success,
+            key_points_met=key_points_met(v),
         )
         for v, (label, source) in zip(run.verdicts, truths, strict=True)
     ]
+
+
+def first_met_here(v: Verdict) -> dict[int, list[str]]:
+    """The key points first met at each screenshot, by screenshot index (``pipeline.step_rewards``: the
+    judge's ``key_point_steps``); empty when the verdict does not say."""
+    points = split_key_points(v.key_points or "")
+    steps = v.key_point_steps or []
+    if len(steps) != len(points):  # not asked, or a verdict of another key-point reading
+        return {}
+    here: dict[int, list[str]] = {}
+    for point, step in zip(points, steps, strict=True):
+        if step is not None:
+            here.setdefault(step, []).append(point)
+    return here
 
 
 def calibration_of(run: Run, truths: list[tuple[str | None, str | None]]) -> Calibration | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from keyshot.env.miniwob.agents import ScriptedAgent, random_action
+from keyshot.env.miniwob.agents import LoopingAgent, ScriptedAgent, StoppingAgent, random_action
 from keyshot.env.miniwob.budget import (
     MIB_PER_BROWSER,
     MIB_PER_PAGE,
@@ -42,13 +42,13 @@ from keyshot.env.miniwob.setup import CHROMIUM_ENV, MiniWoBError, browser_setup
 from keyshot.env.page import Browser, Page
 from keyshot.env.play import record_failure, run_episode
 from keyshot.env.replay import ReplayBrowser
-from keyshot.env.trl import MiniWoBEnv, with_miniwob_reward
+from keyshot.frameworks.trl.env import MiniWoBEnv, with_miniwob_reward
+from keyshot.frameworks.trl.reward import environment_reward
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 from keyshot.reward import Episode, RewardModel
-from keyshot.reward.trl import environment_reward
 from tests.support import paths
 from tests.support.processes import gone
 from tests.support.reward import write_config
@@ -99,6 +99,10 @@ def test_the_scripted_agent_types_then_submits_and_clicks_what_the_goal_names():
         "click('19')",
     }
     assert random_action(Page("Goal: x\n\nPage structure:\n", None, 0, False), rng) == "noop()"
+    # the step-reward proof's players: one stops before it submits, one repeats its first action
+    stopping, looping = StoppingAgent(), LoopingAgent()
+    assert [stopping(page) for _ in range(3)] == ["fill('14', 'Kasie')", None, None]
+    assert [looping(page) for _ in range(3)] == ["fill('14', 'Kasie')"] * 3
 
 
 def test_the_replay_is_a_browser_that_closes():

@@ -74,7 +74,7 @@ def test_the_wheel_holds_what_the_package_reads_at_run_time(tmp_path):
     packaged = {Path(n).parent.as_posix() for n in names if n.endswith("/__init__.py")}
     folders = {
         "keyshot/" + p.parent.relative_to(REPO).as_posix()
-        for floor in ("infer", "reward", "env", "train", "data_synth")
+        for floor in ("infer", "reward", "env", "frameworks", "train", "data_synth")
         for p in (REPO / floor).rglob("__init__.py")
     } | {"keyshot", "keyshot/configs"}
     assert packaged == folders, "pyproject.toml's package list and the package folders differ"

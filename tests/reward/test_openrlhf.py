@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from keyshot.frameworks.openrlhf.reward import UNFINISHED_KEY
 from keyshot.infer.testing import frameworks
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, identify_step, make_judge
 from keyshot.infer.testing.launch import OutputLines, start_reward_serve
 from keyshot.reward import shared as reward_shared
 from keyshot.reward.logs import SAMPLE_KEYS
 from keyshot.reward.model import RewardModel
-from keyshot.reward.openrlhf import UNFINISHED_KEY
 from tests.support import paths
 from tests.support import reward as support
 from tests.support.frameworks import python_or_skip
@@ -37,7 +37,7 @@ REPO = paths.REPO
 DRIVER = REPO / "tests" / "framework" / "openrlhf_rollouts.py"
 RESULT = "keyshot-openrlhf-result "  # the driver's answer lines
 OM2W_V1 = support.OM2W_V1
-REWARD_FILE = REPO / "reward" / "openrlhf.py"
+REWARD_FILE = REPO / "frameworks" / "openrlhf" / "reward.py"
 AGENT_FILE = REPO / "examples" / "reward" / "openrlhf_agent.py"
 REPLAY_AGENT_FILE = REPO / "tests" / "framework" / "openrlhf_replay_agent.py"
 slow = pytest.mark.slow  # every test that runs the OpenRLHF driver
@@ -128,13 +128,23 @@ LABELS = [str(f) for f in OM2W_V1]
 
 @slow
 def test_single_turn_executor_loads_the_reward_file_by_path(tmp_path, servers, openrlhf, one_process):
+    import yaml
+
     reward_file = REWARD_FILE
     config = write_config(tmp_path / "reward.yaml", *servers)
+    cfg = yaml.safe_load(config.read_text())  # the rewards per step asked too: the verdicts stay the same
+    cfg["pipeline"]["step_rewards"] = True
+    config.write_text(yaml.safe_dump(cfg))
     out = openrlhf.run(tmp_path, config, mode="single", reward=str(reward_file), labels=LABELS)
     assert out["executor"] == "openrlhf.utils.agent.SingleTurnAgentExecutor"
     check_tensors(out, 2)
     assert out["rewards"] == one_process[0] and out["info"]["keyshot_failed"] == [0.0, 0.0]
     assert out["info"]["reward"] == out["rewards"]
+    # the steps in OpenRLHF's extra_logs, as the numbers it takes (each one tensor of one value)
+    assert out["info"]["keyshot_has_credited_steps"] == [1.0, 1.0] and out["info"][
+        "keyshot_has_progress"
+    ] == [1.0, 1.0]
+    assert all(n >= 1.0 for n in out["info"]["keyshot_credited_steps"])
 
 
 @slow
@@ -177,7 +187,7 @@ def test_a_malformed_label_is_one_counted_failure_named_and_never_read_as_a_path
 
 
 def load_reward_file(name: str):
-    """reward/openrlhf.py as OpenRLHF loads it: a spec from the file, no sys.modules entry."""
+    """frameworks/openrlhf/reward.py as OpenRLHF loads it: a spec from the file, no sys.modules entry."""
     spec = importlib.util.spec_from_file_location(name, REWARD_FILE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from keyshot.env.miniwob.client import VIEWPORT_OPENENV
 from keyshot.env.miniwob.settings import SessionSettings
-from keyshot.env.openenv.serving import EnvServer, serve_env
+from keyshot.frameworks.openenv.serving import EnvServer, serve_env
 from keyshot.infer.common.command import Command
 
 #: The defaults every option below takes (the session's and the server's, from their dataclasses)
@@ -149,9 +149,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-#: ``env`` under ``keyshot reward`` (registered through the ``keyshot.reward.commands`` entry points);
-#: keyshot's command line prints an EnvServerError (any KeyshotError) as one line, with its exit code
-COMMAND = Command(
+#: ``env`` under ``keyshot reward`` (:mod:`keyshot.frameworks.command`); keyshot's command line prints an
+#: EnvServerError (any KeyshotError) as one line, with its exit code
+ENV = Command(
     "env",
     help="live MiniWoB pages on OpenEnv's server, scored by keyshot's reward (OpenEnv clients, TRL)",
     description=__doc__,
