@@ -353,7 +353,11 @@ class MiniWoBBrowser:
     def _replace_process(self) -> None:
         old, self.process = self.process, None
         if self.pool is not None:
-            self.process = self.pool._place(self)
+            process = self.pool._place(self)  # refused once the session is given back
+            with self._closing:
+                if self.closed:  # closed by another thread meanwhile: the pool freed the place just taken
+                    raise MiniWoBError(f"{self.task_id}: the session is closed (lease another)")
+                self.process = process
         else:
             if old is not None:
                 old.close()
