@@ -27,15 +27,17 @@ class ScorerConfig:
 
     ``backend``: ``openai`` (an OpenAI-compatible endpoint, e.g. ``keyshot serve``, or ``endpoints``:
     several replicas of it, each call to the least-loaded live one), ``transformers``
-    (in-process, ``checkpoint`` is the model folder) or ``none`` (reference configuration: the judge
-    scores every screenshot). ``checkpoint`` (a folder, or a hub id such as ``osunlp/WebJudge-7B``) also
+    (in-process, ``checkpoint`` is the model folder), ``none`` (reference configuration: the judge
+    scores every screenshot) or another registered back-end
+    (:data:`keyshot.infer.judge.scorer_factory.SCORER_BACKENDS`, which names the known ones for an
+    unknown name). ``checkpoint`` (a folder, or a hub id such as ``osunlp/WebJudge-7B``) also
     fixes the image policy (its training pixel bounds; ``min_pixels``/``max_pixels`` set beside it must
     equal them); without it, ``min_pixels``/``max_pixels`` do (one of them alone: keyshot's default for the
     other, said in one line), else keyshot's default policy. A checkpoint that records
     the answer length it was trained on also fixes the least answer limit (:func:`keyshot.infer.judge.scorer_factory.scorer_max_tokens`).
     """
 
-    backend: Literal["openai", "transformers", "none"] = "openai"
+    backend: str = "openai"
     endpoint: EndpointConfig | None = None
     endpoints: list[EndpointConfig] | None = (
         None  # a pool of replicas of one model (keyshot.infer.client.pool)

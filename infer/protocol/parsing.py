@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from keyshot.infer.protocol.prompts import prompt_source
+
 Mode = Literal["strict", "reference"]
 MODES = ("strict", "reference")
 
@@ -77,11 +79,8 @@ def parse_key_points(text: str, mode: Mode = "strict") -> str:
 # ---------------------------------------------------------------- key-screenshot score
 # The labels each prompt variant asks for ("1. **Reasoning**: ... 2. **Score**: N" for
 # online_mind2web, "### Reasoning**: ... ### Score**: N" for general) and that its reference parser
-# splits on. Checked against all 3,679 released scorer answers on AgentRewardBench (dev).
-_REFERENCE_LABELS = {
-    "online_mind2web": ("**Reasoning**:", "Score"),
-    "general": ("### Reasoning:", "### Score"),
-}
+# splits on are the prompt set's own (keyshot.infer.protocol.prompts.PromptSource). Checked against all
+# 3,679 released scorer answers on AgentRewardBench (dev).
 # Strict: a score label is a heading ("### Score"), bold ("**Score**") or "Score:" with a colon,
 # followed by one digit 1-5 that is not part of a longer number.
 _SCORE_LABEL = re.compile(
@@ -98,12 +97,13 @@ _REASONING_LABEL = re.compile(r"(?:#+[ \t]*)?\**reasoning\**[ \t]*\**[ \t]*:?\**
 def carries_labels(text: str, variant: str) -> bool:
     """Whether a scorer answer carries ``variant``'s own reasoning or score label (``general``:
     ``### Reasoning:``, ``### Score``): which prompt set a released answer was asked with."""
-    return any(label in text for label in _REFERENCE_LABELS[variant])
+    source = prompt_source(variant)
+    return source.reasoning_label in text or source.score_label in text
 
 
 def _reference_digit(text: str, variant: str) -> tuple[int | None, str | None]:
     """The offset of the first 1-5 between the first and the second score label, or the error."""
-    score_label = _REFERENCE_LABELS[variant][1]
+    score_label = prompt_source(variant).score_label
     at = text.find(score_label)
     if at < 0:
         return None, f"no {score_label!r} in answer"
@@ -122,9 +122,12 @@ def _strict_label(text: str) -> re.Match[str] | None:
 
 
 def _reference_score(text: str, variant: str) -> ScoreResult:
-    reasoning, score_label = _REFERENCE_LABELS[variant]
-    thought = text.split(reasoning)[-1].strip().lstrip("\n")
-    thought = thought.split("\n\n")[0] if variant == "online_mind2web" else thought.split(score_label)[0]
+    source = prompt_source(variant)
+    thought = text.split(source.reasoning_label)[-1].strip().lstrip("\n")
+    if source.thought_is_first_paragraph:
+        thought = thought.split("\n\n")[0]
+    else:
+        thought = thought.split(source.score_label)[0]
     thought = thought.replace("\n", " ")
     offset, error = _reference_digit(text, variant)
     if offset is None:
@@ -133,8 +136,7 @@ def _reference_score(text: str, variant: str) -> ScoreResult:
 
 
 def _check_variant(variant: str) -> None:
-    if variant not in _REFERENCE_LABELS:
-        raise ValueError(f"unknown prompt variant {variant!r}")
+    prompt_source(variant)  # PromptSetError (a ValueError) naming the known ones
 
 
 def parse_score(text: str, mode: Mode = "strict", variant: str = "online_mind2web") -> ScoreResult:
@@ -168,14 +170,14 @@ def score_digit_offset(text: str, mode: Mode = "strict", variant: str = "online_
 
 
 def _strict_thought(text: str, score_at: int, variant: str) -> str:
-    """The reasoning before the score label: first paragraph for online_mind2web (as the
-    reference, and as WebJudge-7B was trained), the whole reasoning for general."""
+    """The reasoning before the score label: its first paragraph where the prompt set says so
+    (online_mind2web, as the reference and as WebJudge-7B was trained), else all of it (general)."""
     head = text[:score_at]
     labels = list(_REASONING_LABEL.finditer(head))
     if labels:
         head = head[labels[-1].end() :]
     head = head.strip()
-    if variant == "online_mind2web":
+    if prompt_source(variant).thought_is_first_paragraph:
         head = head.split("\n\n")[0]
     head = re.sub(r"(?:\n|^)\s*(?:\d+\.|-)?\s*\**\s*$", "", head)  # a "2." that introduced the label
     return " ".join(head.split())

@@ -16,6 +16,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -435,6 +436,48 @@ def test_a_browser_idle_longer_than_its_timeout_is_not_taken_for_stuck_by_its_ne
         time.sleep(8.5)  # idle past the timeout
         page = browser.act("noop(wait_ms=5500)")  # answered after the first look at the silence (5 s)
         assert page.error is None and browser.process.alive and pool.replaced == 0
+
+
+@pytest.mark.slow
+def test_a_page_given_back_by_many_threads_at_once_frees_its_place_once(live):
+    """Four sessions in one Chromium of four pages, each closed by eight threads at the same moment (a
+    barrier), two rounds, with a thread spinning beside them at a 0.1 ms switch interval: each session
+    is given back once, the Chromium's count of its pages goes back to 0 (not below: a page given back
+    twice would free a second place, and that Chromium would then be handed more pages than its budget),
+    and the next round's four pages fit in the same Chromium again."""
+    stop, interval = threading.Event(), sys.getswitchinterval()
+
+    def spin():
+        while not stop.is_set():
+            sum(range(1000))
+
+    spinning = threading.Thread(target=spin, daemon=True)
+    sys.setswitchinterval(1e-4)
+    spinning.start()
+    try:
+        with BrowserPool(BrowserBudget(4, pages_per_browser=4), "click-button", setup=live) as pool:
+            for round_ in range(2):
+                sessions = [pool.lease() for _ in range(4)]
+                with ThreadPoolExecutor(4) as threads:
+                    list(threads.map(MiniWoBBrowser.reset, sessions, [round_] * 4))
+                [chromium] = pool.processes()
+                assert pool.pages() == {chromium: 4}
+                closers = [s for s in sessions for _ in range(8)]
+                barrier = threading.Barrier(len(closers))
+
+                def close(session, barrier=barrier):
+                    barrier.wait()
+                    session.close()
+
+                with ThreadPoolExecutor(len(closers)) as threads:
+                    list(threads.map(close, closers))
+                assert pool.pages() == {chromium: 0} and pool.leased == 0
+                assert pool.given_back == 4 * (round_ + 1)
+            assert pool.launched == 1 and pool.max_leased == 4
+    finally:
+        stop.set()
+        spinning.join()
+        sys.setswitchinterval(interval)
 
 
 def trl_reward(config):

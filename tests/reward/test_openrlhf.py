@@ -356,9 +356,13 @@ def test_live_episodes_stopped_by_the_token_budget_give_their_browser_back_and_l
     tmp_path, servers, openrlhf
 ):
     """MiniWoB pages in Chromium through the agent file and OpenRLHF's executor, stopped by the token
-    budget long before MiniWoB's 10 steps, two batches one after the other: each episode is judged and
-    gives its page back to the executor's pool once (the second batch starts no Chromium), and once the
-    executor is closed none of the worker or Chromium processes is left."""
+    budget long before MiniWoB's 10 steps, three batches one after the other under load (a thread
+    spinning beside the rollouts at a 0.1 ms switch interval): each episode is judged, its agent closed
+    once and its page given back to the executor's pool once (the pool counts each session's give-back
+    once, however often it is asked; the later batches start no Chromium), and once the executor is
+    closed none of the worker or Chromium processes is left. (The agents are counted as objects: counted
+    by id(), an agent of the first batch freed by then lent its id to one of the next, and each agent's
+    one close was seen twice: closes [2, 2, 2, 2].)"""
     if why := live_browser_missing():
         pytest.skip(why)
     config = write_config(tmp_path / "reward.yaml", *servers)
@@ -369,14 +373,17 @@ def test_live_episodes_stopped_by_the_token_budget_give_their_browser_back_and_l
         agent_file=str(AGENT_FILE),
         labels=["miniwob:click-button:1"],
         samples=2,
-        rounds=2,
+        rounds=3,
         max_length=1000,  # room for the first page (about 480 tokens) and one or two more
         watch_browsers=True,
+        busy_threads=1,
     )
-    check_tensors(out, 4, (UNFINISHED_KEY,))
-    assert all(1 <= n <= 2 for n in out["steps"]) and out["info"][UNFINISHED_KEY] == [1.0] * 4
-    assert out["info"]["keyshot_failed"] == [0.0] * 4 and out["closes"] == [1] * 4
-    # one Chromium holds both pages (a browser context each); the second batch opened no other
+    check_tensors(out, 6, (UNFINISHED_KEY,))
+    assert all(1 <= n <= 2 for n in out["steps"]) and out["info"][UNFINISHED_KEY] == [1.0] * 6
+    assert out["info"]["keyshot_failed"] == [0.0] * 6 and out["closes"] == [1] * 6
+    # six sessions given back, one each; none leased or holding a place in a Chromium after the batches
+    assert out["pages_given_back_leased_placed"] == [6, 0, 0]
+    # one Chromium holds both pages (a browser context each); the later batches opened no other
     assert out["browsers_opened"] == 1
     assert out["browsers_seen"] >= 2  # the worker and its Chromium at least, seen while they ran
     assert out["browsers_left"] == [] and out["episode_folders_left"] == 0
