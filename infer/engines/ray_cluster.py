@@ -93,6 +93,11 @@ class LocalCluster:
         """What a process joining this cluster needs in its environment (token authentication)."""
         return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token, "RAY_USAGE_STATS_ENABLED": "0"}
 
+    @property
+    def node_env(self) -> dict[str, str]:
+        """A node's environment: :attr:`env`, and a lost node noticed within ~3 s (Ray's health checks)."""
+        return {**self.env, "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+
     def start(self) -> LocalCluster:
         t0 = time.perf_counter()
         if self.temp_dir is None:  # short: Ray's socket paths under it must stay under 108 characters
@@ -149,7 +154,7 @@ class LocalCluster:
                 stdout=sink,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env},
+                env={**os.environ, **self.node_env},
                 start_new_session=True,
             )
         node = _Node(proc, log)

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from keyshot.infer.cli import main as keyshot
+from keyshot.infer.common.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_USAGE
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.runs.run_record import read_engine, read_protocol
 from keyshot.infer.testing.fake_openai import FakeOpenAI
-from keyshot.infer.testing.watch import line_count, wait_until
+from keyshot.infer.testing.watch import kill_when, line_count, wait_until
 from tests.support import paths
-from tests.support.judge_inputs import N_TRAJECTORIES, judge_argv
+from tests.support.judge_inputs import N_TRAJECTORIES, TINY_CPU, TRAJ, judge_argv
 from tests.support.ray_cluster import ray_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -120,3 +121,96 @@ def test_a_node_killed_mid_run_loses_nothing(cluster, tmp_path):
         assert proc.returncode == 0, err.decode()[-2000:]
     assert_all_judged_once(out)
     cluster.add_node()  # the module's cluster has two nodes again
+
+
+#: What one process sends for the fixtures (test_equal_to_one_process): 14 judge and 24 scorer calls.
+CALLS = 38
+#: The most calls in flight on the whole cluster: judge and scorer each at most max_concurrency 4 (tiny_cpu),
+#: shared out over the actors.
+IN_FLIGHT = 8
+
+
+def test_a_killed_driver_resumes_repaying_at_most_the_calls_in_flight(cluster, tmp_path):
+    out = tmp_path / "out"
+    with FakeOpenAI(latency_s=0.3) as server:
+        argv = judge_argv(server, out) + ["--engine", "ray", "--ray-address", cluster.address]
+        kill_when(
+            keyshot_process(argv, cluster), lambda: line_count(out / "verdicts.jsonl") >= 2, "2 verdicts"
+        )
+        server.settled_stats()
+        assert keyshot(argv) == 0
+        stats = server.settled_stats()
+    assert_all_judged_once(out)
+    distinct = len(request_contents(server))
+    assert distinct == CALLS
+    repaid = stats.requests - distinct
+    assert 0 <= repaid <= IN_FLIGHT, f"{repaid} calls paid twice"
+
+
+def test_a_local_cluster_ends_with_keyshot_even_killed(cluster, tmp_path):
+    out = tmp_path / "out"
+    ours = set(cluster_pids())
+    with FakeOpenAI(latency_s=0.3) as server:
+        proc = keyshot_process(judge_argv(server, out) + ["--engine", "ray"])
+        wait_until(lambda: bool(set(cluster_pids()) - ours), "a local cluster", 120, proc=proc)
+        kill_when(proc, lambda: line_count(out / "verdicts.jsonl") >= 1, "a first verdict", 180)
+    wait_until(lambda: not set(cluster_pids()) - ours, "the local cluster's end", 60)
+
+
+def cluster_pids() -> list[int]:
+    """The processes of every local cluster keyshot started on this machine (their temp folders)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            if b"/tmp/ksray-" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except (ValueError, OSError):
+            continue
+    return found
+
+
+def test_the_budget_holds_over_the_whole_cluster(cluster, tmp_path):
+    out = tmp_path / "out"
+    # ~2,300 prompt tokens a judge call: $2.3 each; $10 is 4 or 5 calls, in one ledger for both actors
+    prices = {"judge.price_input_per_mtok": "1000", "judge.budget_usd": "10"}
+    with FakeOpenAI() as server:
+        argv = judge_argv(server, out, **prices)
+        argv += ["--engine", "ray", "--ray-address", cluster.address, "--ray-per-actor", "4"]
+        assert keyshot(argv) == EXIT_BUDGET
+    run = json.loads((out / "summary.json").read_text())["run"]
+    assert run["budget_stop"] and run["engine"]["actors"] == 2
+    spent = run["ledger"]["fake-judge"]["cost_usd"]
+    assert 0 < spent <= 10 + 2.5, spent  # one call past the estimate at most; each actor alone: ~$20
+
+
+def test_a_failed_call_fails_its_trajectory_not_the_job(cluster, tmp_path):
+    out = tmp_path / "out"
+    with FakeOpenAI(faults={"500": 0.15}) as server:
+        argv = judge_argv(server, out, **{"judge.max_retries": "0", "scorer.endpoint.max_retries": "0"})
+        assert keyshot(argv + ["--engine", "ray", "--ray-address", cluster.address]) == EXIT_INCOMPLETE
+    verdicts = read_verdicts(out / "verdicts.jsonl")
+    assert len({v.key for v in verdicts}) == len(verdicts) == N_TRAJECTORIES
+    assert any(v.incomplete for v in verdicts)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["concurrency=0"], "concurrency must be >= 1"),
+        (["--ray-per-actor", "0"], "--ray-per-actor must be >= 1"),
+        (["--shard", "3/2"], "shard"),
+    ],
+)
+def test_errors_are_refused_in_one_line_before_the_cluster_works(tmp_path, capsys, extra, says):
+    argv = ["judge", str(TRAJ / "agentlab"), "--config", TINY_CPU, f"out={tmp_path / 'out'}"]
+    # an address nothing listens on: joining it would fail, so the refusal came before
+    assert keyshot([*argv, "--engine", "ray", "--ray-address", "127.0.0.1:9", *extra]) == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_ray_options_need_the_ray_engine(tmp_path, capsys):
+    argv = ["judge", str(TRAJ / "agentlab"), "--config", TINY_CPU, "--ray-address", "auto"]
+    assert keyshot(argv) == EXIT_USAGE
+    assert "--ray-address needs --engine ray" in capsys.readouterr().err
