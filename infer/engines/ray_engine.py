@@ -32,10 +32,12 @@ from keyshot.infer.common.errors import KeyshotError
 
 logger = logging.getLogger(__name__)
 
-#: Rows per block of the input dataset (a block is what a lost worker redoes).
-ROWS_PER_BLOCK = 4
-#: Tasks (blocks) Ray Data sends one actor at once; the actor's own bound (``per_actor``) decides.
+#: Tasks (blocks) one actor runs at once (Ray Data's ``max_concurrent_calls_per_actor``), and batches one
+#: task has in flight (Ray Data's async map); the actor's own bound (``per_actor``) decides what runs.
 TASKS_PER_ACTOR = 4
+BATCHES_PER_TASK = 4
+#: How long the actors may take to start (a cluster without room for them fails then, naming it).
+ACTORS_START_S = 300
 
 
 class Stage(Protocol):
@@ -167,17 +169,25 @@ def run_rows(
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
-    ds = ray.data.from_items(rows, override_num_blocks=max(1, math.ceil(len(rows) / ROWS_PER_BLOCK)))
+    # the work starts once every actor is up: the first one up would otherwise take the first blocks of all
+    ctx.wait_for_min_actors_s = ACTORS_START_S
+    # twice the actor's bound waiting in its running tasks, so a slot that frees is taken at once; a block
+    # (what a lost worker redoes) is one task's batches
+    batch = max(1, math.ceil(2 * plan.per_actor / (TASKS_PER_ACTOR * BATCHES_PER_TASK)))
+    blocks = max(1, math.ceil(len(rows) / (batch * BATCHES_PER_TASK)))
+    ds = ray.data.from_items(rows, override_num_blocks=blocks)
     with warnings.catch_warnings():  # SPREAD has no named parameter yet (Ray 2.60 warns of the kwargs)
         warnings.simplefilter("ignore", DeprecationWarning)
         # Ray Data restarts a lost actor and retries its tasks (max_restarts=-1, max_task_retries=-1)
         ds = ds.map_batches(
             _StageActor,
             fn_constructor_args=(factory, plan.per_actor, os.getcwd()),
-            batch_size=max(1, math.ceil(plan.per_actor / TASKS_PER_ACTOR)),
+            batch_size=batch,
             batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(
-                size=plan.actors, max_tasks_in_flight_per_actor=TASKS_PER_ACTOR
+                size=plan.actors,
+                max_tasks_in_flight_per_actor=TASKS_PER_ACTOR,
+                max_concurrent_calls_per_actor=TASKS_PER_ACTOR,
             ),
             num_cpus=plan.cpus,
             scheduling_strategy="SPREAD",  # one actor per node where there are as many nodes
