@@ -214,3 +214,31 @@ def test_ray_options_need_the_ray_engine(tmp_path, capsys):
     argv = ["judge", str(TRAJ / "agentlab"), "--config", TINY_CPU, "--ray-address", "auto"]
     assert keyshot(argv) == EXIT_USAGE
     assert "--ray-address needs --engine ray" in capsys.readouterr().err
+
+
+def test_reward_filter_on_ray_keeps_what_one_process_keeps(cluster, tmp_path):
+    from keyshot.infer.testing.fake_openai import make_judge
+    from tests.support.reward import write_config
+
+    rollouts = str(TRAJ / "online_mind2web_v1")
+    results = {}
+    with FakeOpenAI(make_judge()) as server:
+        config = write_config(tmp_path / "reward.yaml", server)
+        for engine in ("process", "ray"):
+            out = tmp_path / engine
+            argv = [
+                "reward",
+                "filter",
+                rollouts,
+                "--config",
+                str(config),
+                "--min-reward",
+                "1",
+                "--out",
+                str(out),
+            ]
+            argv += ["--engine", engine] + (["--ray-address", cluster.address] if engine == "ray" else [])
+            assert keyshot(argv) == 0
+            results[engine] = [(out / name).read_text() for name in ("rewards.jsonl", "accepted.jsonl")]
+    assert results["ray"] == results["process"]
+    assert results["ray"][0].count("\n") == 2
