@@ -149,17 +149,18 @@ def filter_rollouts(
     with ``link`` link the accepted folders into ``OUT/accepted/``. ``engine``: score on a Ray cluster."""
     if engine is not None:
         require_ray()
-    found, errors = read_rollouts(paths)
-    trajectories = [t for t, _ in found]
-    if not trajectories and not errors:
-        raise RolloutFilterError(f"no rollouts found in {', '.join(paths)}")
-    if engine is not None:
-        results = score_on_ray(config, overrides, trajectories, engine)
-    else:
-        rm = RewardModel.from_config(config, *overrides)
-        try:
+    rm = RewardModel.from_config(config, *overrides) if engine is None else None
+    try:
+        found, errors = read_rollouts(paths)
+        trajectories = [t for t, _ in found]
+        if not trajectories and not errors:
+            raise RolloutFilterError(f"no rollouts found in {', '.join(paths)}")
+        if rm is None:
+            results = score_on_ray(config, overrides, trajectories, engine)
+        else:
             results = rm.score_sync(trajectories)
-        finally:
+    finally:
+        if rm is not None:
             rm.close()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
