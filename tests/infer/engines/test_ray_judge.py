@@ -18,13 +18,12 @@ from keyshot.infer.cli import main as keyshot
 from keyshot.infer.common.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_USAGE
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.runs.run_record import read_engine, read_protocol
-from keyshot.infer.testing.fake_openai import FakeOpenAI
+from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 from keyshot.infer.testing.watch import kill_when, line_count, wait_until
 from tests.support import paths
 from tests.support.judge_inputs import N_TRAJECTORIES, TINY_CPU, TRAJ, judge_argv
 from tests.support.ray_cluster import ray_cluster
-
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+from tests.support.reward import write_config
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +44,8 @@ def verdict_facts(out: Path) -> dict:
     }
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_equal_to_one_process(cluster, tmp_path):
     with FakeOpenAI() as one:
         assert keyshot(judge_argv(one, tmp_path / "one")) == 0
@@ -95,6 +96,8 @@ def assert_all_judged_once(out: Path) -> None:
     assert all(v.finished for v in verdicts)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_worker_killed_mid_run_loses_nothing(cluster, tmp_path):
     out = tmp_path / "out"
     with FakeOpenAI(latency_s=0.3) as server:
@@ -109,6 +112,8 @@ def test_a_worker_killed_mid_run_loses_nothing(cluster, tmp_path):
     assert_all_judged_once(out)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_node_killed_mid_run_loses_nothing(cluster, tmp_path):
     out = tmp_path / "out"
     with FakeOpenAI(latency_s=0.3) as server:
@@ -130,6 +135,8 @@ CALLS = 38
 IN_FLIGHT = 8
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_killed_driver_resumes_repaying_at_most_the_calls_in_flight(cluster, tmp_path):
     out = tmp_path / "out"
     with FakeOpenAI(latency_s=0.3) as server:
@@ -147,6 +154,8 @@ def test_a_killed_driver_resumes_repaying_at_most_the_calls_in_flight(cluster, t
     assert 0 <= repaid <= IN_FLIGHT, f"{repaid} calls paid twice"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_local_cluster_ends_with_keyshot_even_killed(cluster, tmp_path):
     out = tmp_path / "out"
     ours = set(cluster_pids())
@@ -169,6 +178,8 @@ def cluster_pids() -> list[int]:
     return found
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_the_budget_holds_over_the_whole_cluster(cluster, tmp_path):
     out = tmp_path / "out"
     # ~2,300 prompt tokens a judge call: $2.3 each; $10 is 4 or 5 calls, in one ledger for both actors
@@ -183,6 +194,8 @@ def test_the_budget_holds_over_the_whole_cluster(cluster, tmp_path):
     assert 0 < spent <= 10 + 2.5, spent  # one call past the estimate at most; each actor alone: ~$20
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_failed_call_fails_its_trajectory_not_the_job(cluster, tmp_path):
     out = tmp_path / "out"
     with FakeOpenAI(faults={"500": 0.15}) as server:
@@ -216,10 +229,9 @@ def test_ray_options_need_the_ray_engine(tmp_path, capsys):
     assert "--ray-address needs --engine ray" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_reward_filter_on_ray_keeps_what_one_process_keeps(cluster, tmp_path):
-    from keyshot.infer.testing.fake_openai import make_judge
-    from tests.support.reward import write_config
-
     rollouts = str(TRAJ / "online_mind2web_v1")
     results = {}
     with FakeOpenAI(make_judge()) as server:
