@@ -254,3 +254,34 @@ def test_reward_filter_on_ray_keeps_what_one_process_keeps(cluster, tmp_path):
             results[engine] = [(out / name).read_text() for name in ("rewards.jsonl", "accepted.jsonl")]
     assert results["ray"] == results["process"]
     assert results["ray"][0].count("\n") == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_synth_on_ray_gives_the_labels_and_rows_of_one_process(cluster, tmp_path):
+    from datasets import load_from_disk
+
+    from keyshot.data_synth.labelling_run import run_synth
+    from keyshot.data_synth.labels import LABELS_FILE, read_store
+    from keyshot.infer.testing.fake_openai import make_teacher
+    from tests.support.synth_env import RULES, synth_config, teacher_set
+
+    with FakeOpenAI(make_teacher(RULES["bright"])) as bright, FakeOpenAI(make_teacher(RULES["dark"])) as dark:
+        teachers = teacher_set({"bright": bright.base_url, "dark": dark.base_url})
+        one = synth_config(tmp_path / "one.yaml", tmp_path / "one", teachers)
+        assert run_synth(one).exit_code == 0
+        paid = len(bright.requests) + len(dark.requests)
+        bright.requests.clear(), dark.requests.clear()
+        on_ray = synth_config(tmp_path / "ray.yaml", tmp_path / "ray", teachers)
+        argv = ["synth", "run", "--config", str(tmp_path / "ray.yaml"), "--engine", "ray"]
+        assert keyshot([*argv, "--ray-address", cluster.address]) == 0
+        assert len(bright.requests) + len(dark.requests) == paid
+    found = {}
+    for run in (one.run_dir, on_ray.run_dir):
+        by_step = read_store(Path(run) / LABELS_FILE).labels_by_step()
+        dataset = load_from_disk(f"{run}/dataset")
+        found[run] = (
+            {step: sorted((r.teacher, r.score) for r in rs) for step, rs in by_step.items()},
+            {split: sorted(map(str, ds["messages"])) for split, ds in dataset.items()},
+        )
+    assert found[one.run_dir] == found[on_ray.run_dir] and found[one.run_dir][0]
