@@ -96,35 +96,38 @@ def assert_all_judged_once(out: Path) -> None:
     assert all(v.finished for v in verdicts)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_a_worker_killed_mid_run_loses_nothing(cluster, tmp_path):
-    out = tmp_path / "out"
+def judged_through(cluster, out: Path, strike, *, first_on_node: int | None = None) -> None:
+    """``keyshot judge --engine ray`` in a process of its own, ``strike()`` once its first verdict is written
+    (and, with ``first_on_node``, once that node runs an actor); the run must still judge everything once."""
     with FakeOpenAI(latency_s=0.3) as server:
         argv = judge_argv(server, out) + ["--engine", "ray", "--ray-address", cluster.address]
         proc = keyshot_process(argv, cluster)
+        if first_on_node is not None:
+            on_node = lambda: bool(worker_pids(cluster, node=first_on_node))  # noqa: E731
+            wait_until(on_node, f"an actor on node {first_on_node}", 120, proc=proc)
         wait_until(lambda: line_count(out / "verdicts.jsonl") >= 1, "a first verdict", 120, proc=proc)
-        victims = worker_pids(cluster)
-        assert victims, "no stage actor found"
-        os.kill(victims[0], signal.SIGKILL)
+        strike()
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err.decode()[-2000:]
     assert_all_judged_once(out)
+
+
+def kill_a_worker(cluster) -> None:
+    victims = worker_pids(cluster)
+    assert victims, "no stage actor found"
+    os.kill(victims[0], signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_worker_killed_mid_run_loses_nothing(cluster, tmp_path):
+    judged_through(cluster, tmp_path / "out", lambda: kill_a_worker(cluster))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_node_killed_mid_run_loses_nothing(cluster, tmp_path):
-    out = tmp_path / "out"
-    with FakeOpenAI(latency_s=0.3) as server:
-        argv = judge_argv(server, out) + ["--engine", "ray", "--ray-address", cluster.address]
-        proc = keyshot_process(argv, cluster)
-        wait_until(lambda: bool(worker_pids(cluster, node=1)), "an actor on the second node", 120, proc=proc)
-        wait_until(lambda: line_count(out / "verdicts.jsonl") >= 1, "a first verdict", 120, proc=proc)
-        cluster.kill_node(1)
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err.decode()[-2000:]
-    assert_all_judged_once(out)
+    judged_through(cluster, tmp_path / "out", lambda: cluster.kill_node(1), first_on_node=1)
     cluster.add_node()  # the module's cluster has two nodes again
 
 
