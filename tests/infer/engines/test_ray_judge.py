@@ -184,17 +184,22 @@ def cluster_pids() -> list[int]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_budget_holds_over_the_whole_cluster(cluster, tmp_path):
+    """One ledger for both actors: no call starts once the cluster's spending (with its calls in flight)
+    reaches the budget, so at most the calls then in flight pass it: one per actor here (one trajectory
+    each, its judge calls one after another). Each actor with a ledger of its own would spend the budget
+    once per actor."""
     out = tmp_path / "out"
-    # ~2,300 prompt tokens a judge call: $2.3 each; $10 is 4 or 5 calls, in one ledger for both actors
-    prices = {"judge.price_input_per_mtok": "1000", "judge.budget_usd": "10"}
+    prices = {"judge.price_input_per_mtok": "1000", "judge.budget_usd": "10"}  # ~$2.3 a judge call
     with FakeOpenAI() as server:
         argv = judge_argv(server, out, **prices)
-        argv += ["--engine", "ray", "--ray-address", cluster.address, "--ray-per-actor", "4"]
+        argv += ["--engine", "ray", "--ray-address", cluster.address, "--ray-per-actor", "1"]
         assert keyshot(argv) == EXIT_BUDGET
     run = json.loads((out / "summary.json").read_text())["run"]
     assert run["budget_stop"] and run["engine"]["actors"] == 2
-    spent = run["ledger"]["fake-judge"]["cost_usd"]
-    assert 0 < spent <= 10 + 2.5, spent  # one call past the estimate at most; each actor alone: ~$20
+    judge = run["ledger"]["fake-judge"]
+    assert judge["budget_stops"] >= 1
+    costliest = max(v.usage["judge"].cost_usd for v in read_verdicts(out / "verdicts.jsonl"))  # >= one call
+    assert 0 < judge["cost_usd"] <= 10 + 2 * costliest, judge
 
 
 @pytest.mark.slow
