@@ -40,6 +40,7 @@ STEPS=()
 stop_ray() {
   for pid in "${STEPS[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait "${STEPS[@]}" 2>/dev/null || true
+  rm -rf "$RAY_TMP"  # the first node's; the others' go with the nodes' /tmp
 }
 trap stop_ray EXIT
 srun --nodes=1 --ntasks=1 -w "$HEAD" --overlap ray start --head --node-ip-address="$HEAD_IP" --port="$PORT" \

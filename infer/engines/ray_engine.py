@@ -159,7 +159,8 @@ def run_rows(
     plan: EnginePlan,
 ) -> Iterator[tuple[str, dict]]:
     """``(key, result)`` for each of ``items`` (``(key, item)``, keys unique), in the order they are done.
-    The caller may stop iterating (a budget stop): Ray Data then ends the run."""
+    A stage that must stop (a spent budget) says so in its results and the caller reads on: every item
+    comes back."""
     import ray
     import ray.data
 
@@ -192,9 +193,13 @@ def run_rows(
             num_cpus=plan.cpus,
             scheduling_strategy="SPREAD",  # one actor per node where there are as many nodes
         )
-    for batch in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0):
-        for key, blob in zip(batch["key"], batch["result"], strict=True):
-            yield str(key), pickle.loads(blob)
+    batches = iter(ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0))
+    try:
+        for batch in batches:
+            for key, blob in zip(batch["key"], batch["result"], strict=True):
+                yield str(key), pickle.loads(blob)
+    finally:
+        batches.close()  # Ray Data ends the run's execution here, before the caller shuts Ray down
 
 
 # ---------------------------------------------------------------------------- the cluster's ledger

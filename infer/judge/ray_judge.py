@@ -137,10 +137,11 @@ def judge_on_ray(
         plan.per_actor,
     )
     for key, result in run_rows(items, stage, plan):
-        if "stopped" in result:
-            stop = RemoteStop(result["stopped"], result["exit_code"], result["budget"])
-            logger.error("%s; stopping%s", stop, f": {stop.advice}" if stop.advice else "")
-            break
+        if "stopped" in result:  # that actor judges nothing more; the others stop at their own first refusal
+            if stop is None:
+                stop = RemoteStop(result["stopped"], result["exit_code"], result["budget"])
+                logger.error("%s; stopping%s", stop, f": {stop.advice}" if stop.advice else "")
+            continue
         if key in written:  # a retried block's second answer: one verdict per trajectory
             continue
         verdict = Verdict.from_dict(result["verdict"])
