@@ -24,7 +24,10 @@ OUT=${3:?usage: sbatch --nodes=N slurm/judge_ray.sh INPUT CONFIG.yaml OUT [...]}
 shift 3
 mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD=${NODES[0]}
-HEAD_IP=$(getent ahostsv4 "$HEAD" | awk 'NR == 1 {print $1}')
+# RAY_NODE_IP: every node's address where the allocation is one machine (a test cluster). Ray puts the
+# machine's outward address in place of 127.0.0.1, so name another loopback address there (127.0.0.2).
+HEAD_IP=${RAY_NODE_IP:-$(getent ahostsv4 "$HEAD" | awk 'NR == 1 {print $1}')}
+NODE_IP=(${RAY_NODE_IP:+--node-ip-address="$RAY_NODE_IP"})
 PORT=${RAY_PORT:-$((20000 + (SLURM_JOB_ID % 2000) * 10))}
 WORKER_PORT=${RAY_WORKER_PORT:-$((40000 + (SLURM_JOB_ID % 200) * 100))}
 CPUS=${SLURM_CPUS_PER_TASK:-1}
@@ -50,7 +53,8 @@ STEPS+=($!)
 ray_nodes() {
   python - "$HEAD_IP:$PORT" <<'PY' 2>/dev/null || echo 0
 import sys, ray
-ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+from keyshot.infer.engines.ray_cluster import node_ip_of
+ray.init(address=sys.argv[1], _node_ip_address=node_ip_of(sys.argv[1]), logging_level="ERROR", log_to_driver=False)
 print(sum(1 for n in ray.nodes() if n["Alive"]))
 PY
 }
@@ -65,7 +69,7 @@ wait_nodes() {
 wait_nodes 1
 if [ "${#NODES[@]}" -gt 1 ]; then
   srun --nodes=$((${#NODES[@]} - 1)) --ntasks=$((${#NODES[@]} - 1)) --exclude="$HEAD" --overlap \
-    ray start --address="$HEAD_IP:$PORT" "${NODE_ARGS[@]}" &
+    ray start --address="$HEAD_IP:$PORT" "${NODE_IP[@]}" "${NODE_ARGS[@]}" &
   STEPS+=($!)
   wait_nodes "${#NODES[@]}"
 fi

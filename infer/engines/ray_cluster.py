@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import ipaddress
 import os
 import secrets
 import shutil
@@ -31,6 +32,14 @@ from keyshot.infer.common.processes import free_port, pid_alive
 NODE_CPUS = 1
 OBJECT_STORE_BYTES = 100_000_000
 START_TIMEOUT_S = 90.0
+#: The address of a local cluster's nodes. Ray reads 127.0.0.1 and localhost as "this machine" and puts the
+#: machine's outward address in their place (ray._private.services.resolve_ip_for_localhost), so its nodes
+#: would talk over that interface; any other loopback address it keeps, and the cluster stays on loopback.
+LOOPBACK_HOST = "127.0.0.2"
+#: Ray's dashboard asks the cloud's instance metadata (169.254.169.254) which cloud it runs on unless this
+#: file, in the home folder of its process, names the provider: a local cluster's nodes run with a home
+#: folder of their own that names it ("local", Ray's name for machines started by hand).
+BOOTSTRAP_CONFIG = "ray_bootstrap_config.yaml"
 #: The environment Ray's token authentication reads (ray.init and every ``ray start``).
 AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 
@@ -77,7 +86,7 @@ class LocalCluster:
     cpus: float = NODE_CPUS
     object_store_bytes: int = OBJECT_STORE_BYTES
     temp_dir: Path | None = None
-    host: str = "127.0.0.1"
+    host: str = LOOPBACK_HOST
     token: str = field(default_factory=lambda: secrets.token_hex(32))
     _nodes: list[_Node] = field(default_factory=list, repr=False)
     _made_temp: bool = False
@@ -95,8 +104,15 @@ class LocalCluster:
 
     @property
     def node_env(self) -> dict[str, str]:
-        """A node's environment: :attr:`env`, and a lost node noticed within ~3 s (Ray's health checks)."""
-        return {**self.env, "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+        """A node's environment: :attr:`env`, a home folder that keeps Ray's dashboard from asking for cloud
+        metadata (:func:`local_home`), and a lost node noticed within ~3 s (Ray's health checks)."""
+        assert self.temp_dir is not None
+        return {
+            **self.env,
+            "HOME": str(local_home(self.temp_dir)),
+            "RAY_health_check_period_ms": "1000",
+            "RAY_health_check_failure_threshold": "3",
+        }
 
     def start(self) -> LocalCluster:
         t0 = time.perf_counter()
@@ -273,6 +289,25 @@ class Connection:
         }
 
 
+def local_home(folder: Path) -> Path:
+    """``folder/home`` with the :data:`BOOTSTRAP_CONFIG` of a local cluster: the home folder a Ray process
+    started on this machine gets, so that nothing it does leaves the machine."""
+    home = folder / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / BOOTSTRAP_CONFIG).write_text("provider:\n  type: local\n")
+    return home
+
+
+def node_ip_of(address: str) -> str | None:
+    """The address this machine's driver joins a cluster from: the cluster's own where it is a loopback one
+    (Ray would otherwise take the machine's outward address for the driver), else None (Ray's choice)."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(host).is_loopback:
+            return host
+    return None
+
+
 def connect(address: str | None, *, cpus: float | None = None) -> Connection:
     """Join the cluster at ``address`` (``auto``: the one ``RAY_ADDRESS`` or this machine's running head
     names), or start a local one of one node that ends with keyshot. The token of a joined cluster is the
@@ -287,7 +322,12 @@ def connect(address: str | None, *, cpus: float | None = None) -> Connection:
     import ray
 
     try:
-        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+        ray.init(
+            address=address,
+            _node_ip_address=node_ip_of(address),
+            logging_level="WARNING",
+            log_to_driver=False,
+        )
     except Exception as exc:
         if started is not None:
             started.stop()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from keyshot.infer.cli import main as keyshot
+from keyshot.infer.engines.ray_cluster import LOOPBACK_HOST, local_home
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.fake_openai import spawn_fake_openai
 from keyshot.infer.testing.scorer_data import build_scorer_dataset
@@ -123,8 +124,11 @@ def test_judge_on_a_ray_cluster_over_the_allocation_equals_one_process(cluster, 
     logs.mkdir()
     with spawn_fake_openai("judge") as (url, _):
         cfg = judge_config(tmp_path, {"base_url": url})
+        # one machine: its Ray nodes on a loopback address Ray keeps, with a home folder that keeps Ray's
+        # dashboard from asking for cloud metadata (keyshot.infer.engines.ray_cluster)
+        home = str(local_home(tmp_path))
         job = sbatch(
-            cluster,
+            {**cluster, "RAY_NODE_IP": LOOPBACK_HOST, "HOME": home},
             "--nodes=1",
             "--cpus-per-task=2",
             f"--output={logs}/judge-ray-%j.out",

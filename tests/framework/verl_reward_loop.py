@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -69,6 +70,7 @@ from verl.experimental.reward_loop.router.naive_router import launch_router_proc
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.reward import extract_reward
 
+from keyshot.infer.engines.ray_cluster import LOOPBACK_HOST, local_home
 from keyshot.infer.loaders import load_trajectory
 from keyshot.reward.episode import Episode
 
@@ -323,9 +325,24 @@ def main(spec_path: str) -> int:
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
     reward_loop.RewardModelManager = ServedRewardModel
     # a cluster of its own (never one the machine already runs, which ray.init() without an address joins):
-    # its own temp folder, and ports Ray picks free
+    # its own temp folder, ports Ray picks free, on loopback, its processes with a home folder that keeps
+    # Ray's dashboard from asking for cloud metadata (keyshot.infer.engines.ray_cluster says why)
     ray_temp = tempfile.mkdtemp(prefix="ksray-verl-", dir="/tmp")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=True, _temp_dir=ray_temp)
+    home, os.environ["HOME"] = os.environ.get("HOME"), str(local_home(Path(ray_temp)))
+    try:
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=True,
+            _temp_dir=ray_temp,
+            _node_ip_address=LOOPBACK_HOST,
+        )
+    finally:
+        if home is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = home
     try:
         results = {
             c["name"]: run_case(c, tokenizer_dir, tokenizer, c.get("reward_file", spec["reward_file"]))
