@@ -32,6 +32,7 @@ from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.fingerprint import protocol_fingerprint
 from keyshot.infer.judge.inputs import load_all, other_inputs_message
 from keyshot.infer.judge.run import run_judge, run_warnings
+from keyshot.infer.loaders.common import logger as loader_logger
 from keyshot.infer.metrics.compute import OVERALL, compute_metrics, records_from_verdicts
 from keyshot.infer.model.checkpoint import read_meta
 from keyshot.infer.model.tiny_model import build_tiny_scorer
@@ -154,10 +155,24 @@ def _forget_other_run(judged: Path, cfg: JudgeRunConfig, samples: Path) -> None:
         shutil.rmtree(judged)
         return
     existing = read_verdicts(judged / VERDICTS_FILE)
-    trajectories = load_all([str(samples)], cfg).trajectories
+    if not existing:
+        return  # nothing judged yet: the judge run reads the folders, and names what it skips, once
+    with _quiet(loader_logger):  # the judge run that follows names each entry it skips
+        trajectories = load_all([str(samples)], cfg).trajectories
     if other_inputs_message(judged, existing, trajectories, trajectories):
         logger.info("%s holds the demo's verdicts of other folders; starting it over", judged)
         shutil.rmtree(judged)
+
+
+@contextlib.contextmanager
+def _quiet(log: logging.Logger) -> Iterator[None]:
+    """``log``'s warnings held back while the block runs."""
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def demo_arguments(ap: argparse.ArgumentParser) -> None:

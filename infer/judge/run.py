@@ -46,7 +46,7 @@ from keyshot.infer.judge.scorer_factory import (
     describe_scorer,
     scorer_max_tokens,
     scorer_policy,
-    start_served_scorer,
+    served_scorer,
     warn_default_policy,
 )
 from keyshot.infer.loaders.trajectory import Trajectory
@@ -73,7 +73,6 @@ from keyshot.infer.runs.summary import (
     write_summary,
 )
 from keyshot.infer.serve.plan import check_prompt_version
-from keyshot.infer.serve.server import VLLMServer
 
 logger = logging.getLogger(__name__)
 
@@ -354,28 +353,23 @@ def _judge_locked(
         check_endpoints(cfg, serve_scorer)
     cache = CallCache(cfg.cache or out / CACHE_FILE)
     ledger = UsageLedger()
-    server: VLLMServer | None = None
     done: list[Verdict] = []
     stop_error: RunStopError | None = None
     cut_answers: list[dict] = []
     try:
-        scorer_endpoint = None
-        if serve_scorer and todo:  # the server's log beside the run, not in /tmp
-            server, scorer_endpoint = start_served_scorer(
-                cfg, serve_scorer, str(out / "vllm.log"), checkpoint
-            )
-        if todo:
-            judge = JudgeClient(cfg.judge, cache, ledger)
-            scorer = build_scorer(cfg, cache, ledger, scorer_endpoint, checkpoint)
-            webjudge = WebJudge(judge, scorer, cfg.pipeline)
-            with VerdictWriter(verdicts_path) as writer:
-                recording = FirstVerdictRecord(writer, out, fingerprint, read_with)
-                done = asyncio.run(judge_all(webjudge, todo, recording, cfg.concurrency, progress=progress))
-            stop_error = webjudge.stop_error
-            cut_answers = webjudge.cut_report()
+        if todo:  # the served scorer's log beside the run, not in /tmp
+            with served_scorer(cfg, serve_scorer, str(out / "vllm.log"), checkpoint) as scorer_endpoint:
+                judge = JudgeClient(cfg.judge, cache, ledger)
+                scorer = build_scorer(cfg, cache, ledger, scorer_endpoint, checkpoint)
+                webjudge = WebJudge(judge, scorer, cfg.pipeline)
+                with VerdictWriter(verdicts_path) as writer:
+                    recording = FirstVerdictRecord(writer, out, fingerprint, read_with)
+                    done = asyncio.run(
+                        judge_all(webjudge, todo, recording, cfg.concurrency, progress=progress)
+                    )
+                stop_error = webjudge.stop_error
+                cut_answers = webjudge.cut_report()
     finally:
-        if server is not None:
-            server.stop()
         cache.close()
 
     final = latest_verdicts(read_verdicts(verdicts_path))

@@ -303,3 +303,35 @@ def test_metrics_command_scores_released_records(tmp_path):
         for r in csv.DictReader((ARB / "index.csv").read_text().splitlines())
         if r["judge"] == "webjudge_gpt4o"
     )
+
+
+def test_the_metrics_defaults_have_one_home():
+    """``keyshot metrics``'s options and the library's keywords take their defaults from MetricsConfig; an
+    option's default written again (and changed in one place only) fails here."""
+    import argparse
+    import dataclasses
+    import inspect
+
+    from keyshot.infer.metrics import calibration, compute, operating, sweep_compare
+    from keyshot.infer.metrics.command import COMMAND
+    from keyshot.infer.metrics.config import DEFAULTS, MetricsConfig
+
+    parser = COMMAND.configure(argparse.ArgumentParser())
+    parsed = parser.parse_args(["--out", "x"])
+    option_of = {"split_seed": "split_seed", "n_bins": "bins"}
+    for f in dataclasses.fields(MetricsConfig):
+        assert getattr(parsed, option_of.get(f.name, f.name)) == getattr(DEFAULTS, f.name), f.name
+    keyword_of = {"seed": "split_seed", "parse_mode": "arb_parse_mode"}
+    checked = 0
+    for module in (calibration, compute, operating, sweep_compare):
+        for name, function in inspect.getmembers(module, inspect.isfunction):
+            if function.__module__ != module.__name__:
+                continue
+            for p in inspect.signature(function).parameters.values():
+                field = keyword_of.get(p.name, p.name)
+                if hasattr(DEFAULTS, field) and p.default is not inspect.Parameter.empty:
+                    assert p.default == getattr(DEFAULTS, field), f"{module.__name__}.{name}({p.name})"
+                    checked += 1
+    assert checked >= 10
+    with pytest.raises(ValueError, match="label_2 must be one of"):
+        MetricsConfig(label_2="maybe")
