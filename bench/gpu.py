@@ -49,10 +49,8 @@ import importlib.util
 import itertools
 import json
 import logging
-import os
 import platform
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,7 +58,7 @@ from pathlib import Path
 
 import torch
 
-from bench.record import REPO
+from bench.record import REPO, commit
 from keyshot.infer.common.config import load_config
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.judge.local_scorer import TransformersScorer
@@ -141,19 +139,6 @@ def device_peak(device: torch.device, cpu_peak: float) -> tuple[float, str]:
         if key in name:
             return peak, f"{key} dense bf16 data sheet"
     raise SystemExit(f"bench/gpu.py: no bf16 peak known for {name!r}; pass --peak TFLOPS")
-
-
-def commit() -> str:
-    """The code measured: ``$KEYSHOT_COMMIT`` (a packed archive has no .git), else the checkout's HEAD."""
-    if named := os.environ.get("KEYSHOT_COMMIT"):
-        return named
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown (set KEYSHOT_COMMIT)"
-    return head.stdout.strip() if head.returncode == 0 else "unknown (set KEYSHOT_COMMIT)"
 
 
 def versions() -> dict[str, str]:

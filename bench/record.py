@@ -129,7 +129,7 @@ def finish(
     if json_path is not None:
         write_text_atomic(json_path, text)
         args = sys.argv[1:] if argv is None else argv
-        run = RowFile(rows, _measured(), _commit(), " ".join(["python", "-m", module, *args]), _machine())
+        run = RowFile(rows, _measured(), commit(), " ".join(["python", "-m", module, *args]), _machine())
         write_text_atomic(rows_path(json_path), dumps(run))
     return code
 
@@ -141,7 +141,12 @@ def _measured() -> str:
     return f"{start}-{end[11:] if end[:10] == start[:10] else end} UTC"
 
 
-def _commit() -> str:
+def commit() -> str:
+    """The code measured: ``$KEYSHOT_COMMIT`` (a packed archive has no .git, bench/gpu_session.sh), else the
+    checkout's HEAD, said with uncommitted changes; "unknown" without git."""
+    if named := os.environ.get("KEYSHOT_COMMIT"):
+        return named
+
     def git(*args: str) -> str:
         try:
             done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
