@@ -103,9 +103,10 @@ bench: setup setup-vllm setup-openrlhf setup-verl setup-browser setup-openenv
 	KEYSHOT_OPENENV_PYTHON=$(CURDIR)/$(OPENENV_VENV)/bin/python \
 	$(BIN)/python -m bench
 
-# The GPU kit (bench/gpu.py): on a CUDA machine the 7B shape, random weights; writes bench/RESULTS-gpu.md.
+# The GPU kit (bench/gpu.py): on a CUDA machine the 7B shape, random weights; its report runs/gpu-kit.md, its rows
+# runs/gpu.rows.json (into bench/rows/gpu/, then python -m bench.results makes bench/RESULTS-gpu.md).
 bench-gpu: setup
-	$(BIN)/python -m bench.gpu
+	$(BIN)/python -m bench.gpu --json runs/gpu.json
 
 lint: setup
 	$(BIN)/ruff check .

@@ -2,7 +2,9 @@
 ceiling, the vision tower, and train/serve parity, at Qwen2.5-VL-7B's shape, in one command with nothing
 to download.
 
-    python -m bench.gpu                    # on a CUDA machine: the 7B shape; writes bench/RESULTS-gpu.md
+    python -m bench.gpu --json OUT/gpu.json  # on a CUDA machine: the 7B shape; its rows OUT/gpu.rows.json
+                                             # (bench/rows/gpu/ keeps them: python -m bench.results makes
+                                             # bench/RESULTS-gpu.md of them)
     python -m bench.gpu --shape tiny       # the same code paths with the tiny model (what CPU machines run)
     bash bench/gpu_session.sh OUT          # on a lent GPU: the CUDA tests, then this kit (issue 57's rows)
 
@@ -58,7 +60,7 @@ from bench.gpu_kit.scoring import scorer_bench, vllm_row
 from bench.gpu_kit.targets import targets
 from bench.gpu_kit.training import DEFAULT_TRAIN, Rendered, TrainSetting, train_fitting
 from bench.gpu_kit.vision import vision_bench
-from bench.record import REPO, commit
+from bench.record import REPO, Rows, commit, dumps, markdown_notes, row_file, rows_path
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.model.tiny_model import build_tiny_qwen25vl
 from keyshot.infer.protocol.chat_template import ScorerRenderer, image_policy_for, set_processor_pixel_bounds
@@ -108,8 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--workers", type=int, help="DataLoader workers (default: 8 on CUDA as the 7B configs, else 0)"
     )
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS-gpu.md")
-    ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--out", type=Path, default=REPO / "runs" / "gpu-kit.md", help="the run's report (Markdown)"
+    )
+    ap.add_argument(
+        "--json",
+        type=Path,
+        help="the figures as JSON, and beside it their row file (X.rows.json: bench/rows/gpu/ keeps it, and "
+        "python -m bench.results makes bench/RESULTS-gpu.md of it)",
+    )
+    ap.add_argument("--title", help="what the run was, the heading of its section of RESULTS-gpu.md")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = [TrainSetting.parse(t.strip()) for t in args.train.split(";") if t.strip()]
@@ -132,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.out, text)
         if args.json:
+            title = args.title or f"the kit on {info['device']}"
+            run = row_file(
+                Rows((), (), markdown_notes(text.split("\n", 1)[1].strip())), "bench.gpu", argv, title
+            )
+            write_text_atomic(rows_path(args.json), dumps(run))
             data = {
                 "info": info,
                 "targets": [list(t) for t in targets(train_rows, scoring, vision, gemm)],

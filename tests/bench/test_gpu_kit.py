@@ -10,6 +10,7 @@ import torch
 
 from bench import gpu
 from bench.gpu_kit import kit, training
+from bench.record import read, rows_path
 
 
 def test_kit_runs_end_to_end_on_cpu(tmp_path, monkeypatch):
@@ -47,6 +48,11 @@ def test_kit_runs_end_to_end_on_cpu(tmp_path, monkeypatch):
     ):
         assert needle in text, needle
     assert "token ids identical, pixel tensors identical" in text
+    # beside the JSON, its row file: the report's blocks as notes, of which bench.results makes RESULTS-gpu.md
+    run = read(rows_path(raw))
+    assert run.title == "the kit on " + json.loads(raw.read_text())["info"]["device"]
+    assert "## Targets" in run.rows.notes and all(note in text for note in run.rows.notes)
+    assert run.command.startswith("python -m bench.gpu --shape tiny")
     assert "Sections that failed" not in text
     data = json.loads(raw.read_text())
     assert len(data["training"]) == 3 and data["errors"] == {}
