@@ -20,6 +20,7 @@ a run of stand-in models (the demo's untrained model) says so above every table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from keyshot.infer.common.command import Command
@@ -82,22 +83,16 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+#: The option (its dest) of each field of MetricsInputs and MetricsConfig, where it is not the field's name.
+OPTION_OF = {"n_bins": "bins"}
+
+
+def _from_options(cls: type, args: argparse.Namespace):
+    return cls(**{f.name: getattr(args, OPTION_OF.get(f.name, f.name)) for f in dataclasses.fields(cls)})
+
+
 def run(args: argparse.Namespace) -> int:
-    inputs = MetricsInputs(
-        verdicts=args.verdicts,
-        human_labels=args.human_labels,
-        arb_index=args.arb_index,
-        arb_judge=args.arb_judge,
-        agent=args.agent,
-        benchmark=args.benchmark,
-    )
-    config = MetricsConfig(
-        label_2=args.label_2,
-        objective=args.objective,
-        split_seed=args.split_seed,
-        n_bins=args.bins,
-        arb_parse_mode=args.arb_parse_mode,
-    )
+    inputs, config = _from_options(MetricsInputs, args), _from_options(MetricsConfig, args)
     print(run_metrics(inputs, args.out, config).text())
     return 0
 

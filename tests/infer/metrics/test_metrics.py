@@ -313,14 +313,13 @@ def test_the_metrics_defaults_have_one_home():
     import inspect
 
     from keyshot.infer.metrics import calibration, compute, operating, sweep_compare
-    from keyshot.infer.metrics.command import COMMAND
+    from keyshot.infer.metrics.command import COMMAND, OPTION_OF
     from keyshot.infer.metrics.config import DEFAULTS, MetricsConfig
 
     parser = COMMAND.configure(argparse.ArgumentParser())
     parsed = parser.parse_args(["--out", "x"])
-    option_of = {"split_seed": "split_seed", "n_bins": "bins"}
     for f in dataclasses.fields(MetricsConfig):
-        assert getattr(parsed, option_of.get(f.name, f.name)) == getattr(DEFAULTS, f.name), f.name
+        assert getattr(parsed, OPTION_OF.get(f.name, f.name)) == getattr(DEFAULTS, f.name), f.name
     keyword_of = {"seed": "split_seed", "parse_mode": "arb_parse_mode"}
     checked = 0
     for module in (calibration, compute, operating, sweep_compare):
