@@ -14,7 +14,7 @@ STAGE := tools/stage.sh $(SETUP_LOG)
 # `make demo DEMO_ARGS="--samples DIR --agent NAME"`: the stand-in run on your own folders (README).
 DEMO_ARGS ?=
 
-.PHONY: setup setup-vllm setup-openrlhf setup-verl setup-browser setup-openenv test test-fast lint demo loop bench bench-gpu clean
+.PHONY: setup setup-vllm $(addprefix setup-,$(FRAMEWORK_VENVS)) setup-browser test test-fast lint demo loop bench bench-gpu clean
 
 $(BIN)/keyshot: pyproject.toml .ci/constraints-cpu.txt
 	@echo "make setup: $(VENV) (installer output: $(SETUP_LOG))"
@@ -33,37 +33,27 @@ setup: $(BIN)/keyshot
 
 setup-vllm: $(VLLM_VENV)/bin/python
 
-# The RL frameworks' released code, each in its own venv (their pins conflict with the training stack and
-# with each other): the adapters' tests drive keyshot's reward through them (docs/reward.md).
-OPENRLHF_VENV := .venv-openrlhf
-VERL_VENV := .venv-verl
+# The RL frameworks' released code, each in its own venv, .venv-NAME, built by tools/setup_NAME.sh (their pins
+# conflict with the training stack and with each other; OpenEnv's gradio pins an older pillow): the adapters'
+# tests drive keyshot's reward through them (docs/reward.md) and find each venv's python in
+# $KEYSHOT_<NAME>_PYTHON (keyshot.infer.testing.frameworks). `make setup-NAME` builds one; a framework that
+# needs a venv of its own adds its name here and its script to tools/ (docs/contributing.md). TRL runs in .venv.
+FRAMEWORK_VENVS := openrlhf verl openenv
 # Each is re-run when pyproject.toml changes (keyshot's dependencies, packages and entry points are
 # installed from it; a re-run over a built venv only re-checks the pins and links keyshot again).
-$(OPENRLHF_VENV)/bin/keyshot: pyproject.toml tools/setup_openrlhf.sh
-	@TORCH_INDEX_URL="$(TORCH_INDEX_URL)" SETUP_LOG="$(SETUP_LOG)" tools/setup_openrlhf.sh $(OPENRLHF_VENV)
+.venv-%/bin/keyshot: pyproject.toml tools/setup_%.sh
+	@TORCH_INDEX_URL="$(TORCH_INDEX_URL)" SETUP_LOG="$(SETUP_LOG)" tools/setup_$*.sh .venv-$*
 	@touch $@
 
-$(VERL_VENV)/bin/keyshot: pyproject.toml tools/setup_verl.sh
-	@TORCH_INDEX_URL="$(TORCH_INDEX_URL)" SETUP_LOG="$(SETUP_LOG)" tools/setup_verl.sh $(VERL_VENV)
-	@touch $@
-
-setup-openrlhf: $(OPENRLHF_VENV)/bin/keyshot
-
-setup-verl: $(VERL_VENV)/bin/keyshot
+$(addprefix setup-,$(FRAMEWORK_VENVS)): setup-%: .venv-%/bin/keyshot
 
 # Live episodes: Debian's Chromium and, in .venv, the browser extra (playwright, BrowserGym's MiniWoB);
 # no browser download.
 setup-browser: setup
 	@SETUP_LOG="$(SETUP_LOG)" tools/setup_browser.sh $(VENV)
 
-# OpenEnv (keyshot reward env) in its own venv: its gradio pins an older pillow than the training stack's.
-# Rebuilt when pyproject.toml changes (keyshot's dependencies and entry points are installed from it).
-OPENENV_VENV := .venv-openenv
-$(OPENENV_VENV)/bin/keyshot: pyproject.toml tools/setup_openenv.sh
-	@SETUP_LOG="$(SETUP_LOG)" tools/setup_openenv.sh $(OPENENV_VENV)
-	@touch $@
-
-setup-openenv: $(OPENENV_VENV)/bin/keyshot
+# What the tests and benchmarks are told of the other venvs: KEYSHOT_VLLM_PYTHON=... KEYSHOT_OPENRLHF_PYTHON=...
+VENV_PYTHONS = $(foreach f,vllm $(FRAMEWORK_VENVS),KEYSHOT_$(shell echo $(f) | tr a-z A-Z)_PYTHON=$(CURDIR)/.venv-$(f)/bin/python)
 
 # The test command (README): every tier that runs on a CPU machine, vLLM servers included, in TEST_WORKERS
 # pytest-xdist workers, whole work units each (`--dist loadgroup`: tests/conftest.py marks every test with its
@@ -74,11 +64,8 @@ setup-openenv: $(OPENENV_VENV)/bin/keyshot
 TEST_WORKERS ?= 3
 TEST_ARGS ?=
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
-test: setup setup-vllm setup-openrlhf setup-verl setup-browser setup-openenv
-	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
-	KEYSHOT_OPENRLHF_PYTHON=$(CURDIR)/$(OPENRLHF_VENV)/bin/python \
-	KEYSHOT_VERL_PYTHON=$(CURDIR)/$(VERL_VENV)/bin/python \
-	KEYSHOT_OPENENV_PYTHON=$(CURDIR)/$(OPENENV_VENV)/bin/python \
+test: setup setup-vllm setup-browser $(addprefix setup-,$(FRAMEWORK_VENVS))
+	$(VENV_PYTHONS) \
 	$(BIN)/pytest -q $(XDIST) --durations=20 $(TEST_ARGS) tests
 
 test-fast: setup
@@ -96,11 +83,8 @@ loop: setup setup-vllm
 
 # Every benchmark that fits this machine (bench/catalog.py), each keeping its rows in bench/rows/; then
 # bench/RESULTS.md and RESULTS.png made whole from those rows (`python -m bench.results` alone remakes them).
-bench: setup setup-vllm setup-openrlhf setup-verl setup-browser setup-openenv
-	KEYSHOT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
-	KEYSHOT_OPENRLHF_PYTHON=$(CURDIR)/$(OPENRLHF_VENV)/bin/python \
-	KEYSHOT_VERL_PYTHON=$(CURDIR)/$(VERL_VENV)/bin/python \
-	KEYSHOT_OPENENV_PYTHON=$(CURDIR)/$(OPENENV_VENV)/bin/python \
+bench: setup setup-vllm setup-browser $(addprefix setup-,$(FRAMEWORK_VENVS))
+	$(VENV_PYTHONS) \
 	$(BIN)/python -m bench
 
 # The GPU kit (bench/gpu.py): on a CUDA machine the 7B shape, random weights; its report runs/gpu-kit.md, its rows

@@ -31,6 +31,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("sweep", "Threshold sweep"),
     Benchmark("constrained", "Constrained answers", ("--answers", "60", "--limits", "64,128", "512,512")),
     Benchmark("reward", "Reward"),
+    Benchmark("steps", "Rewards per step"),
     Benchmark("live", "Live episodes"),
     Benchmark(
         "pages",

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from bench import record
 from bench.record import REPO, Headline, Plot, Rows, ratio_table
+from keyshot.frameworks.trl.reward import environment_reward
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge, spawn_fake_openai
@@ -57,7 +58,6 @@ from keyshot.infer.testing.launch import OutputLines, start_reward_serve
 from keyshot.infer.testing.worlds import synthetic_trajectories
 from keyshot.reward import Episode, RewardModel
 from keyshot.reward.service import RewardService, ServiceLimits
-from keyshot.reward.trl import environment_reward
 
 HALF_FAULTS = {"500": 0.25, "timeout": 0.1, "malformed": 0.15}
 
@@ -415,7 +415,7 @@ def bench_verl(args, work: Path, judge: FakeOpenAI, scorer_url: str, serial_s: f
     config.write_text(config.read_text() + "reward:\n  on_failure: zero\n")  # verl needs a number
     spec = {
         "workdir": str(work / "verl"),
-        "reward_file": str(REPO / "reward" / "verl.py"),
+        "reward_file": str(REPO / "frameworks" / "verl" / "reward.py"),
         "cases": [
             {
                 "name": "bench",

@@ -1,5 +1,5 @@
 """Soak of the live environment floor (issues 41, 45): hundreds of MiniWoB episodes through the TRL
-environment class (``keyshot.env.trl.MiniWoBEnv``: a session leased from a ``BrowserPool`` at each reset,
+environment class (``keyshot.frameworks.trl.env.MiniWoBEnv``: a session leased from a ``BrowserPool`` at each reset,
 given back at its reward; the reward ``with_miniwob_reward(environment_reward(...))``), as a trainer's
 batches drive them: a pool of environments reset, acted in, rewarded together, reset again for the next
 batch (resets and actions on threads, as an OpenEnv server's sessions come). A mixed agent plays (half
@@ -47,10 +47,10 @@ from keyshot.env.miniwob.budget import BrowserBudget
 from keyshot.env.miniwob.pool import BrowserPool
 from keyshot.env.miniwob.setup import browser_setup
 from keyshot.env.page import Page
-from keyshot.env.trl import MiniWoBEnv, with_miniwob_reward
+from keyshot.frameworks.trl.env import MiniWoBEnv, with_miniwob_reward
+from keyshot.frameworks.trl.reward import environment_reward
 from keyshot.infer.testing.configs import fake_judge_config
 from keyshot.infer.testing.fake_openai import spawn_fake_openai
-from keyshot.reward.trl import environment_reward
 
 _CALL = re.compile(r"(\w+)\((.*)\)")
 
@@ -319,7 +319,7 @@ def rows_of(report: dict) -> Rows:
     r, m, k = report, report["memory_mib"], report["kills"]
     why = "; ".join(f"{n} '{reason}'" for reason, n in r["failed_why"].items())
     row = (
-        f"{r['episodes']} episodes through keyshot.env.trl's MiniWoBEnv ({r['pages']} pages a batch on Chromium "
+        f"{r['episodes']} episodes through keyshot.frameworks.trl.env's MiniWoBEnv ({r['pages']} pages a batch on Chromium "
         f"of {r['pages_per_browser']} pages, a mixed agent), a kill -9 every {r['settings']['kill_every_s']:g} s on "
         "average (a page's renderer 4× as often as a Chromium or a worker): memory at the end vs after the first "
         "batch",

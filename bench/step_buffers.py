@@ -33,12 +33,12 @@ def step_memory(sessions: int, steps: int, fixed: bool) -> float:
     from openenv.core.env_server.serialization import serialize_observation
     from openenv.core.env_server.types import WSObservationResponse
 
-    from keyshot.env.openenv.server import PixelObservation
-    from keyshot.env.openenv.wire import wire_fields
     from keyshot.env.page import Page
+    from keyshot.frameworks.openenv.rubric import screenshot_of
+    from keyshot.frameworks.openenv.server import PixelObservation
+    from keyshot.frameworks.openenv.wire import wire_fields
     from keyshot.infer.common.processes import return_large_buffers
     from keyshot.infer.testing.images import encoded
-    from keyshot.reward.openenv import screenshot_of
 
     if fixed:
         return_large_buffers()

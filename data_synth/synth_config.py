@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from keyshot.data_synth.dataset import BuildConfig
 from keyshot.data_synth.errors import SynthError
 from keyshot.data_synth.sources import TrajectorySource
 from keyshot.data_synth.teachers import TeacherSet, load_teacher_set
-from keyshot.infer.common.config import ConfigError, load_config, read_config_file
+from keyshot.infer.common.config import ConfigError, load_config, read_config_file, resolve_config
 from keyshot.infer.protocol.images import DEFAULT_POLICY, ImagePolicy
 
 
 @dataclass
 class SynthConfig:
+    #: the shipped configs' folder a name two folders share is read from (``--config paper``)
+    SHIPPED_FOLDER: ClassVar[str] = "synth"
+
     run_dir: str
     teachers: str | TeacherSet
     sources: list[TrajectorySource] = field(default_factory=list)
@@ -64,6 +67,7 @@ def load_build_config(path: str | os.PathLike | None, overrides: list[str] | Non
     key and its line)."""
     if path is None:
         return load_config(BuildConfig, None, list(overrides or []))
+    path = resolve_config(path, SynthConfig.SHIPPED_FOLDER)
     data, _ = read_config_file(path)
     section = "build" if "run_dir" in data or "teachers" in data else None  # a synth config: its build:
     return load_config(BuildConfig, path, list(overrides or []), section=section)

@@ -21,10 +21,11 @@ import difflib
 import logging
 import signal
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 from keyshot.infer.common.command import COMMANDS_GROUP, OVERRIDES_INTO, Command, loaded_commands
-from keyshot.infer.common.errors import Interrupted, error_exit
-from keyshot.infer.common.helptext import plain
+from keyshot.infer.common.errors import Interrupted, closed_output_exit, error_exit, output_closed
+from keyshot.infer.common.helptext import HelpFormatter, plain
 from keyshot.infer.common.logs import setup_logging
 
 
@@ -38,12 +39,21 @@ def subcommands() -> list[Command]:
     return sorted(found, key=lambda c: c.name)
 
 
+def installed_version() -> str:
+    """The installed keyshot's version (its package metadata)."""
+    try:
+        return version("keyshot")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e . from a checkout)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="keyshot", description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="keyshot", description=plain(__doc__), formatter_class=HelpFormatter
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    parser.add_argument("--version", action="version", version=f"keyshot {installed_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for command in subcommands():
         command.register(subparsers)
@@ -116,7 +126,7 @@ def run_alone(command: Command, argv: list[str] | None = None, prog: str | None 
     parser = argparse.ArgumentParser(
         prog=prog,
         description=plain(command.description or command.help),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
@@ -127,8 +137,22 @@ def run_alone(command: Command, argv: list[str] | None = None, prog: str | None 
 def run_parsed(args: argparse.Namespace) -> int:
     """The one place a command's outcome becomes an exit code: its return value; a signal's 128+N with
     one line saying what was kept; a :class:`~keyshot.infer.common.errors.KeyshotError`'s one line and
-    code (:func:`~keyshot.infer.common.errors.error_exit`). Anything else is a bug and keeps its
+    code (:func:`~keyshot.infer.common.errors.error_exit`); a closed output (``| head``), quietly, 141
+    (:func:`~keyshot.infer.common.errors.closed_output_exit`). Anything else is a bug and keeps its
     traceback (exit 1)."""
+    code = None
+    try:
+        code = _outcome(args)
+        sys.stdout.flush()  # a closed output shows here, not in the flush at exit
+        return code
+    except BrokenPipeError:
+        if not output_closed():  # a socket's, say: a bug like any other
+            raise
+        closed = closed_output_exit()
+        return code or closed
+
+
+def _outcome(args: argparse.Namespace) -> int:
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

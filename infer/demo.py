@@ -32,8 +32,8 @@ from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.fingerprint import protocol_fingerprint
 from keyshot.infer.judge.inputs import load_all, other_inputs_message
 from keyshot.infer.judge.run import run_judge, run_warnings
-from keyshot.infer.loaders.common import logger as loader_logger
 from keyshot.infer.metrics.compute import OVERALL, compute_metrics, records_from_verdicts
+from keyshot.infer.metrics.files import truth_source
 from keyshot.infer.model.checkpoint import read_meta
 from keyshot.infer.model.tiny_model import build_tiny_scorer
 from keyshot.infer.protocol.verdicts import VERDICTS_FILE, Verdict, latest_verdicts, read_verdicts
@@ -129,9 +129,8 @@ def agreement_line(verdicts: list[Verdict], judged: Path) -> str:
     row = report.row("agreement", OVERALL)
     if not row.n:
         return "agreement: none of these trajectories records a reward or a human label"
-    truths = ", ".join(f"{source} for {n}" for source, n in report.truth.items())
     return (
-        f"agreement with the recorded truth ({truths}): {row.agreement:.0%} of {row.n} (judge success rate "
+        f"agreement with the recorded truth ({truth_source(report)}): {row.agreement:.0%} of {row.n} (judge success rate "
         f"{row.judge_sr:.0%}, recorded {row.human_sr:.0%}); the others record none. "
         f"`keyshot metrics {judged} --out {judged / 'metrics'}` writes the tables"
     )
@@ -155,24 +154,10 @@ def _forget_other_run(judged: Path, cfg: JudgeRunConfig, samples: Path) -> None:
         shutil.rmtree(judged)
         return
     existing = read_verdicts(judged / VERDICTS_FILE)
-    if not existing:
-        return  # nothing judged yet: the judge run reads the folders, and names what it skips, once
-    with _quiet(loader_logger):  # the judge run that follows names each entry it skips
-        trajectories = load_all([str(samples)], cfg).trajectories
+    trajectories = load_all([str(samples)], cfg).trajectories
     if other_inputs_message(judged, existing, trajectories, trajectories):
         logger.info("%s holds the demo's verdicts of other folders; starting it over", judged)
         shutil.rmtree(judged)
-
-
-@contextlib.contextmanager
-def _quiet(log: logging.Logger) -> Iterator[None]:
-    """``log``'s warnings held back while the block runs."""
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 def demo_arguments(ap: argparse.ArgumentParser) -> None:

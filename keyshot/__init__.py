@@ -1,17 +1,20 @@
 """keyshot: cheap, reliable WebJudge for web agents.
 
-The package's code lives in five floors, each importable on its own (docs/architecture.md):
+The package's code lives in six floors, each importable on its own (docs/architecture.md):
 
 - ``keyshot.infer``: the protocol and its runtime (trajectories, the judge and scorer calls, runs,
   metrics, reports, the ``keyshot`` command);
-- ``keyshot.reward``: keyshot as an RL reward, its service and one adapter per framework;
-- ``keyshot.env``: where episodes come from (a replay, live MiniWoB pages, ``keyshot reward env``);
+- ``keyshot.reward``: keyshot as an RL reward (the model, the episode recorder, the rollout filter and
+  the service);
+- ``keyshot.env``: where episodes come from (a replay, live MiniWoB pages);
+- ``keyshot.frameworks``: one package per RL framework (TRL, OpenRLHF, verl, OpenEnv), its reward adapter
+  and its environment (``keyshot reward env``);
 - ``keyshot.data_synth``: teacher labels distilled into a Hugging Face dataset;
 - ``keyshot.train``: the scorer's fine-tuning recipe.
 
 What most users call is re-exported here, loaded on first use (``import keyshot`` stays light)::
 
-    from keyshot import load_trajectories, WebJudge, JudgeRunConfig, load_config
+    from keyshot import load_trajectories, WebJudge, webjudge_from_config, JudgeRunConfig, load_config
     from keyshot.reward import RewardModel, Episode  # keyshot as an RL reward (docs/reward.md)
 """
 
@@ -39,6 +42,7 @@ _EXPORTS = {
     "KeyshotError": "keyshot.infer.common.errors",
     "JudgeRunConfig": "keyshot.infer.judge.config",
     "WebJudge": "keyshot.infer.judge.pipeline",
+    "webjudge_from_config": "keyshot.infer.judge.scorer_factory",
     "PipelineConfig": "keyshot.infer.judge.pipeline",
     "compute_metrics": "keyshot.infer.metrics.compute",
     "RewardModel": "keyshot.reward",

@@ -6,12 +6,12 @@
 - ``shared`` (one model per config and process, batched from any thread) on ``loop_thread`` (the model's
   own event loop, started with the model and ended by ``close()``); ``logs`` (the log fields every adapter
   reports and the service's counters, named in one table);
-- adapters: ``trl`` (reward functions for GRPOTrainer), ``openrlhf`` (``reward_func`` and a multi-turn
-  agent base), ``verl`` (``compute_score``);
 - ``rollout_filter`` (rejection sampling) and ``service`` (the HTTP service, FastAPI), with ``command``
   (``keyshot reward filter|serve``) wiring them.
 
-This floor imports keyshot.infer (never its test room), never env, data_synth or train.
+The adapters for RL frameworks (TRL, OpenRLHF, verl, OpenEnv) live a floor above, one package each in
+``keyshot.frameworks``. This floor imports keyshot.infer (never its test room), never env, frameworks,
+data_synth or train.
 
     from keyshot.reward import RewardModel, Episode
     rm = RewardModel.from_config("configs/reward/trl.yaml")

@@ -1,4 +1,5 @@
-"""``keyshot reward``: rejection sampling and the reward service.
+"""``keyshot reward filter`` and ``keyshot reward serve``: rejection sampling and the reward service (the
+``keyshot reward`` group that holds them, with ``env``, is :mod:`keyshot.frameworks.command`).
 
     keyshot reward filter runs/rollouts --config configs/reward/trl.yaml --min-reward 1 --out runs/accepted --link
     keyshot reward serve --config configs/reward/openrlhf.yaml --port 8100 --allow-root /data/rollouts
@@ -25,6 +26,7 @@ from pathlib import Path
 from keyshot.infer.common.command import Command
 from keyshot.infer.common.config import split_paths_and_overrides
 from keyshot.infer.common.errors import EXIT_INCOMPLETE, KeyshotError
+from keyshot.infer.judge.run import check_endpoints
 from keyshot.infer.judge.scorer_factory import (
     add_serve_scorer_argument,
     apply_serve_scorer,
@@ -35,7 +37,7 @@ from keyshot.reward.rollout_filter import ACCEPTED_DIR, ACCEPTED_FILE, REWARDS_F
 from keyshot.reward.service import ServiceLimits
 from keyshot.reward.shared import require_number_on_failure
 
-#: Entry-point group of ``keyshot reward``'s subcommands that live on other floors (``env``: keyshot.env.openenv),
+#: Entry-point group of ``keyshot reward``'s subcommands that live on other floors (``env``: keyshot.frameworks.openenv),
 #: each a :class:`~keyshot.infer.cli.Command`: this floor never imports them.
 SUBCOMMANDS_GROUP = "keyshot.reward.commands"
 
@@ -131,6 +133,7 @@ def run_serve(args: argparse.Namespace) -> int:
             cfg = dataclasses.replace(
                 cfg, scorer=dataclasses.replace(cfg.scorer, endpoint=endpoint, endpoints=None)
             )
+        check_endpoints(cfg, None)  # as keyshot judge: a judge or scorer that is down, exit 6 at start
         run_service(RewardModel(cfg, settings), limits, args.host, args.port)
     return 0
 
@@ -142,8 +145,14 @@ def filter_arguments(f: argparse.ArgumentParser) -> None:
         metavar="ROLLOUTS [KEY=VALUE ...]",
         help="trajectory folders or JSONL files, and config overrides (judge.model=gpt-4o)",
     )
-    f.add_argument("--config", required=True, help="a keyshot judge config (configs/reward/*.yaml)")
-    f.add_argument("--min-reward", type=float, default=1.0)
+    f.add_argument(
+        "--config",
+        required=True,
+        help="a keyshot judge config (configs/reward/*.yaml, or one by name: reward/local)",
+    )
+    f.add_argument(
+        "--min-reward", type=float, default=1.0, help="keep the rollouts whose reward is at least this"
+    )
     f.add_argument("--out", required=True, help="output folder")
     f.add_argument(
         "--link",
@@ -154,37 +163,35 @@ def filter_arguments(f: argparse.ArgumentParser) -> None:
 
 def serve_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (judge.model=gpt-4o)")
-    s.add_argument("--config", required=True, help="a keyshot judge config (configs/reward/*.yaml)")
-    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument(
+        "--config",
+        required=True,
+        help="a keyshot judge config (configs/reward/*.yaml, or one by name: reward/local)",
+    )
+    s.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     s.add_argument("--port", type=int, default=8100, help="0: a free port (the start-up line names it)")
     limit_arguments(s)
     add_serve_scorer_argument(s, "and score with it while the service runs")
     s.add_argument("--vllm-log", default="vllm.log", help="the vLLM server's log with --serve-scorer")
 
 
-COMMAND = Command(
-    "reward",
-    help="keyshot as a reward model: rejection sampling (filter) and the HTTP service (serve)",
+#: ``keyshot reward filter``
+FILTER = Command(
+    "filter",
+    help="judge rollouts, keep those with reward >= --min-reward",
     description=__doc__,
-    subcommands=(
-        Command(
-            "filter",
-            help="judge rollouts, keep those with reward >= --min-reward",
-            description=__doc__,
-            arguments=filter_arguments,
-            run=run_filter,
-            overrides="items",
-        ),
-        Command(
-            "serve",
-            help="the reward service (FastAPI/uvicorn)",
-            description=__doc__,
-            arguments=serve_arguments,
-            run=run_serve,
-            overrides="overrides",
-            # a signal ends the service once the requests in flight are answered: there is nothing to resume
-            on_stop="the service answered the requests in flight and stopped",
-        ),
-    ),
-    plugins=SUBCOMMANDS_GROUP,
+    arguments=filter_arguments,
+    run=run_filter,
+    overrides="items",
+)
+#: ``keyshot reward serve``
+SERVE = Command(
+    "serve",
+    help="the reward service (FastAPI/uvicorn)",
+    description=__doc__,
+    arguments=serve_arguments,
+    run=run_serve,
+    overrides="overrides",
+    # a signal ends the service once the requests in flight are answered: there is nothing to resume
+    on_stop="the service answered the requests in flight and stopped",
 )

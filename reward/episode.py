@@ -47,7 +47,7 @@ def _view(name: str, doc: str) -> property:
 class Page:
     """One page an agent is shown: what every environment's ``reset``/``act`` return
     (:class:`keyshot.env.page.Browser`; :mod:`keyshot.env.page` re-exports this class) and what an OpenRLHF
-    agent's ``start``/``act`` return (:mod:`keyshot.reward.openrlhf`, whose ``Observation`` is this class
+    agent's ``start``/``act`` return (:mod:`keyshot.frameworks.openrlhf.reward`, whose ``Observation`` is this class
     under its former name). It lives beside :class:`Episode`, the recorder of the pages, so that both floors
     share it (the reward floor imports nothing of the environment floor).
 
@@ -232,7 +232,7 @@ class Episode:
 
 class EpisodeRecorder:
     """Mixin for an environment that records its :class:`Episode` (a TRL ``environment_factory`` class:
-    ``keyshot.reward.trl`` exports it; keyshot's own ``keyshot.env.trl.WebEnv``): ``_start_episode`` in
+    ``keyshot.frameworks.trl.reward`` exports it; keyshot's own ``keyshot.frameworks.trl.env.WebEnv``): ``_start_episode`` in
     ``reset``, ``_record`` in each tool method::
 
         def click(self, bid: str) -> str:

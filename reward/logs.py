@@ -33,6 +33,16 @@ def paid_calls(result: RewardResult, role: str) -> float:
     return float(result.paid_calls.get(role, 0))
 
 
+def credited_steps(step_rewards: Sequence[float] | None) -> float | None:
+    """How many steps earned a positive reward; None without per-step rewards."""
+    return None if step_rewards is None else float(sum(x > 0 for x in step_rewards))
+
+
+def first_credited_step(step_rewards: Sequence[float] | None) -> float | None:
+    """The first step that earned a positive reward; None without per-step rewards or when none did."""
+    return next((float(t) for t, x in enumerate(step_rewards or ()) if x > 0), None)
+
+
 @dataclass(frozen=True)
 class Measure:
     """One measure of a result, under its one name. ``optional``: not every sample has one (its value is
@@ -71,6 +81,9 @@ MEASURES = (
     Measure("scorer_calls", lambda r: paid_calls(r, "scorer")),
     Measure("progress", lambda r: r.progress, optional=True),
     Measure("p_success", lambda r: r.p_success, optional=True),
+    # with pipeline.step_rewards: how many steps earned a reward, and the first that did (0: the first page)
+    Measure("credited_steps", lambda r: credited_steps(r.step_rewards), optional=True),
+    Measure("first_credited_step", lambda r: first_credited_step(r.step_rewards), optional=True),
 )
 
 #: The per-sample fields of :func:`sample_logs`, in order.

@@ -108,6 +108,14 @@ class RewardResult:
     role's answers, ``paid_calls`` those sent to its endpoint, ``cached_calls`` the others, which are
     ``cache_hits`` (read from the call cache) and ``same_image`` (an identical screenshot scored once):
     :func:`keyshot.infer.runs.counts.call_split`.
+
+    With ``pipeline.step_rewards``: ``key_point_steps`` (the screenshot at which each key point was first
+    met, None: never), ``step_progress`` (the share of key points met by each screenshot) and
+    ``step_rewards``, one per screenshot (:func:`per_step_rewards`): entry t is the reward of the action that
+    led to screenshot t (entry 0, the first page's, belongs to no action: an adapter adds it to the first
+    one), and they sum to the episode's ``progress`` (mixed with the verdict by
+    ``reward.step_outcome_weight``). None when not asked, or when the judge's answer could not be read
+    (``step_error`` says why).
     """
 
     id: str
@@ -131,6 +139,10 @@ class RewardResult:
     kind: FailureKind | None = None
     on_failure_applied: bool = False
     seconds: float = 0.0
+    key_point_steps: list[int | None] | None = None
+    step_progress: list[float] | None = None
+    step_rewards: list[float] | None = None
+    step_error: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -153,6 +165,32 @@ class RewardResult:
         cannot be read: ``input``; an endpoint down or a budget spent: ``stopped``; ...): ``error`` is
         ``"<kind>: <problem>"``. :meth:`RewardModel.failed` also counts and logs it."""
         return cls(id=rid, task_id=task_id, error=f"{kind}: {problem}", kind=kind, seconds=seconds)
+
+
+def per_step_rewards(
+    progress: Sequence[float], success: bool | None, outcome_weight: float = 0.0
+) -> list[float]:
+    """The reward of each step from the progress at each screenshot: r_t = P_t - P_(t-1) (P_(-1) = 0), so
+    they sum to the last progress; with ``outcome_weight`` w, (1 - w) r_t and w times the verdict at the
+    last step (they then sum to (1 - w) P + w success)."""
+    rewards = [
+        (1 - outcome_weight) * (p - before) for before, p in zip([0.0, *progress[:-1]], progress, strict=True)
+    ]
+    if rewards and outcome_weight:
+        rewards[-1] += outcome_weight * float(bool(success))
+    return rewards
+
+
+def per_action_rewards(step_rewards: Sequence[float], actions: int) -> list[float]:
+    """The per-screenshot rewards as ``actions`` actions earn them: screenshot t is the page action t - 1 led
+    to, the first page's reward (no action led to it) goes to the first action, and a screenshot past the
+    last action's page to the last action, so the sum is kept. No action: one entry, the sum."""
+    if actions < 1:
+        return [float(sum(step_rewards))]
+    out = [0.0] * actions
+    for t, reward in enumerate(step_rewards):
+        out[min(max(t - 1, 0), actions - 1)] += reward
+    return out
 
 
 def rollout_id(rollout: Any, trajectory: Trajectory | None, position: int) -> str:
@@ -189,6 +227,8 @@ def result_of(rid: str, verdict: Verdict, seconds: float, logprobs_asked: bool =
     if verdict.config.get("outcome_mode_used") == "key_point" and verdict.outcome_calls:
         met = sum(bool(c.valid and c.success) for c in verdict.outcome_calls)
         progress = met / len(verdict.outcome_calls)
+    elif verdict.step_progress:  # cot with step_rewards: the share of key points the judge placed
+        progress = verdict.step_progress[-1]
     p_success, source = (
         p_success_of(verdict, logprobs_asked)
         if verdict.success is not None
@@ -218,6 +258,12 @@ def result_of(rid: str, verdict: Verdict, seconds: float, logprobs_asked: bool =
         error=error,
         kind=None if error is None else failure_kind(verdict),
         seconds=seconds,
+        key_point_steps=verdict.key_point_steps,
+        step_error=verdict.step_error,
+        step_progress=verdict.step_progress,
+        step_rewards=per_step_rewards(verdict.step_progress, verdict.success)
+        if verdict.step_progress
+        else None,
     )
 
 
@@ -395,11 +441,18 @@ class RewardModel:
         return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(rollouts))))
 
     def valued(self, result: RewardResult) -> RewardResult:
-        """The result's reward as ``reward.value`` says (a verdict without that value is a failure)."""
+        """The result's reward as ``reward.value`` says (a verdict without that value is a failure), and
+        its per-step rewards mixed with the verdict by ``reward.step_outcome_weight``."""
+        weight = self.settings.step_outcome_weight
+        if result.step_progress and weight:
+            result.step_rewards = per_step_rewards(result.step_progress, result.success, weight)
         if result.reward is None or self.settings.value == "binary":
             return result
         if self.settings.value == "p_success":
             value, why = result.p_success, f"reward.value p_success: {result.p_success_source}"
+        elif self.settings.value == "step_progress":
+            value = sum(result.step_rewards) if result.step_rewards is not None else None
+            why = f"reward.value step_progress: no steps ({result.step_error or 'pipeline.step_rewards is off'})"
         else:
             value, why = result.progress, "reward.value progress: the outcome gave no per-key-point verdicts"
         if value is None:

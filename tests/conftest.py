@@ -72,7 +72,12 @@ SHARED = {
         "infer/serve/test_serve",
         "reward/test_trl",
     },
-    "openenv": {"reward/test_openenv_rubric", "env/test_openenv_server", "env/test_trl_browsergym_example"},
+    "openenv": {
+        "reward/test_openenv_rubric",
+        "env/test_openenv_server",
+        "env/test_step_rewards_live",
+        "env/test_trl_browsergym_example",
+    },
 }
 DURATIONS = TESTS / "durations.json"
 

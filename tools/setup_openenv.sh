@@ -50,7 +50,7 @@ stage "check: OpenEnv's server, client and rubric with keyshot's" "$V/bin/python
 import importlib.metadata as md
 from openenv.core.env_server import create_app
 from openenv.core.generic_client import GenericEnvClient
-import keyshot.env.openenv.server, keyshot.reward.openenv
+import keyshot.frameworks.openenv.server, keyshot.frameworks.openenv.rubric
 print('openenv', md.version('openenv'), 'pillow', md.version('pillow'))"
 [ -x "$V-core/bin/python" ] || overlay "$V-core" "$V"
 stage "$OPENENV_CORE into $V-core (no deps: $V has them)" "$V-core/bin/python" -m pip install -q --no-deps "$OPENENV_CORE"

@@ -45,7 +45,7 @@ stage "link keyshot into $V" "${PIP[@]}" --no-deps -e "$ROOT"
 mapfile -t BROWSER_PINS < <(python3.11 "$HERE/pyproject_deps.py" browser)
 stage "install keyshot's browser extra (pins of pyproject.toml)" "${PIP[@]}" "${TORCH[@]}" "${BROWSER_PINS[@]}"
 stage "check: OpenRLHF's executors, samples generator, keyshot" "$V/bin/python" -c "
-import torch, transformers, vllm, keyshot.reward.openrlhf, keyshot.reward.openrlhf_executor, browsergym.miniwob
+import torch, transformers, vllm, keyshot.frameworks.openrlhf.reward, keyshot.frameworks.openrlhf.executor, browsergym.miniwob
 from openrlhf.utils.agent import MultiTurnAgentExecutor, SingleTurnAgentExecutor
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from openrlhf.trainer.ray.vllm_engine import _load_agent_executor

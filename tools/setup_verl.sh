@@ -35,7 +35,7 @@ stage "install the reward loop's dependencies" "${PIP[@]}" "$TORCH" "${VERL_DEPS
 stage "install keyshot (editable, core dependencies)" "${PIP[@]}" "$TORCH" "${KEYSHOT_DEPS[@]}"
 stage "link keyshot into $V" "${PIP[@]}" --no-deps -e "$ROOT"
 stage "check: import verl's reward loop and keyshot" "$V/bin/python" -c "
-import torch, transformers, verl, keyshot.reward.verl
+import torch, transformers, verl, keyshot.frameworks.verl.reward
 from verl.experimental.reward_loop import RewardLoopManager
 from verl.trainer.ppo.reward import get_custom_reward_fn
 print('verl', verl.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"

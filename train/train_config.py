@@ -8,7 +8,7 @@ is derived from it as ``global_batch_size / (per_device_batch_size × world_size
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from keyshot.infer.common.config import ConfigError
 from keyshot.infer.common.errors import KeyshotError
@@ -206,6 +206,8 @@ class LogSettings:
 
 @dataclass
 class TrainConfig:
+    #: the shipped configs' folder a name two folders share is read from (``--config tiny_cpu``)
+    SHIPPED_FOLDER: ClassVar[str] = "train"
     run_dir: str = "runs/scorer"
     seed: int = 0
     epochs: float = 5.0

@@ -1,5 +1,7 @@
 """Scripted MiniWoB agents (the tests', benchmarks' and set-up check's players): :class:`ScriptedAgent`
-does what the goal of a simple click or type task says, :func:`random_action` clicks at random."""
+does what the goal of a simple click or type task says, :class:`StoppingAgent` does the same but stops
+before its last action (the submit), :class:`LoopingAgent` repeats its first action, :func:`random_action`
+clicks at random."""
 
 from __future__ import annotations
 
@@ -40,6 +42,31 @@ class ScriptedAgent:
             if role in ("button", "link", "tab") and (wanted is None or name.lower() == wanted.lower()):
                 return f"click('{bid}')"
         return None
+
+
+class StoppingAgent(ScriptedAgent):
+    """:class:`ScriptedAgent` that stops before it submits: after filling the text field it does nothing
+    more (None), so the task is never finished."""
+
+    def __call__(self, page: Page) -> str | None:
+        filled = self.filled
+        action = super().__call__(page)
+        return None if filled else action
+
+
+class LoopingAgent(ScriptedAgent):
+    """:class:`ScriptedAgent`'s first action, again and again (an agent stuck in a loop)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first: str | None = None
+
+    def __call__(self, page: Page) -> str | None:
+        if page.done:
+            return None
+        if self.first is None:
+            self.first = super().__call__(page)
+        return self.first
 
 
 def random_action(page: Page, rng: random.Random) -> str:

@@ -244,9 +244,9 @@ class SessionHost(Protocol):
     setup: BrowserSetup
     settings: SessionSettings
 
-    def _place(self, browser: MiniWoBBrowser, old: BrowserProcess | None) -> BrowserProcess: ...
+    def _place(self, browser: MiniWoBBrowser) -> BrowserProcess: ...
 
-    def _give_back(self, browser: MiniWoBBrowser, process: BrowserProcess | None) -> None: ...
+    def _give_back(self, browser: MiniWoBBrowser) -> bool: ...
 
 
 class MiniWoBBrowser:
@@ -285,6 +285,7 @@ class MiniWoBBrowser:
         self.error: str | None = None
         self.done = False
         self.closed = False
+        self._closing = threading.Lock()
         self.episodes = 0  # resets that opened a page
         self.process: BrowserProcess | None = None
         if pool is None:
@@ -352,7 +353,11 @@ class MiniWoBBrowser:
     def _replace_process(self) -> None:
         old, self.process = self.process, None
         if self.pool is not None:
-            self.process = self.pool._place(self, old)
+            process = self.pool._place(self)  # refused once the session is given back
+            with self._closing:
+                if self.closed:  # closed by another thread meanwhile: the pool freed the place just taken
+                    raise MiniWoBError(f"{self.task_id}: the session is closed (lease another)")
+                self.process = process
         else:
             if old is not None:
                 old.close()
@@ -383,14 +388,15 @@ class MiniWoBBrowser:
         """End the session: its context closed; a pool's session goes back to the pool (its place in the
         budget freed), a session of its own closes its Chromium. Idempotent: call it on every path that
         ends the session's use."""
-        if self.closed:
-            return
-        self.closed = True
-        process, self.process = self.process, None
+        with self._closing:  # once, even when two threads close it at the same moment
+            if self.closed:
+                return
+            self.closed = True
+            process, self.process = self.process, None
         if self.pool is not None:
             if process is not None:
                 process.send({"op": "end", "session": self.name})
-            self.pool._give_back(self, process)
+            self.pool._give_back(self)
         elif process is not None:
             process.close()
 

@@ -52,11 +52,15 @@ class BrowserPool:
         self._lock = threading.Lock()
         self._load: dict[BrowserProcess, int] = {}  # live processes and the sessions placed in each
         self._leased: set[MiniWoBBrowser] = set()
+        # where each leased session's page is: a session counts in one process's load at most, and only
+        # until it is given back, however often and from however many threads that is asked
+        self._placed: dict[MiniWoBBrowser, BrowserProcess] = {}
         self._closed = False
         self.launched = 0  # Chromium processes started
         self.replaced = 0  # of them, those found dead (their sessions' episodes failed)
         self.max_leased = 0  # the most sessions leased at once
         self.max_browsers = 0  # the most Chromium processes alive at once
+        self.given_back = 0  # sessions given back (each once, however many times its close was called)
 
     @property
     def leased(self) -> int:
@@ -73,6 +77,12 @@ class BrowserPool:
         """The sessions leased now."""
         with self._lock:
             return list(self._leased)
+
+    def pages(self) -> dict[BrowserProcess, int]:
+        """The pages placed in each live Chromium process now (a leased session's, from its first reset
+        until it is given back)."""
+        with self._lock:
+            return dict(self._load)
 
     def lease(self, task: str | None = None) -> MiniWoBBrowser:
         """A session of this pool (``task``: its default task, else the pool's); nothing is opened until
@@ -108,7 +118,7 @@ class BrowserPool:
         (idempotent)."""
         with self._lock:
             self._closed = True
-            processes, self._load, self._leased = list(self._load), {}, set()
+            processes, self._load, self._leased, self._placed = list(self._load), {}, set(), {}
         for process in processes:
             process.close()
 
@@ -119,28 +129,43 @@ class BrowserPool:
         self.close()
 
     # --- what sessions call
-    def _place(self, browser: MiniWoBBrowser, old: BrowserProcess | None) -> BrowserProcess:
-        """A live process for ``browser``'s next page (``old``: the one it was in, found dead): the
-        least-loaded with room, or a new one."""
+    def _place(self, browser: MiniWoBBrowser) -> BrowserProcess:
+        """A live process for ``browser``'s next page (the one it was in, if any, was found dead): the
+        least-loaded with room, or a new one. A session given back is placed nowhere again."""
         with self._lock:
             if self._closed:
                 raise MiniWoBError("the browser pool is closed")
-            if old is not None and old in self._load:
-                self._load[old] -= 1
+            if browser not in self._leased:
+                raise MiniWoBError(f"{browser.task_id}: the session is closed (lease another)")
+            self._unplace(browser)
             live = self._live()
             room = [p for p in live if self._load[p] < self.budget.pages_per_browser]
             process = min(room, key=self._load.__getitem__) if room else self._launch()
             self._load[process] += 1
+            self._placed[browser] = process
             return process
 
-    def _give_back(self, browser: MiniWoBBrowser, process: BrowserProcess | None) -> None:
+    def _give_back(self, browser: MiniWoBBrowser) -> bool:
+        """The session's lease ended: its page's place freed. Idempotent: only the first call for a
+        session frees anything (whether it did is returned), so a page given back twice, by two paths or
+        two threads at once, cannot free a second place and let the Chromium hold more pages than the
+        budget says."""
         with self._lock:
+            if browser not in self._leased:
+                return False
             self._leased.discard(browser)
-            if process is not None and process in self._load:
-                self._load[process] -= 1
+            self._unplace(browser)
+            self.given_back += 1
             dead = self._drop_dead()
         for process in dead:
             process.close()
+        return True
+
+    def _unplace(self, browser: MiniWoBBrowser) -> None:
+        """(Under the lock.) ``browser``'s page is no longer counted where it was placed."""
+        process = self._placed.pop(browser, None)
+        if process is not None and process in self._load:
+            self._load[process] -= 1
 
     def _live(self) -> list[BrowserProcess]:
         """The live processes (under the lock); dead ones are dropped and closed in the background."""

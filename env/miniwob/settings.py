@@ -1,7 +1,7 @@
 """What a live MiniWoB session is opened with, and how long its browser may take: the one home of these
 settings and their defaults. The pool (:class:`~keyshot.env.miniwob.pool.BrowserPool`), each session
 (:class:`~keyshot.env.miniwob.client.MiniWoBBrowser`), the worker process driving a Chromium (it is given
-the deadlines on its command line), keyshot's TRL environments (``keyshot.env.trl``) and ``keyshot reward
+the deadlines on its command line), keyshot's TRL environments (``keyshot.frameworks.trl.env``) and ``keyshot reward
 env`` (whose options default to these fields) all read one :class:`SessionSettings`.
 
 A browser deadline is changed here, or per run: ``BrowserPool(budget, task, answer_within_s=30)`` (any

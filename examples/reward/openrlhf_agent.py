@@ -36,13 +36,13 @@ from keyshot.env.miniwob.client import MiniWoBBrowser
 from keyshot.env.miniwob.pool import BrowserPool
 from keyshot.env.play import record_failure
 from keyshot.env.replay import ReplayBrowser
+from keyshot.frameworks.openrlhf.reward import KeyshotAgentInstance
 from keyshot.infer.common.errors import KeyshotError
-from keyshot.reward.openrlhf import KeyshotAgentInstance
 
 try:
     from openrlhf.utils.agent import AgentInstanceBase
 
-    from keyshot.reward.openrlhf_executor import KeyshotAgentExecutor
+    from keyshot.frameworks.openrlhf.executor import KeyshotAgentExecutor
 except ImportError:  # tried here without OpenRLHF: __main__ below drives the instances itself
     AgentInstanceBase = KeyshotAgentExecutor = None
 

@@ -1,8 +1,8 @@
 """GRPO on web tasks with keyshot's WebJudge as the reward, in TRL's ``environment_factory`` form.
 
 Modeled on TRL's ``examples/scripts/openenv/browsergym.py``: one environment per rollout whose tools
-(click, fill, send_keys, scroll, noop) return the page's screenshot with its text (``keyshot.env.trl``).
-Every environment records its episode and ``keyshot.reward.trl.environment_reward`` scores the whole
+(click, fill, send_keys, scroll, noop) return the page's screenshot with its text (``keyshot.frameworks.trl.env``).
+Every environment records its episode and ``keyshot.frameworks.trl.reward.environment_reward`` scores the whole
 batch at once (key points once per task, all scorer calls in flight together).
 
 On a cluster (a BrowserGym server through OpenEnv, a judge API and a served keyshot scorer; docs/reward.md)::
@@ -33,10 +33,17 @@ from keyshot.env.miniwob.budget import BrowserBudget
 from keyshot.env.miniwob.pool import BrowserPool
 from keyshot.env.miniwob.settings import SessionSettings
 from keyshot.env.replay import ReplayBrowser
-from keyshot.env.trl import BrowserGymWebEnv, MiniWoBEnv, ReplayEnv, miniwob_rows, prompt, with_miniwob_reward
+from keyshot.frameworks.trl.env import (
+    BrowserGymWebEnv,
+    MiniWoBEnv,
+    ReplayEnv,
+    miniwob_rows,
+    prompt,
+    with_miniwob_reward,
+)
+from keyshot.frameworks.trl.reward import environment_reward
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.reward import shared_model
-from keyshot.reward.trl import environment_reward
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
-from keyshot.infer.common.helptext import plain
+from keyshot.infer.common.helptext import HelpFormatter, plain
 
 #: Entry-point group of the subcommands: each names a :class:`Command` (``module:NAME``); pyproject.toml
 #: lists keyshot's own, and a plug-in package may add its own.
@@ -30,8 +30,8 @@ class Command:
 
     A command module declares one at its end (``COMMAND = Command("report", help=..., arguments=...,
     run=...)``) and the ``keyshot.commands`` entry points name it; a command with subcommands lists them
-    (``subcommands``), plus those other packages declare under the entry-point group ``plugins`` (how
-    ``keyshot reward env`` lives on the environment's floor). ``arguments(parser)`` adds the command's
+    (``subcommands``: ``keyshot reward``'s are gathered by keyshot.frameworks.command, on the floor that
+    may import all of them). ``arguments(parser)`` adds the command's
     arguments, ``run(args)`` does the job and returns the exit code. Errors, signals and exit codes are not
     the command's business: :func:`main` turns them into one line and a code
     (:func:`keyshot.infer.common.errors.error_exit`). A command that takes ``key=value`` overrides says
@@ -45,7 +45,6 @@ class Command:
     description: str | None = None
     on_stop: str = RESUMABLE
     subcommands: tuple[Command, ...] = ()
-    plugins: str | None = None
     overrides: str | None = None
 
     def register(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -54,7 +53,7 @@ class Command:
             self.name,
             help=self.help,
             description=plain(self.description or self.help),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=HelpFormatter,
         )
         return self.configure(parser)
 
@@ -71,10 +70,9 @@ class Command:
                 "positional list of that name (nargs='*' or '+')"
             )
         parser.set_defaults(handler=self.run, on_stop=self.on_stop, **{OVERRIDES_INTO: self.overrides})
-        children = [*self.subcommands, *(loaded_commands(self.plugins) if self.plugins else [])]
-        if children:
+        if self.subcommands:
             sub = parser.add_subparsers(dest=f"{self.name}_command", metavar="ACTION", required=True)
-            for child in children:
+            for child in self.subcommands:
                 child.register(sub)
         elif self.run is None:
             raise TypeError(f"command {self.name!r} has neither run nor subcommands")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import importlib.util
 import json
 import os
 import re
@@ -301,15 +302,67 @@ def split_paths_and_overrides(items: list[str]) -> tuple[list[str], list[str]]:
     return paths, overrides
 
 
+#: The package the shipped configs are installed as (the repository's configs/ folder).
+SHIPPED_PACKAGE = "keyshot.configs"
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def shipped_configs() -> Path | None:
+    """The folder of the configs keyshot ships (``configs/`` of a checkout, ``keyshot/configs`` of a
+    wheel); None where the install lacks it."""
+    spec = importlib.util.find_spec(SHIPPED_PACKAGE)
+    places = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(places[0]) if places else None
+
+
+def shipped_names() -> dict[str, list[Path]]:
+    """Each shipped config by the names that find it: ``judge/webjudge7b`` and, where no other config
+    of another folder has it, ``webjudge7b``."""
+    root = shipped_configs()
+    names: dict[str, list[Path]] = {}
+    for file in sorted(root.rglob("*")) if root is not None else []:
+        if file.suffix in CONFIG_SUFFIXES:
+            rel = file.relative_to(root).with_suffix("").as_posix()
+            names.setdefault(rel, []).append(file)
+            names.setdefault(file.stem, []).append(file)
+    return names
+
+
+def resolve_config(path: str | os.PathLike, folder: str | None = None) -> Path:
+    """The file ``--config`` names: a path as given where it exists, else a shipped config by its name
+    (``webjudge7b``, ``judge/tiny_cpu``, ``configs/judge/webjudge7b.yaml`` from any folder). The one
+    resolver of config names; a name that several shipped configs have is the one in ``folder`` (the
+    config class's ``SHIPPED_FOLDER``: ``keyshot judge --config tiny_cpu`` reads judge/tiny_cpu), else
+    refused, naming them."""
+    p = Path(path)
+    if p.exists():
+        return p
+    rel = p.as_posix()
+    rel = rel.removeprefix("configs/")
+    for suffix in CONFIG_SUFFIXES:
+        rel = rel.removesuffix(suffix)
+    found = shipped_names().get(rel, []) if not p.is_absolute() else []
+    if len(found) > 1 and folder is not None:
+        found = [f for f in found if f.parent.name == folder] or found
+    if len(found) > 1:
+        root = shipped_configs()
+        named = ", ".join(f.relative_to(root).with_suffix("").as_posix() for f in found)  # type: ignore[arg-type]
+        raise ConfigError(f"{path}: several shipped configs have this name ({named}): name one of them")
+    return found[0] if found else p
+
+
 def read_config_file(path: str | os.PathLike) -> tuple[dict, dict[KeyPath, int]]:
     """A YAML config file's mapping and the line of each of its keys (:func:`yaml_key_lines`); the one
-    reader of config files (its errors name the file and what to do)."""
-    p = Path(path)
+    reader of config files (its errors name the file and what to do). ``path`` may name a shipped
+    config (:func:`resolve_config`)."""
+    p = resolve_config(path)
     try:
         text = p.read_text(encoding="utf-8")
         loaded = yaml.safe_load(text)
     except FileNotFoundError:
-        raise ConfigError(f"{p}: config file not found") from None
+        raise ConfigError(
+            f"{p}: config file not found (nor a shipped config of that name: {shipped_hint()})"
+        ) from None
     except IsADirectoryError:
         raise ConfigError(f"{p}: a folder, not a config file: give --config a YAML file") from None
     except UnicodeDecodeError as exc:
@@ -317,10 +370,28 @@ def read_config_file(path: str | os.PathLike) -> tuple[dict, dict[KeyPath, int]]
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read the config file ({exc.strerror or exc})") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{p}{yaml_problem(exc)}") from None
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"{p}: the top level must be a mapping")
     return loaded or {}, yaml_key_lines(text)
+
+
+def shipped_hint() -> str:
+    """The shipped configs' names, for an error about a config name that is none of them."""
+    root = shipped_configs()
+    if root is None:
+        return "this install ships none"
+    folders = sorted({f.parent.name for f in root.rglob("*") if f.suffix in CONFIG_SUFFIXES})
+    return f"see {root} ({', '.join(folders)}), e.g. --config webjudge7b"
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error as one line: the line and column of the file it happened at, and what is wrong."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+    context = getattr(exc, "context", None)
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
 
 
 def load_config(
@@ -336,6 +407,7 @@ def load_config(
     data: dict = {}
     lines: dict[KeyPath, int] = {}
     if path is not None:
+        path = resolve_config(path, getattr(cls, "SHIPPED_FOLDER", None))
         data, lines = read_config_file(path)
         if section is not None:
             part = data.get(section) or {}

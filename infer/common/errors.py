@@ -11,12 +11,16 @@ Exit codes of every keyshot command:
 4       an endpoint is down (the circuit breaker tripped); re-run once it answers
 5       a spending cap was reached; re-run with a larger budget to finish
 6       preflight: an endpoint is unreachable, its key missing or refused, or its model not served
-128+N   stopped by signal N (SIGINT 130, SIGTERM 143); partial results are flushed, re-run resumes
+128+N   stopped by signal N (SIGINT 130, SIGTERM 143); partial results are flushed, re-run resumes;
+        141 (SIGPIPE's): the output was closed by its reader (``keyshot metrics ... | head -1``), quietly
 ======  =========================================================================================
 """
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 import sys
 
 EXIT_OK = 0
@@ -25,6 +29,8 @@ EXIT_INCOMPLETE = 3
 EXIT_ENDPOINT_DOWN = 4
 EXIT_BUDGET = 5
 EXIT_PREFLIGHT = 6
+#: The output's reader closed it (``| head``): as a shell reports a process SIGPIPE ended.
+EXIT_CLOSED_OUTPUT = 128 + signal.SIGPIPE
 
 
 class KeyshotError(Exception):
@@ -114,6 +120,27 @@ def error_exit(exc: BaseException, prog: str, *, debug: bool = False) -> int:
         raise exc
     print(f"{prog}: error: {exc}", file=sys.stderr)
     return exc.exit_code
+
+
+def output_closed() -> bool:
+    """True when standard output is a pipe whose reader has gone (``| head`` read what it wanted): a
+    BrokenPipeError from it is not a bug, unlike one from a socket."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no real file (captured output), no poll
+        return False
+
+
+def closed_output_exit() -> int:
+    """End quietly once the reader closed the output, the way Python's documentation advises (the
+    ``signal`` module's note on SIGPIPE): standard output goes to devnull, so that the flush at exit
+    raises nothing, and the code is SIGPIPE's 141 (:data:`EXIT_CLOSED_OUTPUT`)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_CLOSED_OUTPUT
 
 
 class Interrupted(KeyboardInterrupt):

@@ -20,16 +20,26 @@ from typing import Any
 
 from keyshot.infer.client.judge_client import Completion
 from keyshot.infer.protocol.answer_format import AnswerFormat, answer_format
-from keyshot.infer.protocol.messages import key_points_messages, outcome_messages, scorer_messages
+from keyshot.infer.protocol.messages import (
+    ListedShot,
+    key_point_steps_messages,
+    key_points_messages,
+    outcome_messages,
+    scorer_messages,
+    with_first_met_question,
+)
 from keyshot.infer.protocol.parsing import (
     ParseError,
     ScoreResult,
     StatusResult,
+    StepsResult,
+    parse_first_met,
+    parse_key_point_steps,
     parse_key_points,
     parse_score,
     parse_status,
 )
-from keyshot.infer.protocol.prompts import PromptSet
+from keyshot.infer.protocol.prompts import PromptSet, load_step_prompts
 
 
 def cut_reading(what: str) -> str:
@@ -129,6 +139,18 @@ async def ask_score(
     return completion, protocol.read_score(completion.text, cut=completion.cut)
 
 
+def outcome_request(protocol: Protocol, *request: Any) -> list[dict]:
+    """The outcome call's messages (what :func:`ask_outcome` sends, and what the step question follows);
+    ``request`` is :func:`ask_outcome`'s: task, key points, actions, thoughts, images, image thoughts."""
+    return outcome_messages(protocol.prompts, *request, mode=protocol.mode)
+
+
+def steps_version(protocol: Protocol) -> str:
+    """The prompt version of a call that asks when key points were first met: the prompt set's and the
+    step question's (:class:`~keyshot.infer.protocol.prompts.StepPrompts`)."""
+    return f"{protocol.prompts.version}+{load_step_prompts().version}"
+
+
 async def ask_outcome(
     client: Any,
     protocol: Protocol,
@@ -145,16 +167,7 @@ async def ask_outcome(
     """Step 3: the outcome call over the key screenshots (data URLs) and their descriptions
     (``images=None``: the descriptions alone, a deviation; see :func:`keyshot.infer.protocol.messages.outcome_messages`)."""
     completion = await client.complete(
-        outcome_messages(
-            protocol.prompts,
-            task,
-            key_points,
-            actions,
-            thoughts,
-            None if images is None else list(images),
-            list(image_thoughts),
-            mode=protocol.mode,
-        ),
+        outcome_request(protocol, task, key_points, actions, thoughts, images, image_thoughts),
         prompt_version=protocol.prompts.version,
         max_tokens=max_tokens,
         logprobs=logprobs,
@@ -162,3 +175,62 @@ async def ask_outcome(
         answer_format=protocol.answer_format("outcome"),
     )
     return completion, protocol.read_status(completion.text, cut=completion.cut)
+
+
+async def ask_outcome_first_met(
+    client: Any,
+    protocol: Protocol,
+    messages: list[dict],
+    shots: Sequence[ListedShot],
+    *,
+    max_tokens: int | None = None,
+    logprobs: int | None = None,
+) -> tuple[Completion, StatusResult, StepsResult]:
+    """A per-key-point outcome call (``messages``: :func:`outcome_request`'s) that also asks at which of
+    the trajectory's screenshots (``shots``) its key point was first met, at no call more (step rewards in
+    ``key_point`` mode): the completion, its status and its step."""
+    indices = frozenset(index for index, _, _ in shots)
+
+    def validate(text: str) -> str | None:
+        status = protocol.read_status(text)
+        return protocol.status_error(text) or parse_first_met(text, status.success, indices).error
+
+    completion = await client.complete(
+        with_first_met_question(load_step_prompts(), messages, shots),
+        prompt_version=steps_version(protocol),
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        validate=protocol._validator(validate),
+    )
+    status = protocol.read_status(completion.text, cut=completion.cut)
+    if protocol._ignores(completion.cut):
+        return completion, status, StepsResult(None, False, cut_reading("first step"))
+    return completion, status, parse_first_met(completion.text, status.success, indices)
+
+
+async def ask_key_point_steps(
+    client: Any,
+    protocol: Protocol,
+    outcome: list[dict],
+    outcome_answer: str,
+    key_points: Sequence[str],
+    shots: Sequence[ListedShot],
+    *,
+    max_tokens: int | None = None,
+) -> tuple[Completion, StepsResult]:
+    """The step question, a follow-up of the outcome conversation (``outcome``: its messages as sent,
+    ``outcome_answer``: the judge's answer): the screenshot at which each key point was first met."""
+    indices = frozenset(index for index, _, _ in shots)
+
+    def validate(text: str) -> str | None:
+        return parse_key_point_steps(text, len(key_points), indices).error
+
+    completion = await client.complete(
+        key_point_steps_messages(load_step_prompts(), outcome, outcome_answer, key_points, shots),
+        prompt_version=steps_version(protocol),
+        max_tokens=max_tokens,
+        validate=protocol._validator(validate),
+    )
+    if protocol._ignores(completion.cut):
+        return completion, StepsResult(None, False, cut_reading("key point steps"))
+    return completion, parse_key_point_steps(completion.text, len(key_points), indices)

@@ -48,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="TRAJ_PATH|key=value",
         help="trajectory folders/files, then config overrides",
     )
-    p.add_argument("--config", help="YAML JudgeRunConfig (configs/judge/*.yaml)")
+    p.add_argument(
+        "--config", help="YAML JudgeRunConfig: a file, or a shipped one by name (webjudge7b, judge/tiny_cpu)"
+    )
     p.add_argument("--out", help="output folder (same as out=...)")
     p.add_argument(
         "--resume-from", help="reference implementation output (JSONL / ARB records) to import first"

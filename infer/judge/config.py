@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from keyshot.infer.client.judge_client import EndpointConfig
 from keyshot.infer.client.pool import DEFAULT_COOLDOWN_S, member_configs
@@ -28,15 +28,17 @@ class ScorerConfig:
 
     ``backend``: ``openai`` (an OpenAI-compatible endpoint, e.g. ``keyshot serve``, or ``endpoints``:
     several replicas of it, each call to the least-loaded live one), ``transformers``
-    (in-process, ``checkpoint`` is the model folder) or ``none`` (reference configuration: the judge
-    scores every screenshot). ``checkpoint`` (a folder, or a hub id such as ``osunlp/WebJudge-7B``) also
+    (in-process, ``checkpoint`` is the model folder), ``none`` (reference configuration: the judge
+    scores every screenshot) or another registered back-end
+    (:data:`keyshot.infer.judge.scorer_factory.SCORER_BACKENDS`, which names the known ones for an
+    unknown name). ``checkpoint`` (a folder, or a hub id such as ``osunlp/WebJudge-7B``) also
     fixes the image policy (its training pixel bounds; ``min_pixels``/``max_pixels`` set beside it must
     equal them); without it, ``min_pixels``/``max_pixels`` do (one of them alone: keyshot's default for the
     other, said in one line), else keyshot's default policy. A checkpoint that records
     the answer length it was trained on also fixes the least answer limit (:func:`keyshot.infer.judge.scorer_factory.scorer_max_tokens`).
     """
 
-    backend: Literal["openai", "transformers", "none"] = "openai"
+    backend: str = "openai"
     endpoint: EndpointConfig | None = None
     endpoints: list[EndpointConfig] | None = (
         None  # a pool of replicas of one model (keyshot.infer.client.pool)
@@ -110,8 +112,8 @@ class ScorerConfig:
 
 OnFailure = Literal["none", "zero"]
 ON_FAILURE = ("none", "zero")
-RewardValue = Literal["binary", "p_success", "progress"]
-REWARD_VALUES = ("binary", "p_success", "progress")
+RewardValue = Literal["binary", "p_success", "progress", "step_progress"]
+REWARD_VALUES = ("binary", "p_success", "progress", "step_progress")
 #: The config's own section for the reward model (``keyshot judge`` checks it and does not use it):
 #: ``reward: {on_failure: zero}``.
 REWARD_SECTION = "reward"
@@ -126,9 +128,14 @@ class RewardSettings:
 
     on_failure: OnFailure = "none"
     allow_root: str | None = None  # where dict rollouts' screenshot paths may point (default: cwd)
-    #: what the reward is: the verdict (1.0/0.0), P(success) at the status word, or the fraction of key
-    #: points met. A binary reward makes a GRPO group whose rollouts all fail (or all succeed) equal.
+    #: what the reward is: the verdict (1.0/0.0), P(success) at the status word, the fraction of key
+    #: points met, or the sum of the per-step rewards (``step_progress``: needs ``pipeline.step_rewards``;
+    #: the share of key points met, mixed with the verdict by ``step_outcome_weight``). A binary reward makes
+    #: a GRPO group whose rollouts all fail (or all succeed) equal.
     value: RewardValue = "binary"
+    #: the per-step rewards' mix with the verdict: r_t = (1 - w)(P_t - P_(t-1)), plus w times the verdict
+    #: (1.0/0.0) at the last step, so that they sum to (1 - w) progress + w success. 0: progress alone.
+    step_outcome_weight: float = 0.0
     #: the shared model's batch window: rollouts submitted within it of the first share one round of calls
     #: (:mod:`keyshot.reward.shared`); unset in the config: ``$KEYSHOT_REWARD_WINDOW_S``, else 0.05 s (read
     #: by :func:`keyshot.reward.model.reward_config`, which loads the settings; the settings themselves read
@@ -142,6 +149,10 @@ class RewardSettings:
             raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
         if self.value not in REWARD_VALUES:
             raise ValueError(f"reward.value must be one of {REWARD_VALUES}, got {self.value!r}")
+        if not 0 <= self.step_outcome_weight <= 1:
+            raise ValueError(
+                f"reward.step_outcome_weight must be within [0, 1], got {self.step_outcome_weight!r}"
+            )
         for name in ("batch_window_s", "breaker_cooldown_s"):
             if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"reward.{name} must be >= 0, got {getattr(self, name)!r}")
@@ -153,10 +164,20 @@ class RewardSettings:
                 f"{where}: reward.value p_success needs the outcome call's log-probabilities: "
                 "set pipeline.outcome_logprobs (e.g. 5)"
             )
-        if self.value == "progress" and cfg.pipeline.outcome_mode != "key_point":
+        if (
+            self.value == "progress"
+            and cfg.pipeline.outcome_mode != "key_point"
+            and not cfg.pipeline.step_rewards
+        ):
             raise ConfigError(
-                f"{where}: reward.value progress needs the outcome judged key point by key point: "
-                f"set pipeline.outcome_mode: key_point (it is {cfg.pipeline.outcome_mode!r})"
+                f"{where}: reward.value progress needs the outcome judged key point by key point "
+                f"(pipeline.outcome_mode: key_point; it is {cfg.pipeline.outcome_mode!r}) or the key points' "
+                "steps asked (pipeline.step_rewards: true)"
+            )
+        if self.value == "step_progress" and not cfg.pipeline.step_rewards:
+            raise ConfigError(
+                f"{where}: reward.value step_progress needs when each key point was first met: "
+                "set pipeline.step_rewards: true"
             )
 
 
@@ -164,6 +185,8 @@ class RewardSettings:
 class JudgeRunConfig:
     """One ``keyshot judge`` run (``configs/judge/*.yaml``)."""
 
+    #: the shipped configs' folder a name two folders share is read from (``--config tiny_cpu``)
+    SHIPPED_FOLDER: ClassVar[str] = "judge"
     judge: EndpointConfig
     scorer: ScorerConfig = field(default_factory=ScorerConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)

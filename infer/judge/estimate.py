@@ -5,7 +5,10 @@ Prompt tokens are the prompt text at :data:`CHARS_PER_TOKEN` characters a token 
 image tokens by its model's rule (:func:`keyshot.infer.client.usage.image_token_rule`) under the image
 policy it is sent with; every answer counts :data:`ANSWER_TOKENS` (at most the endpoint's
 ``max_tokens``). The outcome call counts every screenshot as kept (up to ``pipeline.max_kept``) and a
-key-point outcome mode :data:`KEY_POINTS` calls, so the estimate is an upper bound. Dollars are the
+key-point outcome mode :data:`KEY_POINTS` calls, so the estimate is an upper bound. With
+``pipeline.step_rewards`` in ``cot`` mode, the step question is one call more: the outcome's prompt and
+answer again, with a line per screenshot (:data:`LISTED_CHARS`); in the other modes each outcome call
+carries that list. Dollars are the
 endpoint's prices per million tokens (:func:`keyshot.infer.client.usage.token_cost_usd`); an endpoint
 without prices (a local server) costs nothing.
 """
@@ -19,11 +22,12 @@ from keyshot.infer.client.usage import CHARS_PER_TOKEN, image_token_count, image
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.infer.protocol.images import REFERENCE_POLICY, ImagePolicy, open_header
-from keyshot.infer.protocol.prompts import PromptSet, load_prompt_set
+from keyshot.infer.protocol.prompts import PromptSet, load_prompt_set, load_step_prompts
 
 ANSWER_TOKENS = 250
 KEY_POINTS = 3  # outcome calls a trajectory is assumed to need in key_point mode
 KEY_POINTS_CHARS = 400  # the key points' text, quoted in the scorer's and the outcome's prompts
+LISTED_CHARS = 300  # a screenshot's line in the step question (its score and description)
 
 
 @dataclass
@@ -119,8 +123,15 @@ def _add_outcome(
     if not with_images:  # the kept screenshots' descriptions instead
         chars += int(ANSWER_TOKENS * CHARS_PER_TOKEN) * len(kept)
     images = sum(image_token_count(judge.rule, w, h, policy) for w, h in kept) if with_images else 0
+    listed = LISTED_CHARS * t.num_screenshots
+    steps = load_step_prompts()
+    if cfg.pipeline.step_rewards and cfg.pipeline.outcome_mode != "cot":
+        chars += len(steps.key_point_suffix) + listed
     for _ in range(1 if cfg.pipeline.outcome_mode == "cot" else KEY_POINTS):
         judge.add(chars, images)
+    if cfg.pipeline.step_rewards and cfg.pipeline.outcome_mode == "cot":
+        answer = int(ANSWER_TOKENS * CHARS_PER_TOKEN)
+        judge.add(chars + answer + len(steps.followup) + KEY_POINTS_CHARS + listed, images)
 
 
 def estimate_table(costs: list[EndpointCost]) -> str:

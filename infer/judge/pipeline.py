@@ -44,8 +44,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import time
 import weakref
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,13 +55,20 @@ from keyshot.infer.client.breaker import CUT_WATCH_FIRST, CutWatch
 from keyshot.infer.client.judge_client import JudgeCallError, JudgeClient
 from keyshot.infer.common.errors import RunStopError, raise_advice
 from keyshot.infer.judge.answer_limits import judge_step_limit
-from keyshot.infer.judge.calls import Protocol, ask_key_points, ask_outcome
+from keyshot.infer.judge.calls import (
+    Protocol,
+    ask_key_point_steps,
+    ask_key_points,
+    ask_outcome,
+    ask_outcome_first_met,
+    outcome_request,
+)
 from keyshot.infer.judge.protocol_record import protocol_record
 from keyshot.infer.judge.scorers import JudgeScores, KeyScreenshotScorer, ScreenshotScore
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.protocol.images import DEFAULT_POLICY, REFERENCE_POLICY, ImagePolicy, PreparedImage
 from keyshot.infer.protocol.logprobs import read_status_probability
-from keyshot.infer.protocol.messages import MAX_KEPT_IMAGES
+from keyshot.infer.protocol.messages import MAX_KEPT_IMAGES, ListedShot
 from keyshot.infer.protocol.parsing import split_key_points
 from keyshot.infer.protocol.prompts import PromptSet, load_prompt_set
 from keyshot.infer.protocol.verdicts import (
@@ -71,6 +80,7 @@ from keyshot.infer.protocol.verdicts import (
     Verdict,
     missing_evidence,
     select_kept,
+    step_progress,
 )
 
 logger = logging.getLogger(__name__)
@@ -111,6 +121,11 @@ class PipelineConfig:
     #: Threads preparing screenshots, shared by all the trajectories in flight (first come, first served).
     image_workers: int = 4
     allow_partial: bool = False
+    #: Ask when each key point was first met (``Verdict.key_point_steps``, ``step_progress``: the reward per
+    #: step, docs/reward.md): in ``cot`` mode one call more, a follow-up of the outcome conversation (the
+    #: verdict is unchanged); in ``key_point`` mode each key point's outcome call also names its step, at no
+    #: call more. Off: the reference's calls only.
+    step_rewards: bool = False
 
     def __post_init__(self) -> None:
         if self.outcome_mode not in OUTCOME_MODES:
@@ -137,6 +152,10 @@ class PipelineConfig:
                     "p_success_threshold needs the outcome call's log-probabilities: set pipeline.outcome_logprobs "
                     "(such as 5), or p_success_threshold=null"
                 )
+        if self.step_rewards and self.parse_mode == "reference":
+            raise ValueError(
+                "step_rewards asks a question the reference does not: use parse_mode=strict, or step_rewards=false"
+            )
         for name in ("key_points_max_tokens", "outcome_max_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -202,6 +221,7 @@ class WebJudge:
         self.protocol = Protocol(self.prompts, self.config.parse_mode)
         self._slots_by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.stop_error: RunStopError | None = None  # a spent budget, an endpoint that is down, cut answers
+        self.concurrency = 8  # trajectories judge_sync judges at once (webjudge_from_config: the config's)
         self.cut_watches: dict[str, CutWatch] = {}  # per token-limit setting, this run's answers
         self.policy = image_policy or scorer.image_policy or DEFAULT_POLICY
         if image_policy is None and scorer.image_policy is None and scorer.role == "scorer":
@@ -249,22 +269,27 @@ class WebJudge:
             completion.prompt_tokens, completion.completion_tokens, completion.cost_usd, completion.cached
         )
 
-    async def _key_points(self, trajectory: Trajectory, verdict: Verdict) -> str:
+    async def _asked(self, verdict: Verdict, what: str, step: str, call: Awaitable[tuple]) -> tuple:
+        """A judge call's answer (``call``, whose first item is the completion), counted in the verdict under
+        ``what``: its usage and any cut (under ``step``'s token limit); a call that failed for good makes the
+        verdict incomplete and is raised."""
         try:
-            completion, points, error = await ask_key_points(
-                self.judge_client,
-                self.protocol,
-                trajectory.task,
-                max_tokens=self.config.key_points_max_tokens,
-            )
+            answer = await call
         except JudgeCallError as exc:
             verdict.usage["judge"].errors += 1
-            verdict.incomplete.append(f"key points: {exc}")
+            verdict.incomplete.append(f"{what}: {exc}")
             raise
+        completion = answer[0]
         self._record_call(verdict, "judge", completion)
-        setting = self._judge_setting("key_points")
-        self._answered(setting, verdict, "key points", completion.cut, completion.completion_tokens)
+        self._answered(self._judge_setting(step), verdict, what, completion.cut, completion.completion_tokens)
         self._check_cuts()
+        return answer
+
+    async def _key_points(self, trajectory: Trajectory, verdict: Verdict) -> str:
+        max_tokens = self.config.key_points_max_tokens
+        call = ask_key_points(self.judge_client, self.protocol, trajectory.task, max_tokens=max_tokens)
+        completion, points, error = await self._asked(verdict, "key points", "key_points", call)
+        setting = self._judge_setting("key_points")
         if points is None and completion.cut:
             raise _StepError(f"{completion.error}; {raise_advice(setting)}")
         if points is None:
@@ -280,29 +305,21 @@ class WebJudge:
         verdict: Verdict,
         key_point: str | None = None,
     ) -> OutcomeCall:
-        try:
-            completion, status = await ask_outcome(
-                self.judge_client,
-                self.protocol,
-                trajectory.task,
-                key_point if key_point is not None else key_points,
-                trajectory.actions,
-                trajectory.thoughts,
-                images,
-                thoughts,
-                max_tokens=self.config.outcome_max_tokens,
-                logprobs=self.config.outcome_logprobs,
-            )
-        except JudgeCallError as exc:
-            verdict.usage["judge"].errors += 1
-            what = "outcome" if key_point is None else f"outcome for key point {key_point!r}"
-            verdict.incomplete.append(f"{what}: {exc}")
-            raise
-        self._record_call(verdict, "judge", completion)
-        setting = self._judge_setting("outcome")
+        points = key_point if key_point is not None else key_points
+        request = (trajectory.task, points, trajectory.actions, trajectory.thoughts, images, thoughts)
+        limits = {"max_tokens": self.config.outcome_max_tokens, "logprobs": self.config.outcome_logprobs}
         what = "outcome" if key_point is None else f"outcome for key point {key_point!r}"
-        self._answered(setting, verdict, what, completion.cut, completion.completion_tokens)
-        self._check_cuts()
+        first_met = None
+        if key_point is not None and self.config.step_rewards:
+            messages = outcome_request(self.protocol, *request)
+            call = ask_outcome_first_met(
+                self.judge_client, self.protocol, messages, listed_shots(verdict), **limits
+            )
+            completion, status, first_met = await self._asked(verdict, what, "outcome", call)
+        else:
+            call = ask_outcome(self.judge_client, self.protocol, *request, **limits)
+            completion, status = await self._asked(verdict, what, "outcome", call)
+        setting = self._judge_setting("outcome")
         if completion.cut and self.strict:
             raise _StepError(f"{completion.error}; {raise_advice(setting)}")
         reading = read_status_probability(
@@ -321,6 +338,8 @@ class WebJudge:
             p_success=reading.p_success if reading else None,
             p_success_alternatives=reading.alternatives if reading else None,
             p_success_note=reading.note if reading else None,
+            step=first_met.steps[0] if first_met is not None and first_met.valid else None,
+            step_error=first_met.error if first_met is not None else None,
         )
 
     # ------------------------------------------------------------------ screenshots
@@ -365,7 +384,7 @@ class WebJudge:
         usage = verdict.usage.setdefault(role, RoleUsage())
         first_of: dict[bytes, int] = {}  # an image's first screenshot: identical ones are scored once
         for shot, img in zip(trajectory.screenshots, prepared, strict=True):
-            record = ScreenshotRecord(index=shot.index, path=shot.name)
+            record = ScreenshotRecord(index=shot.index, path=shot.recorded_name)
             if isinstance(img, str):
                 record.error = f"{UNREADABLE_IMAGE}{img}"
             else:
@@ -421,7 +440,7 @@ class WebJudge:
             agent=trajectory.agent,
             benchmark=trajectory.benchmark,
             run=trajectory.run,
-            source=str(trajectory.source) if trajectory.source is not None else None,
+            source=os.path.abspath(trajectory.source) if trajectory.source is not None else None,
             human_label=trajectory.human_label,
             reward=trajectory.reward,
             config=self.describe(),
@@ -477,6 +496,27 @@ class WebJudge:
         await self.scorer.aclose()
         await self.judge_client.aclose()
 
+    def judge_sync(self, trajectories: Iterable[Trajectory], concurrency: int | None = None) -> list[Verdict]:
+        """Judge ``trajectories`` (at most ``concurrency`` at once, else the config's), in order, in an
+        event loop of its own, the clients closed after; a spent budget or an endpoint that is down
+        raises (:class:`~keyshot.infer.common.errors.RunStopError`)."""
+        items = list(trajectories)
+        slots_n = max(1, concurrency or self.concurrency)
+
+        async def judge_all() -> list[Verdict]:
+            slots = asyncio.Semaphore(slots_n)
+
+            async def one(t: Trajectory) -> Verdict:
+                async with slots:
+                    return await self.judge(t)
+
+            try:
+                return list(await asyncio.gather(*(one(t) for t in items)))
+            finally:
+                await self.aclose()
+
+        return asyncio.run(judge_all())
+
     async def _outcome_images(
         self, trajectory: Trajectory, verdict: Verdict, images: dict[int, PreparedImage]
     ) -> list[str] | None:
@@ -509,6 +549,17 @@ class WebJudge:
             if call.error:
                 verdict.errors.append(f"outcome: {call.error}")
             self._operating_point(verdict)
+            if self.config.step_rewards:
+                messages = outcome_request(
+                    self.protocol,
+                    trajectory.task,
+                    key_points,
+                    trajectory.actions,
+                    trajectory.thoughts,
+                    kept_images,
+                    kept_thoughts,
+                )
+                await self._key_point_steps(verdict, messages, call, items)
             return
         results = await asyncio.gather(
             *(
@@ -534,6 +585,48 @@ class WebJudge:
         else:
             verdict.success, verdict.status_valid = None, False
         self._operating_point(verdict)
+        if self.config.step_rewards:
+            problems = [f"key point {c.key_point!r}: {c.step_error}" for c in calls if c.step_error]
+            if problems:
+                verdict.step_error = "; ".join(problems)
+                verdict.errors.append(f"key point steps: {verdict.step_error}")
+            else:
+                self._set_steps(verdict, [c.step for c in calls])
+
+    async def _key_point_steps(
+        self, verdict: Verdict, messages: list[dict], outcome: OutcomeCall, items: list[str]
+    ) -> None:
+        """The step question after a ``cot`` outcome (one call more): when each key point was first met."""
+        if not items or not verdict.screenshots:
+            verdict.step_error = (
+                "no key points to place" if not items else "no screenshots to place key points at"
+            )
+            return
+        if not outcome.valid or outcome.text is None:
+            verdict.step_error = "the outcome could not be read, so the step question was not asked"
+            return
+        what = "key point steps"
+        call = ask_key_point_steps(
+            self.judge_client,
+            self.protocol,
+            messages,
+            outcome.text,
+            items,
+            listed_shots(verdict),
+            max_tokens=self.config.outcome_max_tokens,
+        )
+        completion, steps = await self._asked(verdict, what, "outcome", call)
+        if steps.valid:
+            self._set_steps(verdict, steps.steps)
+        else:
+            advice = f"; {raise_advice(self._judge_setting('outcome'))}" if completion.cut else ""
+            verdict.step_error = f"{steps.error} (answer: {completion.text[:200]!r}){advice}"
+            verdict.errors.append(f"{what}: {verdict.step_error}")
+
+    @staticmethod
+    def _set_steps(verdict: Verdict, steps: list[int | None]) -> None:
+        verdict.key_point_steps = list(steps)
+        verdict.step_progress = step_progress(verdict.screenshots, verdict.key_point_steps)
 
     def _operating_point(self, verdict: Verdict) -> None:
         """With ``p_success_threshold``, the verdict is success iff p_success reaches it; a verdict without
@@ -548,6 +641,11 @@ class WebJudge:
             )
             return
         verdict.success = p >= threshold
+
+
+def listed_shots(verdict: Verdict) -> list[ListedShot]:
+    """Every screenshot of a verdict as the step question lists it: its index, score and description."""
+    return [(r.index, r.score, r.thought) for r in verdict.screenshots]
 
 
 class _StepError(RuntimeError):

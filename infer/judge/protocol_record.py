@@ -14,7 +14,7 @@ from typing import Protocol
 
 from keyshot.infer.client.endpoint import EndpointConfig
 from keyshot.infer.protocol.images import ImagePolicy
-from keyshot.infer.protocol.prompts import load_prompt_set
+from keyshot.infer.protocol.prompts import load_prompt_set, load_step_prompts
 from keyshot.infer.runs.run_record import CONSTRAINED, with_constrained
 
 #: ``scorer.backend`` when the judge scores every screenshot itself (the reference configuration).
@@ -34,6 +34,7 @@ class PipelineSettings(Protocol):
     outcome_images: str
     allow_partial: bool
     p_success_threshold: float | None
+    step_rewards: bool
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,12 @@ def protocol_record(
         **(
             {"p_success_threshold": pipeline.p_success_threshold}
             if pipeline.p_success_threshold is not None
+            else {}
+        ),
+        # the step question (when each key point was first met), recorded only when asked
+        **(
+            {"step_rewards": True, "step_prompt_version": load_step_prompts().version}
+            if pipeline.step_rewards
             else {}
         ),
     }

@@ -50,6 +50,7 @@ from keyshot.infer.judge.scorer_factory import (
     warn_default_policy,
 )
 from keyshot.infer.loaders.trajectory import Trajectory
+from keyshot.infer.metrics.files import agreement_summary
 from keyshot.infer.model.checkpoint import CheckpointDescription
 from keyshot.infer.protocol.images import ImagePolicy
 from keyshot.infer.protocol.verdicts import (
@@ -399,6 +400,7 @@ def _judge_locked(
             **({"agentlab_summary": dataclasses.asdict(summaries)} if summaries else {}),
         },
     )
+    summary["agreement"] = agreement_summary(final)  # with the truth the verdicts carry, named
     summary["markdown"] = write_summary(out, summary, ledger.table_if_used())
     return summary
 

@@ -7,15 +7,18 @@ import argparse
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 
 from keyshot.infer.client.cache import CallCache
 from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
 from keyshot.infer.client.pool import EndpointPool
 from keyshot.infer.client.usage import UsageLedger
-from keyshot.infer.common.config import ConfigError
+from keyshot.infer.common.config import ConfigError, load_config
+from keyshot.infer.common.registry import Registry
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError, ScorerConfig
 from keyshot.infer.judge.local_scorer import TransformersScorer
+from keyshot.infer.judge.pipeline import WebJudge
 from keyshot.infer.judge.protocol_record import JUDGE_SCORES_BACKEND, ScorerFacts
 from keyshot.infer.judge.scorers import JUDGE_SCORES, JudgeScores, KeyScreenshotScorer, OpenAIScorer
 from keyshot.infer.model.checkpoint import (
@@ -64,6 +67,7 @@ def scorer_facts(
     read from the config (the scorer :func:`build_scorer` builds from it says the same of itself:
     :meth:`~keyshot.infer.judge.scorers.KeyScreenshotScorer.facts`)."""
     sc = cfg.scorer
+    SCORER_BACKENDS.get(sc.backend)  # an unknown back-end is named before anything is recorded
     if sc.backend == JUDGE_SCORES_BACKEND:
         return ScorerFacts(JUDGE_SCORES_BACKEND), REFERENCE_POLICY
     served = sc.endpoint or (sc.endpoints[0] if sc.endpoints else None)
@@ -136,6 +140,13 @@ def build_scorer(
     return scorer
 
 
+#: The scorer back-ends by name (``scorer.backend``): each builds the configured scorer from ``(cfg, cache,
+#: ledger, endpoint, checkpoint)``; a new back-end is a builder registered here (docs/contributing.md).
+SCORER_BACKENDS: Registry[Callable[..., KeyScreenshotScorer | JudgeScores]] = Registry(
+    "scorer back-end", "scorer.backend"
+)
+
+
 def _configured_scorer(
     cfg: JudgeRunConfig,
     cache: CallCache | None,
@@ -143,25 +154,39 @@ def _configured_scorer(
     endpoint: EndpointConfig | None,
     checkpoint: CheckpointDescription | None,
 ) -> KeyScreenshotScorer | JudgeScores:
+    return SCORER_BACKENDS.get(cfg.scorer.backend)(cfg, cache, ledger, endpoint, checkpoint)
+
+
+@SCORER_BACKENDS.register(JUDGE_SCORES_BACKEND)
+def _judge_scores(cfg, cache, ledger, endpoint, checkpoint) -> JudgeScores:
+    """The reference configuration: no scorer, the judge scores every screenshot."""
+    return JUDGE_SCORES
+
+
+@SCORER_BACKENDS.register("transformers")
+def _in_process(cfg, cache, ledger, endpoint, checkpoint) -> KeyScreenshotScorer:
+    """The checkpoint in this process (``scorer.checkpoint``, a model folder)."""
     sc = cfg.scorer
-    prompts = load_prompt_set(cfg.pipeline.prompt_variant)
-    if sc.backend == JUDGE_SCORES_BACKEND:
-        return JUDGE_SCORES
-    if sc.backend == "transformers":
-        if not sc.checkpoint:
-            raise JudgeRunError("scorer.backend=transformers needs scorer.checkpoint (a model folder)")
-        return TransformersScorer(
-            sc.checkpoint,
-            prompts,
-            device=sc.device,
-            dtype=sc.dtype,
-            batch_size=sc.batch_size,
-            max_new_tokens=scorer_max_tokens(sc, DEFAULT_LOCAL_MAX_TOKENS, checkpoint),
-            parse_mode=cfg.pipeline.parse_mode,
-            logprobs=sc.logprobs,
-            checkpoint=checkpoint,
-            tower_cuda_graphs=sc.tower_cuda_graphs,
-        )
+    if not sc.checkpoint:
+        raise JudgeRunError("scorer.backend=transformers needs scorer.checkpoint (a model folder)")
+    return TransformersScorer(
+        sc.checkpoint,
+        load_prompt_set(cfg.pipeline.prompt_variant),
+        device=sc.device,
+        dtype=sc.dtype,
+        batch_size=sc.batch_size,
+        max_new_tokens=scorer_max_tokens(sc, DEFAULT_LOCAL_MAX_TOKENS, checkpoint),
+        parse_mode=cfg.pipeline.parse_mode,
+        logprobs=sc.logprobs,
+        checkpoint=checkpoint,
+        tower_cuda_graphs=sc.tower_cuda_graphs,
+    )
+
+
+@SCORER_BACKENDS.register("openai")
+def _served(cfg, cache, ledger, endpoint, checkpoint) -> KeyScreenshotScorer:
+    """An OpenAI-compatible endpoint (``scorer.endpoint``, or the pool ``scorer.endpoints``)."""
+    sc = cfg.scorer
     endpoint = endpoint or sc.endpoint
     if endpoint is None and not sc.endpoints:
         raise JudgeRunError("scorer.backend=openai needs scorer.endpoint (or --serve-scorer CHECKPOINT)")
@@ -176,7 +201,7 @@ def _configured_scorer(
     warn_default_policy(sc, policy)
     return OpenAIScorer(
         client,
-        prompts,
+        load_prompt_set(cfg.pipeline.prompt_variant),
         parse_mode=cfg.pipeline.parse_mode,
         logprobs=sc.logprobs,
         max_tokens=limit if limit != served_limit else sc.max_tokens,  # None: each endpoint's own
@@ -265,3 +290,16 @@ def served_scorer(
         yield endpoint
     finally:
         server.stop()
+
+
+def webjudge_from_config(config: str | os.PathLike | None = None, *overrides: str) -> WebJudge:
+    """A :class:`~keyshot.infer.judge.pipeline.WebJudge` built as ``keyshot judge`` builds it, from a judge
+    config (a YAML file or a shipped config's name, ``webjudge7b``) and ``key.sub=value`` overrides: its
+    judge client and its scorer (a served endpoint, the judge's own scores for the reference
+    configuration, or a local model), the config's concurrency. No preflight, no cache and no run
+    folder: ``judge_sync(trajectories)``, or ``await judge(t)`` then ``aclose()``."""
+    cfg = load_config(JudgeRunConfig, config, list(overrides))
+    ledger = UsageLedger()
+    webjudge = WebJudge(JudgeClient(cfg.judge, None, ledger), build_scorer(cfg, None, ledger), cfg.pipeline)
+    webjudge.concurrency = cfg.concurrency
+    return webjudge

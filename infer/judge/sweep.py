@@ -3,15 +3,18 @@ call is asked again for each δ (the library: :mod:`keyshot.infer.judge.threshol
 
 Examples::
 
-    keyshot sweep runs/om2w --config configs/judge/webjudge7b.yaml --out runs/om2w-sweep
-    keyshot sweep tests/fixtures/arb_records --deltas 2,3,4 --config my_judge.yaml pipeline.outcome_logprobs=5 --out runs/arb-sweep
+    keyshot sweep runs/om2w --config webjudge7b --out runs/om2w-sweep
+    keyshot sweep arb_records/webjudge_o4_mini --deltas 2,3,4 --config webjudge7b pipeline.outcome_logprobs=5 --out runs/arb-sweep
     keyshot metrics runs/om2w-sweep --human-labels data/online_mind2web/human_label.json --out runs/om2w-sweep/metrics
 
-The judged folder is a keyshot run folder (or its verdicts.jsonl) or released judge records. Each δ gets
+(``runs/om2w``: a folder keyshot judge wrote; ``arb_records/webjudge_o4_mini``: one judge's released
+records, as in tests/fixtures/arb_records.) The judged folder is a keyshot run folder (or its
+verdicts.jsonl) or released judge records. Each δ gets
 its run folder, ``OUT/delta_<δ>``, and ``OUT/sweep.json`` counts what each δ sent and reused. The judge
 comes from ``--config`` and ``key=value`` overrides (``judge.*``, ``pipeline.outcome_logprobs`` for
 p_success), as for ``keyshot judge``; the pipeline settings that decided the judged verdicts are the
-folder's, and one given that differs is refused (docs/operating-point.md).
+folder's: a config file's give way to them (said in one line), a ``pipeline.*`` override that differs
+is refused (docs/operating-point.md).
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="JUDGED|key=value",
         help="the judged folder (keyshot run folder, verdicts.jsonl or released judge records), then config overrides",
     )
-    parser.add_argument("--config", help="YAML JudgeRunConfig: the judge asked for the outcome calls")
+    parser.add_argument(
+        "--config",
+        help="YAML JudgeRunConfig: the judge asked for the outcome calls (a file, or a shipped one by name)",
+    )
     parser.add_argument("--out", type=Path, help="folder for OUT/delta_<δ>/ and sweep.json (not with --plan)")
     parser.add_argument(
         "--deltas",
@@ -85,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         allow_outside=tuple(args.allow_outside),
     )
     print("\n".join(sweep.forecast_lines()), flush=True)
+    sweep.check_judge()
     result = sweep.run(progress=not args.no_progress)
     print(sweep_markdown(result))
     lines, code = closing_lines(result, args.out)

@@ -17,7 +17,14 @@ from pathlib import Path
 
 from keyshot.infer.common.text import count_of
 from keyshot.infer.judge.pipeline import PipelineConfig, outcome_calls
-from keyshot.infer.judge.sweep_source import JudgedFolder, read_judged, sweep_pipeline, unsweepable
+from keyshot.infer.judge.sweep_source import (
+    JudgedFolder,
+    none_readable,
+    read_judged,
+    source_missing,
+    sweep_pipeline,
+    unsweepable,
+)
 from keyshot.infer.protocol.verdicts import Verdict, select_kept
 
 #: The recorded judge settings an answer in the judged run's cache was sent with (its cache key holds them).
@@ -160,6 +167,9 @@ def plan_sweep(source: Path, deltas: list[float], pipeline: PipelineConfig | Non
     judged = read_judged(source)
     cfg = sweep_pipeline(pipeline or PipelineConfig(), judged)
     usable = [v for v in judged.verdicts if unsweepable(v) is None]  # what a sweep asks, as it decides
+    if usable and all(source_missing(judged, v) for v in usable):
+        raise none_readable(judged, f"no such file or folder: {usable[0].source}")
+    usable = [v for v in usable if not source_missing(judged, v)]
     scores = sum(s.score is not None for v in usable for s in v.screenshots)
     return [
         {

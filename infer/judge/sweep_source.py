@@ -12,13 +12,14 @@ the run.json of a ``keyshot judge`` run at that δ with the same settings, plus 
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from keyshot.infer.client.endpoint import EndpointConfig
-from keyshot.infer.common.config import read_config_file
-from keyshot.infer.judge.config import JudgeRunError
+from keyshot.infer.common.config import read_config_file, resolve_config
+from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.judge.inputs import ReadOptions
 from keyshot.infer.judge.pipeline import PipelineConfig
 from keyshot.infer.judge.protocol_record import ScorerFacts, protocol_record
@@ -32,6 +33,8 @@ from keyshot.infer.protocol.verdicts import Verdict, verdict_key
 from keyshot.infer.runs.counts import INCOMPLETE, NO_SCORES, outcome_of
 from keyshot.infer.runs.run_record import RUN_FILE, read_inputs, read_protocol
 from keyshot.infer.runs.verdict_sources import load_verdicts, read_reference_records
+
+logger = logging.getLogger(__name__)
 
 #: What the protocol of a swept folder adds: where its key points and scores came from.
 SWEPT_FROM = "swept_from"
@@ -119,18 +122,22 @@ def one_judge(source: Path, verdicts: list[Verdict]) -> None:
         )
 
 
+#: How :func:`pipeline_keys_given` names a setting given as a ``pipeline.KEY=value`` override.
+OVERRIDE_WHERE = "override"
+
+
 def pipeline_keys_given(config: str | None, overrides: list[str]) -> dict[str, str]:
     """The ``pipeline`` settings a user gave (``--config`` file, ``pipeline.KEY=value`` overrides), each with
-    where: what a sweep refuses to replace by the judged folder's."""
+    where: a config file's give way to the judged folder's, an override that differs is refused."""
     given: dict[str, str] = {}
     if config is not None:
-        data, _ = read_config_file(config)
+        data, _ = read_config_file(resolve_config(config, JudgeRunConfig.SHIPPED_FOLDER))
         section = data.get("pipeline") if isinstance(data, dict) else None
         given.update({key: str(config) for key in section or {}})
     for item in overrides:
         key = item.split("=", 1)[0].strip()
         if key.startswith("pipeline."):
-            given[key.removeprefix("pipeline.")] = f"override {item!r}"
+            given[key.removeprefix("pipeline.")] = f"{OVERRIDE_WHERE} {item!r}"
     return given
 
 
@@ -140,20 +147,27 @@ def sweep_pipeline(
     """The pipeline of the swept δ's: the judged folder's settings where they decided its verdicts
     (:data:`FROM_FOLDER`; released records: the descriptions without images), the config's outcome settings
     (log-probabilities, token limits, the p_success threshold) beside them. A setting in ``given`` (the
-    user's, with where it was given) that differs from the folder's is refused in one line."""
+    user's, with where it was given) that differs from the folder's is refused in one line when it is an
+    override, and gives way to the folder's, said in one line, when a config file holds it."""
     taken = {k: judged.protocol[k] for k in FROM_FOLDER if judged.protocol.get(k) is not None}
     if judged.released:
         taken["outcome_images"] = "none"  # released records hold no pixels of the screenshots not kept
-    differ = [
-        f"pipeline.{k}={getattr(base, k)!r} ({given[k]}) where it was {taken[k]!r}"
-        for k in FROM_FOLDER
-        if k in (given or {}) and k in taken and getattr(base, k) != taken[k]
-    ]
-    if differ:
+    differ = [k for k in FROM_FOLDER if k in (given or {}) and k in taken and getattr(base, k) != taken[k]]
+    refused = [k for k in differ if (given or {})[k].startswith(OVERRIDE_WHERE)]
+    if refused:
         where = "released records" if judged.released else str(judged.folder / RUN_FILE)
+        named = "; ".join(
+            f"pipeline.{k}={getattr(base, k)!r} ({given[k]}) where it was {taken[k]!r}" for k in refused
+        )  # type: ignore[index]
         raise SweepError(
-            f"{'; '.join(differ)} in the judged folder ({where}): a sweep asks the outcome again as the folder "
-            "was judged and changes only δ; drop the setting, or judge the trajectories again with keyshot judge"
+            f"{named} in the judged folder ({where}): a sweep asks the outcome again as the folder was judged "
+            "and changes only δ; drop the override, or judge the trajectories again with keyshot judge"
+        )
+    if differ:  # a config file's settings (a shipped config's, say): the folder's are taken, said once
+        logger.warning(
+            "%s's pipeline settings give way to the judged folder's (a sweep changes only δ): %s",
+            (given or {})[differ[0]],
+            ", ".join(f"{k} {getattr(base, k)!r} -> {taken[k]!r}" for k in differ),
         )
     return replace(base, **taken)
 
@@ -253,6 +267,19 @@ def unsweepable(v: Verdict) -> str | None:
     return None
 
 
+def none_readable(judged: JudgedFolder, why: str) -> SweepError:
+    """The one line of a sweep that finds none of the judged trajectories it would ask about."""
+    return SweepError(
+        f"{judged.source}: none of its {len(judged.verdicts)} judged trajectories can be read again ({why}): "
+        "put them back where the verdicts say they were, or judge them again"
+    )
+
+
+def source_missing(judged: JudgedFolder, v: Verdict) -> bool:
+    """True when a keyshot verdict's trajectory is no longer where it says (released records hold theirs)."""
+    return not judged.released and not (v.source and Path(v.source).exists())
+
+
 def sweepable(judged: JudgedFolder, read_with: ReadOptions) -> tuple[list[SweepItem], Counter, list[str]]:
     """The verdicts a sweep can ask the outcome of, each with its trajectory (read with ``read_with``); the
     others counted by reason, with the first few named."""
@@ -273,4 +300,6 @@ def sweepable(judged: JudgedFolder, read_with: ReadOptions) -> tuple[list[SweepI
                 items.append(SweepItem(v, trajectory))
                 continue
         left[reason] += 1
+    if judged.verdicts and not items and left["trajectory not readable"]:
+        raise none_readable(judged, named[0] if named else "trajectory not readable")
     return items, left, named

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from keyshot.infer.client.cache import CallCache
 from keyshot.infer.client.judge_client import JudgeCallError, JudgeClient
+from keyshot.infer.client.preflight import preflight
 from keyshot.infer.client.usage import UsageLedger
 from keyshot.infer.common.errors import EXIT_INCOMPLETE, RunStopError
 from keyshot.infer.common.fileio import write_text_atomic
@@ -55,6 +56,7 @@ from keyshot.infer.judge.sweep_source import (
 )
 from keyshot.infer.loaders.trajectory import TrajectoryError
 from keyshot.infer.metrics.sweep_compare import SWEEP_FILE
+from keyshot.infer.protocol.images import DEFAULT_POLICY
 from keyshot.infer.protocol.verdicts import (
     VERDICTS_FILE,
     ResumeIndex,
@@ -290,6 +292,13 @@ class PreparedSweep:
         record = next(iter(self.records.values()), {})
         return forecast_lines(self.forecast(), self.pipeline, self.judged, record, self.cache_path)
 
+    def check_judge(self) -> None:
+        """The judge's preflight, as keyshot judge's (docs/reliability.md): a judge that is down, its key
+        missing or its model not served ends the sweep within seconds, exit 6, before anything is
+        written; a sweep the cache answers whole needs no judge."""
+        if any(row.at_most for row in self.forecast()):
+            preflight([self.cfg.judge], sections=["judge"])
+
     def run(self, *, concurrency: int | None = None, progress: bool = True) -> dict:
         """Ask each δ's outcomes (resuming what an earlier run finished) and write ``OUT/sweep.json``; its
         contents."""
@@ -320,7 +329,9 @@ class PreparedSweep:
                     )
                     rows.append(row)
                     if row.stopped:
-                        stopped = f"δ={delta}: {row.stopped}; run keyshot sweep again to go on"
+                        stopped = f"δ={delta}: {row.stopped}"
+                        if "re-run" not in row.stopped:  # the one thing to do, said once
+                            stopped += "; re-run the same keyshot sweep to go on"
                         exit_code = row.exit_code
                         break
             finally:
@@ -384,7 +395,8 @@ class _DeltaSweep:
             JudgeClient(cfg.judge, cache, ledger),
             RecordedScores(self.judged, pipeline),
             pipeline,
-            image_policy=self.judged.policy,
+            # released records show no screenshot (outcome images: none): no policy to warn about
+            image_policy=self.judged.policy or (DEFAULT_POLICY if self.judged.released else None),
         )
         folder.mkdir(parents=True, exist_ok=True)
         check_fingerprint(folder, self.record, record=False)
@@ -482,11 +494,8 @@ def closing_lines(result: dict, out: Path) -> tuple[list[str], int]:
     """What the terminal says after the sweep's table, and the exit code: as keyshot judge exits, a stop
     with its own code (a spent budget 5, a dead endpoint 4), and 3 while a swept verdict rests on a failed
     call (it is not a result)."""
-    lines = [
-        f"wrote {out / SWEEP_FILE} and {', '.join(r['folder'] for r in result['per_delta'])}",
-        f"compare them: keyshot metrics {out} --human-labels LABELS (or --arb-index INDEX.csv) --out METRICS",
-    ]
-    if result["stopped"]:
+    lines = [f"wrote {out / SWEEP_FILE} and {', '.join(r['folder'] for r in result['per_delta'])}"]
+    if result["stopped"]:  # what to do is the Stopped line's: nothing else to do before it
         return lines, result["exit_code"] or EXIT_INCOMPLETE
     incomplete = sum(r["incomplete"] for r in result["per_delta"])
     if incomplete:
@@ -498,4 +507,7 @@ def closing_lines(result: dict, out: Path) -> tuple[list[str], int]:
             f"{incomplete} swept verdict(s) incomplete ({said}): run keyshot sweep again to ask them"
         )
         return lines, EXIT_INCOMPLETE
+    lines.append(
+        f"compare them: keyshot metrics {out} --human-labels LABELS (or --arb-index INDEX.csv) --out METRICS"
+    )
     return lines, 0

@@ -2,18 +2,20 @@
 
 :func:`load_trajectories` accepts one trajectory
 folder, a folder of trajectory folders (and/or JSONL files), or a JSONL file, and detects each
-trajectory's format unless one is forced.
+trajectory's format unless one is forced. The folder formats are those the modules of this package
+register (:mod:`keyshot.infer.loaders.formats`); every module here is imported with the package, so a
+module that registers a format is all a new format needs.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+import pkgutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from keyshot.infer.common.config import ConfigError
-from keyshot.infer.loaders.agentlab import FORMAT as AGENTLAB
 from keyshot.infer.loaders.agentlab import (
     is_agentlab_run,
     is_study_file,
@@ -21,7 +23,8 @@ from keyshot.infer.loaders.agentlab import (
     parse_experiment_analysis,
     superseded_reason,
 )
-from keyshot.infer.loaders.common import InputScope, account_for, read_json
+from keyshot.infer.loaders.common import InputScope, account_for
+from keyshot.infer.loaders.formats import FOLDER_FORMATS, folder_formats, format_names
 from keyshot.infer.loaders.human_labels import (
     HumanLabels,
     LabelTable,
@@ -31,22 +34,24 @@ from keyshot.infer.loaders.human_labels import (
 )
 from keyshot.infer.loaders.jsonl import FORMAT as JSONL
 from keyshot.infer.loaders.jsonl import JSONL_SUFFIXES, iter_jsonl, write_jsonl
-from keyshot.infer.loaders.mind2web import (
-    RESULT_FILE,
-    SCREENSHOT_DIR,
-    V1,
-    V2,
-    load_online_mind2web,
-    schema_of,
-)
+from keyshot.infer.loaders.mind2web import RESULT_FILE, SCREENSHOT_DIR, load_online_mind2web
 from keyshot.infer.loaders.trajectory import OnError, SkippedEntry, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
 
-#: Formats a trajectory can have (``Trajectory.format``); ``fmt=`` also takes "auto" and "online-mind2web".
-FORMATS: tuple[str, ...] = (V1, V2, AGENTLAB, JSONL)
-MIND2WEB_ANY = "online-mind2web"
-_FMT_CHOICES = ("auto", MIND2WEB_ANY, *FORMATS)
+# every module of the package, so that each format module's registration has run
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+#: Formats a trajectory can have (``Trajectory.format``): the folder formats' and JSONL; ``fmt=`` also
+#: takes "auto" and a format's name for all its versions ("online-mind2web").
+FORMATS: tuple[str, ...] = (*format_names(), JSONL)
+
+
+def _format_choices() -> tuple[str, ...]:
+    """What ``fmt=`` takes: "auto", every registered folder format's names, "jsonl"."""
+    return ("auto", *FOLDER_FORMATS.names(), JSONL)
+
 
 __all__ = [
     "FORMATS",
@@ -71,8 +76,8 @@ ARCHIVE_SUFFIXES = (".zip", ".tar", ".tgz", ".gz", ".bz2", ".xz", ".7z", ".rar")
 
 
 def _has_trajectory_files(folder: Path) -> bool:
-    """Has the files of one trajectory (an Online-Mind2Web task folder, maybe broken, or an AgentLab run)."""
-    return (folder / RESULT_FILE).is_file() or (folder / SCREENSHOT_DIR).is_dir() or is_agentlab_run(folder)
+    """Has the files of one trajectory of a registered format (maybe broken)."""
+    return any(fmt.holds(folder) for fmt in folder_formats())
 
 
 def _loose_result_json(folder: Path) -> bool:
@@ -190,21 +195,15 @@ def detect_format(path: Path | str) -> str:
         raise TrajectoryError(path, f"not a trajectory file: expected a {' or '.join(JSONL_SUFFIXES)} file")
     if not path.is_dir():
         raise TrajectoryError(path, "no such file or folder")
-    result_path = path / RESULT_FILE
-    if result_path.exists() or result_path.is_symlink():  # read_json refuses a FIFO, folder or dangling link
-        return schema_of(result_path, read_json(result_path))
-    if is_agentlab_run(path):
-        return AGENTLAB
-    if (path / SCREENSHOT_DIR).is_dir():
-        raise TrajectoryError(
-            path,
-            f"no {RESULT_FILE}: an Online-Mind2Web task folder holds {RESULT_FILE} and {SCREENSHOT_DIR}/",
-        )
-    raise TrajectoryError(
-        path,
-        f"not a trajectory folder: expected {RESULT_FILE} (Online-Mind2Web) or experiment_analysis.md / "
-        "summary_info.json / screenshot_step_N.png (AgentLab)" + released_records_hint(path),
-    )
+    formats = folder_formats()
+    for fmt in formats:  # in the order they registered
+        if found := fmt.detect(path):
+            return found
+    for fmt in formats:
+        if problem := fmt.problem(path):
+            raise TrajectoryError(path, problem)
+    expected = " or ".join(f"{fmt.expects} ({fmt.label})" for fmt in formats)
+    raise TrajectoryError(path, f"not a trajectory folder: expected {expected}" + released_records_hint(path))
 
 
 def released_records_hint(path: Path) -> str:
@@ -230,14 +229,13 @@ def _load_folder(
 ) -> Trajectory:
     scope = scope.holding(folder)  # a trajectory folder the input holds as a link: read as its target
     found = detect_format(folder) if fmt == "auto" else fmt
-    if found in (V1, V2, MIND2WEB_ANY):
-        version = None if found == MIND2WEB_ANY or fmt == "auto" else found
-        return load_online_mind2web(folder, version=version, agent=agent, benchmark=benchmark, scope=scope)
-    if found == AGENTLAB:
-        return load_agentlab(folder, agent=agent, benchmark=benchmark, scope=scope)
-    raise TrajectoryError(
-        folder, f"format {found!r} is not a folder format (a JSONL trajectory set is a file)"
-    )
+    if found not in FOLDER_FORMATS:
+        raise TrajectoryError(
+            folder, f"format {found!r} is not a folder format (a JSONL trajectory set is a file)"
+        )
+    reader = FOLDER_FORMATS.get(found)
+    insisted = found if fmt != "auto" and found in reader.names else None  # a version the user named
+    return reader.load(folder, name=insisted, agent=agent, benchmark=benchmark, scope=scope)
 
 
 def load_trajectories(
@@ -264,8 +262,8 @@ def load_trajectories(
     A missing ``path`` raises :class:`TrajectoryError` at once, whatever ``on_error`` says.
     """
     path = Path(path)
-    if fmt not in _FMT_CHOICES:
-        raise ConfigError(f"unknown trajectory format {fmt!r}; choose one of {list(_FMT_CHOICES)}")
+    if fmt not in (choices := _format_choices()):
+        raise FOLDER_FORMATS.unknown(fmt, choices)
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     if not path.exists():
@@ -301,7 +299,28 @@ def load_trajectories(
         jobs = _folder_jobs(
             path, fmt, on_error=on_error, agent=agent, benchmark=benchmark, errors=errors, scope=scope
         )
-    return _run(jobs, on_error, errors)
+    loaded = _run(jobs, on_error, errors)
+    return loaded if agent is None else _say_recorded_agents(loaded, agent)
+
+
+#: The ``agent=`` names :func:`_say_recorded_agents` has said were not used.
+_SAID_AGENTS: set[str] = set()
+
+
+def _say_recorded_agents(trajectories: Iterator[Trajectory], agent: str) -> Iterator[Trajectory]:
+    """``trajectories``, saying once that ``agent`` was not used for those that record their own agent
+    (AgentLab runs name theirs): ``agent=`` names the agent of trajectories that record none."""
+    for t in trajectories:
+        if t.agent != agent and agent not in _SAID_AGENTS:
+            _SAID_AGENTS.add(agent)  # once in a process (a command may read its inputs twice)
+            logger.warning(
+                "agent=%r is not used for %s and the others that record their own agent (%r here): it names "
+                "the agent of trajectories that record none",
+                agent,
+                t.source or t.task_id,
+                t.agent,
+            )
+        yield t
 
 
 def _single(

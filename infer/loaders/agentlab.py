@@ -37,6 +37,7 @@ from keyshot.infer.loaders.common import (
     require_regular_file,
     screenshot_file,
 )
+from keyshot.infer.loaders.formats import FolderFormat, register_folder_format
 from keyshot.infer.loaders.trajectory import Screenshot, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
@@ -341,3 +342,15 @@ def load_agentlab(
         extra=extra,
         run=name_match.group("stamp") if name_match else run_dir.name,
     )
+
+
+register_folder_format(
+    FolderFormat(
+        names=(FORMAT,),
+        label="AgentLab",
+        expects=f"{ANALYSIS_FILE} / {SUMMARY_FILE} / screenshot_step_N.png",
+        holds=is_agentlab_run,
+        detect=lambda folder: FORMAT if is_agentlab_run(folder) else None,
+        load=lambda folder, name=None, **where: load_agentlab(folder, **where),
+    )
+)

@@ -90,11 +90,16 @@ def os_problem(exc: OSError) -> str:
 
 def account_for(exc: TrajectoryError, on_error: OnError, errors: list[TrajectoryError] | None) -> None:
     """A trajectory or input entry that is not judged: raised (``on_error="raise"``, except for a
-    skipped entry, which is only warned of), or logged and appended to ``errors``."""
+    skipped entry, which is only warned of), else appended to ``errors``, whose caller says it (keyshot
+    judge lists each under "not loaded" and in its summary: one line, once), or, without ``errors``,
+    logged as a warning."""
     if on_error == "raise" and not isinstance(exc, SkippedEntry):
         raise exc
-    logger.warning(
-        "skipping %s: %s", "an input entry" if isinstance(exc, SkippedEntry) else "a trajectory", exc
+    logger.log(
+        logging.DEBUG if errors is not None else logging.WARNING,
+        "skipping %s: %s",
+        "an input entry" if isinstance(exc, SkippedEntry) else "a trajectory",
+        exc,
     )
     if errors is not None:
         errors.append(exc)

@@ -31,12 +31,14 @@ from keyshot.infer.loaders.common import (
     screenshot_from_ref,
     string_list,
 )
+from keyshot.infer.loaders.formats import FolderFormat, register_folder_format
 from keyshot.infer.loaders.trajectory import Screenshot, Trajectory, TrajectoryError
 
 logger = logging.getLogger(__name__)
 
 V1 = "online-mind2web-v1"
 V2 = "online-mind2web-v2"
+ANY_VERSION = "online-mind2web"  # either schema
 SCHEMA_V2 = "online-mind2web-v2"
 BENCHMARK = "online_mind2web"
 RESULT_FILE = "result.json"
@@ -221,3 +223,31 @@ def _load_v2(
         final_answer=final_answer,
         extra=extra,
     )
+
+
+def _detect(task_dir: Path) -> str | None:
+    """``V1`` or ``V2`` for a folder with a result.json (which must parse), else None."""
+    result_path = task_dir / RESULT_FILE
+    if result_path.exists() or result_path.is_symlink():  # read_json refuses a FIFO, folder or dangling link
+        return schema_of(result_path, read_json(result_path))
+    return None
+
+
+def _problem(task_dir: Path) -> str | None:
+    if (task_dir / SCREENSHOT_DIR).is_dir():
+        return f"no {RESULT_FILE}: an Online-Mind2Web task folder holds {RESULT_FILE} and {SCREENSHOT_DIR}/"
+    return None
+
+
+register_folder_format(
+    FolderFormat(
+        names=(V1, V2),
+        any_name=ANY_VERSION,
+        label="Online-Mind2Web",
+        expects=RESULT_FILE,
+        holds=lambda folder: (folder / RESULT_FILE).is_file() or (folder / SCREENSHOT_DIR).is_dir(),
+        detect=_detect,
+        problem=_problem,
+        load=lambda folder, name=None, **where: load_online_mind2web(folder, version=name, **where),
+    )
+)

@@ -10,6 +10,7 @@ Formats are read by :mod:`keyshot.infer.loaders` and documented in ``docs/trajec
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -69,6 +70,13 @@ class Screenshot:
     @property
     def name(self) -> str:
         return f"{self.path}#screenshot{self.index}" if self.data is not None else str(self.path)
+
+    @property
+    def recorded_name(self) -> str:
+        """:attr:`name` with the file's absolute path: what a verdict records, so that the screenshot is
+        found again from any working folder."""
+        path = os.path.abspath(self.path)
+        return f"{path}#screenshot{self.index}" if self.data is not None else path
 
     def read_bytes(self) -> bytes:
         """The encoded image as stored (PNG, JPEG, ...)."""

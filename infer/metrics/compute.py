@@ -64,6 +64,8 @@ class JudgedRecord:
     truth: str | None = None  # one of TRUTH_SOURCES, None when there is no truth
     withheld: str | None = None  # why the verdict is not counted (:func:`withheld_reason`), None when it is
     p_success: float | None = None  # P(success) read at the outcome call's status word, None when not read
+    #: (key points the judge found met, key points), when it said which (:func:`key_points_met`), else None
+    key_points_met: tuple[int, int] | None = None
 
 
 #: Why a verdict without a status is dropped rather than counted as a failure.
@@ -81,6 +83,18 @@ def withheld_reason(v: Verdict) -> str | None:
         return NO_READABLE_SCORES
     if outcome == OUTCOME_INCOMPLETE and v.success is None:
         return INCOMPLETE
+    return None
+
+
+def key_points_met(v: Verdict) -> tuple[int, int] | None:
+    """(met, of) key points of a verdict: from the screenshots each was first met at
+    (``pipeline.step_rewards``), else from the per-key-point outcome calls (``key_point`` mode); None when
+    the verdict says neither (WebCanvas's completion rate counts key points over trajectories)."""
+    if v.key_point_steps:
+        return sum(step is not None for step in v.key_point_steps), len(v.key_point_steps)
+    calls = [c for c in v.outcome_calls if c.key_point is not None]
+    if calls and all(c.valid for c in calls):
+        return sum(bool(c.success) for c in calls), len(calls)
     return None
 
 
@@ -146,6 +160,10 @@ class AgreementRow:
     human_sr: float | None
     agreement: float | None
     sr_gap: float | None
+    #: WebCanvas's completion rate: key points met over key points, micro-averaged over the group's
+    #: verdicts that say which were met (``n_completion`` of them); None when none does
+    completion_rate: float | None = None
+    n_completion: int = 0
 
 
 @dataclass
@@ -217,6 +235,8 @@ def _agreement(scope: str, group: str, pairs: Sequence[tuple[JudgedRecord, bool]
     truth = [t for _, t in pairs]
     judge_sr = sum(judged) / n
     human_sr = sum(truth) / n
+    counted = [r.key_points_met for r, _ in pairs if r.key_points_met is not None]
+    points = sum(of for _, of in counted)
     return AgreementRow(
         scope=scope,
         group=group,
@@ -226,6 +246,8 @@ def _agreement(scope: str, group: str, pairs: Sequence[tuple[JudgedRecord, bool]
         human_sr=human_sr,
         agreement=sum(j == t for j, t in zip(judged, truth, strict=True)) / n,
         sr_gap=abs(judge_sr - human_sr),
+        completion_rate=sum(met for met, _ in counted) / points if points else None,
+        n_completion=len(counted),
     )
 
 
@@ -299,6 +321,8 @@ def agreement_metrics(records: Iterable[JudgedRecord], label_2: str = DEFAULTS.l
                 human_sr=_mean(r.human_sr for r in agents),
                 agreement=_mean(r.agreement for r in agents),
                 sr_gap=_mean(r.sr_gap for r in agents),
+                completion_rate=_mean(r.completion_rate for r in agents),
+                n_completion=sum(r.n_completion for r in agents),
             )
         )
     return rows
@@ -406,6 +430,20 @@ def recorded_truth(v: Verdict) -> tuple[str | None, str | None]:
     return None, None
 
 
+def truth_of(
+    v: Verdict, human_labels: Mapping[tuple[str, str], str] | None = None, agent: str | None = None
+) -> tuple[str | None, str | None]:
+    """A verdict's truth and the name of its source, the one home of both (metrics, the report, the
+    sweep's δ comparison and the run's summary name the truth by it): the label of ``human_labels`` (a
+    label file, keyed by task id and agent: ``HUMAN_LABELS``), else what the verdict carries
+    (:func:`recorded_truth`). ``agent`` names the agent of a verdict judged without one."""
+    if human_labels is not None:
+        label = human_labels.get((str(v.task_id), agent_key(str(v.agent or agent or "unknown"))))
+        if label is not None:
+            return label, HUMAN_LABELS
+    return recorded_truth(v)
+
+
 def records_from_verdicts(
     verdicts: Iterable[Verdict],
     human_labels: Mapping[tuple[str, str], str] | None = None,
@@ -428,11 +466,9 @@ def records_from_verdicts(
         agent_name = str(v.agent or agent or "unknown")
         bench = str(v.benchmark or benchmark or "unknown")
         predicted = normalize_prediction(v.success)
-        human, truth = recorded_truth(v)
-        key = (task_id, agent_key(agent_name))
+        human, truth = truth_of(v, human_labels, agent)
         verdict_keys.append((task_id, agent_name))
-        if human_labels is not None and key in human_labels:
-            human, truth = human_labels[key], HUMAN_LABELS
+        if human_labels is not None and (task_id, agent_key(agent_name)) in human_labels:
             matched += 1
         elif (bench, agent_key(agent_name), task_id) in arb:
             human, truth = arb[(bench, agent_key(agent_name), task_id)], ARB_ANNOTATION
@@ -447,6 +483,7 @@ def records_from_verdicts(
                 truth if human else None,
                 withheld_reason(v),
                 v.p_success,
+                key_points_met(v),
             )
         )
     if (human_labels is not None or arb_index is not None) and records and matched * 2 < len(records):

@@ -11,7 +11,15 @@ from pathlib import Path
 
 from keyshot.infer.common.fileio import make_folder, write_bytes_atomic
 from keyshot.infer.common.text import shorten_middle
-from keyshot.infer.metrics.compute import AGENTLAB_REWARD, ARB_ANNOTATION, HUMAN_LABELS, MetricsReport
+from keyshot.infer.metrics.compute import (
+    AGENTLAB_REWARD,
+    ARB_ANNOTATION,
+    HUMAN_LABELS,
+    MetricsReport,
+    compute_metrics,
+    records_from_verdicts,
+)
+from keyshot.infer.protocol.verdicts import Verdict
 
 
 def percent(value: float | None) -> str:
@@ -30,6 +38,25 @@ def truth_source(report: MetricsReport) -> str:
     if len(report.truth) == 1:
         return next(iter(report.truth))
     return ", ".join(f"{source} {n}" for source, n in report.truth.items())
+
+
+def agreement_summary(verdicts: list[Verdict]) -> dict | None:
+    """The agreement of ``verdicts`` with the truth they carry (human labels, AgentLab reward), overall,
+    with the truth's name (:func:`truth_source`): what a run's summary shows; None when none has a truth."""
+    records = records_from_verdicts(verdicts)
+    if not any(r.truth for r in records):
+        return None
+    report = compute_metrics(records)
+    overall = next((r for r in report.agreement if r.scope == "overall"), None)
+    if overall is None:
+        return None
+    return {
+        "truth": truth_source(report),
+        "n": overall.n,
+        "agreement": overall.agreement,
+        "judge_sr": overall.judge_sr,
+        "truth_sr": overall.human_sr,
+    }
 
 
 def truth_sr_column(report: MetricsReport) -> str:
@@ -56,14 +83,25 @@ def metrics_markdown(report: MetricsReport) -> str:
         "",
         truth,
         "",
-        f"| group | n | no status | judge SR | {truth_sr_column(report)} | AR | SR gap |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    completion = any(r.n_completion for r in report.agreement)
+    if completion:  # WebCanvas's completion rate beside the success rate, when the verdicts say it
+        out += [
+            "CR: the judge's completion rate, key points met over key points (WebCanvas), micro-averaged "
+            "over the verdicts that say which were met (n CR); the macro row averages the agents' CRs.",
+            "",
+        ]
+    out += [
+        f"| group | n | no status | judge SR | {truth_sr_column(report)} | AR | SR gap |"
+        + (" CR | n CR |" if completion else ""),
+        "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if completion else ""),
     ]
     for r in report.agreement:
         name = f"**{r.group}**" if r.scope in ("overall", "macro") else r.group
         out.append(
             f"| {name} | {r.n} | {r.n_no_verdict} | {percent(r.judge_sr)} | {percent(r.human_sr)} | "
             f"{percent(r.agreement)} | {percent(r.sr_gap)} |"
+            + (f" {percent(r.completion_rate)} | {r.n_completion} |" if completion else "")
         )
     out += [
         "",
@@ -100,6 +138,8 @@ _CSV_FIELDS = [
     "precision",
     "recall",
     "f1",
+    "completion_rate",
+    "n_completion",
 ]
 
 

@@ -17,7 +17,7 @@ from keyshot.infer.metrics.calibration import (
     Calibration,
     ThresholdScore,
 )
-from keyshot.infer.metrics.files import percent
+from keyshot.infer.metrics.files import percent, truth_source, truth_sr_column
 from keyshot.infer.metrics.operating_plots import pr_curve_plot, reliability_diagram, sweep_plot
 from keyshot.infer.metrics.sweep_compare import SweepComparison
 
@@ -124,11 +124,14 @@ def sweep_markdown(cmp: SweepComparison, calibrations: dict[float, Calibration] 
         f"### Threshold sweep of {cmp.source}: the δ's side by side",
         "",
     ]
+    first = cmp.per_delta[0].report if cmp.per_delta else None
     out += [
-        "Rates count the verdicts with a truth (n); kept screenshots and outcome prompt tokens count every "
+        (f"Truth: {truth_source(first)}. " if first is not None else "")
+        + "Rates count the verdicts with a truth (n); kept screenshots and outcome prompt tokens count every "
         "swept verdict.",
         "",
-        "| δ | group | verdicts | n | agreement | precision | recall | F1 | judge SR | true SR | kept | "
+        "| δ | group | verdicts | n | agreement | precision | recall | F1 | judge SR | "
+        f"{truth_sr_column(first) if first is not None and first.truth else 'true SR'} | kept | "
         "kept / verdict | outcome prompt tokens |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -180,6 +183,7 @@ def write_sweep(
     out_dir = make_folder(out_dir)
     data = {
         "source": cmp.source,
+        "truth": truth_source(cmp.per_delta[0].report) if cmp.per_delta else None,
         "deltas": cmp.deltas,
         "rows": [asdict(r) for r in cmp.rows],
         "dropped": {f"{d.delta:g}": d.dropped for d in cmp.per_delta},

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keyshot.infer.protocol.prompts import STEPS, VARIANTS
+from keyshot.infer.protocol.prompts import STEPS, prompt_source
 
 #: One character of free text: printable ASCII (a token of it holds at least one character).
 LINE_CHAR = "[ -~]"
@@ -102,8 +102,12 @@ class AnswerFormat:
     step: str
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"unknown prompt variant {self.variant!r}")
+        prompt_source(self.variant)  # PromptSetError (a ValueError) naming the known ones
+        if self.step == "key_screenshot" and self.variant not in _SCORE:
+            raise ValueError(
+                f"prompt variant {self.variant!r} has no answer format for constrained decoding: add the "
+                "fixed parts around its reasoning and score to _SCORE (keyshot.infer.protocol.answer_format)"
+            )
         if self.step not in STEPS:
             raise ValueError(f"unknown step {self.step!r}; one of {', '.join(STEPS)}")
 

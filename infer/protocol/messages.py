@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from keyshot.infer.protocol.prompts import PromptSet
+from keyshot.infer.protocol.prompts import PromptSet, StepPrompts
 
 MAX_KEPT_IMAGES = 50  # the reference's MAX_IMAGE
 NO_DESCRIPTION = "(no description given)"
@@ -115,3 +115,47 @@ def outcome_messages(
         {"role": "system", "content": prompts.system("outcome")},
         {"role": "user", "content": [_text(text)] + [_image(u) for u in images]},
     ]
+
+
+#: A screenshot as the step question lists it: its trajectory index, its score (None: none read) and its
+#: description.
+ListedShot = tuple[int, int | None, str]
+
+
+def screenshot_listing(shots: Sequence[ListedShot]) -> str:
+    """Every screenshot of a trajectory, one line each: ``Screenshot i (score s): description``."""
+    lines = []
+    for index, score, thought in shots:
+        said = " ".join(thought.split()) or NO_DESCRIPTION
+        lines.append(f"Screenshot {index} (score {score if score is not None else 'unread'}): {said}")
+    return "\n".join(lines)
+
+
+def key_point_steps_messages(
+    steps: StepPrompts,
+    outcome: list[dict],
+    outcome_answer: str,
+    key_points: Sequence[str],
+    shots: Sequence[ListedShot],
+) -> list[dict]:
+    """The step question as a follow-up of the outcome conversation: its messages as sent (so the request
+    shares their prefix), the judge's answer, then the question of when each key point was first met."""
+    question = steps.followup.format(
+        key_points="\n".join(f"{i + 1}. {p}" for i, p in enumerate(key_points)),
+        screenshots=screenshot_listing(shots),
+    )
+    return [
+        *outcome,
+        {"role": "assistant", "content": outcome_answer},
+        {"role": "user", "content": [_text(question)]},
+    ]
+
+
+def with_first_met_question(
+    steps: StepPrompts, outcome: list[dict], shots: Sequence[ListedShot]
+) -> list[dict]:
+    """A per-key-point outcome request that also asks at which screenshot its key point was first met (a
+    text part after the screenshots): the step comes with the status, at no call more."""
+    *head, user = outcome
+    suffix = steps.key_point_suffix.format(screenshots=screenshot_listing(shots))
+    return [*head, {**user, "content": [*user["content"], _text(suffix)]}]

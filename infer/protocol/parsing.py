@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from keyshot.infer.protocol.prompts import prompt_source
+
 Mode = Literal["strict", "reference"]
 MODES = ("strict", "reference")
 
@@ -77,11 +79,8 @@ def parse_key_points(text: str, mode: Mode = "strict") -> str:
 # ---------------------------------------------------------------- key-screenshot score
 # The labels each prompt variant asks for ("1. **Reasoning**: ... 2. **Score**: N" for
 # online_mind2web, "### Reasoning**: ... ### Score**: N" for general) and that its reference parser
-# splits on. Checked against all 3,679 released scorer answers on AgentRewardBench (dev).
-_REFERENCE_LABELS = {
-    "online_mind2web": ("**Reasoning**:", "Score"),
-    "general": ("### Reasoning:", "### Score"),
-}
+# splits on are the prompt set's own (keyshot.infer.protocol.prompts.PromptSource). Checked against all
+# 3,679 released scorer answers on AgentRewardBench (dev).
 # Strict: a score label is a heading ("### Score"), bold ("**Score**") or "Score:" with a colon,
 # followed by one digit 1-5 that is not part of a longer number.
 _SCORE_LABEL = re.compile(
@@ -98,12 +97,13 @@ _REASONING_LABEL = re.compile(r"(?:#+[ \t]*)?\**reasoning\**[ \t]*\**[ \t]*:?\**
 def carries_labels(text: str, variant: str) -> bool:
     """Whether a scorer answer carries ``variant``'s own reasoning or score label (``general``:
     ``### Reasoning:``, ``### Score``): which prompt set a released answer was asked with."""
-    return any(label in text for label in _REFERENCE_LABELS[variant])
+    source = prompt_source(variant)
+    return source.reasoning_label in text or source.score_label in text
 
 
 def _reference_digit(text: str, variant: str) -> tuple[int | None, str | None]:
     """The offset of the first 1-5 between the first and the second score label, or the error."""
-    score_label = _REFERENCE_LABELS[variant][1]
+    score_label = prompt_source(variant).score_label
     at = text.find(score_label)
     if at < 0:
         return None, f"no {score_label!r} in answer"
@@ -122,9 +122,12 @@ def _strict_label(text: str) -> re.Match[str] | None:
 
 
 def _reference_score(text: str, variant: str) -> ScoreResult:
-    reasoning, score_label = _REFERENCE_LABELS[variant]
-    thought = text.split(reasoning)[-1].strip().lstrip("\n")
-    thought = thought.split("\n\n")[0] if variant == "online_mind2web" else thought.split(score_label)[0]
+    source = prompt_source(variant)
+    thought = text.split(source.reasoning_label)[-1].strip().lstrip("\n")
+    if source.thought_is_first_paragraph:
+        thought = thought.split("\n\n")[0]
+    else:
+        thought = thought.split(source.score_label)[0]
     thought = thought.replace("\n", " ")
     offset, error = _reference_digit(text, variant)
     if offset is None:
@@ -133,8 +136,7 @@ def _reference_score(text: str, variant: str) -> ScoreResult:
 
 
 def _check_variant(variant: str) -> None:
-    if variant not in _REFERENCE_LABELS:
-        raise ValueError(f"unknown prompt variant {variant!r}")
+    prompt_source(variant)  # PromptSetError (a ValueError) naming the known ones
 
 
 def parse_score(text: str, mode: Mode = "strict", variant: str = "online_mind2web") -> ScoreResult:
@@ -168,14 +170,14 @@ def score_digit_offset(text: str, mode: Mode = "strict", variant: str = "online_
 
 
 def _strict_thought(text: str, score_at: int, variant: str) -> str:
-    """The reasoning before the score label: first paragraph for online_mind2web (as the
-    reference, and as WebJudge-7B was trained), the whole reasoning for general."""
+    """The reasoning before the score label: its first paragraph where the prompt set says so
+    (online_mind2web, as the reference and as WebJudge-7B was trained), else all of it (general)."""
     head = text[:score_at]
     labels = list(_REASONING_LABEL.finditer(head))
     if labels:
         head = head[labels[-1].end() :]
     head = head.strip()
-    if variant == "online_mind2web":
+    if prompt_source(variant).thought_is_first_paragraph:
         head = head.split("\n\n")[0]
     head = re.sub(r"(?:\n|^)\s*(?:\d+\.|-)?\s*\**\s*$", "", head)  # a "2." that introduced the label
     return " ".join(head.split())
@@ -251,3 +253,83 @@ def split_key_points(key_points: str) -> list[str]:
     lines = [line for line in key_points.splitlines() if line.strip()]
     items = [m.group(1) for m in map(_NUMBERED.match, lines) if m]
     return items or [line.strip() for line in lines]
+
+
+# ---------------------------------------------------------------- when each key point was first met
+@dataclass(frozen=True)
+class StepsResult:
+    """When each key point was first met: one screenshot index (or None: not met) per key point; ``steps``
+    is None when the answer cannot be read, ``error`` says why (never a silent "not met")."""
+
+    steps: list[int | None] | None
+    valid: bool
+    error: str | None = None
+
+
+_KP_STEP_LINE = re.compile(
+    r"^[ \t>*_#-]*key[ \t]*point[ \t]*(\d+)[ \t*_]*[:\uff1a][ \t*_]*(.*?)[ \t*_.]*$", re.IGNORECASE | re.M
+)
+_FIRST_MET_LINE = re.compile(
+    r"^[ \t>*_#-]*first[ \t]*met[ \t*_]*[:\uff1a][ \t*_]*(.*?)[ \t*_.]*$", re.I | re.M
+)
+_STEP_VALUE = re.compile(r"(?:screenshot[ \t]*)?#?[ \t]*(\d+)", re.IGNORECASE)
+_NOT_MET = ("none", "not met", "never", "null")
+
+
+def _step_value(value: str, indices: frozenset[int]) -> tuple[int | None, str | None]:
+    """A screenshot index, None for "none", or the error."""
+    value = value.strip().strip("\"'`").strip()
+    if value.lower() in _NOT_MET:
+        return None, None
+    found = _STEP_VALUE.fullmatch(value)
+    if found is None:
+        return None, f"{value[:40]!r} is neither 'Screenshot N' nor 'none'"
+    index = int(found.group(1))
+    if index not in indices:
+        return None, f"screenshot {index} is not one of the trajectory's ({min(indices)}..{max(indices)})"
+    return index, None
+
+
+def parse_key_point_steps(text: str, n_key_points: int, indices: set[int] | frozenset[int]) -> StepsResult:
+    """Read the follow-up's answer: ``Key Point k: Screenshot N`` or ``Key Point k: none``, one line for
+    every key point 1..``n_key_points``, N one of ``indices`` (the trajectory's screenshots). A missing,
+    repeated or unknown key point, or a value that is neither, makes the answer unreadable."""
+    indices = frozenset(indices)
+    if not indices:
+        return StepsResult(None, False, "the trajectory has no screenshots to name")
+    found: dict[int, int | None] = {}
+    for line in _KP_STEP_LINE.finditer(text or ""):
+        k = int(line.group(1))
+        if not 1 <= k <= n_key_points:
+            return StepsResult(None, False, f"key point {k} named, but there are {n_key_points}")
+        if k in found:
+            return StepsResult(None, False, f"key point {k} answered twice")
+        step, error = _step_value(line.group(2), indices)
+        if error is not None:
+            return StepsResult(None, False, f"key point {k}: {error}")
+        found[k] = step
+    missing = [k for k in range(1, n_key_points + 1) if k not in found]
+    if missing:
+        return StepsResult(None, False, f"no line for key point(s) {missing} ('Key Point k: Screenshot N')")
+    return StepsResult([found[k] for k in range(1, n_key_points + 1)], True)
+
+
+def parse_first_met(text: str, success: bool | None, indices: set[int] | frozenset[int]) -> StepsResult:
+    """Read a per-key-point outcome answer's ``First Met: Screenshot N`` (or ``none``) line, against the
+    status it gave (``success``): a met key point names its screenshot, an unmet one names none; a
+    status that could not be read gives no step either."""
+    if success is None:
+        return StepsResult(None, False, "no status read, so no first step")
+    lines = list(_FIRST_MET_LINE.finditer(text or ""))
+    if len(lines) != 1:
+        return StepsResult(None, False, f"{len(lines)} 'First Met:' lines (one is asked for)")
+    if not indices:
+        return StepsResult(None, False, "the trajectory has no screenshots to name")
+    step, error = _step_value(lines[0].group(1), frozenset(indices))
+    if error is not None:
+        return StepsResult(None, False, f"First Met: {error}")
+    if success and step is None:
+        return StepsResult(None, False, "status success, but First Met: none")
+    if not success and step is not None:
+        return StepsResult(None, False, f"status failure, but First Met: screenshot {step}")
+    return StepsResult([step], True)

@@ -90,6 +90,10 @@ class OutcomeCall:
     p_success_alternatives: int | None = None
     #: set when p_success rests on one side only (no failure, or no success, word among those tokens)
     p_success_note: str | None = None
+    #: with ``pipeline.step_rewards`` in ``key_point`` mode: the screenshot at which this key point was
+    #: first met (None: not met, or not read: ``step_error`` says why)
+    step: int | None = None
+    step_error: str | None = None
 
 
 @dataclass
@@ -167,6 +171,15 @@ def missing_evidence(records: list[ScreenshotRecord]) -> str | None:
     return reason
 
 
+def step_progress(records: list[ScreenshotRecord], key_point_steps: list[int | None]) -> list[float]:
+    """The share of key points met by each screenshot (trajectory order), from the screenshot each was
+    first met at (None: never): non-decreasing, its last entry the share met in the whole trajectory."""
+    position = {r.index: pos for pos, r in enumerate(records)}
+    firsts = [position[step] for step in key_point_steps if step is not None]
+    total = len(key_point_steps)
+    return [sum(first <= pos for first in firsts) / total for pos in range(len(records))]
+
+
 def empty_usage() -> dict[str, RoleUsage]:
     return {role: RoleUsage() for role in ROLES}
 
@@ -184,6 +197,11 @@ class Verdict:
     were cut by max_tokens. ``no_evidence`` says why no screenshot score could be read
     (:func:`missing_evidence`): in strict mode such a verdict is incomplete (``error`` says the same;
     the next run judges it again), in reference mode it is judged anyway, as the reference does.
+
+    With ``pipeline.step_rewards`` (off by default), ``key_point_steps`` holds, for each key point, the
+    screenshot index at which the judge says it was first met (None: not met), and ``step_progress`` for each
+    screenshot the share of key points met so far (:func:`step_progress`); both stay None when the judge's
+    answer could not be read, ``step_error`` saying why.
     """
 
     task_id: str
@@ -211,6 +229,9 @@ class Verdict:
     partial: list[str] = field(default_factory=list)
     cut: list[str] = field(default_factory=list)
     no_evidence: str | None = None
+    key_point_steps: list[int | None] | None = None
+    step_progress: list[float] | None = None
+    step_error: str | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:

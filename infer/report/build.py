@@ -17,16 +17,19 @@ from pathlib import Path
 from tqdm import tqdm
 
 import keyshot.infer.report.plots as plots
+from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.fileio import write_bytes_atomic, write_text_atomic
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.infer.metrics.compute import human_outcome
+from keyshot.infer.metrics.files import truth_source
 from keyshot.infer.metrics.operating_plots import reliability_diagram, sweep_plot
 from keyshot.infer.protocol.parsing import split_key_points
 from keyshot.infer.protocol.verdicts import Verdict, verdict_key
 from keyshot.infer.report.model import (
     Run,
     calibration_of,
+    first_met_here,
     ground_truth,
     kind_of,
     load_run,
@@ -75,6 +78,7 @@ def build_report(
     """Write the report of ``source`` (a run folder, verdict file or judge records, or a run already
     loaded with :func:`~keyshot.infer.report.model.load_run`) into ``out``."""
     run = source if isinstance(source, Run) else load_run(source)
+    require_screenshots(run)
     out.mkdir(parents=True, exist_ok=True)
     (out / PAGES_DIR).mkdir(exist_ok=True)
     for name in ("report.css", "report.js"):
@@ -85,14 +89,16 @@ def build_report(
     sources = Sources()
     rows = []
     bar = tqdm(total=len(run.verdicts), desc="report", unit="traj", disable=not progress)
-    for i, (v, truth) in enumerate(zip(run.verdicts, truths, strict=True)):
+    for i, (v, (truth, _)) in enumerate(zip(run.verdicts, truths, strict=True)):
         href = f"{PAGES_DIR}/{i:05d}.html"
         kind = kind_of(v, truth)
         word = outcome_of(v)
         agree = None
         if human_outcome(truth) is not None and word not in (NO_SCORES, INCOMPLETE):
             agree = bool(v.success) == human_outcome(truth)
-        page_html = trajectory_page(run, v, i, truth, kind, word, agree, thumbs, sources.trajectory(v))
+        # released records are no trajectory files: nothing to read again (their pages show what they hold)
+        trajectory = sources.trajectory(v) if run.source_kind == "keyshot" else None
+        page_html = trajectory_page(run, v, i, truth, kind, word, agree, thumbs, trajectory)
         write_text_atomic(out / href, page_html)
         rows.append(
             {
@@ -142,6 +148,17 @@ def build_report(
         thumbs.reused,
     )
     return out / "index.html"
+
+
+def require_screenshots(run: Run) -> None:
+    """Refuse, in one line, a run whose verdicts name screenshot files none of which can be found: a
+    report of them would show none (a folder moved, or verdicts of an older keyshot judged elsewhere)."""
+    files = [Path(s.path.split("#screenshot")[0]) for v in run.verdicts for s in v.screenshots if s.path]
+    if files and not any(f.exists() for f in files):
+        raise KeyshotError(
+            f"{run.path or 'the run'}: none of its {len(files)} screenshots can be found (the first: "
+            f"{files[0]}): put the trajectories back where the verdicts say they were, or judge them again"
+        )
 
 
 # ---------------------------------------------------------------------------- index
@@ -252,6 +269,7 @@ def index_page(run: Run, rows: list[dict], report, operating: list[str] = ()) ->
         else ""
     )
     beside = "".join(f'<img src="plots/{name}" alt="{_OPERATING_ALT[name]}">' for name in operating)
+    truth_named = f": {esc(truth_source(report))}" if report is not None else ""
     body = f"""
 {stand_in_banner(run)}
 <h2>Run</h2>{counts}
@@ -259,7 +277,7 @@ def index_page(run: Run, rows: list[dict], report, operating: list[str] = ()) ->
 <div><h2>Protocol that produced these verdicts</h2>{protocol}</div>
 <div><h2>Kinds of outcome</h2>{apart}</div>
 </div>
-<h2>Agreement with ground truth</h2>{metrics_tables(report)}
+<h2>Agreement with the truth{truth_named}</h2>{metrics_tables(report)}
 <h2>Plots</h2>
 <div class="plots"><img src="plots/scores.png" alt="score histogram">{beside}<img src="plots/agents.png" alt="success rate per agent">
 <img src="plots/confusion.png" alt="confusion matrix"></div>
@@ -363,6 +381,8 @@ def trajectory_page(
     threshold = v.config.get("threshold", run.protocol.get("threshold", 3))
     embedded = _embedded_screenshots(trajectory)
     steps = _steps(trajectory)
+    met_here = first_met_here(v)
+    progress = dict(zip((s.index for s in v.screenshots), v.step_progress or [], strict=False))
     first_of: dict[str, int] = {}
     cards_html = []
     for s in v.screenshots:
@@ -374,6 +394,8 @@ def trajectory_page(
         badges.append(f'<span class="badge">{f"score {esc(s.score)}" if s.valid else "no score"}</span>')
         if s.expected_score is not None:
             badges.append(f'<span class="badge">expected {s.expected_score:.2f}</span>')
+        if s.index in progress:
+            badges.append(f'<span class="badge">progress {100 * progress[s.index]:.0f}%</span>')
         badges.append(
             '<span class="badge kept">kept</span>'
             if kept
@@ -390,10 +412,12 @@ def trajectory_page(
         if same is not None:
             duplicate = f'<div class="desc">same image as #{same}: scored once</div>'
         error = f'<div class="err">{esc(_no_paths(s.error))}</div>' if s.error else ""
+        met = met_here.get(s.index)
+        met_html = f'<div class="desc met"><b>first met here:</b> {esc("; ".join(met))}</div>' if met else ""
         cards_html.append(
             f'<div class="shot{" kept" if kept else ""}">{img}<div class="meta">{"".join(badges)}</div>'
             f"{_step_html(steps.get(s.index))}"
-            f'<div class="desc"><b>scorer:</b> {esc(s.thought)}</div>{duplicate}{error}</div>'
+            f'<div class="desc"><b>scorer:</b> {esc(s.thought)}</div>{met_html}{duplicate}{error}</div>'
         )
     outcome = ""
     if v.outcome_calls and len(v.outcome_calls) > 1 or (v.outcome_calls and v.outcome_calls[0].key_point):

@@ -25,14 +25,15 @@ from keyshot.infer.metrics.calibration import Calibration, compute_calibration
 from keyshot.infer.metrics.compute import (
     JudgedRecord,
     MetricsReport,
-    agent_key,
     compute_metrics,
     evidence_notes,
-    recorded_ground_truth,
+    key_points_met,
     records_from_verdicts,
+    truth_of,
     withheld_reason,
 )
 from keyshot.infer.metrics.sweep_compare import SweepComparison, compare_sweep, is_sweep_folder
+from keyshot.infer.protocol.parsing import split_key_points
 from keyshot.infer.protocol.verdicts import Verdict
 from keyshot.infer.runs.counts import INCOMPLETE, NO_SCORES, outcome_of
 from keyshot.infer.runs.run_record import read_protocol, stand_in_of
@@ -120,13 +121,12 @@ def _protocol_of(verdicts: list[Verdict]) -> dict:
     return dict(verdicts[0].config) if verdicts and verdicts[0].config else {}
 
 
-def ground_truth(v: Verdict, human_labels: dict[tuple[str, str], str] | None = None) -> str | None:
-    """``success``/``failure``/``not_executable``/``unsure``, or None when the data has none."""
-    if human_labels is not None:
-        label = human_labels.get((str(v.task_id), agent_key(v.agent or "")))
-        if label is not None:
-            return label
-    return recorded_ground_truth(v)
+def ground_truth(
+    v: Verdict, human_labels: dict[tuple[str, str], str] | None = None
+) -> tuple[str | None, str | None]:
+    """``success``/``failure``/``not_executable``/``unsure`` (None when the data has none), and the name
+    of its source (:func:`~keyshot.infer.metrics.compute.truth_of`)."""
+    return truth_of(v, human_labels)
 
 
 def kind_of(v: Verdict, truth: str | None) -> str:
@@ -140,23 +140,40 @@ def kind_of(v: Verdict, truth: str | None) -> str:
     return KIND_AGENT
 
 
-def run_records(run: Run, truths: list[str | None]) -> list[JudgedRecord]:
-    """The run's verdicts with the report's ground truth, p_success included."""
+def run_records(run: Run, truths: list[tuple[str | None, str | None]]) -> list[JudgedRecord]:
+    """The run's verdicts with the report's ground truth (:func:`ground_truth`: each with its source's
+    name), p_success included."""
     return [
         JudgedRecord(
             v.task_id,
             v.agent or "unknown",
             v.benchmark or "unknown",
             v.success,
-            t,
+            label,
+            truth=source if label else None,
             withheld=withheld_reason(v),
             p_success=v.p_success,
+            key_points_met=key_points_met(v),
         )
-        for v, t in zip(run.verdicts, truths, strict=True)
+        for v, (label, source) in zip(run.verdicts, truths, strict=True)
     ]
 
 
-def calibration_of(run: Run, truths: list[str | None]) -> Calibration | None:
+def first_met_here(v: Verdict) -> dict[int, list[str]]:
+    """The key points first met at each screenshot, by screenshot index (``pipeline.step_rewards``: the
+    judge's ``key_point_steps``); empty when the verdict does not say."""
+    points = split_key_points(v.key_points or "")
+    steps = v.key_point_steps or []
+    if len(steps) != len(points):  # not asked, or a verdict of another key-point reading
+        return {}
+    here: dict[int, list[str]] = {}
+    for point, step in zip(points, steps, strict=True):
+        if step is not None:
+            here.setdefault(step, []).append(point)
+    return here
+
+
+def calibration_of(run: Run, truths: list[tuple[str | None, str | None]]) -> Calibration | None:
     """p_success against the ground truth (keyshot.infer.metrics.calibration), or None when no verdict has
     both."""
     cal = compute_calibration(run_records(run, truths))
@@ -179,9 +196,9 @@ def sweep_of(path: Path, human_labels: dict[tuple[str, str], str] | None = None)
     return None
 
 
-def metrics_of(run: Run, truths: list[str | None]) -> MetricsReport | None:
+def metrics_of(run: Run, truths: list[tuple[str | None, str | None]]) -> MetricsReport | None:
     """Agreement, SR gap and P/R/F1 against the ground truth, or None when no verdict has any."""
-    if not any(t is not None for t in truths):
+    if not any(label is not None for label, _ in truths):
         return None
     report = compute_metrics(run_records(run, truths))
     report.notes = evidence_notes(run.verdicts, run.stand_in)

@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterable
 
 from keyshot.infer.metrics.compute import ARB_ANNOTATION, HUMAN_LABELS, MetricsReport
-from keyshot.infer.metrics.files import percent, truth_source
+from keyshot.infer.metrics.files import percent, truth_source, truth_sr_column
 
 
 def esc(value: object) -> str:
@@ -71,7 +71,16 @@ def metrics_tables(report: MetricsReport | None) -> str:
     if report is None:
         return '<p class="muted">No ground truth in this run (no human labels, no benchmark reward): pass --human-labels to compare.</p>'
     agreement = table(
-        ["scope", "group", "n", "no status", "keyshot SR %", "truth SR %", "agreement %", "SR gap"],
+        [
+            "scope",
+            "group",
+            "n",
+            "no status",
+            "keyshot SR %",
+            f"{truth_sr_column(report)} %",
+            "agreement %",
+            "SR gap",
+        ],
         [
             [
                 r.scope,

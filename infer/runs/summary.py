@@ -179,6 +179,23 @@ def _summary(
     }
 
 
+def agreement_lines(agreement: dict | None) -> list[str]:
+    """The summary's line of agreement with the truth the verdicts carry, naming it (``agreement`` is
+    :func:`keyshot.infer.metrics.files.agreement_summary`'s); none without a truth."""
+    if not agreement:
+        return []
+
+    def rate(x: float | None) -> str:
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    return [
+        f"Agreement with the truth ({agreement['truth']}): {rate(agreement['agreement'])} of "
+        f"{agreement['n']} trajectories with one (judge success rate {rate(agreement['judge_sr'])}, the "
+        f"truth's {rate(agreement['truth_sr'])}); keyshot metrics gives every table.",
+        "",
+    ]
+
+
 def summary_markdown(summary: dict, ledger_table: str) -> str:
     sr = summary["success_rate"]
     run = summary["run"]
@@ -202,6 +219,7 @@ def summary_markdown(summary: dict, ledger_table: str) -> str:
         f"{failed_calls} | {'n/a' if sr is None else f'{100 * sr:.1f}%'} | "
         f"{summary['screenshots']} | {summary['kept_screenshots']} |",
         "",
+        *agreement_lines(summary.get("agreement")),
         "| not loaded (this run) | score answer without a score | cut by max_tokens | failed screenshots |",
         "|---:|---:|---:|---:|",
         f"| {run.get('load_errors', 0)} | {summary['unreadable_scores']} | {summary.get('cut_answers', 0)} | "

@@ -41,6 +41,7 @@ from keyshot.infer.loaders.judge_records import (
 )
 from keyshot.infer.protocol.messages import MAX_KEPT_IMAGES
 from keyshot.infer.protocol.parsing import parse_status
+from keyshot.infer.runs.run_record import read_inputs
 from keyshot.infer.protocol.verdicts import (
     VERDICTS_FILE,
     OutcomeCall,
@@ -74,7 +75,7 @@ def load_verdicts(path: str | os.PathLike) -> tuple[list[Verdict], str]:
         else:
             if not verdicts:
                 raise VerdictFileError(f"{p}: no verdicts in this file")
-            return verdicts, "keyshot"
+            return anchored(verdicts, p.parent), "keyshot"
     try:
         verdicts = latest_verdicts(read_reference_records(p))
     except VerdictFileError:
@@ -88,6 +89,26 @@ def load_verdicts(path: str | os.PathLike) -> tuple[list[Verdict], str]:
             f"{p}: no verdicts (expected a keyshot run folder, a verdicts.jsonl or judge records)"
         )
     return verdicts, "released records"
+
+
+def anchored(verdicts: list[Verdict], folder: Path) -> list[Verdict]:
+    """``verdicts`` with their trajectory and screenshot paths found from any working folder. Verdicts
+    record absolute paths; older run folders recorded them as given on the command line, relative to the
+    folder ``keyshot judge`` ran in: that folder is found again from the inputs ``run.json`` records
+    (absolute), the first of each input's folders from which the verdict's source exists."""
+    inputs = [Path(p) for p in (read_inputs(folder) or {}).get("paths") or []]
+    bases = [base for p in inputs for base in (p, *p.parents)]
+    for v in verdicts:
+        if not v.source or Path(v.source).is_absolute():
+            continue
+        base = next((b for b in bases if (b / v.source).exists()), None)
+        if base is None:
+            continue
+        v.source = str(base / v.source)
+        for shot in v.screenshots:
+            if shot.path and not Path(shot.path).is_absolute():
+                shot.path = str(base / shot.path)
+    return verdicts
 
 
 def trajectories_message(path: Path) -> str | None:

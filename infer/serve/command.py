@@ -38,7 +38,9 @@ from keyshot.infer.serve.server import VLLMServer, log_tail
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML ServeConfig (configs/serve/*.yaml)")
+    p.add_argument(
+        "--config", help="YAML ServeConfig: a file, or a shipped one by name (webjudge7b_gpu, serve/tiny_cpu)"
+    )
     p.add_argument(
         "--vllm-python", help=f"interpreter with vLLM installed (default ${ENV_VLLM_PYTHON} or this one)"
     )

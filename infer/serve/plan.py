@@ -15,7 +15,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.processes import free_port
@@ -53,6 +53,8 @@ class PromptVersionMismatchError(ServeError, CheckpointError):
 class ServeConfig:
     """How to serve a scorer checkpoint with vLLM (see the module docstring)."""
 
+    #: the shipped configs' folder a name two folders share is read from (``--config tiny_cpu``)
+    SHIPPED_FOLDER: ClassVar[str] = "serve"
     model: str = ""
     served_model_name: str | None = None
     host: str = "127.0.0.1"

@@ -8,7 +8,7 @@ from PIL import Image
 from keyshot.infer.loaders.common import data_url_bytes
 from keyshot.infer.protocol import images
 from keyshot.infer.protocol.decode import to_rgb
-from keyshot.infer.protocol.prompts import STEPS, VARIANTS, load_prompt_set
+from keyshot.infer.protocol.prompts import PROMPT_SETS, STEPS, load_prompt_set
 
 
 class ResponderError(ValueError):
@@ -50,7 +50,7 @@ def user_parts(request: dict) -> tuple[str, list[str]]:
 def identify_step(request: dict) -> str:
     """The WebJudge step ("key_points", "key_screenshot", "outcome") whose system prompt this is."""
     system = system_text(request)
-    for variant in VARIANTS:
+    for variant in PROMPT_SETS.names():
         prompts = load_prompt_set(variant)
         for step in STEPS:
             if system == prompts.system(step):

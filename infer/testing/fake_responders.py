@@ -56,6 +56,45 @@ def outcome_answer(task: str, n_images: int, rule: str, context: str = "") -> st
     return f'Thoughts: For the task "{task[:80]}", {why}.\nStatus: "{status}"'
 
 
+#: A listed screenshot of the step question (:func:`keyshot.infer.protocol.messages.screenshot_listing`).
+_LISTED = re.compile(r"^Screenshot (\d+) \(score (\d|unread)\): ", re.M)
+FIRST_MET = "First Met: Screenshot N"
+#: The score from which the fake judge takes a listed screenshot to show a key point met.
+MET_SCORE = 3
+
+
+def is_follow_up(request: dict) -> bool:
+    """Whether the request follows an answer of the judge's (the step question after the outcome)."""
+    return any(m.get("role") == "assistant" for m in request.get("messages", []))
+
+
+def met_screenshots(text: str) -> list[int]:
+    """The listed screenshots, in order, whose score shows a key point met (at least :data:`MET_SCORE`)."""
+    return [int(i) for i, score in _LISTED.findall(text) if score != "unread" and int(score) >= MET_SCORE]
+
+
+def key_point_steps_answer(text: str) -> str:
+    """The step question's answer: key point k is first met at the k-th listed screenshot scored at least
+    :data:`MET_SCORE` (none when there are fewer), so progress rises with each such screenshot."""
+    block = text.split("The key points:", 1)[-1].split("\n\n", 2)[0]
+    count = len(re.findall(r"^\d+\. ", block, re.M))
+    met = met_screenshots(text)
+    lines = [
+        f"Key Point {k + 1}: " + (f"Screenshot {met[k]}" if k < len(met) else "none") for k in range(count)
+    ]
+    return "\n".join(lines)
+
+
+def first_met_line(text: str, answer: str) -> str:
+    """The line a per-key-point outcome answer adds when asked: its first screenshot scored at least
+    :data:`MET_SCORE` (else the last listed one) when the status is success, none otherwise."""
+    if '"failure"' in answer:
+        return "\nFirst Met: none"
+    listed = [int(i) for i, _ in _LISTED.findall(text)]
+    met = met_screenshots(text) or listed[-1:]
+    return f"\nFirst Met: Screenshot {met[0]}" if met else "\nFirst Met: none"
+
+
 def make_judge(
     outcome_rule: str = "any_image", score_rule: str = "brightness", *, reasoning_words: int = 0
 ) -> Responder:
@@ -76,10 +115,15 @@ def make_judge(
         text, images = user_parts(request)
         if step == "key_points":
             return key_points_answer(_task_after("Task:", text))
+        if step == "outcome" and is_follow_up(request):
+            return key_point_steps_answer(text)
         if step == "outcome":
             points = re.search(r"Key Points:(.*?)\n\n", text, re.S)
             task = _task_after("User Task:", text)
-            return outcome_answer(task, len(images), outcome_rule, task + (points.group(1) if points else ""))
+            answer = outcome_answer(
+                task, len(images), outcome_rule, task + (points.group(1) if points else "")
+            )
+            return answer + first_met_line(text, answer) if FIRST_MET in text else answer
         return _score_answer(images, score_rule, reasoning_words)
 
     return respond

@@ -203,8 +203,8 @@ def test_an_unknown_trajectory_format_is_one_line(tmp_path, capsys):
     assert keyshot([*argv, "--run", str(tmp_path / "run"), "--format", "xyz"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "keyshot synth: error: unknown trajectory format 'xyz'; choose one of "
-        "['auto', 'online-mind2web', 'online-mind2web-v1', 'online-mind2web-v2', 'agentlab', 'jsonl']"
+        "keyshot synth: error: unknown trajectory format 'xyz' (format); known: auto, agentlab, "
+        "online-mind2web-v1, online-mind2web-v2, online-mind2web, jsonl"
     ]
 
 

@@ -16,6 +16,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from keyshot.env.miniwob.agents import ScriptedAgent, random_action
+from keyshot.env.miniwob.agents import LoopingAgent, ScriptedAgent, StoppingAgent, random_action
 from keyshot.env.miniwob.budget import (
     MIB_PER_BROWSER,
     MIB_PER_PAGE,
@@ -42,13 +43,13 @@ from keyshot.env.miniwob.setup import CHROMIUM_ENV, MiniWoBError, browser_setup
 from keyshot.env.page import Browser, Page
 from keyshot.env.play import record_failure, run_episode
 from keyshot.env.replay import ReplayBrowser
-from keyshot.env.trl import MiniWoBEnv, with_miniwob_reward
+from keyshot.frameworks.trl.env import MiniWoBEnv, with_miniwob_reward
+from keyshot.frameworks.trl.reward import environment_reward
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.testing.fake_openai import FakeOpenAI, make_judge
 from keyshot.reward import Episode, RewardModel
-from keyshot.reward.trl import environment_reward
 from tests.support import paths
 from tests.support.processes import gone
 from tests.support.reward import write_config
@@ -99,6 +100,10 @@ def test_the_scripted_agent_types_then_submits_and_clicks_what_the_goal_names():
         "click('19')",
     }
     assert random_action(Page("Goal: x\n\nPage structure:\n", None, 0, False), rng) == "noop()"
+    # the step-reward proof's players: one stops before it submits, one repeats its first action
+    stopping, looping = StoppingAgent(), LoopingAgent()
+    assert [stopping(page) for _ in range(3)] == ["fill('14', 'Kasie')", None, None]
+    assert [looping(page) for _ in range(3)] == ["fill('14', 'Kasie')"] * 3
 
 
 def test_the_replay_is_a_browser_that_closes():
@@ -431,6 +436,48 @@ def test_a_browser_idle_longer_than_its_timeout_is_not_taken_for_stuck_by_its_ne
         time.sleep(8.5)  # idle past the timeout
         page = browser.act("noop(wait_ms=5500)")  # answered after the first look at the silence (5 s)
         assert page.error is None and browser.process.alive and pool.replaced == 0
+
+
+@pytest.mark.slow
+def test_a_page_given_back_by_many_threads_at_once_frees_its_place_once(live):
+    """Four sessions in one Chromium of four pages, each closed by eight threads at the same moment (a
+    barrier), two rounds, with a thread spinning beside them at a 0.1 ms switch interval: each session
+    is given back once, the Chromium's count of its pages goes back to 0 (not below: a page given back
+    twice would free a second place, and that Chromium would then be handed more pages than its budget),
+    and the next round's four pages fit in the same Chromium again."""
+    stop, interval = threading.Event(), sys.getswitchinterval()
+
+    def spin():
+        while not stop.is_set():
+            sum(range(1000))
+
+    spinning = threading.Thread(target=spin, daemon=True)
+    sys.setswitchinterval(1e-4)
+    spinning.start()
+    try:
+        with BrowserPool(BrowserBudget(4, pages_per_browser=4), "click-button", setup=live) as pool:
+            for round_ in range(2):
+                sessions = [pool.lease() for _ in range(4)]
+                with ThreadPoolExecutor(4) as threads:
+                    list(threads.map(MiniWoBBrowser.reset, sessions, [round_] * 4))
+                [chromium] = pool.processes()
+                assert pool.pages() == {chromium: 4}
+                closers = [s for s in sessions for _ in range(8)]
+                barrier = threading.Barrier(len(closers))
+
+                def close(session, barrier=barrier):
+                    barrier.wait()
+                    session.close()
+
+                with ThreadPoolExecutor(len(closers)) as threads:
+                    list(threads.map(close, closers))
+                assert pool.pages() == {chromium: 0} and pool.leased == 0
+                assert pool.given_back == 4 * (round_ + 1)
+            assert pool.launched == 1 and pool.max_leased == 4
+    finally:
+        stop.set()
+        spinning.join()
+        sys.setswitchinterval(interval)
 
 
 def trl_reward(config):

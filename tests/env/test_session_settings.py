@@ -15,9 +15,9 @@ import pytest
 from keyshot.env.miniwob.client import VIEWPORT_OPENENV, BrowserProcess, MiniWoBBrowser
 from keyshot.env.miniwob.pool import BrowserPool
 from keyshot.env.miniwob.settings import SessionSettings, SessionSettingsError
-from keyshot.env.openenv import command as env_command
-from keyshot.env.openenv.serving import EnvServer
-from keyshot.env.trl import BrowserGymWebEnv, MiniWoBEnv, ReplayEnv, WebEnv
+from keyshot.frameworks.openenv import command as env_command
+from keyshot.frameworks.openenv.serving import EnvServer
+from keyshot.frameworks.trl.env import BrowserGymWebEnv, MiniWoBEnv, ReplayEnv, WebEnv
 from keyshot.infer.cli import build_parser, parse
 from keyshot.reward.episode import EpisodeRecorder
 from tests.support import paths
@@ -87,7 +87,7 @@ def test_a_setting_that_cannot_work_is_one_line_naming_it(capsys):
 
 
 def test_keyshots_trl_environments_record_through_the_episode_recorder(tmp_path):
-    """env/trl.py's WebEnv re-implemented the documented EpisodeRecorder (reward/trl.py): it is one, so its
+    """frameworks/trl/env.py's WebEnv re-implemented the documented EpisodeRecorder (frameworks/trl/reward.py): it is one, so its
     episodes are started and recorded, and kept, the way any user's environment's are."""
     assert issubclass(WebEnv, EpisodeRecorder)
     env = ReplayEnv(keep_dir=tmp_path / "kept")

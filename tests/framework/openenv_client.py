@@ -5,7 +5,7 @@ the OpenEnv venv by tests/env/test_openenv_server.py (openenv is not installed i
 
 Opens CLIENTS clients (one server session each, kept open between episodes, so a session's browser
 serves its next episode), then reads requests from stdin, one JSON line each:
-``[{"client": 0, "seed": 1, "agent": "scripted" | "noop"}, ...]``: those episodes are played at once,
+``[{"client": 0, "seed": 1, "agent": "scripted" | "stopping" | "looping" | "noop"}, ...]``: those episodes are played at once,
 each until the server says ``done``, and one JSON line answers them: per episode, the rewards of every
 step, the last observation's metadata (top-level and inside the observation), the first observation's
 fields (beside those of OpenEnv's own BrowserGym model, which reads it) and screenshot shape, the state, and what the server says to a step after the end. When stdin
@@ -23,16 +23,19 @@ import numpy as np
 from browsergym_env.models import BrowserGymObservation
 from openenv.core.generic_client import GenericEnvClient
 
-from keyshot.env.miniwob.agents import ScriptedAgent
+from keyshot.env.miniwob.agents import LoopingAgent, ScriptedAgent, StoppingAgent
 from keyshot.env.page import Page
+
+AGENTS = {"scripted": ScriptedAgent, "stopping": StoppingAgent, "looping": LoopingAgent}
 
 
 def agent_of(kind: str):
-    """``scripted``: keyshot's scripted MiniWoB agent, reading the page as keyshot's browser shows it;
+    """``scripted``: keyshot's scripted MiniWoB agent, reading the page as keyshot's browser shows it
+    (``stopping``: the same, stopping before it submits; ``looping``: its first action again and again);
     ``noop``: never acts on the page (the server's max_steps ends the episode)."""
     if kind == "noop":
         return lambda observation: "noop()"
-    scripted = ScriptedAgent()
+    scripted = AGENTS[kind]()
 
     def act(observation: dict) -> str:
         page = Page(

@@ -1,11 +1,12 @@
-"""keyshot's OpenEnv rubric (keyshot.reward.openenv.KeyshotRubric) called as OpenEnv calls a rubric
+"""keyshot's OpenEnv rubric (keyshot.frameworks.openenv.rubric.KeyshotRubric) called as OpenEnv calls a rubric
 (``Rubric.__call__``, OpenEnv's released code), on BrowserGym observations of keyshot's environment; run in
 the OpenEnv venv by tests/reward/test_openenv_rubric.py (openenv is not installed in .venv).
 
     python tests/framework/openenv_rubric.py PLAN_JSON
 
-PLAN: ``{"healthy": CONFIG, "dead": CONFIG, "zero": CONFIG, "keep": DIR}`` (configs whose judge answers,
-whose judge is down, and the latter with ``on_failure: zero``). Prints one JSON object, one entry per case.
+PLAN: ``{"healthy": CONFIG, "dead": CONFIG, "zero": CONFIG, "steps": CONFIG, "keep": DIR}`` (configs whose
+judge answers, whose judge is down, the latter with ``on_failure: zero``, and one with
+``pipeline.step_rewards``). Prints one JSON object, one entry per case.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import numpy as np
 from browsergym_env.models import BrowserGymAction, BrowserGymObservation
 from PIL import Image
 
+from keyshot.frameworks.openenv.rubric import KeyshotRubric
 from keyshot.infer.testing.images import encoded
 from keyshot.reward import shared
-from keyshot.reward.openenv import KeyshotRubric
 
 GOAL = "Click the button."
 
@@ -117,6 +118,9 @@ def main() -> None:
     failed = episode(70)
     failed[-1] = (failed[-1][0], observation(None, True, error="the browser failed at step 2: it crashed"))
     out["no_screenshot"] = play(KeyshotRubric(plan["healthy"]), failed)
+
+    # rewards per step (pipeline.step_rewards): compute_step_rewards gives each step its own
+    out["steps"] = play(KeyshotRubric(plan["steps"]), episode(110))
 
     # a judge that is down: None with the reason (never 0); with on_failure: zero, a counted 0.0
     out["dead"] = play(KeyshotRubric(plan["dead"]), episode(80))

@@ -20,9 +20,9 @@ from browsergym_env.models import BrowserGymObservation
 from openenv.core.env_server.serialization import serialize_observation
 from openenv.core.env_server.types import WSObservationResponse
 
-from keyshot.env.openenv.server import PixelObservation
-from keyshot.env.openenv.wire import Pixels
-from keyshot.reward.openenv import screenshot_of
+from keyshot.frameworks.openenv.rubric import screenshot_of
+from keyshot.frameworks.openenv.server import PixelObservation
+from keyshot.frameworks.openenv.wire import Pixels
 
 FIELDS = dict(text="t", url="u", goal="g", axtree_txt="t", pruned_html="<p>x</p>", error="")
 

@@ -9,8 +9,8 @@ import json
 
 from openrlhf.utils.agent import AgentInstanceBase
 
-from keyshot.reward.openrlhf import KeyshotAgentInstance, Observation
-from keyshot.reward.openrlhf_executor import KeyshotAgentExecutor
+from keyshot.frameworks.openrlhf.executor import KeyshotAgentExecutor
+from keyshot.frameworks.openrlhf.reward import KeyshotAgentInstance, Observation
 
 
 class AgentInstance(KeyshotAgentInstance, AgentInstanceBase):

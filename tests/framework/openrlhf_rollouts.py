@@ -27,6 +27,7 @@ import logging.handlers
 import os
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import Counter
@@ -96,7 +97,10 @@ class Ends:
 
     def __init__(self, watch_browsers: bool = False):
         self.watch_browsers = watch_browsers  # a look at the process tree at every policy request
-        self.started: list[int] = []
+        # the agents themselves, kept to the end: counted by id() alone, an agent of an earlier batch
+        # freed by then could lend its id to one of the next, whose one close would then count as the
+        # earlier's second (closes [2, 2, 2, 2] where each agent was closed once)
+        self.started: list = []
         self.closed: Counter = Counter()
         self.browsers: dict[int, float] = {}  # pid -> create time (a reused pid is another process)
         self.log = logging.handlers.BufferingHandler(capacity=1_000_000)
@@ -107,7 +111,7 @@ class Ends:
         start, close = cls.start, cls.close
 
         async def counted_start(agent, label):
-            self.started.append(id(agent))
+            self.started.append(agent)
             return await start(agent, label)
 
         async def counted_close(agent):
@@ -148,12 +152,43 @@ class Ends:
 
     def report(self) -> dict:
         return {
-            "closes": [self.closed[agent] for agent in self.started],
-            "closed_unstarted": sum(n for agent, n in self.closed.items() if agent not in self.started),
+            "closes": [self.closed[id(agent)] for agent in self.started],
+            "closed_unstarted": sum(
+                n for agent, n in self.closed.items() if agent not in {id(a) for a in self.started}
+            ),
             "browsers_seen": len(self.browsers),
             "browsers_left": self.left(),
             "warnings": [record.getMessage() for record in self.log.buffer],
         }
+
+
+class Busy:
+    """``threads`` threads spinning (pure Python, so each takes the GIL in turn with the rollouts'
+    threads) at a switch interval of 0.1 ms, while the block runs."""
+
+    def __init__(self, threads: int):
+        self.threads, self.stop = threads, threading.Event()
+        self.spinning: list[threading.Thread] = []
+
+    def _spin(self) -> None:
+        while not self.stop.is_set():
+            sum(range(1000))
+
+    def __enter__(self) -> "Busy":
+        if self.threads:
+            self.interval = sys.getswitchinterval()
+            sys.setswitchinterval(1e-4)
+            self.spinning = [threading.Thread(target=self._spin, daemon=True) for _ in range(self.threads)]
+            for thread in self.spinning:
+                thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for thread in self.spinning:
+            thread.join()
+        if self.threads:
+            sys.setswitchinterval(self.interval)
 
 
 def tiny_processor(folder: str):
@@ -258,7 +293,9 @@ def run_job(job: dict, processor) -> dict:
     ``raised``); ``cancel_after``: the batch is cancelled once the engine has had that many requests;
     ``watch_browsers``: the browser processes below this one are looked for at every policy request;
     ``rounds``: the batch is run that many times, one after the other, by the same executor (which is
-    closed after the last)."""
+    closed after the last); ``busy_threads``: that many threads spin in this process while the batches
+    run, with a short switch interval, so that the rollouts' threads and event loop are interrupted
+    at many more points (load)."""
     from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
     from openrlhf.utils.agent import SingleTurnAgentExecutor
 
@@ -287,8 +324,9 @@ def run_job(job: dict, processor) -> dict:
     samples = job.get("samples", 1)
     raised = None
     t0 = time.perf_counter()
+    busy = Busy(job.get("busy_threads", 0))
     try:
-        with ends:
+        with ends, busy:
             try:
                 responses = []
                 for _ in range(job.get("rounds", 1)):  # batches one after the other, one executor
@@ -304,6 +342,8 @@ def run_job(job: dict, processor) -> dict:
         rounds = shared_batcher().batches  # the rounds of calls the rollouts' rewards shared
         pool = getattr(executor, "pool", None)  # the agent file's browser pool, where it has one
         opened = None if pool is None else pool.launched  # Chromium processes the pool started
+        # after the batches: every session given back once, none still leased or holding a page's place
+        pages = None if pool is None else [pool.given_back, pool.leased, sum(pool.pages().values())]
     finally:
         if callable(getattr(executor, "close", None)):  # keyshot's executor: what it holds (a browser pool)
             executor.close()
@@ -317,6 +357,7 @@ def run_job(job: dict, processor) -> dict:
         "episode_folders_left": len(glob.glob(os.path.join(tempfile.gettempdir(), "keyshot-episode-*"))),
         "cancelled": responses is None and raised is None,
         "browsers_opened": opened,
+        "pages_given_back_leased_placed": pages,
         "raised": raised,
         **ends.report(),
     }

@@ -19,7 +19,8 @@ three ways:
 The agent loop (``ReplayAgentLoop``) is a web agent as a user writes one, without the LLM: it records an
 Episode of the pages it "saw" (a trajectory folder replayed) and puts it in its output's ``extra_fields``;
 a sample marked ``elsewhere`` has its episode's folder removed before the reward reads it (an episode
-recorded on a node the reward worker cannot see).
+recorded on a node the reward worker cannot see); a sample marked ``turns`` answers in turns, one policy
+token and one environment token (response mask 0) per action it replayed, as many as the response holds.
 
 Only the reward model's vLLM servers are stood in for: a case with ``router`` runs verl's own naive router
 in front of the given OpenAI server, and RewardModelManager (which would start vLLM on GPUs) just reports
@@ -32,7 +33,8 @@ optional samples scored first, as a trainer's earlier step, "reward_file": optio
 the config's own}], "compose": [{"config_dir", "config_name", "overrides"}]}`` (``compose``: docs/reward.md's
 commands, composed by Hydra); the last stdout line is ``VERL_RESULT {...}`` with, per case, the rm_scores row
 sums, the extra keys, their values, the validation metrics, the seconds in all and in scoring (``score_s``:
-the workers started, as in a trainer's step), the episodes' folders still on disk, or the error verl raised.
+the workers started, as in a trainer's step), the episodes' folders still on disk, each row's nonzero rm_scores as ``[position, value]``, or the error
+verl raised.
 """
 
 from __future__ import annotations
@@ -135,10 +137,19 @@ class ReplayAgentLoop(AgentLoopBase):
             shutil.rmtree(episode.root)
         response = self.tokenizer(row["answer"], add_special_tokens=False)["input_ids"][: RESPONSE_LEN - 1]
         response = [*response, self.tokenizer.eos_token_id]
+        mask = [1] * len(response)
+        if row.get("turns"):  # an action a turn: the policy's token, then the page's
+            act, page = (
+                self.tokenizer.convert_tokens_to_ids("open"),
+                self.tokenizer.convert_tokens_to_ids("page"),
+            )
+            turns = min(len(seen.actions), (RESPONSE_LEN - 1) // 2)
+            response = [*[act, page] * turns, self.tokenizer.eos_token_id]
+            mask = [*[1, 0] * turns, 1]
         return AgentLoopOutput(
             prompt_ids=[self.tokenizer.convert_tokens_to_ids("task")] * PROMPT_LEN,
             response_ids=response,
-            response_mask=[1] * len(response),
+            response_mask=mask,
             num_turns=2,
             metrics=AgentLoopMetrics(),
             extra_fields={"episode": episode},
@@ -269,6 +280,9 @@ def run_case(case: dict, tokenizer_dir: Path, tokenizer, reward_file: str | None
         "metrics": validation_metrics(output, data),
         "warmup_judge_calls": float(sum(warm.non_tensor_batch["keyshot_judge_calls"])) if warm else 0.0,
         "episodes_left": [str(e.root) for e in RECORDED[recorded:] if e.root.exists()],
+        "rm_nonzero": [
+            [[p, v] for p, v in enumerate(row) if v] for row in output.batch["rm_scores"].tolist()
+        ],
     }
 
 

@@ -1,5 +1,6 @@
 """The rooms of docs/architecture.md hold: each room of keyshot.infer imports only the rooms below it,
-keyshot.infer names neither data_synth nor train, and bench/ does not reach into tests/."""
+keyshot.infer names neither data_synth nor train, each RL framework's package of keyshot.frameworks
+imports no other framework's, and bench/ does not reach into tests/."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ FLOORS = {
     "infer": {"infer"},
     "reward": {"infer", "reward"},
     "env": {"infer", "reward", "env"},
+    "frameworks": {"infer", "reward", "env", "frameworks"},
     "data_synth": {"infer", "data_synth"},
     "train": {"infer", "train"},
 }
@@ -48,7 +50,10 @@ FLOORS = {
 #: reward only through the episode it records)
 ONLY = {"env": {"reward": {"keyshot.reward.episode"}}}
 #: floors that may not import keyshot.infer's test room (fake servers, synthetic worlds)
-NO_TESTING = {"reward", "env"}
+NO_TESTING = {"reward", "env", "frameworks"}
+#: floors whose packages are rooms side by side: a room imports no other room of its floor (one package
+#: per RL framework); modules at the floor's top (``keyshot reward``'s command) may import any
+SIDE_BY_SIDE = {"frameworks"}
 
 
 def imported(path: Path) -> set[str]:
@@ -68,7 +73,7 @@ def violations(repo: Path) -> list[str]:
     for floor, allowed in FLOORS.items():
         for path in sorted((repo / floor).rglob("*.py")):
             parts = path.relative_to(repo / floor).parts
-            room = parts[0] if floor == "infer" and len(parts) > 1 else None
+            room = parts[0] if floor in ("infer", *SIDE_BY_SIDE) and len(parts) > 1 else None
             for name in sorted(imported(path)):
                 top = name.split(".")
                 if top[0] in (*FLOORS, "tests", "bench"):
@@ -89,8 +94,17 @@ def violations(repo: Path) -> list[str]:
                     found.append(
                         f"{path.relative_to(repo)}: imports {name} (the test room is for tests and bench)"
                     )
-                elif room and top[1] == "infer" and len(top) > 2 and top[2] in set(BELOW) - BELOW[room]:
+                elif (
+                    room
+                    and top[1] == "infer" == floor
+                    and len(top) > 2
+                    and top[2] in set(BELOW) - BELOW[room]
+                ):
                     found.append(f"{path.relative_to(repo)}: imports {name} (room {room} is below {top[2]})")
+                elif room and top[1] == floor in SIDE_BY_SIDE and len(top) > 2 and top[2] != room:
+                    found.append(
+                        f"{path.relative_to(repo)}: imports {name} (room {room} of {floor} imports no other room)"
+                    )
     return found
 
 
@@ -116,8 +130,17 @@ def test_a_planted_upward_import_is_found(tmp_path):
     (tmp_path / "reward" / "model.py").write_text(
         "import keyshot.env.replay\nimport keyshot.infer.testing.worlds\n"
     )
+    (tmp_path / "env" / "replay.py").write_text("from keyshot.frameworks.trl.env import ReplayEnv\n")
+    (tmp_path / "frameworks" / "verl").mkdir()
+    (tmp_path / "frameworks" / "verl" / "reward.py").write_text(
+        "from keyshot.frameworks.trl.reward import environment_reward\nimport keyshot.env.miniwob.pool\n"
+    )
+    (tmp_path / "frameworks" / "command.py").write_text("import keyshot.frameworks.openenv.command\n")
     assert sorted(violations(tmp_path)) == [
         "env/page.py: imports keyshot.reward.model (floor env may import only keyshot.reward.episode of reward)",
+        "env/replay.py: imports keyshot.frameworks.trl.env (floor env is below frameworks)",
+        "frameworks/verl/reward.py: imports keyshot.frameworks.trl.reward (room verl of frameworks imports no "
+        "other room)",
         "infer/cli.py: imports keyshot.data_synth.cli (floor infer is below data_synth)",
         "infer/protocol/parsing.py: imports keyshot.infer.judge.pipeline (room protocol is below judge)",
         "reward/model.py: imports keyshot.env.replay (floor reward is below env)",

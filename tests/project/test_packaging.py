@@ -22,6 +22,9 @@ judge = load_config(JudgeRunConfig, demo.CONFIGS / "judge.yaml")
 serve = load_config(ServeConfig, demo.CONFIGS / "serve.yaml")
 print(judge.pipeline.prompt_variant, load_prompt_set(judge.pipeline.prompt_variant).version)
 print(len(list(load_trajectories(demo.SAMPLES))), "sample trajectories")
+from keyshot.infer.common.config import resolve_config
+shipped = resolve_config("webjudge7b")  # a shipped config by name, from the wheel, from any folder
+assert shipped.resolve().is_relative_to(Path.cwd().resolve()) and load_config(JudgeRunConfig, "webjudge7b"), shipped
 for name in ("infer", "train", "data_synth"):
     try:
         __import__(name)
@@ -62,6 +65,8 @@ def test_the_wheel_holds_what_the_package_reads_at_run_time(tmp_path):
         "keyshot/infer/protocol/prompts/webjudge_prompts.json",
         "keyshot/infer/protocol/prompts/LICENSE.md",
         "keyshot/infer/report/static/report.css",
+        "keyshot/configs/judge/webjudge7b.yaml",
+        "keyshot/configs/serve/webjudge7b_gpu.yaml",
     ):
         assert required in names, required
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
@@ -69,9 +74,9 @@ def test_the_wheel_holds_what_the_package_reads_at_run_time(tmp_path):
     packaged = {Path(n).parent.as_posix() for n in names if n.endswith("/__init__.py")}
     folders = {
         "keyshot/" + p.parent.relative_to(REPO).as_posix()
-        for floor in ("infer", "reward", "env", "train", "data_synth")
+        for floor in ("infer", "reward", "env", "frameworks", "train", "data_synth")
         for p in (REPO / floor).rglob("__init__.py")
-    } | {"keyshot"}
+    } | {"keyshot", "keyshot/configs"}
     assert packaged == folders, "pyproject.toml's package list and the package folders differ"
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

@@ -10,7 +10,7 @@ from tests.support import paths
 
 REPO = paths.REPO
 MAP = REPO / "tests" / "test_map.toml"
-FLOORS = ("infer", "data_synth", "train", "reward", "env")
+FLOORS = ("infer", "data_synth", "train", "reward", "env", "frameworks")
 
 
 def library_modules() -> set[str]:
@@ -66,8 +66,8 @@ def test_the_map_says_what_is_wrong_in_one_line_a_module(tmp_path):
     assert problems == [
         'reward/per_step.py: no entry in tests/test_map.toml; add the line "reward/per_step.py" = '
         '["tests/.../test_NAME.py"] naming the test files that exercise it',
-        "tests/test_map.toml: reward/gone.py is no module of infer, data_synth, train, reward, env now; remove "
-        "its line or give its new path",
+        "tests/test_map.toml: reward/gone.py is no module of infer, data_synth, train, reward, env, frameworks "
+        "now; remove its line or give its new path",
         "tests/test_map.toml: infer/judge/run.py names tests/infer/judge/test_no_such_file.py, which is no test "
         "module here",
     ]

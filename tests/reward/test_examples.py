@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from keyshot.env.replay import ReplayBrowser, ReplayError
+from keyshot.frameworks.trl.reward import environment_reward
 from keyshot.infer.testing.fake_openai import identify_step
 from keyshot.reward import RewardModel
 from keyshot.reward import shared as reward_shared
-from keyshot.reward.trl import environment_reward
 from tests.support import paths
 
 pytestmark = pytest.mark.usefixtures("no_shared_model")
@@ -156,8 +156,10 @@ def test_verl_example_config_names_verls_keys_and_keyshots_compute_score():
     reward = trainer["reward"]
     assert reward["reward_model"]["enable"] is True and reward["reward_model"]["model_path"]
     function = reward["custom_reward_function"]
-    assert function["path"] == "pkg://keyshot.reward.verl"  # verl imports the installed module
-    module = load_by_path(REPO / "reward" / "verl.py", "custom_module")  # or loads the file by path
+    assert function["path"] == "pkg://keyshot.frameworks.verl.reward"  # verl imports the installed module
+    module = load_by_path(
+        REPO / "frameworks" / "verl" / "reward.py", "custom_module"
+    )  # or loads the file by path
     assert inspect.iscoroutinefunction(getattr(module, function["name"]))
     assert not inspect.iscoroutinefunction(module.compute_score_sync)  # for verl's remote manager
     manager = reward["reward_manager"]  # verl's naive one, reading an agent loop's episode after the batch

@@ -1,5 +1,5 @@
-"""keyshot in OpenEnv: the rubric (keyshot.reward.openenv.KeyshotRubric) called by OpenEnv's own Rubric code,
-and the page-to-wire fields of the environment (keyshot.env.openenv.wire).
+"""keyshot in OpenEnv: the rubric (keyshot.frameworks.openenv.rubric.KeyshotRubric) called by OpenEnv's own Rubric code,
+and the page-to-wire fields of the environment (keyshot.frameworks.openenv.wire).
 
 In .venv: the wire fields of a live page, and ``keyshot reward env`` where OpenEnv is not installed. In the
 OpenEnv venv (make setup-openenv; ``$KEYSHOT_OPENENV_PYTHON``), by tests/framework/openenv_rubric.py: sessions
@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 import pydantic
 import pytest
+import yaml
 
 from keyshot.env.miniwob.client import VIEWPORT_OPENENV
-from keyshot.env.openenv import command as env_command
-from keyshot.env.openenv.wire import Pixels, split_text, wire_fields
 from keyshot.env.page import Page
+from keyshot.frameworks.openenv import command as env_command
+from keyshot.frameworks.openenv.wire import Pixels, split_text, wire_fields
 from keyshot.infer.cli import build_parser, parse
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.loaders import load_trajectories
@@ -125,12 +126,21 @@ def rubric_run(tmp_path_factory):
     """One run of the rubric driver over every case, with a fake judge (its requests counted), a fake
     scorer, and a judge that is down."""
     tmp = tmp_path_factory.mktemp("openenv-rubric")
-    with FakeOpenAI(make_judge()) as judge, FakeOpenAI(make_judge()) as scorer:
+    with (
+        FakeOpenAI(make_judge()) as judge,
+        FakeOpenAI(make_judge()) as scorer,
+        FakeOpenAI(make_judge()) as other,
+    ):
         # a window of 1 s: the three sessions' ends, released together, always meet in one batch
         healthy = write_config(tmp / "healthy.yaml", judge, scorer, timeout_s=5, batch_window_s=1)
         down = write_config(tmp / "dead.yaml", DEAD, timeout_s=5)
         zero = write_config(tmp / "zero.yaml", DEAD, timeout_s=5, on_failure="zero")
-        plan = {"healthy": str(healthy), "dead": str(down), "zero": str(zero), "keep": str(tmp / "kept")}
+        steps = write_config(tmp / "steps.yaml", other, scorer, timeout_s=5)  # its own judge: its calls apart
+        with_steps = yaml.safe_load(steps.read_text())
+        with_steps["pipeline"]["step_rewards"] = True
+        steps.write_text(yaml.safe_dump(with_steps))
+        plan = {"healthy": str(healthy), "dead": str(down), "zero": str(zero), "steps": str(steps)}
+        plan["keep"] = str(tmp / "kept")
         out = run_driver("openenv_rubric.py", plan)
         yield out, [identify_step(r) for r in judge.requests], tmp / "kept"
 
@@ -164,6 +174,25 @@ def test_sessions_ending_together_are_one_batch_with_one_key_point_call(rubric_r
         assert t.task == "Click the button." and len(t.screenshots) == 3
         assert t.actions == ["click('13')", "click('14')"]  # each page with the action taken on it
         assert t.extra == {"start_url": "file:///miniwob/click-test.html"}
+
+
+@pytest.mark.slow
+def test_with_step_rewards_each_step_gets_its_own_reward_summing_to_the_progress(rubric_run):
+    """pipeline.step_rewards: compute_step_rewards gives one reward per step (the reset's page first), the
+    last observation's metadata carries them with the progress at each step, and they sum to the progress."""
+    out, _, _ = rubric_run
+    steps = out["steps"]
+    meta = steps["metadata"]
+    assert meta["keyshot_error"] is None and len(steps["step_rewards"]) == 3
+    assert steps["step_rewards"] == meta["keyshot_step_rewards"]
+    assert (
+        sum(steps["step_rewards"])
+        == pytest.approx(meta["keyshot_progress"])
+        == meta["keyshot_step_progress"][-1]
+    )
+    assert len(meta["keyshot_key_point_steps"]) == len(meta["keyshot_key_points"])
+    assert meta["keyshot_step_progress"] == sorted(meta["keyshot_step_progress"])
+    assert out["together"][0]["metadata"]["keyshot_step_rewards"] is None  # off: not asked
 
 
 @pytest.mark.slow

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from keyshot.frameworks.openrlhf.reward import UNFINISHED_KEY
 from keyshot.infer.testing import frameworks
 from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, identify_step, make_judge
 from keyshot.infer.testing.launch import OutputLines, start_reward_serve
 from keyshot.reward import shared as reward_shared
 from keyshot.reward.logs import SAMPLE_KEYS
 from keyshot.reward.model import RewardModel
-from keyshot.reward.openrlhf import UNFINISHED_KEY
 from tests.support import paths
 from tests.support import reward as support
 from tests.support.frameworks import python_or_skip
@@ -37,7 +37,7 @@ REPO = paths.REPO
 DRIVER = REPO / "tests" / "framework" / "openrlhf_rollouts.py"
 RESULT = "keyshot-openrlhf-result "  # the driver's answer lines
 OM2W_V1 = support.OM2W_V1
-REWARD_FILE = REPO / "reward" / "openrlhf.py"
+REWARD_FILE = REPO / "frameworks" / "openrlhf" / "reward.py"
 AGENT_FILE = REPO / "examples" / "reward" / "openrlhf_agent.py"
 REPLAY_AGENT_FILE = REPO / "tests" / "framework" / "openrlhf_replay_agent.py"
 slow = pytest.mark.slow  # every test that runs the OpenRLHF driver
@@ -128,13 +128,23 @@ LABELS = [str(f) for f in OM2W_V1]
 
 @slow
 def test_single_turn_executor_loads_the_reward_file_by_path(tmp_path, servers, openrlhf, one_process):
+    import yaml
+
     reward_file = REWARD_FILE
     config = write_config(tmp_path / "reward.yaml", *servers)
+    cfg = yaml.safe_load(config.read_text())  # the rewards per step asked too: the verdicts stay the same
+    cfg["pipeline"]["step_rewards"] = True
+    config.write_text(yaml.safe_dump(cfg))
     out = openrlhf.run(tmp_path, config, mode="single", reward=str(reward_file), labels=LABELS)
     assert out["executor"] == "openrlhf.utils.agent.SingleTurnAgentExecutor"
     check_tensors(out, 2)
     assert out["rewards"] == one_process[0] and out["info"]["keyshot_failed"] == [0.0, 0.0]
     assert out["info"]["reward"] == out["rewards"]
+    # the steps in OpenRLHF's extra_logs, as the numbers it takes (each one tensor of one value)
+    assert out["info"]["keyshot_has_credited_steps"] == [1.0, 1.0] and out["info"][
+        "keyshot_has_progress"
+    ] == [1.0, 1.0]
+    assert all(n >= 1.0 for n in out["info"]["keyshot_credited_steps"])
 
 
 @slow
@@ -177,7 +187,7 @@ def test_a_malformed_label_is_one_counted_failure_named_and_never_read_as_a_path
 
 
 def load_reward_file(name: str):
-    """reward/openrlhf.py as OpenRLHF loads it: a spec from the file, no sys.modules entry."""
+    """frameworks/openrlhf/reward.py as OpenRLHF loads it: a spec from the file, no sys.modules entry."""
     spec = importlib.util.spec_from_file_location(name, REWARD_FILE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -346,9 +356,13 @@ def test_live_episodes_stopped_by_the_token_budget_give_their_browser_back_and_l
     tmp_path, servers, openrlhf
 ):
     """MiniWoB pages in Chromium through the agent file and OpenRLHF's executor, stopped by the token
-    budget long before MiniWoB's 10 steps, two batches one after the other: each episode is judged and
-    gives its page back to the executor's pool once (the second batch starts no Chromium), and once the
-    executor is closed none of the worker or Chromium processes is left."""
+    budget long before MiniWoB's 10 steps, three batches one after the other under load (a thread
+    spinning beside the rollouts at a 0.1 ms switch interval): each episode is judged, its agent closed
+    once and its page given back to the executor's pool once (the pool counts each session's give-back
+    once, however often it is asked; the later batches start no Chromium), and once the executor is
+    closed none of the worker or Chromium processes is left. (The agents are counted as objects: counted
+    by id(), an agent of the first batch freed by then lent its id to one of the next, and each agent's
+    one close was seen twice: closes [2, 2, 2, 2].)"""
     if why := live_browser_missing():
         pytest.skip(why)
     config = write_config(tmp_path / "reward.yaml", *servers)
@@ -359,14 +373,17 @@ def test_live_episodes_stopped_by_the_token_budget_give_their_browser_back_and_l
         agent_file=str(AGENT_FILE),
         labels=["miniwob:click-button:1"],
         samples=2,
-        rounds=2,
+        rounds=3,
         max_length=1000,  # room for the first page (about 480 tokens) and one or two more
         watch_browsers=True,
+        busy_threads=1,
     )
-    check_tensors(out, 4, (UNFINISHED_KEY,))
-    assert all(1 <= n <= 2 for n in out["steps"]) and out["info"][UNFINISHED_KEY] == [1.0] * 4
-    assert out["info"]["keyshot_failed"] == [0.0] * 4 and out["closes"] == [1] * 4
-    # one Chromium holds both pages (a browser context each); the second batch opened no other
+    check_tensors(out, 6, (UNFINISHED_KEY,))
+    assert all(1 <= n <= 2 for n in out["steps"]) and out["info"][UNFINISHED_KEY] == [1.0] * 6
+    assert out["info"]["keyshot_failed"] == [0.0] * 6 and out["closes"] == [1] * 6
+    # six sessions given back, one each; none leased or holding a place in a Chromium after the batches
+    assert out["pages_given_back_leased_placed"] == [6, 0, 0]
+    # one Chromium holds both pages (a browser context each); the later batches opened no other
     assert out["browsers_opened"] == 1
     assert out["browsers_seen"] >= 2  # the worker and its Chromium at least, seen while they ran
     assert out["browsers_left"] == [] and out["episode_folders_left"] == 0

@@ -38,15 +38,19 @@ def count(server: FakeOpenAI, step: str) -> int:
 
 # ---------------------------------------------------------------------------- the public name
 def test_keyshot_reward_is_the_public_name_and_its_adapter_files_load_by_path():
+    import keyshot.frameworks.trl.reward
+    import keyshot.frameworks.verl.reward
     import keyshot.reward
-    import keyshot.reward.trl
-    import keyshot.reward.verl
     from keyshot.reward.model import RewardModel
 
     assert keyshot.reward.RewardModel is RewardModel
-    assert callable(keyshot.reward.verl.compute_score) and callable(keyshot.reward.trl.environment_reward)
+    assert callable(keyshot.frameworks.verl.reward.compute_score) and callable(
+        keyshot.frameworks.trl.reward.environment_reward
+    )
     # OpenRLHF's loader: a spec from the file, no sys.modules entry, exec_module
-    spec = importlib.util.spec_from_file_location("reward_func", REPO / "reward" / "openrlhf.py")
+    spec = importlib.util.spec_from_file_location(
+        "reward_func", REPO / "frameworks" / "openrlhf" / "reward.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert callable(module.reward_func)
@@ -200,7 +204,25 @@ def test_log_fields_have_the_same_keys_and_numbers_only_whatever_the_results():
         metrics.setdefault(name, []).append(value)
     assert metrics["keyshot/progress"] == [0.5] and metrics["keyshot/progress_n"] == [1.0]
     assert metrics["keyshot/failed"] == [0.0, 1.0, 0.0] and metrics["keyshot/p_success"] == [0.2]
-    assert dict(trainer_metrics([])) == {"keyshot/progress_n": 0.0, "keyshot/p_success_n": 0.0}
+    assert dict(trainer_metrics([])) == {
+        "keyshot/progress_n": 0.0,
+        "keyshot/p_success_n": 0.0,
+        "keyshot/credited_steps_n": 0.0,
+        "keyshot/first_credited_step_n": 0.0,
+    }
+    # per-step rewards: how many steps earned one, and the first that did (a number every sample has)
+    stepped = [
+        RewardResult(id="s", step_rewards=[0.0, 0.5, 0.0, 0.5]),
+        RewardResult(id="z", step_rewards=[0.0]),
+    ]
+    logs = sample_logs([*stepped, results[0]])
+    assert logs["keyshot_credited_steps"] == [2.0, 0.0, 0.0] and logs["keyshot_has_credited_steps"] == [
+        1,
+        1,
+        0,
+    ]
+    assert logs["keyshot_first_credited_step"] == [1.0, 0.0, 0.0]
+    assert logs["keyshot_has_first_credited_step"] == [1.0, 0.0, 0.0]
 
 
 def test_identical_screenshots_scored_once_are_not_counted_as_cache_hits(tmp_path, servers):

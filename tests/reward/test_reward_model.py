@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from keyshot.frameworks.openrlhf.reward import reward_func
+from keyshot.frameworks.trl.reward import EpisodeRecorder, environment_reward, reward_function
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.protocol.verdicts import read_verdicts
@@ -18,8 +20,6 @@ from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, identify_st
 from keyshot.infer.testing.worlds import synthetic_trajectories
 from keyshot.reward import Episode, RewardModel
 from keyshot.reward import shared as reward_shared
-from keyshot.reward.openrlhf import reward_func
-from keyshot.reward.trl import EpisodeRecorder, environment_reward, reward_function
 from tests.support.reward import FIXTURES, OM2W_V1, write_config
 
 pytestmark = pytest.mark.usefixtures("no_shared_model")
@@ -260,7 +260,7 @@ def test_openrlhf_reward_func(tmp_path, servers, monkeypatch):
 AGENT_FILE = """
 from pathlib import Path
 from keyshot.infer.loaders import load_trajectory
-from keyshot.reward.openrlhf import KeyshotAgentInstance, Observation
+from keyshot.frameworks.openrlhf.reward import KeyshotAgentInstance, Observation
 
 class AgentInstance(KeyshotAgentInstance):
     async def start(self, label):
@@ -280,7 +280,7 @@ def test_an_openrlhf_agents_page_is_the_environments_page():
     """One page type: OpenRLHF's Observation is keyshot's Page under its former name, built as before
     (text, screenshot, done= and answer= by keyword), so a keyshot browser's page can be returned as it is."""
     from keyshot.env.page import Page
-    from keyshot.reward.openrlhf import Observation
+    from keyshot.frameworks.openrlhf.reward import Observation
 
     assert Observation is Page
     first = Observation("page 0")
@@ -479,3 +479,45 @@ def test_p_success_is_read_at_the_status_token_when_the_outcome_asks_for_logprob
     assert "multiplied over the 2 key points" in r.p_success_source
     plain = RewardModel.from_config(config, allow_root=str(tmp_path)).score_sync(group[:1])[0]
     assert plain.p_success is None and "pipeline.outcome_logprobs" in plain.p_success_source
+
+
+def test_step_rewards_sum_to_the_episodes_progress_and_mix_with_the_outcome(tmp_path, servers, group):
+    """reward.value step_progress (pipeline.step_rewards): r_t = P_t - P_(t-1) per screenshot, summing to the
+    episode's progress; reward.step_outcome_weight adds the verdict at the last step."""
+    from keyshot.infer.common.config import ConfigError
+    from keyshot.reward.model import per_action_rewards, per_step_rewards
+
+    assert per_step_rewards([0.0, 0.5, 0.5, 1.0], True) == [0.0, 0.5, 0.0, 0.5]
+    # to actions: the first page's reward to the first action, a page past the last action's to the last
+    assert per_action_rewards([0.5, 0.0, 0.5, 0.0], 3) == [0.5, 0.5, 0.0]
+    assert per_action_rewards([0.1, 0.2, 0.3, 0.4], 2) == pytest.approx([0.3, 0.7])
+    assert per_action_rewards([0.25, 0.75], 0) == [1.0]
+    assert per_step_rewards([0.5, 0.5], False, 0.5) == [0.25, 0.0]
+    assert per_step_rewards([0.0, 1.0], True, 0.5) == [0.0, 1.0]
+    judge, scorer = servers
+    config = write_config(tmp_path / "reward.yaml", judge, scorer)
+    with pytest.raises(ConfigError, match="set pipeline.step_rewards: true"):
+        RewardModel.from_config(config, value="step_progress")
+    plain = RewardModel.from_config(config, allow_root=str(tmp_path), pipeline__step_rewards=True)
+    mixed = RewardModel.from_config(
+        config,
+        allow_root=str(tmp_path),
+        value="step_progress",
+        step_outcome_weight=0.5,
+        pipeline__step_rewards=True,
+    )
+    try:
+        results, mixes = plain.score_sync(group), mixed.score_sync(group)
+    finally:
+        plain.close()
+        mixed.close()
+    for r, m in zip(results, mixes, strict=True):
+        assert r.error is None and r.reward in (0.0, 1.0)  # the binary value is left as it was
+        assert len(r.step_rewards) == len(r.step_progress) == len(r.step_scores)
+        assert sum(r.step_rewards) == pytest.approx(r.progress) == pytest.approx(r.step_progress[-1])
+        assert len(r.key_point_steps) == len(r.key_points)
+        assert (
+            m.reward == pytest.approx(0.5 * r.progress + 0.5 * r.reward) == pytest.approx(sum(m.step_rewards))
+        )
+        assert m.step_rewards[:-1] == pytest.approx([x / 2 for x in r.step_rewards[:-1]])
+    assert len({r.progress for r in results}) > 1  # progress tells the group's rollouts apart

@@ -198,7 +198,7 @@ def test_the_latency_histogram_is_cumulative():
 
 
 def test_the_service_does_not_import_the_openrlhf_adapter():
-    code = "import sys, keyshot.reward.service; print('keyshot.reward.openrlhf' in sys.modules)"
+    code = "import sys, keyshot.reward.service; print('keyshot.frameworks.openrlhf.reward' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
 

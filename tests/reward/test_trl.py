@@ -26,16 +26,12 @@ import pytest
 import yaml
 from PIL import Image
 
-import keyshot.reward.trl as reward_trl
+import keyshot.frameworks.trl.reward as reward_trl
 from keyshot.env.replay import ReplayBrowser
-from keyshot.infer.loaders import load_trajectories
-from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
-from keyshot.infer.testing.worlds import synthetic_trajectories
-from keyshot.reward import RewardModel, logs
-from keyshot.reward import shared as reward_shared
-from keyshot.reward.trl import (
+from keyshot.frameworks.trl.reward import (
     EPISODE_COLUMN,
     NO_IMAGE,
+    STEP_REWARDS_COLUMN,
     EpisodeRecorder,
     KeyshotEnvironment,
     TrlRewardError,
@@ -44,6 +40,11 @@ from keyshot.reward.trl import (
     environment_reward,
     reward_function,
 )
+from keyshot.infer.loaders import load_trajectories
+from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from keyshot.infer.testing.worlds import synthetic_trajectories
+from keyshot.reward import RewardModel, logs
+from keyshot.reward import shared as reward_shared
 from tests.support import paths
 from tests.support.reward import OM2W_V1 as FOLDERS
 from tests.support.reward import write_config
@@ -53,7 +54,7 @@ pytestmark = pytest.mark.usefixtures("no_shared_model")
 
 REPO = paths.REPO
 #: the columns every keyshot reward logs per sample through ``log_extra``
-EXTRA_COLUMNS = {*logs.SAMPLE_KEYS, "keyshot_error", EPISODE_COLUMN}
+EXTRA_COLUMNS = {*logs.SAMPLE_KEYS, "keyshot_error", STEP_REWARDS_COLUMN, EPISODE_COLUMN}
 
 
 @pytest.fixture
@@ -334,6 +335,32 @@ def test_progress_is_logged_per_sample_so_trls_sum_over_count_is_the_mean_over_s
     assert pending["keyshot/failed"] == [0.0, 0.0, 0.0, 1.0] and pending["keyshot/progress_n"] == [1.0, 2.0]
 
 
+def test_trl_takes_the_sum_of_the_steps_and_logs_each_steps_reward(config):
+    """reward.value step_progress with pipeline.step_rewards: TRL gets each sample's one number, the sum of its
+    steps' rewards; the completions table gets the steps' rewards themselves (a list per sample)."""
+    import yaml
+
+    cfg = yaml.safe_load(config.read_text())
+    cfg["pipeline"]["step_rewards"] = True
+    cfg["reward"] = {"value": "step_progress"}
+    config.write_text(yaml.safe_dump(cfg))
+    metrics: dict[str, list] = defaultdict(list)
+    extras: dict[str, list] = defaultdict(list)
+    rewards = asyncio.run(
+        reward_function(config)(
+            **column_batch(FOLDERS, generations=1), log_metric=recorded(metrics), log_extra=recorded(extras)
+        )
+    )
+    steps = extras[STEP_REWARDS_COLUMN]
+    assert set(extras) == EXTRA_COLUMNS and len(steps) == len(rewards) == len(FOLDERS)
+    for reward, per_step, progress in zip(rewards, steps, extras["keyshot_progress"], strict=True):
+        assert reward == pytest.approx(sum(per_step)) == pytest.approx(progress)
+    shots = [len(next(load_trajectories(f)).screenshots) for f in FOLDERS]
+    assert [len(s) for s in steps] == shots
+    assert extras["keyshot_credited_steps"] == [float(sum(x > 0 for x in s)) for s in steps]
+    assert len(metrics["keyshot/credited_steps"]) == len(FOLDERS)
+
+
 def test_extras_have_the_same_columns_every_call_healthy_or_dead(config, dead_config):
     metrics: dict[str, list] = defaultdict(list)
     extras: dict[str, list] = defaultdict(list)
@@ -594,7 +621,12 @@ def replay_dataset():
 def test_grpo_trainer_step_with_a_recording_environment_healthy_and_dead_judge(
     tmp_path, tiny_policy, config, dead_config
 ):
+    import yaml
+
     kept = tmp_path / "episodes"
+    cfg = yaml.safe_load(config.read_text())  # with the rewards per step: TRL's table gets them
+    cfg["pipeline"]["step_rewards"] = True
+    config.write_text(yaml.safe_dump(cfg))
     healthy = grpo_step(
         tmp_path / "healthy",
         tiny_policy,
@@ -619,6 +651,8 @@ def test_grpo_trainer_step_with_a_recording_environment_healthy_and_dead_judge(
     for _, row in rows.iterrows():
         [result] = scored(config, [kept / f"{row[EPISODE_COLUMN]}.jsonl"])
         assert row["keyshot_environment_reward"] == result.reward
+        assert list(row[STEP_REWARDS_COLUMN]) == pytest.approx(result.step_rewards)  # one per screenshot
+        assert sum(row[STEP_REWARDS_COLUMN]) == pytest.approx(result.progress)
 
     dead = grpo_step(
         tmp_path / "dead", tiny_policy, [environment_reward(dead_config)], replay_dataset(), ReplayRecorder

@@ -1,4 +1,4 @@
-"""keyshot's verl reward (reward/verl.py).
+"""keyshot's verl reward (frameworks/verl/reward.py).
 
 In .venv: ``compute_score`` called as verl's reward manager calls it (one call per sample, concurrently).
 In the verl venv (tools/setup_verl.sh; ``$KEYSHOT_VERL_PYTHON``, default .venv-verl): verl 0.9.1's own
@@ -32,14 +32,15 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 
+from keyshot.frameworks.verl import reward as verl_reward
+from keyshot.frameworks.verl.reward import compute_score, compute_score_sync
+from keyshot.frameworks.verl.state import VerlState
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
 from keyshot.reward import logs as reward_logs
 from keyshot.reward import shared as reward_shared
-from keyshot.reward import verl as verl_reward
 from keyshot.reward.episode import Episode
-from keyshot.reward.verl import compute_score, compute_score_sync
-from keyshot.reward.verl_state import VerlState
 from tests.support import paths
 from tests.support.frameworks import python_or_skip
 from tests.support.reward import write_config
@@ -89,9 +90,9 @@ def copies(tmp_path: Path, per_prompt: int) -> list[tuple[int, str]]:
 
 
 def loaded_by_path(name: str) -> ModuleType:
-    """reward/verl.py as verl loads ``custom_reward_function.path`` (``load_module``: a module object of its
+    """frameworks/verl/reward.py as verl loads ``custom_reward_function.path`` (``load_module``: a module object of its
     own, under a name of its own, not in ``sys.modules``)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "reward" / "verl.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "frameworks" / "verl" / "reward.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -317,6 +318,32 @@ def replays(per_task: int, elsewhere: tuple[int, ...] = ()) -> list[dict]:
     return rows
 
 
+def dark_then_bright(tmp: Path) -> Path:
+    """A trajectory whose first page is dark and the two after its actions bright: the fake judge (key point
+    k at the k-th screenshot scored >= 3, by brightness) meets its two key points at screenshots 1 and 2."""
+    from PIL import Image
+
+    from keyshot.infer.loaders.jsonl import write_jsonl
+    from keyshot.infer.loaders.trajectory import Screenshot, Trajectory
+
+    folder = tmp / "dark-then-bright"
+    folder.mkdir()
+    shots = []
+    for i, level in enumerate((0, 255, 255)):
+        Image.new("RGB", (320, 200), (level,) * 3).save(folder / f"step_{i}.png")
+        shots.append(Screenshot(path=folder / f"step_{i}.png", index=i))
+    task = "Find the page number 7 and open its settings"
+    trajectory = Trajectory(
+        task_id="dark-then-bright",
+        task=task,
+        actions=["click('1')", "click('2')"],
+        screenshots=shots,
+        agent="a",
+    )
+    write_jsonl([trajectory], folder / "trajectory.jsonl")
+    return folder / "trajectory.jsonl"
+
+
 @pytest.fixture(scope="module")
 def verl_run(tmp_path_factory):
     """One Ray session of verl's reward loop over its cases (tests/framework/verl_reward_loop.py): verl's
@@ -327,7 +354,7 @@ def verl_run(tmp_path_factory):
     served = str(tmp / "tokenizer")  # the reward model's path: what verl's vLLM would serve it as
     counted = ("column", "stream", "after", "remote")
     with contextlib.ExitStack() as servers:
-        judges = {name: servers.enter_context(FakeOpenAI(make_judge())) for name in counted}
+        judges = {name: servers.enter_context(FakeOpenAI(make_judge())) for name in (*counted, "steps")}
         scorer = servers.enter_context(FakeOpenAI(make_judge()))
         upstream = servers.enter_context(FakeOpenAI(make_judge(), model=served, strict_model=True))
         router = {"upstream": upstream.base_url.removesuffix("/v1")}
@@ -356,10 +383,14 @@ def verl_run(tmp_path_factory):
             for _ in range(4)
         ]
         stock_naive = ["reward.reward_manager.source=register", "reward.reward_manager.name=naive"]
+        stepped = healthy("steps")
+        with_steps = yaml.safe_load(Path(stepped).read_text())
+        with_steps["pipeline"]["step_rewards"] = True
+        Path(stepped).write_text(yaml.safe_dump(with_steps))
         spec = {
             "compose": documented_verl_commands(),
             "workdir": str(tmp),
-            "reward_file": str(REPO / "reward" / "verl.py"),
+            "reward_file": str(REPO / "frameworks" / "verl" / "reward.py"),
             "cases": [
                 {
                     "name": "column",
@@ -368,6 +399,21 @@ def verl_run(tmp_path_factory):
                     "overrides": stock_naive,
                 },
                 {"name": "dead", "keyshot_config": str(dead), "samples": own},
+                {  # KeyshotStepRewardManager after the batch: r_t at the last token of each agent turn
+                    "name": "steps",
+                    "keyshot_config": stepped,
+                    "samples": [
+                        {"index": 0, "replay": str(dark_then_bright(tmp)), "answer": "done", "turns": True}
+                    ]
+                    * 2,
+                    "path": "after",
+                    "router": router,
+                    "overrides": [
+                        "reward.reward_manager.source=importlib",
+                        "reward.reward_manager.name=KeyshotStepRewardManager",
+                        f"reward.reward_manager.module.path={REPO / 'frameworks' / 'verl' / 'reward.py'}",
+                    ],
+                },
                 {"name": "unset", "keyshot_config": str(unset), "samples": own[:1]},
                 {
                     "name": "remote",
@@ -437,6 +483,19 @@ def test_verls_reward_loop_turns_keyshot_scores_into_its_tensors_and_metrics(ver
 
 
 @pytest.mark.slow
+def test_the_step_manager_puts_each_steps_reward_at_the_last_token_of_its_agent_turn(verl_run):
+    """Two actions, two key points met at screenshots 1 and 2: r = (0, 0.5, 0.5) per screenshot, the first
+    page's and the first action's on the first turn's last token (0), the second action's on the second's
+    (2), nothing on the final answer's (4); a row sums to the episode's progress (GRPO's reward)."""
+    steps = verl_run["results"]["steps"]
+    assert "error" not in steps, steps
+    assert steps["rm_nonzero"] == [[[0, 0.5], [2, 0.5]]] * 2
+    assert steps["rm_scores"] == steps["extra"]["keyshot_progress"] == steps["extra"]["score"] == [1.0, 1.0]
+    assert steps["extra"]["keyshot_credited_steps"] == [2.0, 2.0] and set(steps["extra_keys"]) == SAMPLE_KEYS
+    assert steps["extra"]["keyshot_first_credited_step"] == [1.0, 1.0]
+
+
+@pytest.mark.slow
 def test_verls_reward_loop_with_a_dead_judge_and_a_config_verl_cannot_use(verl_run):
     dead = verl_run["results"]["dead"]
     assert "error" not in dead, dead
@@ -496,11 +555,13 @@ def test_the_documented_verl_commands_compose_with_verls_own_config(verl_run):
     assert len(commands) == 2, "docs/reward.md: one verl command in its section, one in the cluster examples"
     for composed in commands:
         assert "error" not in composed, composed
-        assert composed["path"] == "pkg://keyshot.reward.verl" and composed["name"] == "compute_score"
+        assert (
+            composed["path"] == "pkg://keyshot.frameworks.verl.reward" and composed["name"] == "compute_score"
+        )
         assert composed["manager"] == {
             "source": "importlib",
             "name": "KeyshotRewardManager",
-            "path": "pkg://keyshot.reward.verl",
+            "path": "pkg://keyshot.frameworks.verl.reward",
         }
         assert composed["reward_kwargs"] == {"keyshot_config": str(REPO / "configs" / "reward" / "verl.yaml")}
         assert composed["enable"] is True and composed["model_path"] and composed["rollout"] == "vllm"

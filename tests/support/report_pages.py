@@ -41,8 +41,9 @@ class Page(HTMLParser):
         return [a for t, a in self.tags if t == tag and all(a.get(k) == v for k, v in attrs.items())]
 
 
-def judged_run(root: Path, n: int = 12, shots: int = 4) -> Path:
-    """A judged run whose first task carries a planted script and whose labels disagree on purpose."""
+def judged_run(root: Path, n: int = 12, shots: int = 4, *overrides: str) -> Path:
+    """A judged run whose first task carries a planted script and whose labels disagree on purpose;
+    ``overrides`` (``key.sub=value``) go to ``keyshot judge``."""
     jsonl = synthetic_trajectories(root / "world", n, shots, seed=2)
     lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
     lines[0]["task"] = "Buy a ticket " + XSS
@@ -63,6 +64,7 @@ def judged_run(root: Path, n: int = 12, shots: int = 4) -> Path:
             f"scorer.endpoint.base_url={scorer.base_url}",
             "scorer.endpoint.model=fake-scorer",
             "scorer.logprobs=2",
+            *overrides,
         ]
         assert keyshot(argv) == 0
     return out

@@ -45,7 +45,7 @@ def _held_by_a_thread(lock) -> tuple[threading.Event, threading.Event]:
 #: PerProcess, and whether a forked child keeps its entries (facts about files, warnings already said) or
 #: starts over (the verl adapter's state of models the child cannot use)
 REGISTRIES = [
-    ("keyshot.reward.verl_state", "_states", False),
+    ("keyshot.frameworks.verl.state", "_states", False),
     ("keyshot.env.miniwob.setup", "_prepared", True),
     ("keyshot.reward.logs", "_warned", True),
 ]

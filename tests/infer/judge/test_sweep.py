@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from keyshot.infer.cli import main as keyshot
-from keyshot.infer.common.errors import EXIT_BUDGET, EXIT_INCOMPLETE
+from keyshot.infer.common.errors import EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_PREFLIGHT
 from keyshot.infer.judge.sweep_plan import plan_sweep
 from keyshot.infer.judge.sweep_source import SweepError
 from keyshot.infer.judge.threshold_sweep import delta_folder, parse_deltas
@@ -21,7 +22,7 @@ from keyshot.infer.loaders.judge_records import recorded_actions
 from keyshot.infer.protocol.verdicts import read_verdicts, select_kept
 from keyshot.infer.runs.run_record import mark_stand_in, read_protocol, stand_in_of
 from keyshot.infer.runs.verdict_sources import read_reference_records
-from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
+from keyshot.infer.testing.fake_openai import FakeOpenAI, FaultPlan, identify_step, make_judge
 from tests.support import paths
 
 FIXTURES = paths.FIXTURES
@@ -371,20 +372,45 @@ def test_a_spent_budget_stops_the_sweep_and_says_so(tmp_path, capsys):
         rc = keyshot(
             ["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *_overrides(server), *prices]
         )
-    capsys.readouterr()
+    printed = capsys.readouterr().out
     assert rc == EXIT_BUDGET
+    last = printed.strip().splitlines()[
+        -3:
+    ]  # the stop, said once with the one thing to do, and what was written
+    assert last[0].startswith("Stopped: δ=2:") and last[0].endswith(
+        "; re-run the same keyshot sweep to go on"
+    )
+    assert last[-1].startswith("wrote ") and "compare them" not in printed and printed.count("re-run") == 1
     first = json.loads((out / "sweep.json").read_text())["per_delta"][0]
     assert "budget" in first["stopped"] and "no further call is sent" in first["stopped"]
 
 
-def test_a_dead_judge_leaves_the_sweep_incomplete_and_the_next_run_asks_again(tmp_path, capsys):
-    """Every outcome call fails: no verdict is a result, the sweep exits 3 (incomplete) saying so, and a
+def test_a_dead_judge_stops_the_sweep_at_preflight_and_failed_calls_leave_it_incomplete(tmp_path, capsys):
+    """A judge that is down stops the sweep within seconds with the preflight's line and exit code, as
+    keyshot judge does, before anything is written; a judge that answers the preflight but fails every
+    outcome call leaves no verdict that is a result: the sweep exits 3 (incomplete) saying so, once, and a
     run against a judge that answers finishes them."""
     out = tmp_path / "sweep"
-    dead = ["judge.base_url=http://127.0.0.1:9/v1", "judge.model=fake-judge", "judge.api_key_env=null"]
-    dead += ["judge.backoff_base_s=0.01", "judge.timeout_s=10", "pipeline.outcome_logprobs=2"]
-    assert keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *dead]) == EXIT_INCOMPLETE
-    assert "incomplete (the outcome call failed: 9): run keyshot sweep again" in capsys.readouterr().out
+    settings = ["judge.model=fake-judge", "judge.api_key_env=null", "judge.backoff_base_s=0.01"]
+    settings += ["judge.timeout_s=10", "judge.max_retries=0", "pipeline.outcome_logprobs=2"]
+    dead = ["judge.base_url=http://127.0.0.1:9/v1", *settings]
+    started = time.monotonic()
+    assert keyshot(["sweep", str(O4_MINI), "--out", str(out), "--no-progress", *dead]) == EXIT_PREFLIGHT
+    assert time.monotonic() - started < 10 and not out.exists()
+    assert "cannot connect" in capsys.readouterr().err
+    with FakeOpenAI(make_judge("task_hash"), faults=FaultPlan({"500": 1.0})) as failing:
+        argv = [
+            "sweep",
+            str(O4_MINI),
+            "--out",
+            str(out),
+            "--no-progress",
+            f"judge.base_url={failing.base_url}",
+        ]
+        assert keyshot([*argv, *settings]) == EXIT_INCOMPLETE
+    printed = capsys.readouterr().out
+    assert "incomplete (the outcome call failed: 9): run keyshot sweep again" in printed
+    assert "compare them" not in printed  # one thing to do
     failed = [r["failed"] for r in json.loads((out / "sweep.json").read_text())["per_delta"]]
     assert failed == [{"the outcome call failed": 3}] * 3
     with FakeOpenAI(make_judge("task_hash")) as server:

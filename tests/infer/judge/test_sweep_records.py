@@ -6,16 +6,18 @@ trajectories are read again as the judged run read them (its agent, benchmark an
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
 from keyshot.infer.cli import main as keyshot
 from keyshot.infer.common.config import load_config
+from keyshot.infer.common.errors import EXIT_PREFLIGHT
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.fingerprint import protocol_fingerprint
 from keyshot.infer.judge.sweep_source import SWEPT_FROM
-from keyshot.infer.judge.threshold_sweep import delta_folder
+from keyshot.infer.judge.threshold_sweep import delta_folder, run_sweep
 from keyshot.infer.protocol.verdicts import read_verdicts
 from keyshot.infer.runs.run_record import PROTOCOL, RUN_FILE, protocol_differences
 from keyshot.infer.testing.fake_openai import FakeOpenAI, identify_step, make_judge
@@ -91,7 +93,11 @@ def test_constrained_answers_are_recorded_as_sent(world, capsys):
     out = root / "sweep-constrained"
     server.requests.clear()
     argv = ["sweep", str(world["judged"]), "--out", str(out), "--deltas", "4", "--no-progress"]
-    assert keyshot([*argv, *base, "judge.constrained=true"]) == 0, capsys.readouterr().err
+    # the command's preflight refuses the fake judge (not a vLLM), as keyshot judge's: the library sends
+    assert keyshot([*argv, *base, "judge.constrained=true"]) == EXIT_PREFLIGHT
+    assert "judge.constrained=true needs a vLLM server" in capsys.readouterr().err and not out.exists()
+    cfg = load_config(JudgeRunConfig, None, [*base, "judge.constrained=true"])
+    run_sweep(world["judged"], cfg, [4.0], out, progress=False)
     sent = [r for r in server.requests if identify_step(r) == "outcome"]
     assert sent and all("structured_outputs" in r for r in sent)
     swept = _run_file(delta_folder(out, 4))[PROTOCOL]
@@ -100,9 +106,10 @@ def test_constrained_answers_are_recorded_as_sent(world, capsys):
     assert swept == protocol_fingerprint(cfg) and swept["constrained_answers"] == ["judge"]
 
 
-def test_other_settings_are_refused_before_any_call(world, capsys):
-    """A resumed sweep with another judge temperature, and a pipeline setting the folder was not judged
-    with, are refused in one line naming them; a setting equal to the folder's is taken."""
+def test_other_settings_are_refused_before_any_call(world, capsys, caplog):
+    """A resumed sweep with another judge temperature, and a pipeline override the folder was not judged
+    with, are refused in one line naming them; a setting equal to the folder's is taken, and a config
+    file's gives way to the folder's, said once."""
     server, base, root = world["server"], world["base"], world["root"]
     out = root / "sweep-refused"
     argv = ["sweep", str(world["judged"]), "--out", str(out), "--deltas", "2", "--no-progress", *base]
@@ -120,9 +127,15 @@ def test_other_settings_are_refused_before_any_call(world, capsys):
         in err
     )
     assert "pipeline.max_kept=10" in err and "where it was 50" in err
+    # a config file's setting gives way to the folder's, said once (a shipped config sweeps any folder)
     config = root / "other.yaml"
     config.write_text("pipeline:\n  outcome_images: none\n")
-    assert keyshot([*argv, "--config", str(config)]) != 0
-    assert f"pipeline.outcome_images='none' ({config}) where it was 'scorer'" in capsys.readouterr().err
-    assert server.stats.requests == before
+    caplog.set_level(logging.WARNING)
+    assert keyshot([*argv, "--config", str(config)]) == 0
+    said = [r.getMessage() for r in caplog.records if "give way" in r.getMessage()]
+    assert said == [
+        f"{config}'s pipeline settings give way to the judged folder's (a sweep changes only δ): "
+        "outcome_images 'none' -> 'scorer'"
+    ]
+    assert server.stats.requests == before  # finished there already: nothing asked, no preflight
     assert len(read_verdicts(delta_folder(out, 2) / "verdicts.jsonl")) == 4

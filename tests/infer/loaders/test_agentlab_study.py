@@ -150,9 +150,7 @@ def test_study_files_are_part_of_the_study_not_inputs(study, capsys, caplog):
     assert f"  not a trajectory: {study / SUPERSEDED}: superseded by a relaunch" in printed
     assert f"  not a trajectory: {study / 'notes.txt'}: not a trajectory file" in printed
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warned) == 2 and not any(
-        f in " ".join(warned) for f in ("summary_df", "study.", ".log", "result_df")
-    )
+    assert warned == []  # the two are said once, in the lines above; the study's own files not at all
     [quiet] = [r.getMessage() for r in caplog.records if "AgentLab's study files" in r.getMessage()]
     assert "_last_modification_times.json" in quiet and "study.pkl.gz" in quiet and "launch.log" in quiet
 
@@ -274,7 +272,7 @@ def test_a_study_of_agentlabs_loop_is_judged_under_its_names_each_run_once(live_
     assert why.startswith(f"{superseded}: superseded by a relaunch")
     assert "wrote keyshot's verdict into 8 summary_info.json files" in judged["stdout"]
     warned = [line for line in judged["stderr"].splitlines() if " WARNING " in line]
-    assert len(warned) == 1 and superseded in warned[0]  # the study's files: no warning
+    assert warned == []  # the superseded run is said once, in the summary above; the study's files: never
 
 
 @pytest.mark.slow

@@ -334,3 +334,39 @@ def test_the_metrics_defaults_have_one_home():
     assert checked >= 10
     with pytest.raises(ValueError, match="label_2 must be one of"):
         MetricsConfig(label_2="maybe")
+
+
+def test_completion_rate_is_webcanvas_micro_average_beside_the_success_rate(tmp_path):
+    """Key points met over key points, pooled over the verdicts that say which were met (step rewards'
+    key_point_steps, or key_point mode's calls), per agent and overall; the tables show it only then."""
+    from keyshot.infer.metrics.files import metrics_csv, metrics_markdown
+    from keyshot.infer.protocol.verdicts import OutcomeCall
+
+    def verdict(task, agent, steps=None, calls=None, success=True):
+        v = Verdict(
+            task_id=task, task="t", agent=agent, success=success, status_valid=True, human_label="success"
+        )
+        v.key_point_steps = steps
+        v.outcome_calls = calls or [OutcomeCall(success=success, valid=True)]
+        return v
+
+    met = [
+        OutcomeCall(success=True, valid=True, key_point="a"),
+        OutcomeCall(success=False, valid=True, key_point="b"),
+    ]
+    verdicts = [
+        verdict("1", "A", steps=[0, 2, None]),  # 2 of 3
+        verdict("2", "A", steps=[None]),  # 0 of 1
+        verdict("3", "A"),  # cot without steps: not counted
+        verdict("1", "B", calls=met, success=False),  # key_point mode: 1 of 2
+    ]
+    report = compute_metrics(records_from_verdicts(verdicts))
+    rows = _by_group(report.agreement)
+    assert rows["A"].completion_rate == pytest.approx(2 / 4) and rows["A"].n_completion == 2
+    assert rows["B"].completion_rate == pytest.approx(1 / 2) and rows["B"].n_completion == 1
+    assert rows["Overall"].completion_rate == pytest.approx(3 / 6) and rows["Overall"].judge_sr == 0.75
+    markdown = metrics_markdown(report)
+    assert "| CR | n CR |" in markdown and "| 50.0 | 3 |" in markdown
+    assert "completion_rate,n_completion" in metrics_csv(report).splitlines()[0]
+    plain = compute_metrics(records_from_verdicts([verdict("3", "A")]))
+    assert plain.agreement[0].completion_rate is None and "CR" not in metrics_markdown(plain)

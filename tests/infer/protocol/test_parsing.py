@@ -265,3 +265,34 @@ def test_p_success_of_one_side_only_says_so():
     text, tokens = _status_answer("failure", {"failure": 0.97, "maybe": 0.03})
     reading = read_status_probability(text, tokens, False)
     assert reading.p_success == 0.0 and "no success word" in reading.note
+
+
+# ---------------------------------------------------------------- when each key point was first met
+def test_key_point_steps_are_read_strictly():
+    from keyshot.infer.protocol.parsing import parse_first_met, parse_key_point_steps
+
+    shots = {0, 1, 2, 3}
+    good = (
+        "Here is my reading.\n**Key Point 1**: Screenshot 2\nKey Point 2: none.\nkey point 3: screenshot #0"
+    )
+    assert parse_key_point_steps(good, 3, shots).steps == [2, None, 0]
+    for text, why in [
+        ("Key Point 1: Screenshot 2", "no line for key point(s) [2]"),
+        ("Key Point 1: Screenshot 2\nKey Point 1: none\nKey Point 2: none", "answered twice"),
+        ("Key Point 1: Screenshot 9\nKey Point 2: none", "screenshot 9 is not one of"),
+        ("Key Point 1: probably the second\nKey Point 2: none", "neither 'Screenshot N' nor 'none'"),
+        ("Key Point 3: none\nKey Point 1: none\nKey Point 2: none", "key point 3 named, but there are 2"),
+        ("", "no line for key point(s) [1, 2]"),
+    ]:
+        result = parse_key_point_steps(text, 2, shots)
+        assert (result.steps, result.valid) == (None, False) and why in result.error, text
+    assert parse_first_met('Status: "success"\nFirst Met: Screenshot 3', True, shots).steps == [3]
+    assert parse_first_met('Status: "failure"\nFirst Met: none', False, shots).steps == [None]
+    for text, success, why in [
+        ('Status: "success"\nFirst Met: none', True, "status success, but First Met: none"),
+        ('Status: "failure"\nFirst Met: Screenshot 1', False, "status failure, but"),
+        ('Status: "success"', True, "0 'First Met:' lines"),
+        ("Status: maybe\nFirst Met: Screenshot 1", None, "no status read"),
+    ]:
+        result = parse_first_met(text, success, shots)
+        assert result.steps is None and why in result.error, text

@@ -3,6 +3,7 @@ tests/infer/report/test_report_browser.py (slow tier, headless Chromium)."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -213,3 +214,32 @@ def test_a_stand_in_run_says_so_in_its_report_and_every_metrics_table(report, tm
     assert keyshot(["metrics", str(copy), "--out", str(tmp_path / "m")]) == 0
     markdown = (tmp_path / "m" / "metrics.md").read_text()
     assert markdown.count("**STAND-IN VERDICTS: noise**") == 3  # above the counts and both tables
+
+
+def test_each_screenshot_shows_the_key_points_first_met_there(tmp_path):
+    """keyshot judge with pipeline.step_rewards=true, then keyshot report: each screenshot's card names the
+    key points the judge says were first met there, and its progress; run.json says the step question was
+    asked."""
+    from keyshot.infer.protocol.parsing import split_key_points
+    from keyshot.infer.report.model import first_met_here
+
+    run = judged_run(tmp_path, 3, 4, "pipeline.step_rewards=true")
+    assert json.loads((run / "run.json").read_text())["protocol"]["step_rewards"] is True
+    assert keyshot(["report", str(run), "--no-progress"]) == 0
+    pages = pages_by_task(run / "report")
+    verdicts = read_verdicts(run / "verdicts.jsonl")
+    shown = 0
+    for v in verdicts:
+        here = first_met_here(v)
+        assert sum(map(len, here.values())) == sum(s is not None for s in v.key_point_steps)
+        cards = re.split(r'<div class="shot(?: kept)?">', pages[v.task_id].read_text())[1:]
+        assert len(cards) == len(v.screenshots)
+        for s, card, progress in zip(v.screenshots, cards, v.step_progress, strict=True):
+            assert f"progress {100 * progress:.0f}%" in card
+            met = here.get(s.index)
+            assert ("first met here" in card) == bool(met)
+            for point in met or []:
+                assert html.escape(point)[:30] in card  # escaped: the first task plants a script
+                shown += 1
+        assert set(split_key_points(v.key_points)) >= {p for ps in here.values() for p in ps}
+    assert shown > 0

@@ -1,18 +1,18 @@
-"""OpenRLHF's ``AgentExecutor`` for a :class:`~keyshot.reward.openrlhf.KeyshotAgentInstance`: what an
+"""OpenRLHF's ``AgentExecutor`` for a :class:`~keyshot.frameworks.openrlhf.reward.KeyshotAgentInstance`: what an
 agent file (``--train.agent_func_path``) subclasses, naming its instance class::
 
     class AgentExecutor(KeyshotAgentExecutor):
         agent_instance_cls = AgentInstance
 
 It imports OpenRLHF (an agent file runs where OpenRLHF is installed); the instance base and the reward
-function (:mod:`keyshot.reward.openrlhf`) do not. Tested with OpenRLHF 0.11.2.
+function (:mod:`keyshot.frameworks.openrlhf.reward`) do not. Tested with OpenRLHF 0.11.2.
 """
 
 from typing import Any
 
 from openrlhf.utils.agent import MultiTurnAgentExecutor
 
-from keyshot.reward.openrlhf import KeyshotAgentInstance, openrlhf_logs, policy_image
+from keyshot.frameworks.openrlhf.reward import KeyshotAgentInstance, openrlhf_logs, policy_image
 
 __all__ = ["KeyshotAgentExecutor"]
 

@@ -4,10 +4,10 @@ configs/reward/verl_trainer.yaml, docs/reward.md)::
 
     reward:
       custom_reward_function:
-        path: pkg://keyshot.reward.verl     # or this file's path
+        path: pkg://keyshot.frameworks.verl.reward     # or this file's path
         name: compute_score                 # compute_score_sync for verl's ``remote`` reward manager
         reward_kwargs: {keyshot_config: configs/reward/verl.yaml}   # else $KEYSHOT_REWARD_CONFIG
-      reward_manager: {source: importlib, name: KeyshotRewardManager, module: {path: pkg://keyshot.reward.verl}}
+      reward_manager: {source: importlib, name: KeyshotRewardManager, module: {path: pkg://keyshot.frameworks.verl.reward}}
 
 verl calls ``compute_score`` once per sample, concurrently, on its reward-loop workers' event loops (8 Ray
 actors by default); within a process the calls meet in the shared model's batches, and across processes
@@ -18,6 +18,11 @@ environment recorded) or ``extra_info["trajectory"]`` (a trajectory folder or JS
 those to the reward inside ``extra_info`` when it scores as the rollouts finish (``tool_extra_fields``), and
 as the batch's own columns when it scores after the batch (``reward.reward_model.enable`` without
 ``enable_resource_pool``), where ``KeyshotRewardManager`` moves them into ``extra_info``.
+
+``KeyshotStepRewardManager`` (``pipeline.step_rewards``, docs/reward.md "Rewards per step") puts each step's
+reward r_t at the last token of the agent turn whose action earned it, where verl scores after the batch
+(``assemble_rm_scores`` over the batch's ``response_mask``): what ``adv_estimator: gae`` reads token by
+token; under GRPO the sequence's sum is the episode's progress.
 
 verl builds its reward tensor with ``new_tensor(scores)`` and has no "no reward" value, so the config must
 say ``reward: {on_failure: zero}`` (the first call refuses any other): a sample without a verdict scores
@@ -31,24 +36,25 @@ scorer requests go to ``http://host:port/v1`` under the one model name the route
 of the keyshot config.
 
 This file holds no state (verl loads it by path, so it may exist more than once in a process): what the
-adapter remembers lives with the shared model (:mod:`keyshot.reward.verl_state`), and every sample is
+adapter remembers lives with the shared model (:mod:`keyshot.frameworks.verl.state`), and every sample is
 scored and settled on that model's own loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import os
 import socket
 from typing import Any
 
+from keyshot.frameworks.verl.state import RouterModelError, listed_model, router_url, state_of
 from keyshot.reward.episode import Episode
 from keyshot.reward.logs import sample_logs
-from keyshot.reward.model import RewardModel, RewardResult
+from keyshot.reward.model import RewardModel, RewardResult, per_action_rewards
 from keyshot.reward.rollouts import RolloutError, read_rollout
 from keyshot.reward.shared import config_path, require_number_on_failure, score_shared, shared_model
-from keyshot.reward.verl_state import RouterModelError, listed_model, router_url, state_of
 
 __all__ = [
     "MANAGERS",
@@ -65,7 +71,11 @@ __all__ = [
 ROLLOUT_KEYS = ("episode", "trajectory")
 #: The reward managers this file gives verl (``reward.reward_manager: {source: importlib, name: ...}``): the
 #: name, and the registered verl manager it extends.
-MANAGERS = {"KeyshotRewardManager": "naive", "KeyshotRemoteRewardManager": "remote"}
+MANAGERS = {
+    "KeyshotRewardManager": "naive",
+    "KeyshotRemoteRewardManager": "remote",
+    "KeyshotStepRewardManager": "naive",
+}
 SHARED_FOLDER_FIX = (
     "an Episode's files stay on the machine that recorded it (a temporary folder there unless keep_dir "
     "is set), and verl's reward workers run on any node: record episodes with Episode(keep_dir=DIR) on a "
@@ -177,12 +187,21 @@ def compute_score_sync(*args: Any, **kwargs: Any) -> dict[str, float]:
     return asyncio.run(compute_score(*args, **kwargs))
 
 
-def _reported(result: RewardResult) -> dict[str, float]:
+class Reported(dict):
+    """What :func:`compute_score` returns: the numbers verl keeps (a dict), and the sample's per-step rewards
+    (``step_rewards``, None without ``pipeline.step_rewards``), which ``KeyshotStepRewardManager`` places on
+    the sample's turns (a list cannot be one of verl's extra keys: it stacks them with ``np.array``)."""
+
+    step_rewards: list[float] | None = None
+
+
+def _reported(result: RewardResult) -> Reported:
     """What verl keeps of a result: the score and the shared log fields, all floats."""
-    return {
-        "score": float(result.reward),
-        **{key: values[0] for key, values in sample_logs([result]).items()},
-    }
+    reported = Reported(
+        score=float(result.reward), **{key: values[0] for key, values in sample_logs([result]).items()}
+    )
+    reported.step_rewards = result.step_rewards
+    return reported
 
 
 def with_agent_rollout(data: Any) -> Any:
@@ -215,9 +234,77 @@ def reward_manager(name: str) -> type:
     return KeyshotManager
 
 
+#: the sample a step manager's ``run_single`` scores: where its ``compute_score`` leaves the step rewards
+_STEPS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("keyshot_verl_steps", default=None)
+
+
+def turn_ends(mask: Any) -> list[int]:
+    """The last token of each of a response's agent turns: each run of 1s in its response mask (1: a token
+    the policy generated, 0: an environment's or tool's); the last token when there is none."""
+    values = [int(v) for v in mask]
+    ends = [p for p, v in enumerate(values) if v == 1 and (p + 1 == len(values) or values[p + 1] == 0)]
+    return ends or [len(values) - 1]
+
+
+def step_manager() -> type:
+    """``KeyshotStepRewardManager``: verl's naive reward manager (with :func:`with_agent_rollout`) that, where
+    verl scores after the batch, puts r_t at the last token of each agent turn (the reward of the action that
+    led to screenshot t; the first page's with the first turn: :func:`~keyshot.reward.model.per_action_rewards`)
+    instead of the episode's sum at the last token. What ``adv_estimator: gae`` reads per token; a
+    trajectory-level estimator (GRPO) sums them: the episode's progress. Scored as each rollout ends (verl's
+    agent loop, which takes one number), the sample keeps its sum at its last token."""
+    base = reward_manager("KeyshotRewardManager")
+
+    class KeyshotStepRewardManager(base):
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            score = self.compute_score
+
+            async def keeping_steps(**sample: Any) -> Any:
+                out = await score(**sample)
+                holder = _STEPS.get()
+                if holder is not None:
+                    holder["steps"] = getattr(out, "step_rewards", None)
+                return out
+
+            self.compute_score = keeping_steps
+
+        async def run_single(self, data: Any) -> dict:
+            holder: dict = {}
+            _STEPS.set(holder)  # this sample's task: verl scores each sample in a task of its own
+            out = await super().run_single(data)
+            steps = holder.get("steps")
+            if steps is not None and "response_mask" in data.batch.keys():  # noqa: SIM118 (a TensorDict)
+                out["reward_score"] = [float(x) for x in steps]
+            return out
+
+        @classmethod
+        def assemble_rm_scores(cls, data: Any, scores: list) -> Any:
+            """The ``rm_scores`` tensor: a sample's per-step rewards at its turns' last tokens, a number at
+            its last token (as verl's own)."""
+            import torch
+
+            prompt_length = data.batch["prompts"].size(1)
+            valid = data.batch["attention_mask"][:, prompt_length:].sum(dim=1).tolist()
+            masks = data.batch["response_mask"] if "response_mask" in data.batch.keys() else None  # noqa: SIM118
+            rm_scores = torch.zeros_like(data.batch["responses"], dtype=torch.float32)
+            for row, (length, score) in enumerate(zip(valid, scores, strict=True)):
+                if not isinstance(score, (list, tuple)):
+                    rm_scores[row, length - 1] = float(score)
+                    continue
+                ends = turn_ends(masks[row][:length] if masks is not None else [1] * length)
+                for end, reward in zip(ends, per_action_rewards(score, len(ends)), strict=True):
+                    rm_scores[row, end] += reward
+            return rm_scores
+
+    return KeyshotStepRewardManager
+
+
 def __getattr__(name: str) -> Any:
     """verl loads a reward manager with ``getattr(module, name)``; its classes exist only where verl is
     installed, so the managers are built when asked for."""
+    if name == "KeyshotStepRewardManager":
+        return step_manager()
     if name in MANAGERS:
         return reward_manager(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

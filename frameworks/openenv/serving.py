@@ -1,4 +1,4 @@
-"""Live MiniWoB pages served on OpenEnv's own server, scored by the rubric registered as ``keyshot``: what
+"""Live MiniWoB pages served on OpenEnv's own server, scored by keyshot's rubric (:mod:`.rubric`): what
 ``keyshot reward env`` runs (:func:`serve_env`). The pages are budgeted before anything opens (each
 session costs its page in Chromium and its observations in this server), the first page is opened
 before the server listens, and every Chromium is closed when it stops (SIGTERM included). Needs OpenEnv
@@ -13,7 +13,6 @@ import logging
 import socket
 import sys
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 
 from keyshot.env.miniwob.settings import SessionSettings
@@ -22,9 +21,6 @@ from keyshot.infer.common.processes import return_large_buffers
 
 logger = logging.getLogger(__name__)
 
-#: Entry-point group of the OpenEnv rubrics an environment is scored with, by name (pyproject.toml).
-RUBRICS_GROUP = "keyshot.openenv.rubrics"
-RUBRIC = "keyshot"
 OPENENV_SETUP = (
     "keyshot reward env needs OpenEnv and its BrowserGym models (the browsergym_env package), in a venv of "
     "their own: make setup-openenv (tools/setup_openenv.sh) builds .venv-openenv; then run "
@@ -53,16 +49,12 @@ class EnvServer:
     keep: str | None = None
 
 
-def rubric_factory(name: str, **options):
-    """A factory of the rubric registered as ``name`` (entry points ``keyshot.openenv.rubrics``), built
-    once now so that a config it cannot use fails before the server listens."""
-    found = {ep.name: ep for ep in entry_points(group=RUBRICS_GROUP)}
-    if name not in found:
-        raise EnvServerError(
-            f"no OpenEnv rubric {name!r} is registered (entry points {RUBRICS_GROUP}: {sorted(found)}); "
-            "reinstall keyshot (pip install -e .)"
-        )
-    factory = functools.partial(found[name].load(), **options)
+def rubric_factory(**options):
+    """A factory of keyshot's rubric with ``options``, built once now so that a config it cannot use fails
+    before the server listens."""
+    from keyshot.frameworks.openenv.rubric import KeyshotRubric
+
+    factory = functools.partial(KeyshotRubric, **options)
     factory()
     return factory
 
@@ -107,14 +99,14 @@ def serve_env(server: EnvServer) -> int:
 def _serve(server: EnvServer, pool, sessions: int) -> int:
     import uvicorn
 
-    from keyshot.env.openenv.server import EnvSettings, build_app
+    from keyshot.frameworks.openenv.server import EnvSettings, build_app
 
     if not return_large_buffers():  # each session's screenshots, freed, go back to the system
         logger.warning(
             "the C library is not glibc: freed screenshot buffers may stay in the server (about 36 MiB a "
             "session at 1280x720 where glibc keeps them; the page budget counts 6)"
         )
-    rubric = rubric_factory(RUBRIC, config=str(server.config.resolve()), keep_dir=server.keep)
+    rubric = rubric_factory(config=str(server.config.resolve()), keep_dir=server.keep)
     settings = EnvSettings(pool=pool, rubric=rubric)
     app = build_app(settings, sessions)
     uvicorn_server = uvicorn.Server(

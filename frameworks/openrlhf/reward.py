@@ -1,11 +1,11 @@
 """OpenRLHF: a ``reward_func`` file (``--reward.remote_url FILE.py``), and the multi-turn agent base for
 ``--train.agent_func_path`` whose final step awaits keyshot's reward (its executor, which needs OpenRLHF
-installed, is :mod:`keyshot.reward.openrlhf_executor`).
+installed, is :mod:`keyshot.frameworks.openrlhf.executor`).
 
 OpenRLHF loads this file by path with no arguments (``spec_from_file_location``, no ``sys.modules``
 entry: this module therefore has no ``from __future__ import annotations`` and defines no dataclass,
 whose annotations could not be resolved there; the page type is :class:`keyshot.reward.episode.Page`), so the ``keyshot judge`` config comes from ``$KEYSHOT_REWARD_CONFIG``. Loaded that way the
-file exists twice in a process (once as ``keyshot.reward.openrlhf``, once under OpenRLHF's name), so it
+file exists twice in a process (once as ``keyshot.frameworks.openrlhf.reward``, once under OpenRLHF's name), so it
 keeps no state of its own: the model, its batcher and its caches live in :mod:`keyshot.reward.shared`.
 
 OpenRLHF turns every reward into a tensor and has no "no reward": the config must say ``reward:
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 # one logger whichever name OpenRLHF loaded the file under
-logger = logging.getLogger("keyshot.reward.openrlhf")
+logger = logging.getLogger("keyshot.frameworks.openrlhf.reward")
 
 #: The per-sample field an agent adds to :func:`~keyshot.reward.logs.sample_logs`: 1.0 for an
 #: episode OpenRLHF stopped at its token budget (no ``done`` step), judged on what it recorded.
@@ -126,7 +126,7 @@ class KeyshotAgentInstance(ABC):
         class AgentExecutor(KeyshotAgentExecutor):   # the class OpenRLHF loads
             agent_instance_cls = AgentInstance
 
-    (:class:`~keyshot.reward.openrlhf_executor.KeyshotAgentExecutor`). Each rollout records an Episode:
+    (:class:`~keyshot.frameworks.openrlhf.executor.KeyshotAgentExecutor`). Each rollout records an Episode:
     every page's screenshot is written to disk and shown to the policy (``environment_images``, the final
     page's excepted: the episode is over), and at the final step the reward is awaited through the
     process-wide batcher (episodes finishing together share one round of calls).
@@ -195,7 +195,7 @@ class KeyshotAgentInstance(ABC):
         if page.screenshot is not None:
             warnings.warn(  # shown once per calling line (Python's warning registry, not this file's)
                 "keyshot agent: the first page's screenshot is recorded but not shown to the policy (OpenRLHF "
-                "reads no images from reset); load keyshot.reward.openrlhf_executor.KeyshotAgentExecutor",
+                "reads no images from reset); load keyshot.frameworks.openrlhf.executor.KeyshotAgentExecutor",
                 stacklevel=2,
             )
         return {"observation": self.first_prompt(states.get("observation") or "", page)}

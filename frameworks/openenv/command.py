@@ -32,7 +32,7 @@ from pathlib import Path
 
 from keyshot.env.miniwob.client import VIEWPORT_OPENENV
 from keyshot.env.miniwob.settings import SessionSettings
-from keyshot.env.openenv.serving import EnvServer, serve_env
+from keyshot.frameworks.openenv.serving import EnvServer, serve_env
 from keyshot.infer.common.command import Command
 
 #: The defaults every option below takes (the session's and the server's, from their dataclasses)
@@ -88,8 +88,12 @@ def run(args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--miniwob", required=True, metavar="TASK", help="the MiniWoB task, e.g. click-test")
-    p.add_argument("--config", required=True, help="a keyshot judge config (configs/reward/*.yaml)")
-    p.add_argument("--host", default=SERVER.host)
+    p.add_argument(
+        "--config",
+        required=True,
+        help="a keyshot judge config (configs/reward/*.yaml, or one by name: reward/local)",
+    )
+    p.add_argument("--host", default=SERVER.host, help="the address to listen on")
     p.add_argument(
         "--port",
         type=int,
@@ -145,9 +149,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-#: ``env`` under ``keyshot reward`` (registered through the ``keyshot.reward.commands`` entry points);
-#: keyshot's command line prints an EnvServerError (any KeyshotError) as one line, with its exit code
-COMMAND = Command(
+#: ``env`` under ``keyshot reward`` (:mod:`keyshot.frameworks.command`); keyshot's command line prints an
+#: EnvServerError (any KeyshotError) as one line, with its exit code
+ENV = Command(
     "env",
     help="live MiniWoB pages on OpenEnv's server, scored by keyshot's reward (OpenEnv clients, TRL)",
     description=__doc__,

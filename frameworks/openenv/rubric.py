@@ -18,7 +18,7 @@ its dict): ``goal`` (the task judged), ``url``, ``screenshot`` (a nested H×W×C
 OpenEnv sends it, PNG/JPEG bytes, base64 or a PIL image), ``metadata.task_id`` (optional); the action is
 BrowserGym's action string (``action_str`` of the action, or the string itself). An environment passes
 its reset observation as ``(None, observation)``, so the page the episode starts on is judged too
-(``keyshot.env.openenv`` does); each later pair is an action with the page it led to, the order
+(``keyshot.frameworks.openenv`` does); each later pair is an action with the page it led to, the order
 :meth:`Episode.add_step` records. A step without a screenshot (a browser that
 failed) leaves the episode without a verdict, saying so.
 
@@ -33,7 +33,7 @@ in the call cache and none is paid twice.
 Screenshots are written to disk as they arrive (nothing decoded stays in memory); the pairs kept in
 ``trajectory`` leave the screenshot out. Runs where OpenEnv is installed (``make setup-openenv``)::
 
-    from keyshot.reward.openenv import KeyshotRubric
+    from keyshot.frameworks.openenv.rubric import KeyshotRubric
     env = MyBrowserEnvironment(rubric=KeyshotRubric("configs/reward/trl.yaml"))
 """
 
@@ -150,13 +150,18 @@ def screenshot_of(value: Any) -> Image.Image | bytes | str:
 
 def result_metadata(result: RewardResult) -> dict[str, Any]:
     """What an observation's metadata says of keyshot's reward: the reward (None: no verdict), why there
-    is none, the key points, the scorer's step scores and the per-sample log fields."""
+    is none, the key points, the scorer's step scores, the per-sample log fields and, with
+    ``pipeline.step_rewards``, the rewards per step (one per screenshot: the first page's, then each
+    action's), the progress at each step and the screenshot each key point was first met at (else None)."""
     logs = {key: values[0] for key, values in sample_logs([result]).items()}
     return {
         "keyshot_reward": result.reward,
         "keyshot_error": result.error,
         "keyshot_key_points": result.key_points,
         "keyshot_step_scores": result.step_scores,
+        "keyshot_step_rewards": result.step_rewards,
+        "keyshot_step_progress": result.step_progress,
+        "keyshot_key_point_steps": result.key_point_steps,
         **logs,
     }
 
@@ -332,10 +337,23 @@ class KeyshotRubric(TrajectoryRubric):
         return model.settle(RewardResult.failure(rid, "deadline", problem, task_id=episode.task_id))
 
     def compute_step_rewards(self) -> list[float | None]:
-        """The episode's reward for every step once it is scored (the judge's verdict is about the whole
-        episode), the intermediate reward before."""
+        """Once the episode is scored with ``pipeline.step_rewards``: each step's own reward (r_t = P_t -
+        P_(t-1), the reset's page first; they sum to the episode's progress, docs/reward.md "Rewards per
+        step"). Without them, the episode's reward for every step (the verdict is about the whole episode);
+        before the end, the intermediate reward."""
+        steps = len(self._trajectory)
+        if self.result is not None and self.result.step_rewards is not None:
+            if len(self.result.step_rewards) == steps:
+                return list(self.result.step_rewards)
+            logger.warning(
+                "reward %s: %d step rewards for %d steps (a step without a screenshot); the episode's reward "
+                "stands for every step",
+                self.result.id,
+                len(self.result.step_rewards),
+                steps,
+            )
         value = self.result.reward if self.result is not None else self.intermediate_reward
-        return [value] * len(self._trajectory)
+        return [value] * steps
 
     def reset(self) -> None:
         """A new episode: an unscored one's files are removed."""

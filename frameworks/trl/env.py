@@ -1,5 +1,5 @@
 """Browser environments for TRL's ``GRPOTrainer(environment_factory=...)``, each recording the
-:class:`~keyshot.reward.episode.Episode` keyshot's reward scores (``keyshot.reward.trl.environment_reward``
+:class:`~keyshot.reward.episode.Episode` keyshot's reward scores (``keyshot.frameworks.trl.reward.environment_reward``
 reads ``env.episode``).
 
 The tools the policy calls (``click``, ``fill``, ``send_keys``, ``scroll``, ``noop``) are TRL's BrowserGym

@@ -58,6 +58,8 @@ __all__ = [
 ROLLOUT_COLUMNS = ("episode", "trajectory", "task")
 #: The completions-table column naming each sample's kept episode (its folder and JSONL file name).
 EPISODE_COLUMN = "keyshot_episode"
+#: The completions-table column of each sample's rewards per step (``pipeline.step_rewards``; None without).
+STEP_REWARDS_COLUMN = "keyshot_step_rewards"
 CONSTANT_GROUPS_FIX = (
     "Score each sample's own rollout instead: completion_reward(config) with an environment_factory whose "
     "tools return the page's screenshot, or record an Episode per rollout (EpisodeRecorder) and pass "
@@ -218,8 +220,10 @@ def _report(
     once per sample that has one: the logged mean is the mean over the samples, however many each rank or
     call had (a mean per call would weigh a call of one sample like one of a hundred). ``keyshot/progress_n``
     and ``keyshot/p_success_n`` are logged once per call: how many samples of the call had one.
-    ``log_extra`` gets the per-sample fields of :func:`logs.sample_logs`, each sample's error and its kept
-    episode (:data:`EPISODE_COLUMN`), None where the sample is not scored."""
+    ``log_extra`` gets the per-sample fields of :func:`logs.sample_logs`, each sample's error, its rewards
+    per step (:data:`STEP_REWARDS_COLUMN`: with ``pipeline.step_rewards``, one per screenshot, else None; TRL
+    itself takes the sample's one number, their sum) and its kept episode (:data:`EPISODE_COLUMN`), None
+    where the sample is not scored."""
     scored = [r for r in results if r is not None]
     fields = logs.sample_logs(scored)
     if log_metric is not None and scored:
@@ -229,6 +233,7 @@ def _report(
         columns = {
             **fields,
             "keyshot_error": [r.error for r in scored],
+            STEP_REWARDS_COLUMN: [r.step_rewards for r in scored],
             EPISODE_COLUMN: [_kept_as(o, r) for o, r in zip(rollouts, results, strict=True) if r is not None],
         }
         for column, values in columns.items():

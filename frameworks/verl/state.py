@@ -1,6 +1,6 @@
 """What the verl adapter remembers in a process, kept per shared RewardModel in this normally imported module.
 
-verl loads the adapter file (reward/verl.py) by path (``custom_reward_function.path``), so a module-level
+verl loads the adapter file (frameworks/verl/reward.py) by path (``custom_reward_function.path``), so a module-level
 value there would exist once per load, outlive the model it belongs to and need clearing by hand. Here it
 lives as long as its model (:func:`state_of`; :func:`keyshot.reward.shared.reset_shared` forgets both)
 and is used on that model's own event loop only, so nothing here takes a lock around I/O:

@@ -1,12 +1,12 @@
 """Live MiniWoB pages as an OpenEnv environment on OpenEnv's own server (``create_app``), in OpenEnv's
-BrowserGym wire format, scored by an OpenEnv rubric (keyshot's: ``keyshot.reward.openenv.KeyshotRubric``).
+BrowserGym wire format, scored by an OpenEnv rubric (keyshot's: ``keyshot.frameworks.openenv.rubric.KeyshotRubric``).
 
 The action, observation and state are OpenEnv's own BrowserGym models (``browsergym_env.models``, the
 package TRL's OpenEnv example imports), not copies:
 
 - action ``{"action_str": "click('13')"}`` (a BrowserGym action);
 - observation ``text, url, screenshot, goal, axtree_txt, pruned_html, error, last_action_error, done,
-  reward, metadata`` (:mod:`keyshot.env.openenv.wire`), filled as OpenEnv's BrowserGym server fills them;
+  reward, metadata`` (:mod:`keyshot.frameworks.openenv.wire`), filled as OpenEnv's BrowserGym server fills them;
   ``reward`` is the rubric's: None until the episode ends, then keyshot's reward (None when no verdict
   could be had: ``metadata.keyshot_error`` says why); ``metadata.miniwob_reward`` is MiniWoB's own (1.0
   once the task is done right), beside it;
@@ -47,8 +47,8 @@ from keyshot.env.miniwob.client import MiniWoBBrowser
 from keyshot.env.miniwob.pool import BrowserPool
 from keyshot.env.miniwob.settings import SessionSettings
 from keyshot.env.miniwob.setup import MiniWoBError
-from keyshot.env.openenv.wire import Pixels, split_text, wire_fields
 from keyshot.env.page import Page
+from keyshot.frameworks.openenv.wire import Pixels, split_text, wire_fields
 
 ENV_NAME = "keyshot_miniwob"
 
@@ -88,7 +88,7 @@ class EnvSettings:
 class PixelObservation(BrowserGymObservation):
     """OpenEnv's BrowserGym observation whose ``screenshot`` may be held as :class:`Pixels` (its array),
     written as the same nested lists on the wire: OpenEnv's server keeps every session's last
-    observation, which as nested lists is 77 MiB at 1280x720 (:mod:`keyshot.env.openenv.wire`)."""
+    observation, which as nested lists is 77 MiB at 1280x720 (:mod:`keyshot.frameworks.openenv.wire`)."""
 
     @field_serializer("screenshot", mode="wrap")
     def _screenshot(self, value: Any, handler: SerializerFunctionWrapHandler) -> Any:
