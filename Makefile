@@ -20,7 +20,7 @@ $(BIN)/keyshot: pyproject.toml .ci/constraints-cpu.txt
 	@echo "make setup: $(VENV) (installer output: $(SETUP_LOG))"
 	@$(STAGE) "create $(VENV)" $(PY) -m venv $(VENV)
 	@$(STAGE) "upgrade pip" $(BIN)/python -m pip install -q -U pip
-	@$(STAGE) "install keyshot, CPU torch, training stack" $(BIN)/pip install -q $(TORCH_INDEX) -c .ci/constraints-cpu.txt torch torchvision -e ".[train,dev,reward]"
+	@$(STAGE) "install keyshot, CPU torch, training stack" $(BIN)/pip install -q $(TORCH_INDEX) -c .ci/constraints-cpu.txt torch torchvision -e ".[train,dev,reward,ray]"
 	@$(STAGE) "torchvision shim (where needed)" $(BIN)/python tools/install_tv_shim.py
 	@$(STAGE) "DeepSpeed's CPU op, built once ($(VENV)/torch-extensions)" $(BIN)/python tools/build_deepspeed_ops.py
 	@touch $@

@@ -27,6 +27,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("train", "Training step"),
     Benchmark("report", "Report"),
     Benchmark("scale", "Scale-out"),
+    Benchmark("ray_engine", "Judging on Ray Data"),
     Benchmark("faults", "Faults"),
     Benchmark("sweep", "Threshold sweep"),
     Benchmark("constrained", "Constrained answers", ("--answers", "60", "--limits", "64,128", "512,512")),

@@ -24,10 +24,12 @@ from keyshot.data_synth.dataset import build_dataset
 from keyshot.data_synth.errors import SynthError
 from keyshot.data_synth.label_merge import merge_synth_shards
 from keyshot.data_synth.labelling_run import run_synth
+from keyshot.data_synth.ray_synth import synth_on_ray
 from keyshot.data_synth.reference_import import import_reference
 from keyshot.data_synth.synth_config import load_build_config, load_synth_config
 from keyshot.infer.common.command import Command
 from keyshot.infer.common.config import split_paths_and_overrides
+from keyshot.infer.engines.ray_engine import add_engine_arguments, engine_options
 from keyshot.infer.runs.shards import ShardSpec
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ def run_arguments(run: argparse.ArgumentParser) -> None:
         help="label only shard I of N (0-based, by a stable hash of the task id) into RUN/shard-I-of-N with "
         "1/N of each budget; join the shards and build with `keyshot synth merge`",
     )
+    add_engine_arguments(run)
 
 
 def merge_arguments(merge: argparse.ArgumentParser) -> None:
@@ -109,6 +112,9 @@ def _run_and_overrides(items: list[str]) -> tuple[Path | None, list[str]]:
 def run(args: argparse.Namespace) -> int:
     cfg = load_synth_config(args.config, args.overrides)
     shard = ShardSpec.parse(args.shard) if args.shard else None
+    engine = engine_options(args)
+    if engine is not None:
+        return run_on_ray(args, cfg, engine, shard)
     report = run_synth(
         cfg, dry_run=args.dry_run, retry_failed=args.retry_failed, build=not args.no_build, shard=shard
     )
@@ -116,6 +122,24 @@ def run(args: argparse.Namespace) -> int:
     if shard is not None and not args.dry_run:
         print(f"when every shard is done: keyshot synth merge {cfg.run_dir} --config {args.config}")
     return report.exit_code
+
+
+def run_on_ray(args: argparse.Namespace, cfg, engine, shard: ShardSpec | None) -> int:
+    """``keyshot synth run --engine ray``: the shards on the cluster, merged and built (:mod:`ray_synth`)."""
+    if shard is not None or args.dry_run:
+        raise SynthError(f"--engine ray runs every shard itself: drop {'--shard' if shard else '--dry-run'}")
+    build = None if args.no_build else load_build_config(args.config, args.overrides)
+    done = synth_on_ray(cfg, engine, retry_failed=args.retry_failed, build=build)
+    print(*done.summaries, sep="\n")
+    if done.merged is not None:
+        print(f"merged {done.merged['shards']} shards into {Path(cfg.run_dir) / 'labels.jsonl'}")
+    if done.built is not None:
+        print(
+            f"dataset written to {done.built.path}: {done.built.meta.rows}",
+            *done.built.empty_split_lines(),
+            sep="\n",
+        )
+    return done.exit_code
 
 
 def merge(args: argparse.Namespace) -> int:

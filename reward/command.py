@@ -26,6 +26,7 @@ from pathlib import Path
 from keyshot.infer.common.command import Command
 from keyshot.infer.common.config import split_paths_and_overrides
 from keyshot.infer.common.errors import EXIT_INCOMPLETE, KeyshotError
+from keyshot.infer.engines.ray_engine import add_engine_arguments, engine_options
 from keyshot.infer.judge.run import check_endpoints
 from keyshot.infer.judge.scorer_factory import (
     add_serve_scorer_argument,
@@ -49,7 +50,13 @@ class RewardCommandError(KeyshotError):
 def run_filter(args: argparse.Namespace) -> int:
     paths, overrides = split_paths_and_overrides(args.items)
     result = filter_rollouts(
-        args.config, overrides, paths, args.out, min_reward=args.min_reward, link=args.link
+        args.config,
+        overrides,
+        paths,
+        args.out,
+        min_reward=args.min_reward,
+        link=args.link,
+        engine=engine_options(args),
     )
     out = result.out
     print(
@@ -159,6 +166,7 @@ def filter_arguments(f: argparse.ArgumentParser) -> None:
         action="store_true",
         help="link accepted trajectory folders into OUT/accepted/, named as below ROLLOUTS (judge them back there)",
     )
+    add_engine_arguments(f)
 
 
 def serve_arguments(s: argparse.ArgumentParser) -> None:

@@ -16,9 +16,11 @@ from pathlib import Path
 
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.fileio import write_text_atomic
+from keyshot.infer.engines.ray_cluster import connect, require_ray
+from keyshot.infer.engines.ray_engine import EngineOptions, run_rows
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
-from keyshot.reward.model import RewardModel, RewardResult
+from keyshot.reward.model import RewardModel, RewardResult, reward_config
 
 REWARDS_FILE = "rewards.jsonl"
 ACCEPTED_FILE = "accepted.jsonl"
@@ -97,21 +99,69 @@ def link_accepted(out: Path, accepted: list[tuple[Trajectory, Path]]) -> list[st
     return not_linked
 
 
+@dataclass
+class RewardStage:
+    """``--engine ray``: the reward model of the run's config, built on each actor
+    (:class:`~keyshot.infer.engines.ray_engine.Stage`), scoring one rollout at a time."""
+
+    config: str
+    overrides: tuple[str, ...]
+
+    def __call__(self) -> RewardStage:
+        self.model = RewardModel.from_config(self.config, *self.overrides)
+        return self
+
+    async def one(self, trajectory: Trajectory) -> dict:
+        return {"result": (await self.model.score([trajectory]))[0]}
+
+    def flush(self) -> None:
+        return None
+
+
+def score_on_ray(
+    config: str, overrides: list[str], trajectories: list[Trajectory], engine: EngineOptions
+) -> list[RewardResult]:
+    """Each rollout's result, in order, scored on a Ray cluster (each actor its reward model, the config's
+    ``concurrency`` shared out over them)."""
+    total = reward_config(config, *overrides)[0].concurrency  # a bad config is refused before the cluster
+    cluster = connect(engine.address)
+    try:
+        items = [(str(i), t) for i, t in enumerate(trajectories)]
+        stage = RewardStage(config, tuple(overrides))
+        by_key = {k: r["result"] for k, r in run_rows(items, stage, engine.plan(total, cluster.nodes))}
+    finally:
+        cluster.close()
+    return [by_key[str(i)] for i in range(len(trajectories))]
+
+
 def filter_rollouts(
-    config: str, overrides: list[str], paths: list[str], out: str | Path, *, min_reward: float, link: bool
+    config: str,
+    overrides: list[str],
+    paths: list[str],
+    out: str | Path,
+    *,
+    min_reward: float,
+    link: bool,
+    engine: EngineOptions | None = None,
 ) -> FilterResult:
     """Judge every rollout under ``paths`` with the reward model of ``config`` (and ``key=value``
     ``overrides``), write ``OUT/rewards.jsonl`` and ``OUT/accepted.jsonl`` (reward >= ``min_reward``), and
-    with ``link`` link the accepted folders into ``OUT/accepted/``."""
-    rm = RewardModel.from_config(config, *overrides)
+    with ``link`` link the accepted folders into ``OUT/accepted/``. ``engine``: score on a Ray cluster."""
+    if engine is not None:
+        require_ray()
+    rm = RewardModel.from_config(config, *overrides) if engine is None else None
     try:
         found, errors = read_rollouts(paths)
         trajectories = [t for t, _ in found]
         if not trajectories and not errors:
             raise RolloutFilterError(f"no rollouts found in {', '.join(paths)}")
-        results = rm.score_sync(trajectories)
+        if rm is None:
+            results = score_on_ray(config, overrides, trajectories, engine)
+        else:
+            results = rm.score_sync(trajectories)
     finally:
-        rm.close()
+        if rm is not None:
+            rm.close()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     records = [filter_record(t, r) for t, r in zip(trajectories, results, strict=True)]

@@ -8,6 +8,7 @@
         --resume-from SeeAct/WebJudge_Online_Mind2Web_eval_gpt-4o_score_threshold_3_auto_eval_results.json
     keyshot judge data/om2w/SeeAct --config configs/judge/webjudge7b.yaml --dry-run   # what and what cost; no call
     keyshot judge ~/agentlab_results/STUDY --config configs/judge/reference_gpt4o.yaml --agentlab-summary
+    keyshot judge data/om2w/SeeAct --config configs/judge/webjudge7b.yaml --engine ray --ray-address auto
 
 Writes ``OUT/verdicts.jsonl`` (one line per trajectory, appended atomically), ``OUT/summary.md`` and
 ``OUT/summary.json``, and keeps every judge/scorer answer in ``OUT/calls.sqlite``. Re-running the same
@@ -29,6 +30,7 @@ from pathlib import Path
 from keyshot.infer.common.command import Command
 from keyshot.infer.common.config import load_config, split_paths_and_overrides
 from keyshot.infer.common.errors import EXIT_USAGE, KeyshotError
+from keyshot.infer.engines.ray_engine import add_engine_arguments, engine_options
 from keyshot.infer.judge.agentlab_summary import report_lines
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.judge.run import check_endpoints, dry_run, run_folder, run_judge, run_warnings
@@ -95,6 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="load every trajectory, say what would be judged and why not the rest, estimate calls, tokens "
         "and cost, then check every endpoint (its exit code when one fails); call no model",
     )
+    add_engine_arguments(p)
     p.add_argument(
         "--allow-outside",
         action="append",
@@ -116,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if not paths:
         raise JudgeRunError("no trajectory path given")
     shard = ShardSpec.parse(args.shard) if args.shard else None
+    engine = engine_options(args)
     cfg = load_config(JudgeRunConfig, args.config, overrides)
     if cfg.reward is not None:
         logger.info(
@@ -146,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         shard=shard,
         append=args.append,
         agentlab_summary=args.agentlab_summary,
+        engine=engine,
     )
     print(summary["markdown"])
     print(f"verdicts: {run_folder(cfg, shard) / VERDICTS_FILE}")

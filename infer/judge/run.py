@@ -26,6 +26,8 @@ from keyshot.infer.common.errors import (
 )
 from keyshot.infer.common.redaction import redact_config
 from keyshot.infer.common.text import count_of
+from keyshot.infer.engines.ray_cluster import connect, require_ray
+from keyshot.infer.engines.ray_engine import EngineOptions
 from keyshot.infer.judge.agentlab_summary import write_agentlab_summaries
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.judge.estimate import ANSWER_TOKENS, estimate_run, estimate_table
@@ -39,6 +41,7 @@ from keyshot.infer.judge.inputs import (
     other_inputs_message,
 )
 from keyshot.infer.judge.pipeline import WebJudge
+from keyshot.infer.judge.ray_judge import judge_on_ray
 from keyshot.infer.judge.scorer_factory import (
     apply_serve_scorer,
     build_scorer,
@@ -62,7 +65,13 @@ from keyshot.infer.protocol.verdicts import (
     read_verdicts,
 )
 from keyshot.infer.runs.lock import RunLock
-from keyshot.infer.runs.run_record import RunFolderError, check_fingerprint, read_inputs, record_inputs
+from keyshot.infer.runs.run_record import (
+    RunFolderError,
+    check_fingerprint,
+    read_inputs,
+    record_engine,
+    record_inputs,
+)
 from keyshot.infer.runs.shards import ShardSpec
 from keyshot.infer.runs.summary import (
     SUMMARY_FILE,
@@ -280,13 +289,17 @@ def run_judge(
     shard: ShardSpec | None = None,
     append: bool = False,
     agentlab_summary: bool = False,
+    engine: EngineOptions | None = None,
 ) -> dict:
     """The whole ``keyshot judge`` run; returns the summary (also written to OUT, or with ``shard`` to
     ``OUT/shard-I-of-N``: join the shards with ``keyshot merge OUT``). An OUT holding verdicts of other
     trajectories is refused unless ``append``. ``agentlab_summary``: each AgentLab run's verdict also goes
-    into its summary_info.json (:mod:`keyshot.infer.judge.agentlab_summary`)."""
+    into its summary_info.json (:mod:`keyshot.infer.judge.agentlab_summary`). ``engine``: judge on a Ray
+    cluster (:mod:`keyshot.infer.judge.ray_judge`) instead of in this process."""
     t0 = time.perf_counter()
     out = run_folder(cfg, shard)
+    if engine is not None:
+        check_ray_run(cfg)
     if cfg.scorer.backend == "transformers":
         require_training_stack("scorer.backend=transformers (the in-process scorer)")
     inputs, fingerprint, checkpoint = _inputs_and_protocol(paths, cfg, serve_scorer, allow_outside, shard)
@@ -307,6 +320,18 @@ def run_judge(
             shard=shard,
             append=append,
             agentlab_summary=agentlab_summary,
+            engine=engine,
+        )
+
+
+def check_ray_run(cfg: JudgeRunConfig) -> None:
+    """Refuse, before any cluster starts, what ``--engine ray`` cannot run: Ray Data not installed, an
+    in-process scorer (each actor would load the model)."""
+    require_ray()
+    if cfg.scorer.backend == "transformers":
+        raise JudgeRunError(
+            "--engine ray: scorer.backend=transformers loads the model in every actor; serve it "
+            "(--serve-scorer, or scorer.endpoint) and use scorer.backend=openai"
         )
 
 
@@ -324,6 +349,7 @@ def _judge_locked(
     shard: ShardSpec | None,
     append: bool,
     agentlab_summary: bool = False,
+    engine: EngineOptions | None = None,
 ) -> dict:
     trajectories = inputs.trajectories
     verdicts_path = out / VERDICTS_FILE
@@ -354,28 +380,55 @@ def _judge_locked(
         check_endpoints(cfg, serve_scorer)
     cache = CallCache(cfg.cache or out / CACHE_FILE)
     ledger = UsageLedger()
+    cluster = None
+    engine_record = None
     done: list[Verdict] = []
     stop_error: RunStopError | None = None
     cut_answers: list[dict] = []
     try:
         if todo:  # the served scorer's log beside the run, not in /tmp
             with served_scorer(cfg, serve_scorer, str(out / "vllm.log"), checkpoint) as scorer_endpoint:
-                judge = JudgeClient(cfg.judge, cache, ledger)
-                scorer = build_scorer(cfg, cache, ledger, scorer_endpoint, checkpoint)
-                webjudge = WebJudge(judge, scorer, cfg.pipeline)
-                with VerdictWriter(verdicts_path) as writer:
-                    recording = FirstVerdictRecord(writer, out, fingerprint, read_with)
-                    done = asyncio.run(
-                        judge_all(webjudge, todo, recording, cfg.concurrency, progress=progress)
-                    )
-                stop_error = webjudge.stop_error
-                cut_answers = webjudge.cut_report()
+                if engine is not None:
+                    cluster = connect(engine.address)
+                    with VerdictWriter(verdicts_path) as writer:
+                        recording = FirstVerdictRecord(writer, out, fingerprint, read_with)
+                        judged = judge_on_ray(
+                            cfg,
+                            todo,
+                            recording,
+                            engine,
+                            cluster.nodes,
+                            cache_path=str(cfg.cache or out / CACHE_FILE),
+                            scorer_endpoint=scorer_endpoint,
+                            checkpoint=checkpoint,
+                        )
+                    done, stop_error, cut_answers = judged.done, judged.stop_error, judged.cut_answers
+                    ledger = judged.ledger.local()
+                    engine_record = {**cluster.record(), **judged.plan.record(), "start_s": cluster.start_s}
+                else:
+                    judge = JudgeClient(cfg.judge, cache, ledger)
+                    scorer = build_scorer(cfg, cache, ledger, scorer_endpoint, checkpoint)
+                    webjudge = WebJudge(judge, scorer, cfg.pipeline)
+                    with VerdictWriter(verdicts_path) as writer:
+                        recording = FirstVerdictRecord(writer, out, fingerprint, read_with)
+                        done = asyncio.run(
+                            judge_all(webjudge, todo, recording, cfg.concurrency, progress=progress)
+                        )
+                    stop_error = webjudge.stop_error
+                    cut_answers = webjudge.cut_report()
+                if cluster is not None:  # before the served scorer stops, as the cluster used it
+                    cluster.close()
+                    cluster = None
     finally:
+        if cluster is not None:
+            cluster.close()
         cache.close()
 
     final = latest_verdicts(read_verdicts(verdicts_path))
     if final or stop_error is None:  # a finished run (a shard that owns nothing too) is of this protocol
         record_run(out, fingerprint, read_with)
+    if engine_record is not None:
+        record_engine(out, engine_record)
     summaries = write_agentlab_summaries(trajectories, final, fingerprint) if agentlab_summary else None
     summary = summarize(
         final,
@@ -391,7 +444,9 @@ def _judge_locked(
             "duplicates": inputs.duplicates,
             "resume_from_left_out": left_out,
             "seconds": time.perf_counter() - t0,
-            "budget_stop": isinstance(stop_error, BudgetExceededError),
+            "budget_stop": isinstance(stop_error, BudgetExceededError)
+            or getattr(stop_error, "budget", False),
+            "engine": engine_record,
             "stopped": str(stop_error) if stop_error else None,
             "exit_code": stop_error.exit_code if stop_error else None,
             "cut_answers": cut_answers,

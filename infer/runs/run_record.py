@@ -20,6 +20,9 @@ from keyshot.infer.common.fileio import write_text_atomic
 RUN_FILE = "run.json"
 #: A judge run's payload: the protocol fingerprint.
 PROTOCOL = "protocol"
+#: Where a run's work ran, beside its protocol (``--engine ray``: Ray's version, the cluster, the actors):
+#: it decides no result, so it is not part of the protocol (docs/scaling.md: one pipeline, any engine).
+ENGINE = "engine"
 #: A synthesis run's payload: its manifest.
 MANIFEST = "manifest"
 #: A judge run's payload beside its protocol: how its trajectories were read (:func:`record_inputs`).
@@ -39,7 +42,7 @@ def read_payload(folder: Path, payload: str) -> dict | None:
     """The ``payload`` recorded in ``folder/run.json``; None when the folder has no run file yet. A file
     that is not a run file raises RunFolderError naming it (each command adds what its user can do)."""
     record = _read_record(folder)
-    if record is None or set(record) <= {STAND_IN, INPUTS}:  # no run file, or no payload recorded yet
+    if record is None or set(record) <= {STAND_IN, INPUTS, ENGINE}:  # no run file, or no payload recorded yet
         return None
     found = record.get(payload, {})
     if not isinstance(found, dict):
@@ -76,6 +79,18 @@ def record_inputs(folder: Path, inputs: dict) -> None:
     folders its screenshots may point into), so that what re-reads them reads the same trajectories."""
     folder.mkdir(parents=True, exist_ok=True)
     write_payload(folder, INPUTS, inputs)
+
+
+def record_engine(folder: Path, engine: dict) -> None:
+    """Record where a run's latest work ran (:data:`ENGINE`), beside its protocol."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_payload(folder, ENGINE, engine)
+
+
+def read_engine(folder: Path) -> dict | None:
+    """What :func:`record_engine` recorded in ``folder``; None for a run of one process."""
+    found = _beside(folder, ENGINE)
+    return found if isinstance(found, dict) else None
 
 
 def read_inputs(folder: Path) -> dict | None:

@@ -114,6 +114,45 @@ def test_judge_array_then_merge_equals_one_process(cluster, tmp_path):
     assert all((out / f"shard-{i}-of-3/summary.json").stat().st_mtime_ns == t for i, t in kept.items())
 
 
+def test_judge_on_a_ray_cluster_over_the_allocation_equals_one_process(cluster, tmp_path):
+    """slurm/judge_ray.sh: a Ray head (and a node per further node of the allocation) in job steps, keyshot
+    judge --engine ray on it; the verdicts of one process, and no Ray process left after the job."""
+    pytest.importorskip("ray.data", reason="slurm/judge_ray.sh needs keyshot[ray]")
+    inputs = agent_inputs(tmp_path, n=6, shots=3)
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    with spawn_fake_openai("judge") as (url, _):
+        cfg = judge_config(tmp_path, {"base_url": url})
+        job = sbatch(
+            cluster,
+            "--nodes=1",
+            "--cpus-per-task=2",
+            f"--output={logs}/judge-ray-%j.out",
+            "slurm/judge_ray.sh",
+            inputs[0],
+            cfg,
+            str(out),
+            inputs[1],
+            cwd=REPO,
+        )
+        wait_for(cluster, [job], timeout_s=600)
+        assert job_state(cluster, job) == "COMPLETED", _logs(logs)
+        one = tmp_path / "one"
+        assert keyshot(["judge", *inputs, "--config", cfg, "--out", str(one), "--no-progress"]) == 0
+    verdicts = sorted(map(comparable, read_verdicts(out / "verdicts.jsonl")))
+    assert verdicts == sorted(map(comparable, read_verdicts(one / "verdicts.jsonl"))) and len(verdicts) == 12
+    assert json.loads((out / "run.json").read_text())["engine"]["name"] == "ray"
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _in_job_ray(p, job)]
+    assert not left, f"Ray processes of the job left: {left}"
+
+
+def _in_job_ray(proc: Path, job: str) -> bool:
+    try:
+        return f"/tmp/ksray-{job}".encode() in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def test_a_partial_array_without_a_shard_count_is_refused(cluster, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()

@@ -43,6 +43,7 @@ import asyncio
 import json
 import shutil
 import sys
+import tempfile
 import time
 from itertools import zip_longest
 from pathlib import Path
@@ -321,7 +322,10 @@ def main(spec_path: str) -> int:
     tokenizer_dir = tiny_tokenizer(workdir / "tokenizer")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
     reward_loop.RewardModelManager = ServedRewardModel
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    # a cluster of its own (never one the machine already runs, which ray.init() without an address joins):
+    # its own temp folder, and ports Ray picks free
+    ray_temp = tempfile.mkdtemp(prefix="ksray-verl-", dir="/tmp")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=True, _temp_dir=ray_temp)
     try:
         results = {
             c["name"]: run_case(c, tokenizer_dir, tokenizer, c.get("reward_file", spec["reward_file"]))
@@ -329,6 +333,7 @@ def main(spec_path: str) -> int:
         }
     finally:
         ray.shutdown()
+        shutil.rmtree(ray_temp, ignore_errors=True)
     print("VERL_RESULT " + json.dumps({**results, "compose": commands}), flush=True)
     return 0
 

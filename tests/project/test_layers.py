@@ -22,6 +22,7 @@ BELOW = {
     "runs": {"common", "protocol", "loaders", "runs"},
     "metrics": {"common", "protocol", "loaders", "runs", "metrics"},
     "serve": {"common", "protocol", "model", "client", "serve"},
+    "engines": {"common", "protocol", "client", "engines"},
     "report": {"common", "protocol", "loaders", "runs", "metrics", "report"},
     "judge": {
         "common",
@@ -33,6 +34,7 @@ BELOW = {
         "metrics",
         "serve",
         "report",
+        "engines",
         "judge",
     },
     "testing": {"common", "protocol", "loaders", "testing"},

@@ -5,4 +5,4 @@ In ``keyshot.infer.testing``: the fake OpenAI server and synthetic worlds, ``fra
 python), ``launch`` (``keyshot reward serve`` and ``keyshot reward env`` started on a free port, a process's
 output lines), ``watch`` (waiting for a moment, killing a run at it), ``images`` (made-up screenshots).
 Here: the paths (``paths``), the shared fixtures and what tests alone need (a skip naming a missing
-framework venv, ``frameworks``; the vLLM server; the tiny model's training set-ups, ``tiny_model`` and ``scorer_batch``; reward configs; the synthesis and SLURM set-ups; the judge's fixture inputs, ``judge_inputs``; sharded runs, ``shard_runs``; report pages, ``report_pages``)."""
+framework venv, ``frameworks``; the vLLM server; the tiny model's training set-ups, ``tiny_model`` and ``scorer_batch``; reward configs; the synthesis and SLURM set-ups; the judge's fixture inputs, ``judge_inputs``; sharded runs, ``shard_runs``; report pages, ``report_pages``; a two-node Ray cluster, ``ray_cluster``)."""
