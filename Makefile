@@ -20,7 +20,7 @@ $(BIN)/keyshot: pyproject.toml .ci/constraints-cpu.txt
 	@echo "make setup: $(VENV) (installer output: $(SETUP_LOG))"
 	@$(STAGE) "create $(VENV)" $(PY) -m venv $(VENV)
 	@$(STAGE) "upgrade pip" $(BIN)/python -m pip install -q -U pip
-	@$(STAGE) "install keyshot, CPU torch, training stack" $(BIN)/pip install -q $(TORCH_INDEX) -c .ci/constraints-cpu.txt "torch==2.13.0+cpu" "torchvision==0.28.0" -e ".[train,dev,reward,ray]"
+	@$(STAGE) "install keyshot, CPU torch, training stack" $(BIN)/pip install -q $(TORCH_INDEX) -c .ci/constraints-cpu.txt torch torchvision -e ".[train,dev,reward,ray]"
 	@$(STAGE) "torchvision shim (where needed)" $(BIN)/python tools/install_tv_shim.py
 	@$(STAGE) "DeepSpeed's CPU op, built once ($(VENV)/torch-extensions)" $(BIN)/python tools/build_deepspeed_ops.py
 	@touch $@
@@ -87,9 +87,10 @@ bench: setup setup-vllm setup-browser $(addprefix setup-,$(FRAMEWORK_VENVS))
 	$(VENV_PYTHONS) \
 	$(BIN)/python -m bench
 
-# The GPU kit (bench/gpu.py): on a CUDA machine the 7B shape, random weights; writes bench/RESULTS-gpu.md.
+# The GPU kit (bench/gpu.py): on a CUDA machine the 7B shape, random weights; its report runs/gpu-kit.md, its rows
+# runs/gpu.rows.json (into bench/rows/gpu/, then python -m bench.results makes bench/RESULTS-gpu.md).
 bench-gpu: setup
-	$(BIN)/python -m bench.gpu
+	$(BIN)/python -m bench.gpu --json runs/gpu.json
 
 lint: setup
 	$(BIN)/ruff check .

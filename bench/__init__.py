@@ -16,5 +16,6 @@ why ``make bench`` leaves it out (long, or a GPU). ``bench/rows/`` keeps the row
 ``<name>.json`` is the last run ``make bench`` made (its next run replaces it); ``<name>.<label>.json`` is a
 run of its own (a long one, other arguments, a figure measured elsewhere or kept by hand), copied there and
 kept until someone removes it (a newer run of the same thing supersedes it: remove the old file then). RESULTS.md is never edited: to add a figure, add its row file and run ``python -m
-bench.results``. The GPU kit (``gpu.py``) also writes its own page, RESULTS-gpu.md.
+bench.results``. The GPU kit's own page, RESULTS-gpu.md, is made the same way
+from ``bench/rows/gpu/``, one row file a lent machine's run (``gpu.py --json`` writes it).
 """

@@ -48,7 +48,7 @@ if [ "${GPU_TESTS:-1}" = 1 ]; then
 fi
 
 started=$(date +%s)
-timeout "${GPU_KIT_TIMEOUT:-400}" python3 -m bench.gpu --no-vllm --out "$out/RESULTS-gpu.md" --json "$out/gpu.json" \
+timeout "${GPU_KIT_TIMEOUT:-400}" python3 -m bench.gpu --no-vllm --out "$out/kit.md" --json "$out/gpu.json" \
   --warmup 2 --steps 6 --repeats 2 "$@" >"$out/kit.log" 2>&1
 echo "kit: rc $? in $(( $(date +%s) - started )) s" | tee -a "$out/kit.log"
 tail -n 60 "$out/kit.log"

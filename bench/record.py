@@ -94,6 +94,7 @@ class RowFile:
     commit: str
     command: str
     machine: str
+    title: str = ""  # what the run was, where its page heads each run with it (RESULTS-gpu.md)
 
 
 def json_option(parser: argparse.ArgumentParser) -> None:
@@ -128,10 +129,30 @@ def finish(
     print("\n\n".join([*(t.markdown() for t in rows.tables), *rows.notes]), flush=True)
     if json_path is not None:
         write_text_atomic(json_path, text)
-        args = sys.argv[1:] if argv is None else argv
-        run = RowFile(rows, _measured(), _commit(), " ".join(["python", "-m", module, *args]), _machine())
-        write_text_atomic(rows_path(json_path), dumps(run))
+        write_text_atomic(rows_path(json_path), dumps(row_file(rows, module, argv)))
     return code
+
+
+def markdown_notes(text: str) -> tuple[str, ...]:
+    """A Markdown text as a row file's notes: its blank-line-separated blocks, a fenced block kept whole."""
+    notes, block, fenced = [], [], False
+    for line in text.split("\n"):
+        if line.startswith("```"):
+            fenced = not fenced
+        if line or fenced:
+            block.append(line)
+        elif block:
+            notes.append("\n".join(block))
+            block = []
+    if block:
+        notes.append("\n".join(block))
+    return tuple(notes)
+
+
+def row_file(rows: Rows, module: str, argv: list[str] | None, title: str = "") -> RowFile:
+    """``rows`` with what ran: when (since this module was imported), the commit, the command and the machine."""
+    args = sys.argv[1:] if argv is None else argv
+    return RowFile(rows, _measured(), commit(), " ".join(["python", "-m", module, *args]), _machine(), title)
 
 
 def _measured() -> str:
@@ -141,7 +162,12 @@ def _measured() -> str:
     return f"{start}-{end[11:] if end[:10] == start[:10] else end} UTC"
 
 
-def _commit() -> str:
+def commit() -> str:
+    """The code measured: ``$KEYSHOT_COMMIT`` (a packed archive has no .git, bench/gpu_session.sh), else the
+    checkout's HEAD, said with uncommitted changes; "unknown" without git."""
+    if named := os.environ.get("KEYSHOT_COMMIT"):
+        return named
+
     def git(*args: str) -> str:
         try:
             done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
@@ -181,6 +207,7 @@ def dumps(run: RowFile) -> str:
         )
         headlines.append({"what": h.what, "figure": h.figure} | ({"plot": plot} if plot else {}))
     data = {"measured": run.measured, "commit": run.commit, "command": run.command, "machine": run.machine}
+    data |= {"title": run.title} if run.title else {}
     data["tables"] = tables
     data |= {"headlines": headlines} if headlines else {}
     data |= {"notes": list(rows.notes)} if rows.notes else {}
@@ -206,7 +233,10 @@ def read(path: Path) -> RowFile:
         raise RowFileError(f"{path}: not a row file ({exc}); write it with bench.record.finish") from None
     check = _Check(path)
     top = check.object(
-        data, "the file", ("measured", "commit", "command", "machine", "tables"), ("headlines", "notes")
+        data,
+        "the file",
+        ("measured", "commit", "command", "machine", "tables"),
+        ("headlines", "notes", "title"),
     )
     tables = []
     for i, value in enumerate(check.list(top["tables"], "tables")):
@@ -245,7 +275,8 @@ def read(path: Path) -> RowFile:
         headlines.append(Headline(what, figure, plot))
     notes = check.strings(top.get("notes", []), "notes")
     rows = Rows(tuple(tables), tuple(headlines), notes)
-    return RowFile(rows, *(check.string(top[k], k) for k in ("measured", "commit", "command", "machine")))
+    what = (check.string(top[k], k) for k in ("measured", "commit", "command", "machine"))
+    return RowFile(rows, *what, check.string(top.get("title", ""), "title"))
 
 
 class _Check:

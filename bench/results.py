@@ -7,6 +7,9 @@ those that carry bars), then has one section per benchmark of bench/catalog.py, 
 row files (by the time it was measured) with its tables, when, at which commit, by which command and on
 which machine it ran, and its notes. Nothing in RESULTS.md is written by hand: a figure goes into a row
 file (bench/record.py), and this makes the page again.
+
+RESULTS-gpu.md, the GPU kit's own page, is made the same way from bench/rows/gpu/: one row file a lent GPU
+machine's run (``python -m bench.gpu --json OUT/gpu.json`` writes ``OUT/gpu.rows.json``), newest first.
 """
 
 from __future__ import annotations
@@ -25,6 +28,33 @@ BENCH = Path(__file__).resolve().parent
 ROWS = BENCH / "rows"
 RESULTS = BENCH / "RESULTS.md"
 PLOT = "RESULTS.png"
+#: The GPU kit's page, beside RESULTS.md, and its row files (a folder of ROWS: RESULTS.md reads only its files).
+GPU_PAGE = "RESULTS-gpu.md"
+GPU_ROWS = "gpu"
+GPU_RERUN = """## How to rerun (issue 57's rows)
+
+The kit's defaults are the rows issue 57 asks for: the shipped LoRA config; LoRA with `lora.fused`
+checkpointing every layer, then every second layer; `lora.fused` without checkpointing at the token caps
+8,192 and 16,384 with 4,096-token rows (peak memory); the full fine-tune with its optimizer amortised as the
+recipe's; the tower at batch 1 and 8 without host syncs and in CUDA graphs; the in-process scorer at batch 1
+and 8. Every training row runs the recipe's `train_step` and prints its timed step over its profiled step.
+Nothing below is measured yet: the sections after this one are the earlier leases' records.
+
+```bash
+# here: the code as committed, and wheels of what the lent machine lacks (openai, httpx2, pydantic,
+# datasets, dill, multiprocess, ..., and liger-kernel with triton for the switches' rows) in .whl/
+git archive --format=tar HEAD > /tmp/keyshot.tar      # plus .whl/ carried beside it (under 64 MiB in all)
+# there: one call (the CUDA tests at most 150 s, then the kit at most 400 s), then give the machine back
+KEYSHOT_COMMIT=$(git rev-parse HEAD) bash bench/gpu_session.sh $OUT
+# a rerun of the kit alone after a change to it (the tests skipped), or of some rows:
+GPU_TESTS=0 KEYSHOT_COMMIT=... bash bench/gpu_session.sh $OUT --train "lora+fused=lora:lora.fused=true,unchecked_token_cap=null"
+```
+
+`$OUT/gpu.rows.json` then goes to `bench/rows/gpu/<date>.json` (its `title` says what the run was) and
+`python -m bench.results` makes this page again; `$OUT/gpu.json` replaces `bench/RESULTS-gpu.json`, and
+`$OUT/kit.md` is the run's report as the kit printed it. `$OUT/tests.txt` holds the CUDA tests' outcome,
+`$OUT/kit.log` the kit's log. A target missed says why from the row's profile (its phases, its language model
+against the GEMM rate)."""
 
 Section = tuple[Benchmark, list[tuple[Path, RowFile]]]
 
@@ -74,15 +104,38 @@ def render(sections: list[Section], plotted: bool) -> str:
         how = f"not run by `make bench`: {benchmark.not_run}" if benchmark.not_run else "run by `make bench`"
         lines += ["", f"## {benchmark.title}", "", f"{script}, {how}."]
         for path, run in files:
-            for table in run.rows.tables:
-                lines += ["", table.markdown()]
-            lines += [
-                "",
-                f"Measured {run.measured}; commit {run.commit}; by `{run.command}`; {run.machine} "
-                f"([`{path.name}`](rows/{path.name})).",
-            ]
-            for note in run.rows.notes:
-                lines += ["", note]
+            lines += run_lines(run, f"rows/{path.name}")
+    return "\n".join(lines) + "\n"
+
+
+def run_lines(run: RowFile, link: str) -> list[str]:
+    """One run on a page: its tables, what ran (its row file linked as ``link``), its notes."""
+    lines = []
+    for table in run.rows.tables:
+        lines += ["", table.markdown()]
+    lines += [
+        "",
+        f"Measured {run.measured}; commit {run.commit}; by `{run.command}`; {run.machine} "
+        f"([`{link.rpartition('/')[2]}`]({link})).",
+    ]
+    for note in run.rows.notes:
+        lines += ["", note]
+    return lines
+
+
+def render_gpu(files: list[tuple[Path, RowFile]]) -> str:
+    """The GPU kit's page: how to rerun it, then each run's row file, newest first."""
+    lines = [
+        "# keyshot on a GPU: the 7B shape, measured (bench/gpu.py)",
+        "",
+        f"Made by `python -m bench.results` from the row files in [`bench/rows/{GPU_ROWS}/`](rows/{GPU_ROWS}/), "
+        "one a lent GPU machine's run; nothing here is written by hand.",
+        "",
+        GPU_RERUN,
+    ]
+    for path, run in sorted(files, key=lambda f: f[1].measured, reverse=True):
+        lines += ["", f"## {run.measured[:10]}: {run.title or run.machine}"]
+        lines += run_lines(run, f"rows/{GPU_ROWS}/{path.name}")
     return "\n".join(lines) + "\n"
 
 
@@ -118,7 +171,8 @@ def plot(headlines: list[Headline], out: Path) -> None:
 
 
 def regenerate(rows: Path, out: Path) -> list[Path]:
-    """Writes ``out`` (RESULTS.md) and RESULTS.png beside it from the row files in ``rows``."""
+    """Writes ``out`` (RESULTS.md) and RESULTS.png beside it from the row files in ``rows``, and the GPU kit's
+    page (RESULTS-gpu.md) beside them from those in ``rows/gpu/``."""
     sections = collect(rows)
     headlines = [h for _, files in sections for _, run in files for h in run.rows.headlines]
     written = []
@@ -128,6 +182,9 @@ def regenerate(rows: Path, out: Path) -> list[Path]:
     else:  # no bars to draw: no picture of older rows either
         (out.parent / PLOT).unlink(missing_ok=True)
     written.insert(0, write_text_atomic(out, render(sections, plotted=bool(written))))
+    gpu_runs = [(path, read(path)) for path in sorted((rows / GPU_ROWS).glob("*.json"))]
+    if gpu_runs:
+        written.append(write_text_atomic(out.parent / GPU_PAGE, render_gpu(gpu_runs)))
     return written
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from keyshot.data_synth.labels import JUDGE_ORIGIN, StoreContents, call_failed
 from keyshot.data_synth.teachers import TeacherConfig, TeacherSet
+from keyshot.infer.client.usage import token_cost_usd
 from keyshot.infer.loaders.trajectory import Screenshot, Trajectory
 from keyshot.infer.protocol.images import ImagePolicy, open_header
 from keyshot.infer.protocol.prompts import PromptSet
@@ -35,9 +36,9 @@ class EndpointEstimate:
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += teacher.est_output_tokens
         ep = teacher.endpoint
-        self.cost_usd += (
-            prompt_tokens * ep.price_input_per_mtok + teacher.est_output_tokens * ep.price_output_per_mtok
-        ) / 1_000_000
+        self.cost_usd += token_cost_usd(
+            prompt_tokens, teacher.est_output_tokens, ep.price_input_per_mtok, ep.price_output_per_mtok
+        )
 
 
 @dataclass

@@ -34,6 +34,7 @@ from keyshot.infer.client.cache import CallCache
 from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
 from keyshot.infer.client.pool import EndpointPool, member_configs
 from keyshot.infer.client.usage import (  # the image-token rules live with the prices
+    CHARS_PER_TOKEN,
     UsageLedger,
     check_image_token_rule,
     image_token_count,
@@ -50,7 +51,7 @@ class TeacherConfig:
     endpoint: EndpointConfig
     image_tokens: str = "qwen"
     est_output_tokens: int = 250
-    chars_per_token: float = 4.0
+    chars_per_token: float = CHARS_PER_TOKEN
     replicas: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -31,7 +31,7 @@ from keyshot.infer.judge.run import check_endpoints
 from keyshot.infer.judge.scorer_factory import (
     add_serve_scorer_argument,
     apply_serve_scorer,
-    start_served_scorer,
+    served_scorer,
 )
 from keyshot.reward.model import RewardModel, reward_config
 from keyshot.reward.rollout_filter import ACCEPTED_DIR, ACCEPTED_FILE, REWARDS_FILE, filter_rollouts
@@ -130,22 +130,18 @@ def run_serve(args: argparse.Namespace) -> int:
     cfg, settings = reward_config(args.config, *args.overrides, allow_root=limits.allow_root)
     # /get_reward answers OpenRLHF, which needs a number for every sample: refused before anything starts
     require_number_on_failure(settings, "the service's /get_reward (OpenRLHF's remote reward)", args.config)
-    server = None
     if args.serve_scorer:  # vLLM under the process guard: it ends with the service, even when killed
         apply_serve_scorer(cfg, args.serve_scorer)  # as keyshot judge takes it: a folder or a hub id
         print(
             f"keyshot reward serve: starting vLLM for {args.serve_scorer} (log: {args.vllm_log})", flush=True
         )
-        server, endpoint = start_served_scorer(cfg, args.serve_scorer, args.vllm_log)
-        # the model is built on the served endpoint (and reads the checkpoint's description from it)
-        scorer = dataclasses.replace(cfg.scorer, endpoint=endpoint, endpoints=None)
-        cfg = dataclasses.replace(cfg, scorer=scorer)
-    try:
+    with served_scorer(cfg, args.serve_scorer, args.vllm_log) as endpoint:
+        if endpoint is not None:  # the model is built on the served endpoint (its description read from it)
+            cfg = dataclasses.replace(
+                cfg, scorer=dataclasses.replace(cfg.scorer, endpoint=endpoint, endpoints=None)
+            )
         check_endpoints(cfg, None)  # as keyshot judge: a judge or scorer that is down, exit 6 at start
         run_service(RewardModel(cfg, settings), limits, args.host, args.port)
-    finally:
-        if server is not None:
-            server.stop()
     return 0
 
 

@@ -61,8 +61,11 @@ WINDOW_ENV = "KEYSHOT_REWARD_WINDOW_S"
 DEFAULT_WINDOW_S = 0.05
 
 
-def _default_window_s() -> float:
-    """``$KEYSHOT_REWARD_WINDOW_S`` (seconds), else :data:`DEFAULT_WINDOW_S`."""
+def batch_window_s(configured: float | None) -> float:
+    """The reward's batch window, the one rule: ``reward.batch_window_s`` (``configured``) when set, else
+    ``$KEYSHOT_REWARD_WINDOW_S`` (seconds), else :data:`DEFAULT_WINDOW_S`."""
+    if configured is not None:
+        return configured
     raw = os.environ.get(WINDOW_ENV)
     if raw is None or not raw.strip():
         return DEFAULT_WINDOW_S
@@ -288,8 +291,7 @@ def reward_config(
     section = dataclasses.asdict(cfg.reward) if cfg.reward is not None else {}  # checked by load_config
     reward = config_from_data(RewardSettings, {**section, **reward_kw}, where=f"{path}: {REWARD_SECTION}")
     reward.check(cfg, str(path))
-    if reward.batch_window_s is None:
-        reward.batch_window_s = _default_window_s()
+    reward.batch_window_s = batch_window_s(reward.batch_window_s)
     return cfg, reward
 
 

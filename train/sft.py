@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         handler.setFormatter(
             logging.Formatter(f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
         )
-    from keyshot.train.recipe import check_inputs, check_training_rows, run_training
+    from keyshot.train.recipe import run_training
+    from keyshot.train.training_inputs import check_inputs, check_training_rows
 
     cfg = load_config(TrainConfig, args.config, args.overrides)
     checked = check_inputs(cfg)  # before anything is written or a model is loaded

@@ -12,6 +12,7 @@ from typing import ClassVar, Literal
 
 from keyshot.infer.common.config import ConfigError
 from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.protocol.images import DEFAULT_MAX_ASPECT
 
 #: peft target for the language model only: the vision blocks also have gate/up/down_proj.
 LLM_LORA_TARGET = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
@@ -109,7 +110,7 @@ class DataSettings:
     min_pixels: int | None = None
     max_pixels: int | None = None
     #: Tall-page rule of the image policy (see keyshot.infer.protocol.images.ImagePolicy.max_aspect).
-    max_aspect: float | None = 4.0
+    max_aspect: float | None = DEFAULT_MAX_ASPECT
     #: "length_grouped": examples of similar length share a batch (seeded); "random": plain shuffled batches.
     batching: Literal["length_grouped", "random"] = "length_grouped"
     #: A length-grouped window holds this many global micro-batches before sorting.

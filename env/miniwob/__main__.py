@@ -6,11 +6,14 @@ import argparse
 import json
 import sys
 
+from keyshot.env.miniwob.settings import SessionSettings
 from keyshot.infer.common.command import Command
 
 
 def check_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("task", nargs="?", default="click-button")
+    parser.add_argument(
+        "task", nargs="?", default=SessionSettings.task, help="the MiniWoB task (default: %(default)s)"
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 

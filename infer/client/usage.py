@@ -130,6 +130,10 @@ def image_token_count(rule: str, width: int, height: int, policy: ImagePolicy = 
     return int(rule)
 
 
+#: Characters a token of prompt text is taken to be, where a cost is estimated before any call.
+CHARS_PER_TOKEN = 4.0
+
+
 def token_cost_usd(prompt_tokens: int, completion_tokens: int, price_in: float, price_out: float) -> float:
     """Cost in USD for the given token counts at per-million-token prices."""
     return (prompt_tokens * price_in + completion_tokens * price_out) / 1_000_000

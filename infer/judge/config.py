@@ -11,6 +11,7 @@ from keyshot.infer.client.judge_client import EndpointConfig
 from keyshot.infer.client.pool import DEFAULT_COOLDOWN_S, member_configs
 from keyshot.infer.common.config import ConfigError
 from keyshot.infer.common.errors import KeyshotError
+from keyshot.infer.judge.answer_limits import JUDGE_LIMIT, judge_step_limit, scorer_limit
 from keyshot.infer.judge.local_scorer import on_cuda
 from keyshot.infer.judge.pipeline import PipelineConfig
 from keyshot.infer.judge.protocol_record import JUDGE_SCORES_BACKEND
@@ -241,28 +242,17 @@ class JudgeRunConfig:
         variant, pipe = self.pipeline.prompt_variant, self.pipeline
         limits = []  # (setting, its value, step)
         if self.judge.constrained:
-            limits += [
-                (
-                    "pipeline.key_points_max_tokens" if pipe.key_points_max_tokens else "judge.max_tokens",
-                    pipe.key_points_max_tokens or self.judge.max_tokens,
-                    "key_points",
-                ),
-                (
-                    "pipeline.outcome_max_tokens" if pipe.outcome_max_tokens else "judge.max_tokens",
-                    pipe.outcome_max_tokens or self.judge.max_tokens,
-                    "outcome",
-                ),
-            ]
+            for step in ("key_points", "outcome"):
+                override = getattr(pipe, f"{step}_max_tokens")
+                value = self.judge.max_tokens if override is None else override
+                limits.append((judge_step_limit(step, override), value, step))
             if self.scorer.judge_scores:
-                limits.append(("judge.max_tokens", self.judge.max_tokens, "key_screenshot"))
+                limits.append((JUDGE_LIMIT, self.judge.max_tokens, "key_screenshot"))
         for key, ep in constrained.items():
             if key.startswith("scorer"):
-                setting = (
-                    "scorer.max_tokens"
-                    if self.scorer.max_tokens
-                    else key.replace("constrained", "max_tokens")
-                )
-                limits.append((setting, self.scorer.max_tokens or ep.max_tokens, "key_screenshot"))
+                limit = self.scorer.max_tokens
+                setting = scorer_limit(limit, key.replace("constrained", "max_tokens"))
+                limits.append((setting, ep.max_tokens if limit is None else limit, "key_screenshot"))
         for setting, value, step in limits:
             least = answer_format(variant, step).min_tokens()
             if value < least:

@@ -18,13 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from keyshot.infer.client.endpoint import EndpointConfig
-from keyshot.infer.client.usage import image_token_count, image_token_rule, token_cost_usd
+from keyshot.infer.client.usage import CHARS_PER_TOKEN, image_token_count, image_token_rule, token_cost_usd
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.loaders.trajectory import Trajectory
 from keyshot.infer.protocol.images import REFERENCE_POLICY, ImagePolicy, open_header
 from keyshot.infer.protocol.prompts import PromptSet, load_prompt_set, load_step_prompts
 
-CHARS_PER_TOKEN = 4.0
 ANSWER_TOKENS = 250
 KEY_POINTS = 3  # outcome calls a trajectory is assumed to need in key_point mode
 KEY_POINTS_CHARS = 400  # the key points' text, quoted in the scorer's and the outcome's prompts

@@ -33,16 +33,10 @@ def run(args: argparse.Namespace) -> int:
     print(summary["markdown"])
     print(f"verdicts: {args.out / VERDICTS_FILE}")
     if args.human_labels or args.arb_index:
-        from keyshot.infer.metrics.command import write_verdict_metrics
+        from keyshot.infer.metrics.run import MetricsInputs, run_metrics
 
-        code = write_verdict_metrics(
-            args.out / VERDICTS_FILE,
-            args.out / "metrics",
-            human_labels=args.human_labels,
-            arb_index=args.arb_index,
-        )
-        if code:
-            return code
+        inputs = MetricsInputs(args.out / VERDICTS_FILE, args.human_labels, args.arb_index)
+        print(run_metrics(inputs, args.out / "metrics").text())
     print(f"browse it: keyshot report {args.out}")
     if summary["incomplete"]:
         print(

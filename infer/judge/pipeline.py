@@ -54,6 +54,7 @@ from typing import Literal
 from keyshot.infer.client.breaker import CUT_WATCH_FIRST, CutWatch
 from keyshot.infer.client.judge_client import JudgeCallError, JudgeClient
 from keyshot.infer.common.errors import RunStopError, raise_advice
+from keyshot.infer.judge.answer_limits import judge_step_limit
 from keyshot.infer.judge.calls import (
     Protocol,
     ask_key_point_steps,
@@ -240,8 +241,7 @@ class WebJudge:
 
     def _judge_setting(self, step: str) -> str:
         """The setting that limits a judge step's answers (``key_points`` or ``outcome``)."""
-        override = f"{step}_max_tokens"
-        return f"pipeline.{override}" if getattr(self.config, override) is not None else "judge.max_tokens"
+        return judge_step_limit(step, getattr(self.config, f"{step}_max_tokens"))
 
     def _answered(self, setting: str, verdict: Verdict, what: str, cut: bool, tokens: int) -> None:
         """Count an answer under ``setting``; a cut one is named in the verdict."""

@@ -49,7 +49,7 @@ from keyshot.infer.judge.scorer_factory import (
     describe_scorer,
     scorer_max_tokens,
     scorer_policy,
-    start_served_scorer,
+    served_scorer,
     warn_default_policy,
 )
 from keyshot.infer.loaders.trajectory import Trajectory
@@ -83,7 +83,6 @@ from keyshot.infer.runs.summary import (
     write_summary,
 )
 from keyshot.infer.serve.plan import check_prompt_version
-from keyshot.infer.serve.server import VLLMServer
 
 logger = logging.getLogger(__name__)
 
@@ -381,49 +380,48 @@ def _judge_locked(
         check_endpoints(cfg, serve_scorer)
     cache = CallCache(cfg.cache or out / CACHE_FILE)
     ledger = UsageLedger()
-    server: VLLMServer | None = None
     cluster = None
     engine_record = None
     done: list[Verdict] = []
     stop_error: RunStopError | None = None
     cut_answers: list[dict] = []
     try:
-        scorer_endpoint = None
-        if serve_scorer and todo:  # the server's log beside the run, not in /tmp
-            server, scorer_endpoint = start_served_scorer(
-                cfg, serve_scorer, str(out / "vllm.log"), checkpoint
-            )
-        if todo and engine is not None:
-            cluster = connect(engine.address)
-            with VerdictWriter(verdicts_path) as writer:
-                recording = FirstVerdictRecord(writer, out, fingerprint, read_with)
-                judged = judge_on_ray(
-                    cfg,
-                    todo,
-                    recording,
-                    engine,
-                    cluster.nodes,
-                    cache_path=str(cfg.cache or out / CACHE_FILE),
-                    scorer_endpoint=scorer_endpoint,
-                    checkpoint=checkpoint,
-                )
-            done, stop_error, cut_answers = judged.done, judged.stop_error, judged.cut_answers
-            ledger = judged.ledger.local()
-            engine_record = {**cluster.record(), **judged.plan.record(), "start_s": cluster.start_s}
-        elif todo:
-            judge = JudgeClient(cfg.judge, cache, ledger)
-            scorer = build_scorer(cfg, cache, ledger, scorer_endpoint, checkpoint)
-            webjudge = WebJudge(judge, scorer, cfg.pipeline)
-            with VerdictWriter(verdicts_path) as writer:
-                recording = FirstVerdictRecord(writer, out, fingerprint, read_with)
-                done = asyncio.run(judge_all(webjudge, todo, recording, cfg.concurrency, progress=progress))
-            stop_error = webjudge.stop_error
-            cut_answers = webjudge.cut_report()
+        if todo:  # the served scorer's log beside the run, not in /tmp
+            with served_scorer(cfg, serve_scorer, str(out / "vllm.log"), checkpoint) as scorer_endpoint:
+                if engine is not None:
+                    cluster = connect(engine.address)
+                    with VerdictWriter(verdicts_path) as writer:
+                        recording = FirstVerdictRecord(writer, out, fingerprint, read_with)
+                        judged = judge_on_ray(
+                            cfg,
+                            todo,
+                            recording,
+                            engine,
+                            cluster.nodes,
+                            cache_path=str(cfg.cache or out / CACHE_FILE),
+                            scorer_endpoint=scorer_endpoint,
+                            checkpoint=checkpoint,
+                        )
+                    done, stop_error, cut_answers = judged.done, judged.stop_error, judged.cut_answers
+                    ledger = judged.ledger.local()
+                    engine_record = {**cluster.record(), **judged.plan.record(), "start_s": cluster.start_s}
+                else:
+                    judge = JudgeClient(cfg.judge, cache, ledger)
+                    scorer = build_scorer(cfg, cache, ledger, scorer_endpoint, checkpoint)
+                    webjudge = WebJudge(judge, scorer, cfg.pipeline)
+                    with VerdictWriter(verdicts_path) as writer:
+                        recording = FirstVerdictRecord(writer, out, fingerprint, read_with)
+                        done = asyncio.run(
+                            judge_all(webjudge, todo, recording, cfg.concurrency, progress=progress)
+                        )
+                    stop_error = webjudge.stop_error
+                    cut_answers = webjudge.cut_report()
+                if cluster is not None:  # before the served scorer stops, as the cluster used it
+                    cluster.close()
+                    cluster = None
     finally:
         if cluster is not None:
             cluster.close()
-        if server is not None:
-            server.stop()
         cache.close()
 
     final = latest_verdicts(read_verdicts(verdicts_path))

@@ -4,10 +4,11 @@ policy it was trained with and its answer limit."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from keyshot.infer.client.cache import CallCache
 from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
@@ -244,22 +245,51 @@ def start_served_scorer(
 ) -> tuple[VLLMServer, EndpointConfig]:
     """``--serve-scorer CHECKPOINT``: vLLM serving the checkpoint under the process guard (``scorer.serve``
     settings, its log in ``log_file`` unless they name one), and the endpoint the scorer calls, keeping
-    the configured endpoint's concurrency, answer limit and timeout. ``description``: the checkpoint's,
-    when the caller has read it (:func:`describe_scorer`)."""
+    the configured endpoint's concurrency, answer limit and timeout (a config without ``scorer.endpoint``
+    takes the server's). ``description``: the checkpoint's, when the caller has read it
+    (:func:`describe_scorer`). A command starts it through :func:`served_scorer`, which stops it."""
     serve_cfg = dataclasses.replace(cfg.scorer.serve or ServeConfig(), model=checkpoint)
     serve_cfg.prompt_variant = cfg.pipeline.prompt_variant
     serve_cfg.log_file = serve_cfg.log_file or log_file
     if description is not None and description.model != checkpoint:
         description = None  # scorer.checkpoint names another folder than the one served: read this one
-    server = VLLMServer(serve_cfg, checkpoint=description).start()
     base = cfg.scorer.endpoint
-    kept = {
-        "max_concurrency": base.max_concurrency,
-        "max_tokens": base.max_tokens,
-        "timeout_s": base.timeout_s,
-        "constrained": base.constrained,  # vLLM holds answers to the format, as the protocol records
-    }
-    return server, server.endpoint(**(kept if base else {}))
+    kept = (
+        {
+            "max_concurrency": base.max_concurrency,
+            "max_tokens": base.max_tokens,
+            "timeout_s": base.timeout_s,
+            "constrained": base.constrained,  # vLLM holds answers to the format, as the protocol records
+        }
+        if base is not None
+        else {}
+    )
+    server = VLLMServer(serve_cfg, checkpoint=description).start()
+    try:
+        return server, server.endpoint(**kept)
+    except BaseException:
+        server.stop()
+        raise
+
+
+@contextlib.contextmanager
+def served_scorer(
+    cfg: JudgeRunConfig,
+    checkpoint: str | None,
+    log_file: str,
+    description: CheckpointDescription | None = None,
+) -> Iterator[EndpointConfig | None]:
+    """The one way a command serves its scorer (``keyshot judge``, ``keyshot reward serve``): with
+    ``checkpoint`` (``--serve-scorer``), vLLM started by :func:`start_served_scorer` and the endpoint it
+    serves, the server stopped when the block ends however it ends; without, None and nothing started."""
+    if not checkpoint:
+        yield None
+        return
+    server, endpoint = start_served_scorer(cfg, checkpoint, log_file, description)
+    try:
+        yield endpoint
+    finally:
+        server.stop()
 
 
 def webjudge_from_config(config: str | os.PathLike | None = None, *overrides: str) -> WebJudge:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from keyshot.infer.client.judge_client import JudgeCallError, JudgeClient
 from keyshot.infer.client.pool import EndpointPool
+from keyshot.infer.judge.answer_limits import JUDGE_LIMIT, SCORER_LIMIT, scorer_limit
 from keyshot.infer.judge.calls import Protocol, ask_score
 from keyshot.infer.judge.protocol_record import JUDGE_SCORES_BACKEND, ScorerFacts
 from keyshot.infer.model.checkpoint import CheckpointDescription, describe_checkpoint
@@ -80,7 +81,7 @@ class KeyScreenshotScorer(ABC):
     #: what :class:`~keyshot.infer.protocol.verdicts.Verdict` usage records this scorer's calls under
     role: str = "scorer"
     #: the config setting that limits this scorer's answers (named when its answers are cut)
-    max_tokens_setting: str = "scorer.max_tokens"
+    max_tokens_setting: str = SCORER_LIMIT
     #: the longest answer (tokens) the scorer's checkpoint was trained on, when known (its description)
     trained_answer_tokens: int | None = None
     #: the back-end's name in a config (``scorer.backend``), as the protocol records it
@@ -292,14 +293,9 @@ class OpenAIScorer(KeyScreenshotScorer):
     @property
     def max_tokens_setting(self) -> str:
         if self.role == "judge":
-            return "judge.max_tokens"
-        if self.max_tokens is not None:
-            return "scorer.max_tokens"
-        return (
-            "scorer.endpoints[].max_tokens"
-            if isinstance(self.client, EndpointPool)
-            else "scorer.endpoint.max_tokens"
-        )
+            return JUDGE_LIMIT
+        pool = isinstance(self.client, EndpointPool)
+        return scorer_limit(self.max_tokens, f"scorer.endpoint{'s[]' if pool else ''}.max_tokens")
 
     async def score(self, task: str, key_points: str, image: PreparedImage) -> ScreenshotScore:
         try:

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from keyshot.infer.metrics.compute import JudgedRecord, labelled_pairs
+from keyshot.infer.metrics.config import DEFAULTS, OBJECTIVES
 
-OBJECTIVES = ("agreement", "f1")
 TUNE, TEST = "tune", "test"
 DEFAULT_P_THRESHOLD = 0.5
 
@@ -104,7 +104,7 @@ class Calibration:
 
 # ---------------------------------------------------------------------------- the pairs
 def probability_pairs(
-    records: Iterable[JudgedRecord], label_2: str = "not_success"
+    records: Iterable[JudgedRecord], label_2: str = DEFAULTS.label_2
 ) -> tuple[list[tuple[JudgedRecord, float, bool]], Counter]:
     """(record, p_success, truth) of every record that has both; the others counted by why not."""
     pairs, dropped = labelled_pairs(records, label_2)
@@ -119,7 +119,7 @@ def probability_pairs(
 
 
 # ---------------------------------------------------------------------------- reliability
-def reliability(pairs: Sequence[tuple[float, bool]], n_bins: int = 10) -> list[ReliabilityBin]:
+def reliability(pairs: Sequence[tuple[float, bool]], n_bins: int = DEFAULTS.n_bins) -> list[ReliabilityBin]:
     if n_bins < 1:
         raise ValueError(f"n_bins must be >= 1, got {n_bins}")
     members: list[list[tuple[float, bool]]] = [[] for _ in range(n_bins)]
@@ -179,7 +179,7 @@ def pr_curve(pairs: Sequence[tuple[float, bool]]) -> list[PRPoint]:
 
 
 def best_threshold(
-    pairs: Sequence[tuple[float, bool]], objective: str = "agreement"
+    pairs: Sequence[tuple[float, bool]], objective: str = DEFAULTS.objective
 ) -> ThresholdScore | None:
     """The threshold among the pairs' own p values (and 1.0: no success at all) that maximises
     ``objective`` on them (ties: nearest 0.5, then the lower); None without pairs."""
@@ -199,14 +199,16 @@ def best_threshold(
     return best
 
 
-def split_of(task_id: str, seed: str = "0") -> str:
+def split_of(task_id: str, seed: str = DEFAULTS.split_seed) -> str:
     """``tune`` or ``test``: a stable hash of the task id (and the seed), half and half on average."""
     digest = hashlib.sha256(f"{seed}\0{task_id}".encode()).digest()
     return TUNE if digest[0] % 2 == 0 else TEST
 
 
 def operating_point(
-    triples: Sequence[tuple[JudgedRecord, float, bool]], objective: str = "agreement", seed: str = "0"
+    triples: Sequence[tuple[JudgedRecord, float, bool]],
+    objective: str = DEFAULTS.objective,
+    seed: str = DEFAULTS.split_seed,
 ) -> OperatingPoint:
     """The threshold chosen on the ``tune`` split, scored on ``test`` (see the module docstring)."""
     tune = [(p, y) for r, p, y in triples if split_of(r.task_id, seed) == TUNE]
@@ -227,10 +229,10 @@ def operating_point(
 def compute_calibration(
     records: Sequence[JudgedRecord],
     *,
-    label_2: str = "not_success",
-    n_bins: int = 10,
-    objective: str = "agreement",
-    seed: str = "0",
+    label_2: str = DEFAULTS.label_2,
+    n_bins: int = DEFAULTS.n_bins,
+    objective: str = DEFAULTS.objective,
+    seed: str = DEFAULTS.split_seed,
     labels_not_judged: int = 0,
 ) -> Calibration:
     """Everything above for one set of records; ``labels_not_judged`` counts labels no verdict met."""

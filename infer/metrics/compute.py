@@ -32,13 +32,13 @@ from keyshot.infer.loaders.human_labels import (
 )
 from keyshot.infer.loaders.judge_records import ArbIndexRow, read_arb_index, read_record_outcome, record_path
 from keyshot.infer.loaders.trajectory import FAILURE, NOT_EXECUTABLE, SUCCESS, UNSURE, TrajectoryError
+from keyshot.infer.metrics.config import DEFAULTS, LABEL_2_POLICIES
 from keyshot.infer.protocol.verdicts import Verdict
 from keyshot.infer.runs.counts import INCOMPLETE as OUTCOME_INCOMPLETE
 from keyshot.infer.runs.counts import NO_SCORES, judged_without_scores, outcome_of
 
 logger = logging.getLogger(__name__)
 
-LABEL_2_POLICIES = ("not_success", "drop", "success")
 OVERALL = "Overall"
 MACRO = "Macro average"
 
@@ -128,7 +128,7 @@ def normalize_prediction(value: Any) -> bool | None:
     return None
 
 
-def human_outcome(human: str | None, label_2: str = "not_success") -> bool | None:
+def human_outcome(human: str | None, label_2: str = DEFAULTS.label_2) -> bool | None:
     """The human verdict as a bool, or None when the record is dropped."""
     if label_2 not in LABEL_2_POLICIES:
         raise ValueError(f"label_2 must be one of {', '.join(LABEL_2_POLICIES)}, got {label_2!r}")
@@ -298,7 +298,7 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def agreement_metrics(records: Iterable[JudgedRecord], label_2: str = "not_success") -> list[AgreementRow]:
+def agreement_metrics(records: Iterable[JudgedRecord], label_2: str = DEFAULTS.label_2) -> list[AgreementRow]:
     """Success rates, agreement rate and SR gap per agent (per benchmark when there are several),
     pooled ("Overall") and, with several agents, the mean of the per-agent rows ("Macro average",
     the paper's "average SR gap")."""
@@ -329,7 +329,7 @@ def agreement_metrics(records: Iterable[JudgedRecord], label_2: str = "not_succe
 
 
 def classification_metrics(
-    records: Iterable[JudgedRecord], label_2: str = "not_success"
+    records: Iterable[JudgedRecord], label_2: str = DEFAULTS.label_2
 ) -> list[ClassificationRow]:
     """Precision, recall and F1 of the judge's "success" per agent, per benchmark and pooled."""
     pairs, _ = labelled_pairs(records, label_2)
@@ -340,7 +340,7 @@ def classification_metrics(
 
 
 def compute_metrics(
-    records: Sequence[JudgedRecord], label_2: str = "not_success", sources: dict[str, str] | None = None
+    records: Sequence[JudgedRecord], label_2: str = DEFAULTS.label_2, sources: dict[str, str] | None = None
 ) -> MetricsReport:
     records = list(records)
     pairs, dropped = labelled_pairs(records, label_2)
@@ -377,7 +377,7 @@ def load_arb_index(path: str | Path) -> list[ArbIndexRow]:
 
 
 def arb_records(
-    index_path: str | Path, judge: str | None = None, parse_mode: str = "reference"
+    index_path: str | Path, judge: str | None = None, parse_mode: str = DEFAULTS.arb_parse_mode
 ) -> list[JudgedRecord]:
     """Records of one judge's released AgentRewardBench run: the verdict is the record's outcome
     completion read with ``keyshot.infer.protocol.parsing.parse_status`` (``reference`` mode by default)."""

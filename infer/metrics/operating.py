@@ -12,6 +12,7 @@ from pathlib import Path
 from keyshot.infer.loaders.judge_records import ArbIndexRow
 from keyshot.infer.metrics.calibration import LABEL_NOT_JUDGED, Calibration, compute_calibration
 from keyshot.infer.metrics.compute import JudgedRecord, labels_not_judged, records_from_verdicts
+from keyshot.infer.metrics.config import DEFAULTS
 from keyshot.infer.metrics.operating_files import (
     calibration_markdown,
     sweep_markdown,
@@ -33,10 +34,10 @@ def calibration_of(
     human_labels: Mapping[tuple[str, str], str] | None,
     arb_index: Sequence[ArbIndexRow] | None,
     *,
-    label_2: str = "not_success",
-    objective: str = "agreement",
-    seed: str = "0",
-    n_bins: int = 10,
+    label_2: str = DEFAULTS.label_2,
+    objective: str = DEFAULTS.objective,
+    seed: str = DEFAULTS.split_seed,
+    n_bins: int = DEFAULTS.n_bins,
 ) -> Calibration:
     """The calibration of ``records``, with the labels no verdict met counted (those of agents the run
     did not judge named in a note, not counted as missing)."""
@@ -85,10 +86,10 @@ def write_sweep_metrics(
     *,
     agent: str | None = None,
     benchmark: str | None = None,
-    label_2: str = "not_success",
-    objective: str = "agreement",
-    seed: str = "0",
-    n_bins: int = 10,
+    label_2: str = DEFAULTS.label_2,
+    objective: str = DEFAULTS.objective,
+    seed: str = DEFAULTS.split_seed,
+    n_bins: int = DEFAULTS.n_bins,
 ) -> tuple[str, dict[str, Path]]:
     """The δ's of the sweep in ``path`` side by side (and each δ's calibration) into ``out``."""
     calibrations: dict[float, Calibration] = {}

@@ -24,6 +24,7 @@ from keyshot.infer.metrics.compute import (
     agent_key,
     compute_metrics,
 )
+from keyshot.infer.metrics.config import DEFAULTS
 from keyshot.infer.protocol.verdicts import Verdict
 from keyshot.infer.runs.run_record import read_protocol
 from keyshot.infer.runs.verdict_sources import load_verdicts
@@ -123,7 +124,7 @@ def compare_sweep(
     path: Path,
     records_of: Callable[[list[Verdict]], list[JudgedRecord]],
     *,
-    label_2: str = "not_success",
+    label_2: str = DEFAULTS.label_2,
 ) -> SweepComparison:
     """Every δ of the sweep in ``path`` joined with the truth by ``records_of`` (the same join as
     ``keyshot metrics``) and put side by side."""

@@ -1,4 +1,4 @@
-"""The rules every patch of transformers' Qwen2.5-VL in this room keeps (DESIGN.md, contract 15): find the
+"""The rules every patch of transformers' Qwen2.5-VL in this room keeps (docs/training.md: each patch applies once and says when it found nothing to patch): find the
 class by name in this transformers, and say so when a Qwen2.5-VL holds nothing to patch (an upgrade that
 renamed a class or changed a forward's arguments would otherwise switch a patch off in silence)."""
 

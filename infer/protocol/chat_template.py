@@ -29,6 +29,7 @@ from PIL import Image
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.protocol.decode import read_header
 from keyshot.infer.protocol.images import (
+    DEFAULT_MAX_ASPECT,
     ImagePolicy,
     decode_image,
     open_header,
@@ -83,7 +84,7 @@ def set_processor_pixel_bounds(processor, min_pixels: int, max_pixels: int) -> N
                 setattr(proc, name, int(value))
 
 
-def image_policy_for(processor, max_aspect: float | None = 4.0) -> ImagePolicy:
+def image_policy_for(processor, max_aspect: float | None = DEFAULT_MAX_ASPECT) -> ImagePolicy:
     """The image policy whose bounds are the processor's: the scorer is trained on what it is served."""
     lo, hi = processor_pixel_bounds(processor)
     return ImagePolicy(min_pixels=lo, max_pixels=hi, max_aspect=max_aspect)

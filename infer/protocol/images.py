@@ -61,6 +61,8 @@ PATCH_SIZE = 14
 MERGE_SIZE = 2
 TOKEN_PIXELS = PATCH_SIZE * MERGE_SIZE  # 28: one visual token per 28×28 px
 MAX_PROCESSOR_ASPECT = 200.0  # the Qwen2.5-VL processor refuses more elongated images
+#: The tall-page rule's default: a page is cropped to at most 4 times as tall as it is wide.
+DEFAULT_MAX_ASPECT = 4.0
 #: Up to this much smaller, :func:`fit` resamples bicubic; beyond it bilinear (no ringing, less aliasing).
 CUBIC_UP_TO = 1.25
 
@@ -71,7 +73,7 @@ class ImagePolicy:
 
     min_pixels: int = 4 * TOKEN_PIXELS * TOKEN_PIXELS  # 3,136
     max_pixels: int = 1280 * TOKEN_PIXELS * TOKEN_PIXELS  # 1,003,520: a 1280×720 shot keeps full size
-    max_aspect: float | None = 4.0
+    max_aspect: float | None = DEFAULT_MAX_ASPECT
     jpeg_quality: int = 75
     resize: bool = True
 

@@ -21,7 +21,7 @@ RUN_FILE = "run.json"
 #: A judge run's payload: the protocol fingerprint.
 PROTOCOL = "protocol"
 #: Where a run's work ran, beside its protocol (``--engine ray``: Ray's version, the cluster, the actors):
-#: it decides no result, so it is not part of the protocol (DESIGN.md, contract 17).
+#: it decides no result, so it is not part of the protocol (docs/scaling.md: one pipeline, any engine).
 ENGINE = "engine"
 #: A synthesis run's payload: its manifest.
 MANIFEST = "manifest"

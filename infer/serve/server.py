@@ -2,7 +2,7 @@
 
 The command that runs one in the foreground is ``keyshot serve`` (:mod:`keyshot.infer.serve.command`);
 ``keyshot judge --serve-scorer``, ``keyshot reward serve --serve-scorer``, the demo, tests and benches start
-one through this class (:func:`keyshot.infer.judge.scorer_factory.start_served_scorer`). What the server
+one through this class (:func:`keyshot.infer.judge.scorer_factory.served_scorer`). What the server
 guarantees (prompt version, pixel bounds, greedy decoding ...) is planned by :mod:`keyshot.infer.serve.plan`.
 """
 

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from bench import gpu
+from bench.gpu_kit import kit, training
+from bench.record import read, rows_path
 
 
 def test_kit_runs_end_to_end_on_cpu(tmp_path, monkeypatch):
@@ -22,7 +24,7 @@ def test_kit_runs_end_to_end_on_cpu(tmp_path, monkeypatch):
         calls.append(1)
         return step.train_step(*args, **kwargs)
 
-    monkeypatch.setattr(gpu, "train_step", recipe_step)
+    monkeypatch.setattr(training, "train_step", recipe_step)
     out, raw = tmp_path / "RESULTS-gpu.md", tmp_path / "kit.json"
     argv = ["--shape", "tiny", "--warmup", "1", "--steps", "2", "--repeats", "2", "--rows", "8"]
     argv += ["--score-batches", "1,2", "--score-reps", "1", "--batchings", "random", "--vision-batches", "1"]
@@ -46,6 +48,11 @@ def test_kit_runs_end_to_end_on_cpu(tmp_path, monkeypatch):
     ):
         assert needle in text, needle
     assert "token ids identical, pixel tensors identical" in text
+    # beside the JSON, its row file: the report's blocks as notes, of which bench.results makes RESULTS-gpu.md
+    run = read(rows_path(raw))
+    assert run.title == "the kit on " + json.loads(raw.read_text())["info"]["device"]
+    assert "## Targets" in run.rows.notes and all(note in text for note in run.rows.notes)
+    assert run.command.startswith("python -m bench.gpu --shape tiny")
     assert "Sections that failed" not in text
     data = json.loads(raw.read_text())
     assert len(data["training"]) == 3 and data["errors"] == {}
@@ -91,20 +98,22 @@ def test_kit_runs_end_to_end_on_cpu(tmp_path, monkeypatch):
 
 
 def test_a_training_row_names_its_config_overrides_and_long_rows():
-    setting = gpu.TrainSetting.parse("cap=lora@4096:lora.fused=true,unchecked_token_cap=8192")
+    setting = training.TrainSetting.parse("cap=lora@4096:lora.fused=true,unchecked_token_cap=8192")
     assert (setting.label, setting.mode, setting.row_tokens) == ("cap", "lora", 4096)
     assert setting.overrides == ("lora.fused=true", "unchecked_token_cap=8192")
-    assert gpu.TrainSetting.parse("full") == gpu.TrainSetting("full", "full")
+    assert training.TrainSetting.parse("full") == training.TrainSetting("full", "full")
     cfg, dropped = setting.config(torch.device("cpu"))
     assert cfg.model.lora.fused and cfg.model.unchecked_token_cap == 8192 and dropped
-    assert gpu.micro_batch(cfg, 4096, None) == 2 and gpu.micro_batch(cfg, 3000, None) == 2
-    assert gpu.micro_batch(cfg, None, None) == cfg.per_device_batch_size == 4
-    assert gpu.micro_batch(cfg, 4096, 3) == 2  # a divisor of the global batch: the accumulation must divide
-    defaults = [gpu.TrainSetting.parse(t) for t in gpu.DEFAULT_TRAIN.split(";")]
+    assert training.micro_batch(cfg, 4096, None) == 2 and training.micro_batch(cfg, 3000, None) == 2
+    assert training.micro_batch(cfg, None, None) == cfg.per_device_batch_size == 4
+    assert (
+        training.micro_batch(cfg, 4096, 3) == 2
+    )  # a divisor of the global batch: the accumulation must divide
+    defaults = [training.TrainSetting.parse(t) for t in training.DEFAULT_TRAIN.split(";")]
     assert [s.mode for s in defaults] == ["lora"] * 5 + ["full"]
     for bad in ("dora", "x=lora@many:lora.r=4"):
         with pytest.raises(SystemExit, match="the mode must be one of"):
-            gpu.TrainSetting.parse(bad)
+            training.TrainSetting.parse(bad)
 
 
 def test_the_7b_shape_is_qwen25_vl_7b(tmp_path):
@@ -113,14 +122,14 @@ def test_the_7b_shape_is_qwen25_vl_7b(tmp_path):
     from keyshot.infer.model.tiny_model import build_tiny_qwen25vl
 
     fixture = build_tiny_qwen25vl(tmp_path / "fixture")
-    kit = gpu.Kit(
+    shape = kit.Kit(
         torch.device("cpu"), torch.bfloat16, "7b", AutoProcessor.from_pretrained(fixture), fixture, 1.0, ""
     )
     with torch.device("meta"):
-        model = Qwen2_5_VLForConditionalGeneration._from_config(gpu.model_config(kit), dtype=torch.bfloat16)
+        model = Qwen2_5_VLForConditionalGeneration._from_config(kit.model_config(shape), dtype=torch.bfloat16)
     total = sum(p.numel() for p in model.parameters())
     assert total == pytest.approx(8.29e9, rel=0.01)  # Qwen2.5-VL-7B-Instruct: 8,292,166,656 parameters
     visual = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
     assert visual == pytest.approx(676e6, rel=0.02)
-    half = gpu.model_config(kit, depth=14).get_text_config()
+    half = kit.model_config(shape, depth=14).get_text_config()
     assert half.num_hidden_layers == 14

@@ -28,13 +28,30 @@ def page(tmp_path_factory):
 
 def test_the_committed_page_is_the_regeneration(page):
     out, written = page
-    assert written == [out, out.parent / "RESULTS.png"]
+    assert written == [out, out.parent / "RESULTS.png", out.parent / "RESULTS-gpu.md"]
     assert out.read_text(encoding="utf-8") == (BENCH / "RESULTS.md").read_text(encoding="utf-8"), (
         "bench/RESULTS.md differs from what its row files make: add figures as row files in bench/rows/ and "
         "run `python -m bench.results`"
     )
     with Image.open(out.parent / "RESULTS.png") as made, Image.open(BENCH / "RESULTS.png") as committed:
         assert made.format == committed.format == "PNG" and made.size == committed.size
+
+
+def test_the_gpu_page_is_the_regeneration_of_its_row_files(page):
+    """bench/RESULTS-gpu.md is made from bench/rows/gpu/ as RESULTS.md from bench/rows/: newest run first,
+    every note of every run on it."""
+    made = (page[0].parent / "RESULTS-gpu.md").read_text(encoding="utf-8")
+    assert made == (BENCH / "RESULTS-gpu.md").read_text(encoding="utf-8"), (
+        "bench/RESULTS-gpu.md differs from what bench/rows/gpu/ makes: add the run's row file there and run "
+        "`python -m bench.results`"
+    )
+    runs = sorted(((read(p), p) for p in (ROWS / "gpu").glob("*.json")), key=lambda r: r[0].measured)
+    assert len(runs) >= 2
+    for run, path in runs:
+        assert f"## {run.measured[:10]}: {run.title}" in made and f"(rows/gpu/{path.name})" in made
+        assert all(note in made for note in run.rows.notes)
+    newest, oldest = runs[-1][0], runs[0][0]
+    assert made.index(newest.title) < made.index(oldest.title)
 
 
 def test_every_row_of_every_row_file_reaches_the_page(page):

@@ -394,3 +394,22 @@ def test_the_batch_window_is_a_config_key_with_the_documented_variable_as_its_fa
     monkeypatch.setenv(WINDOW_ENV, "soon")
     with pytest.raises(ConfigError, match=WINDOW_ENV):
         reward_config(config)
+
+
+def test_the_batcher_resolves_the_window_by_the_models_rule(monkeypatch, tmp_path):
+    """RewardBatcher fell back to DEFAULT_WINDOW_S where the model's settings hold no window, passing over
+    $KEYSHOT_REWARD_WINDOW_S that reward_config reads: both now ask reward.model.batch_window_s."""
+    from keyshot.reward.model import WINDOW_ENV, RewardModel, RewardSettings, reward_config
+    from keyshot.reward.shared import RewardBatcher
+    from tests.support.reward import write_config
+
+    cfg, _ = reward_config(write_config(tmp_path / "reward.yaml", "http://127.0.0.1:9/v1"))
+    monkeypatch.setenv(WINDOW_ENV, "0.25")
+    model = RewardModel(cfg, RewardSettings())  # settings built without a config: no window
+    try:
+        assert (
+            RewardBatcher(model).window_s == 0.25 == reward_config(tmp_path / "reward.yaml")[1].batch_window_s
+        )
+        assert RewardBatcher(model, window_s=1.0).window_s == 1.0
+    finally:
+        model.close()

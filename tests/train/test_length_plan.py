@@ -30,7 +30,7 @@ from keyshot.infer.protocol.messages import scorer_answer, scorer_example
 from keyshot.infer.protocol.prompts import load_prompt_set
 from keyshot.infer.testing.images import encoded
 from keyshot.train.batches import ScorerDataset, answer_token_stats
-from keyshot.train.recipe import check_rendering
+from keyshot.train.training_inputs import check_rendering
 
 PROMPTS = load_prompt_set("online_mind2web")
 #: Qwen2.5-VL-7B's own processor bounds (the tiny model's maximum is smaller).

@@ -135,6 +135,18 @@ def test_merged_shards_equal_one_process(tmp_path, capsys):
     # the merged folder is a run folder like any other: report and metrics read it
     assert (tmp_path / "many/run.json").is_file()
     assert keyshot(["report", str(tmp_path / "many"), "--no-progress"]) == 0
+    # merge --human-labels measures the merged verdicts as keyshot metrics measures the one process's
+    labels = tmp_path / "labels.json"
+    tasks = sorted({v.task_id for v in read_verdicts(tmp_path / "one/verdicts.jsonl")})
+    labels.write_text(json.dumps({task: i % 2 for i, task in enumerate(tasks)}))
+    assert keyshot(["merge", str(tmp_path / "many"), "--human-labels", str(labels)]) == 0
+    argv = ["metrics", str(tmp_path / "one"), "--human-labels", str(labels), "--out", str(tmp_path / "m1")]
+    assert keyshot(argv) == 0
+    merged, single = (
+        json.loads((tmp_path / f).read_text()) for f in ("many/metrics/metrics.json", "m1/metrics.json")
+    )
+    assert merged["n_used"] == single["n_used"] > 0
+    assert merged["agreement"] == single["agreement"] and merged["classification"] == single["classification"]
 
 
 def test_merge_refuses_missing_unfinished_and_mixed_shards(tmp_path, capsys):

@@ -305,6 +305,37 @@ def test_metrics_command_scores_released_records(tmp_path):
     )
 
 
+def test_the_metrics_defaults_have_one_home():
+    """``keyshot metrics``'s options and the library's keywords take their defaults from MetricsConfig; an
+    option's default written again (and changed in one place only) fails here."""
+    import argparse
+    import dataclasses
+    import inspect
+
+    from keyshot.infer.metrics import calibration, compute, operating, sweep_compare
+    from keyshot.infer.metrics.command import COMMAND, OPTION_OF
+    from keyshot.infer.metrics.config import DEFAULTS, MetricsConfig
+
+    parser = COMMAND.configure(argparse.ArgumentParser())
+    parsed = parser.parse_args(["--out", "x"])
+    for f in dataclasses.fields(MetricsConfig):
+        assert getattr(parsed, OPTION_OF.get(f.name, f.name)) == getattr(DEFAULTS, f.name), f.name
+    keyword_of = {"seed": "split_seed", "parse_mode": "arb_parse_mode"}
+    checked = 0
+    for module in (calibration, compute, operating, sweep_compare):
+        for name, function in inspect.getmembers(module, inspect.isfunction):
+            if function.__module__ != module.__name__:
+                continue
+            for p in inspect.signature(function).parameters.values():
+                field = keyword_of.get(p.name, p.name)
+                if hasattr(DEFAULTS, field) and p.default is not inspect.Parameter.empty:
+                    assert p.default == getattr(DEFAULTS, field), f"{module.__name__}.{name}({p.name})"
+                    checked += 1
+    assert checked >= 10
+    with pytest.raises(ValueError, match="label_2 must be one of"):
+        MetricsConfig(label_2="maybe")
+
+
 def test_completion_rate_is_webcanvas_micro_average_beside_the_success_rate(tmp_path):
     """Key points met over key points, pooled over the verdicts that say which were met (step rewards'
     key_point_steps, or key_point mode's calls), per agent and overall; the tables show it only then."""

@@ -128,9 +128,12 @@ def test_the_in_process_scorer_reads_the_checkpoint_once(answered, tmp_path):
 
 @pytest.mark.slow
 def test_judge_serve_scorer_reads_the_checkpoint_once(answered, tmp_path):
-    """``--serve-scorer``: vLLM's plan takes the run's description; the run scores through the server."""
+    """``--serve-scorer``: vLLM's plan takes the run's description; the run scores through the server. The
+    config has no ``scorer.endpoint`` of its own (the served one is all it has): keyshot read that missing
+    endpoint's concurrency after vLLM had started and stopped with an AttributeError."""
     python = python_or_skip("vllm")
     serve = [f"scorer.serve.vllm_python={python}", f"scorer.serve.tmpdir={tmp_path / 'tmp'}"]
+    serve.append("scorer.endpoint=null")  # after _judge_argv's scorer.endpoint.base_url: none left
     with FakeOpenAI(make_judge()) as server, Opens(META_FILE) as run:
         argv = _judge_argv(
             server.base_url, tmp_path / "run", answered, "--serve-scorer", str(answered), *serve
