@@ -9,7 +9,8 @@ timings (first trajectory started to last one done), the same measure for both e
 
 * one process: ``keyshot judge`` with ``--concurrency`` trajectories in flight and each endpoint's
   ``max_concurrency`` (the one-process cap);
-* ``--engine ray``, the same total cap (shared out over the two actors);
+* ``--engine ray``, the same total cap (trajectories shared out over the two actors, each endpoint's
+  requests held over the cluster by its gate);
 * ``--engine ray``, each node the one-process cap (``--ray-per-actor``, each actor its own endpoint caps);
 * Ray Data's ``HttpRequestProcessorConfig`` at its defaults (``batch_size`` 64, one actor), sending the
   requests the one-process run sent (recorded by an in-process fake first), ``--http-requests`` of them;
@@ -137,7 +138,8 @@ def rows_of(data: dict) -> Rows:
             "--engine ray (2 nodes) / one process, the same total in-flight cap",
             f"{one['seconds'] / same['seconds']:.2f}×",
             f"{same['seconds']:.1f} vs {one['seconds']:.1f} s judging; {load}; in flight at most {cap} "
-            f"in all (shared out over {same['engine']['actors']} actors)",
+            f"in all over {same['engine']['actors']} actors (the trajectories shared out, each endpoint's "
+            f"requests lent by the cluster's gate)",
         ),
         (
             "--engine ray (2 nodes), each node the one-process cap / one process",

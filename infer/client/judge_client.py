@@ -421,10 +421,11 @@ class JudgeClient:
     async def _send(
         self, payload: dict[str, Any], api_key: str | None, *, is_retry: bool
     ) -> tuple[Answer, float]:
-        """One HTTP request under the semaphore and the per-call timeout."""
+        """One HTTP request under the semaphore (and the ledger's slot: a cluster's cap) and the per-call
+        timeout."""
         ep = self.endpoint
         api, semaphore = self._resources()
-        async with semaphore:
+        async with semaphore, self.ledger.request_slot(ep.name):
             while not self.ledger.begin_request(ep.name, ep.budget_usd, is_retry=is_retry):
                 await asyncio.sleep(0.005)  # under a budget, the first priced answer is awaited
             paid, answer, cost = False, None, 0.0

@@ -7,6 +7,7 @@ endpoint; a cache hit costs nothing and its original cost is counted as saved.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
@@ -170,6 +171,12 @@ class UsageLedger:
             u = self._get(name)
             u.cache_hits += 1
             u.saved_cost_usd += saved_cost_usd
+
+    def request_slot(self, name: str) -> contextlib.AbstractAsyncContextManager:
+        """What one HTTP request to endpoint ``name`` holds while it is sent, beside its client's own cap:
+        nothing in one process; on a Ray cluster, one of the endpoint's cluster-wide slots
+        (:class:`~keyshot.infer.engines.ray_engine.ClusterLedger`)."""
+        return contextlib.nullcontext()
 
     def begin_request(self, name: str, budget_usd: float | None, *, is_retry: bool) -> bool:
         """Reserve a slot for one HTTP request; False = wait and ask again; raises BudgetExceededError.

@@ -12,19 +12,24 @@ results passes through the driver.
 
 Usage is counted on the whole cluster by one ledger actor (:class:`ClusterLedger`): every client's ledger
 calls go to it, so ``budget_usd`` holds over the cluster exactly as in one process
-(:meth:`~keyshot.infer.client.usage.UsageLedger.begin_request`).
+(:meth:`~keyshot.infer.client.usage.UsageLedger.begin_request`). The same ledger can hold each endpoint's
+``max_concurrency`` over the whole cluster (:class:`SlotCaps`): a request takes one of the endpoint's slots
+from one gate actor while it is sent, so whichever actor has requests waiting uses what the others leave free
+(a cap split into fixed shares per actor leaves slots idle on one actor while another waits).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
 import pickle
+import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from keyshot.infer.client.usage import BudgetExceededError, UsageLedger
@@ -175,7 +180,11 @@ def run_rows(
     # twice the actor's bound waiting in its running tasks, so a slot that frees is taken at once; a block
     # (what a lost worker redoes) is one task's batches
     batch = max(1, math.ceil(2 * plan.per_actor / (TASKS_PER_ACTOR * BATCHES_PER_TASK)))
-    blocks = max(1, math.ceil(len(rows) / (batch * BATCHES_PER_TASK)))
+    # enough blocks that every actor's tasks have one from the start (a short run's few blocks would all go
+    # to the first actor free), and never more than rows
+    blocks = min(
+        len(rows), max(plan.actors * TASKS_PER_ACTOR, math.ceil(len(rows) / (batch * BATCHES_PER_TASK)))
+    )
     ds = ray.data.from_items(rows, override_num_blocks=blocks)
     with warnings.catch_warnings():  # SPREAD has no named parameter yet (Ray 2.60 warns of the kwargs)
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -222,23 +231,126 @@ class _LedgerActor:
         return True
 
 
-class ClusterLedger(UsageLedger):
-    """A worker's ledger: each count goes to the cluster's ledger actor (in order: Ray runs one caller's
-    calls to an actor in the order sent). Only a request under a budget waits for its answer."""
+#: How long past its endpoint's timeout a slot stays lent: a request holds its slot at most its timeout, so
+#: a slot held longer was held by a worker or node that died, and is taken back.
+SLOT_LEASE_MARGIN_S = 30.0
 
-    def __init__(self, handle: Any):
-        super().__init__()
-        self.handle = handle
+
+@dataclass(frozen=True)
+class SlotCaps:
+    """The endpoints whose in-flight caps hold over the whole cluster: name -> (cap, lease seconds)."""
+
+    caps: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     @classmethod
-    def create(cls) -> ClusterLedger:
-        """The ledger actor of a new run, on the driver's node (a lost worker node loses no count); it ends
-        with the driver."""
+    def of(cls, endpoints) -> SlotCaps:
+        """The caps of ``endpoints`` (EndpointConfigs; None skipped): each its ``max_concurrency``, lent
+        for its ``timeout_s`` plus :data:`SLOT_LEASE_MARGIN_S`; two clients of one name (the ledger's key)
+        share the sum of their caps, as their requests would in one process."""
+        caps: dict[str, tuple[int, float]] = {}
+        for e in endpoints:
+            if e is None:
+                continue
+            cap, lease_s = caps.get(e.name, (0, 0.0))
+            caps[e.name] = (cap + e.max_concurrency, max(lease_s, e.timeout_s + SLOT_LEASE_MARGIN_S))
+        return cls(caps)
+
+
+class _GateActor:
+    """The cluster's request slots (an async Ray actor: one event loop serves every call). A slot is lent
+    to one request and taken back when it is returned or when its lease ends (its holder died)."""
+
+    def __init__(self, caps: SlotCaps):
+        self.caps = caps.caps
+        self.lent: dict[str, dict[int, float]] = {name: {} for name in self.caps}
+        self.changed = asyncio.Condition()
+        self.tokens = 0
+        self.reclaimed = 0
+
+    def _take_back_expired(self, name: str) -> None:
+        now = time.monotonic()
+        lent = self.lent[name]
+        for token in [t for t, until in lent.items() if until <= now]:
+            del lent[token]
+            self.reclaimed += 1
+            logger.warning("endpoint %r: a request slot outlived its lease (a lost worker): taken back", name)
+
+    async def acquire(self, name: str) -> int:
+        cap, lease_s = self.caps[name]
+        lent = self.lent[name]
+        async with self.changed:
+            while True:
+                self._take_back_expired(name)
+                if len(lent) < cap:
+                    self.tokens += 1
+                    lent[self.tokens] = time.monotonic() + lease_s
+                    return self.tokens
+                soonest = min(lent.values()) - time.monotonic()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), timeout=max(0.01, soonest))
+
+    async def release(self, name: str, token: int) -> None:
+        async with self.changed:
+            if self.lent[name].pop(token, None) is not None:
+                self.changed.notify()
+
+    async def state(self) -> dict:
+        return {"lent": {n: len(v) for n, v in self.lent.items()}, "reclaimed": self.reclaimed}
+
+
+class _ClusterSlot:
+    """One request's hold on one of its endpoint's cluster-wide slots (``async with``)."""
+
+    def __init__(self, gate: Any, name: str):
+        self.gate, self.name, self.token = gate, name, None
+
+    async def __aenter__(self) -> _ClusterSlot:
+        self.token = await self.gate.acquire.remote(self.name)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.gate.release.remote(self.name, self.token)  # not awaited: the request goes on at once
+
+
+class ClusterLedger(UsageLedger):
+    """A worker's ledger: each count goes to the cluster's ledger actor (in order: Ray runs one caller's
+    calls to an actor in the order sent). Only a request under a budget waits for its answer. With a gate
+    (:meth:`create` given caps), each request to a capped endpoint holds one of its cluster-wide slots."""
+
+    def __init__(self, handle: Any, gate: Any = None, gated: frozenset[str] = frozenset()):
+        super().__init__()
+        self.handle = handle
+        self.gate = gate
+        self.gated = gated
+
+    @classmethod
+    def create(cls, caps: SlotCaps | None = None) -> ClusterLedger:
+        """The ledger actor of a new run (and, with ``caps``, its gate actor), on the driver's node (a lost
+        worker node loses no count and no slot); they end with the driver."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        return cls(ray.remote(num_cpus=0, scheduling_strategy=here)(_LedgerActor).remote())
+        handle = ray.remote(num_cpus=0, scheduling_strategy=here)(_LedgerActor).remote()
+        if not caps or not caps.caps:
+            return cls(handle)
+        # every request of the cluster passes here: as many calls in flight as slots, and more waiting
+        waiting = max(1000, 4 * sum(cap for cap, _ in caps.caps.values()))
+        gate = ray.remote(num_cpus=0, scheduling_strategy=here, max_concurrency=waiting)(_GateActor).remote(
+            caps
+        )
+        return cls(handle, gate, frozenset(caps.caps))
+
+    def request_slot(self, name: str) -> contextlib.AbstractAsyncContextManager:
+        if self.gate is None or name not in self.gated:
+            return contextlib.nullcontext()
+        return _ClusterSlot(self.gate, name)
+
+    def gate_state(self) -> dict | None:
+        """Slots lent now per endpoint, and how many were taken back from lost holders (None: no gate)."""
+        import ray
+
+        return None if self.gate is None else ray.get(self.gate.state.remote())
 
     def _send(self, method: str, *args: Any, **kwargs: Any):
         return self.handle.apply.remote(method, args, kwargs)
@@ -285,4 +397,4 @@ class ClusterLedger(UsageLedger):
         return UsageLedger.summed([self.as_dict()])
 
     def __reduce__(self):
-        return (ClusterLedger, (self.handle,))
+        return (ClusterLedger, (self.handle, self.gate, self.gated))

@@ -14,9 +14,7 @@ next run judges the rest and repays at most the calls that were in flight.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import os
 import socket
 from dataclasses import dataclass
@@ -24,7 +22,7 @@ from dataclasses import dataclass
 from keyshot.infer.client.cache import CallCache
 from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
 from keyshot.infer.common.errors import RunStopError
-from keyshot.infer.engines.ray_engine import ClusterLedger, EngineOptions, EnginePlan, run_rows
+from keyshot.infer.engines.ray_engine import ClusterLedger, EngineOptions, EnginePlan, SlotCaps, run_rows
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.pipeline import WebJudge
 from keyshot.infer.judge.scorer_factory import build_scorer
@@ -79,22 +77,10 @@ class JudgeStage:
         self.ledger.flush()
 
 
-def shared_cap(endpoint: EndpointConfig | None, actors: int) -> EndpointConfig | None:
-    """``endpoint`` with its ``max_concurrency`` shared out over ``actors`` (at least 1 each)."""
-    if endpoint is None:
-        return None
-    return dataclasses.replace(endpoint, max_concurrency=max(1, math.ceil(endpoint.max_concurrency / actors)))
-
-
-def shared_out(cfg: JudgeRunConfig, actors: int) -> JudgeRunConfig:
-    """``cfg`` with every endpoint's in-flight cap shared out over ``actors`` (none of them is part of the
-    protocol): the cluster then sends at most what one process would."""
-    scorer = dataclasses.replace(
-        cfg.scorer,
-        endpoint=shared_cap(cfg.scorer.endpoint, actors),
-        endpoints=[shared_cap(e, actors) for e in cfg.scorer.endpoints] if cfg.scorer.endpoints else None,
-    )
-    return dataclasses.replace(cfg, judge=shared_cap(cfg.judge, actors), scorer=scorer)
+def run_endpoints(cfg: JudgeRunConfig, scorer_endpoint: EndpointConfig | None) -> list[EndpointConfig]:
+    """Every endpoint a run's actors call: the judge, the scorer's (or its pool's members), the served one."""
+    members = cfg.scorer.endpoints or [cfg.scorer.endpoint]
+    return [e for e in (cfg.judge, *members, scorer_endpoint) if e is not None]
 
 
 @dataclass
@@ -121,9 +107,10 @@ def judge_on_ray(
 ) -> RayJudged:
     """Judge ``todo`` on the connected cluster, appending each verdict to ``writer`` as it comes back."""
     plan = options.plan(cfg.concurrency, nodes)
-    if options.per_actor is None:  # the whole cluster keeps the one-process caps
-        cfg, scorer_endpoint = shared_out(cfg, plan.actors), shared_cap(scorer_endpoint, plan.actors)
-    ledger = ClusterLedger.create()
+    # the whole cluster keeps the one-process caps (its endpoints' slots lent by one gate), unless each
+    # actor was given a cap of its own (--ray-per-actor: each endpoint's cap holds per actor)
+    caps = SlotCaps.of(run_endpoints(cfg, scorer_endpoint)) if options.per_actor is None else None
+    ledger = ClusterLedger.create(caps)
     stage = JudgeStage(cfg, os.path.abspath(cache_path), ledger, scorer_endpoint, checkpoint)
     items = [("\x1f".join(verdict_key(t.task_id, t.agent, t.run)), t) for t in todo]
     written: set[str] = set()

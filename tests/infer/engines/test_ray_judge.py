@@ -64,6 +64,57 @@ def test_equal_to_one_process(cluster, tmp_path):
     assert read_engine(tmp_path / "one") is None
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_each_endpoint_cap_holds_over_the_whole_cluster(cluster, tmp_path):
+    """Judge 1 and scorer 3 requests in flight in all, over two actors: the server (judge and scorer both)
+    never sees more than 4 at once. Caps split into fixed shares (1 judge and 2 scorer slots each) would
+    let 6 through; each actor with the whole caps, 8."""
+    caps = {"judge.max_concurrency": "1", "scorer.endpoint.max_concurrency": "3", "concurrency": "4"}
+    with FakeOpenAI(latency_s=0.4) as server:
+        argv = judge_argv(server, tmp_path / "out", **caps)
+        assert keyshot(argv + ["--engine", "ray", "--ray-address", cluster.address]) == 0
+        peak = server.stats.max_in_flight
+    assert len(verdict_facts(tmp_path / "out")) == N_TRAJECTORIES
+    assert 2 <= peak <= 4, peak
+
+
+@pytest.mark.timeout(300)
+def test_a_slot_whose_holder_died_comes_back_when_its_lease_ends(cluster):
+    """The gate lends an endpoint's slots one request at a time: the cap's worth at once, the next when one
+    is returned, and one never returned (its holder died) once its lease has run out."""
+    import asyncio
+
+    from keyshot.infer.engines.ray_cluster import connect
+    from keyshot.infer.engines.ray_engine import ClusterLedger, SlotCaps
+
+    conn = connect(cluster.address)
+    try:
+        ledger = ClusterLedger.create(SlotCaps({"e": (2, 1.0)}))
+
+        async def go() -> tuple[float, float]:
+            held = [ledger.request_slot("e") for _ in range(2)]
+            for slot in held:
+                await slot.__aenter__()
+            third = asyncio.ensure_future(ledger.request_slot("e").__aenter__())
+            await asyncio.sleep(0.3)
+            waited = third.done()
+            await held[0].__aexit__(None, None, None)  # returned: the third request goes
+            await asyncio.wait_for(third, 10)
+            t0 = asyncio.get_running_loop().time()
+            await asyncio.wait_for(ledger.request_slot("e").__aenter__(), 10)  # held[1] never returned
+            return waited, asyncio.get_running_loop().time() - t0
+
+        waited, lease_wait = asyncio.run(go())
+        state = ledger.gate_state()
+    finally:
+        conn.close()
+    assert waited is False  # the cap held
+    assert 0.3 <= lease_wait <= 5.0, lease_wait
+    assert state["reclaimed"] >= 1 and state["lent"] == {"e": 2}, state
+    assert ledger.request_slot("other").__class__.__name__ == "nullcontext"  # only capped endpoints wait
+
+
 def keyshot_process(argv: list[str], cluster=None) -> subprocess.Popen:
     """``keyshot ARGV`` in a process of its own (to be killed), with the cluster's token."""
     env = {**os.environ, **(cluster.env if cluster else {})}
