@@ -303,7 +303,9 @@ class RewardModel:
     shared by every batch, so key points are asked once per task for its whole life.
     """
 
-    def __init__(self, cfg: JudgeRunConfig, settings: RewardSettings | None = None):
+    def __init__(
+        self, cfg: JudgeRunConfig, settings: RewardSettings | None = None, ledger: UsageLedger | None = None
+    ):
         self.cfg = cfg
         self.settings = settings or RewardSettings()
         self.settings.check(cfg, cfg.out)
@@ -315,7 +317,7 @@ class RewardModel:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self.ledger = UsageLedger()
+        self.ledger = ledger if ledger is not None else UsageLedger()  # a cluster's, on Ray
         self.judge_client = JudgeClient(cfg.judge, self.cache, self.ledger)
         self._pipelines: dict[tuple[str | None, str | None], WebJudge] = {}
         self._down_since: dict[int, float] = {}

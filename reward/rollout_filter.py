@@ -17,7 +17,8 @@ from pathlib import Path
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.engines.ray_cluster import connect, require_ray
-from keyshot.infer.engines.ray_engine import EngineOptions, run_rows
+from keyshot.infer.engines.ray_engine import ClusterLedger, EngineOptions, SlotCaps, run_rows
+from keyshot.infer.judge.ray_judge import run_endpoints
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.reward.model import RewardModel, RewardResult, reward_config
@@ -106,9 +107,10 @@ class RewardStage:
 
     config: str
     overrides: tuple[str, ...]
+    ledger: ClusterLedger
 
     def __call__(self) -> RewardStage:
-        self.model = RewardModel.from_config(self.config, *self.overrides)
+        self.model = RewardModel(*reward_config(self.config, *self.overrides), ledger=self.ledger)
         return self
 
     async def one(self, trajectory: Trajectory) -> dict:
@@ -122,12 +124,15 @@ def score_on_ray(
     config: str, overrides: list[str], trajectories: list[Trajectory], engine: EngineOptions
 ) -> list[RewardResult]:
     """Each rollout's result, in order, scored on a Ray cluster (each actor its reward model, the config's
-    ``concurrency`` shared out over them)."""
-    total = reward_config(config, *overrides)[0].concurrency  # a bad config is refused before the cluster
+    ``concurrency`` shared out over them; one ledger, so the budget and, unless ``--ray-per-actor``, each
+    endpoint's cap hold over the cluster, as for ``keyshot judge``)."""
+    cfg = reward_config(config, *overrides)[0]  # a bad config is refused before the cluster
     cluster = connect(engine.address)
     try:
         items = [(str(i), t) for i, t in enumerate(trajectories)]
-        stage = RewardStage(config, tuple(overrides))
+        caps = SlotCaps.of(run_endpoints(cfg, None)) if engine.per_actor is None else None
+        stage = RewardStage(config, tuple(overrides), ClusterLedger.create(caps))
+        total = cfg.concurrency
         by_key = {k: r["result"] for k, r in run_rows(items, stage, engine.plan(total, cluster.nodes))}
     finally:
         cluster.close()
