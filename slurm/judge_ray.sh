@@ -1,6 +1,7 @@
 #!/bin/bash
 # Judge trajectories on a Ray cluster started over this job's allocation (keyshot judge --engine ray):
 #   sbatch --nodes=4 slurm/judge_ray.sh data/om2w configs/judge/webjudge7b.yaml runs/om2w [keyshot judge args]
+#   SERVE_SCORER=osunlp/WebJudge-7B sbatch --nodes=4 --gpus-per-node=1 slurm/judge_ray.sh ...   (a scorer per node)
 # The first node runs the Ray head and keyshot judge (the driver, which writes OUT); every node runs a Ray
 # node (`ray start --block` in a job step), with ports of this job's own (RAY_PORT, default from the job id,
 # and the nine after it; workers in the 100 from RAY_WORKER_PORT) and Ray's token authentication (a new
@@ -9,9 +10,11 @@
 # only what is missing. The Ray nodes end with the job. Extra arguments go to keyshot judge (key=value
 # overrides, --ray-per-actor K, ...).
 # The scorer: the config's endpoint(s) (a `keyshot serve` every node can reach, or a pool in
-# scorer.endpoints), or with SERVE_SCORER=CHECKPOINT keyshot judge serves it on the first node's GPU
-# (--serve-scorer; reachable from that node's actors only: for more nodes, serve it with slurm/serve.sh
-# and list the servers in scorer.endpoints).
+# scorer.endpoints), or with SERVE_SCORER=CHECKPOINT a vLLM server on every node of the allocation
+# (`keyshot serve` in a job step, one task per node: SERVE_CONFIG, default configs/serve/webjudge7b_gpu.yaml,
+# on port SCORER_PORT, default RAY_PORT + 9; SERVE_ARGS: more key=value settings for it), the run's scorer
+# the pool of them (--scorer-url each, the config's scorer endpoint settings kept): every actor calls the
+# least-loaded live one, and one that dies is taken out. The servers end with the job.
 #SBATCH --job-name=keyshot-judge-ray
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=4
@@ -73,7 +76,42 @@ if [ "${#NODES[@]}" -gt 1 ]; then
   STEPS+=($!)
   wait_nodes "${#NODES[@]}"
 fi
-SERVE=()
-if [ -n "${SERVE_SCORER:-}" ]; then SERVE=(--serve-scorer "$SERVE_SCORER"); fi
+SCORER=()
+if [ -n "${SERVE_SCORER:-}" ]; then
+  SCORER_PORT=${SCORER_PORT:-$((PORT + 9))}
+  read -r -a SERVE_SETTINGS <<<"${SERVE_ARGS:-}"
+  srun --nodes="${#NODES[@]}" --ntasks="${#NODES[@]}" --ntasks-per-node=1 --overlap \
+    keyshot serve --config "${SERVE_CONFIG:-configs/serve/webjudge7b_gpu.yaml}" model="$SERVE_SCORER" \
+    host=0.0.0.0 port="$SCORER_PORT" "${SERVE_SETTINGS[@]}" &
+  SERVERS=$!
+  STEPS+=("$SERVERS")
+  for node in "${NODES[@]}"; do
+    ip=${RAY_NODE_IP:-$(getent ahostsv4 "$node" | awk 'NR == 1 {print $1}')}
+    SCORER+=(--scorer-url "http://$ip:$SCORER_PORT/v1")
+  done
+  # every server answers /v1/models before the judge starts (a hub id's first start downloads it)
+  python - "$SERVERS" "${SCORER[@]}" <<'PY'
+import os, sys, time, urllib.request
+step, urls = int(sys.argv[1]), sys.argv[3::2]
+deadline = time.monotonic() + float(os.environ.get("SCORER_START_S", "1800"))
+for url in urls:
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/models", timeout=5).read()
+            print(f"judge_ray.sh: scorer up at {url}", flush=True)
+            break
+        except OSError:
+            pass
+        try:
+            ended = open(f"/proc/{step}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            ended = True
+        if ended:
+            sys.exit(f"judge_ray.sh: the scorer servers' job step ended before {url} answered (their log above)")
+        if time.monotonic() > deadline:
+            sys.exit(f"judge_ray.sh: {url} did not answer within SCORER_START_S")
+        time.sleep(2)
+PY
+fi
 keyshot judge "$INPUT" --config "$CONFIG" --out "$OUT" --no-progress --engine ray \
-  --ray-address "$HEAD_IP:$PORT" "${SERVE[@]}" "$@"
+  --ray-address "$HEAD_IP:$PORT" "${SCORER[@]}" "$@"

@@ -34,7 +34,11 @@ from keyshot.infer.engines.ray_engine import add_engine_arguments, engine_option
 from keyshot.infer.judge.agentlab_summary import report_lines
 from keyshot.infer.judge.config import JudgeRunConfig, JudgeRunError
 from keyshot.infer.judge.run import check_endpoints, dry_run, run_folder, run_judge, run_warnings
-from keyshot.infer.judge.scorer_factory import add_serve_scorer_argument
+from keyshot.infer.judge.scorer_factory import (
+    add_scorer_url_argument,
+    add_serve_scorer_argument,
+    scorer_served_at,
+)
 from keyshot.infer.protocol.verdicts import VERDICTS_FILE
 from keyshot.infer.runs.lock import RunLock
 from keyshot.infer.runs.shards import ShardSpec
@@ -97,6 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="load every trajectory, say what would be judged and why not the rest, estimate calls, tokens "
         "and cost, then check every endpoint (its exit code when one fails); call no model",
     )
+    add_scorer_url_argument(p)
     add_engine_arguments(p)
     p.add_argument(
         "--allow-outside",
@@ -120,7 +125,11 @@ def run(args: argparse.Namespace) -> int:
         raise JudgeRunError("no trajectory path given")
     shard = ShardSpec.parse(args.shard) if args.shard else None
     engine = engine_options(args)
-    cfg = load_config(JudgeRunConfig, args.config, overrides)
+    if args.scorer_url and args.serve_scorer:
+        raise JudgeRunError(
+            "--scorer-url and --serve-scorer: give one (where the scorer is, or what to serve)"
+        )
+    cfg = scorer_served_at(load_config(JudgeRunConfig, args.config, overrides), args.scorer_url)
     if cfg.reward is not None:
         logger.info(
             "the config's reward: section holds the reward model's options (docs/reward.md); "

@@ -232,6 +232,39 @@ def add_serve_scorer_argument(parser: argparse.ArgumentParser, what: str) -> Non
     )
 
 
+def add_scorer_url_argument(parser: argparse.ArgumentParser) -> None:
+    """``--scorer-url URL``, repeatable: the scorer served at these URLs (:func:`scorer_served_at`)."""
+    parser.add_argument(
+        "--scorer-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="the scorer is served at URL (an OpenAI-compatible /v1 base, e.g. keyshot serve); repeat it for a "
+        "pool, each call to the least-loaded live server; each keeps the config's scorer endpoint settings "
+        "(model, max_tokens, timeout_s, max_concurrency)",
+    )
+
+
+def scorer_served_at(cfg: JudgeRunConfig, urls: list[str]) -> JudgeRunConfig:
+    """``cfg`` with its scorer at ``urls`` (``--scorer-url``): the configured scorer endpoint (or the pool's
+    first) with each URL as its ``base_url``; one URL is the endpoint, more are a pool (``scorer.endpoints``)."""
+    if not urls:
+        return cfg
+    if cfg.scorer.backend != "openai":
+        raise ConfigError(f"--scorer-url needs scorer.backend=openai (the config has {cfg.scorer.backend!r})")
+    base = cfg.scorer.endpoint or (cfg.scorer.endpoints or [None])[0]
+    if base is None:
+        raise ConfigError(
+            "--scorer-url: the config has no scorer.endpoint to take the model name and settings from"
+        )
+    members = [dataclasses.replace(base, base_url=url) for url in urls]
+    one = len(members) == 1
+    scorer = dataclasses.replace(
+        cfg.scorer, endpoint=members[0] if one else None, endpoints=None if one else members
+    )
+    return dataclasses.replace(cfg, scorer=scorer)
+
+
 def apply_serve_scorer(cfg: JudgeRunConfig, checkpoint: str) -> None:
     """``--serve-scorer CHECKPOINT`` on ``cfg``, as every command takes it: the checkpoint checked
     (:func:`check_model_folder`), and the scorer described by it unless ``scorer.checkpoint`` names its

