@@ -115,6 +115,23 @@ def test_judge_array_then_merge_equals_one_process(cluster, tmp_path):
     assert all((out / f"shard-{i}-of-3/summary.json").stat().st_mtime_ns == t for i, t in kept.items())
 
 
+def judge_ray_job(cluster: dict, tmp_path: Path, args: list[str], env: dict | None = None) -> str:
+    """slurm/judge_ray.sh ARGS submitted on one node of two CPUs, its log in tmp_path/logs. One machine: its
+    Ray nodes on a loopback address Ray keeps, with a home folder that keeps Ray's dashboard from asking for
+    cloud metadata (keyshot.infer.engines.ray_cluster)."""
+    env = {**cluster, "RAY_NODE_IP": LOOPBACK_HOST, "HOME": str(local_home(tmp_path)), **(env or {})}
+    logs = tmp_path / "logs"
+    return sbatch(
+        env,
+        "--nodes=1",
+        "--cpus-per-task=2",
+        f"--output={logs}/judge-ray-%j.out",
+        "slurm/judge_ray.sh",
+        *args,
+        cwd=REPO,
+    )
+
+
 def test_judge_on_a_ray_cluster_over_the_allocation_equals_one_process(cluster, tmp_path):
     """slurm/judge_ray.sh: a Ray head (and a node per further node of the allocation) in job steps, keyshot
     judge --engine ray on it; the verdicts of one process, and no Ray process left after the job."""
@@ -124,21 +141,7 @@ def test_judge_on_a_ray_cluster_over_the_allocation_equals_one_process(cluster, 
     logs.mkdir()
     with spawn_fake_openai("judge") as (url, _):
         cfg = judge_config(tmp_path, {"base_url": url})
-        # one machine: its Ray nodes on a loopback address Ray keeps, with a home folder that keeps Ray's
-        # dashboard from asking for cloud metadata (keyshot.infer.engines.ray_cluster)
-        home = str(local_home(tmp_path))
-        job = sbatch(
-            {**cluster, "RAY_NODE_IP": LOOPBACK_HOST, "HOME": home},
-            "--nodes=1",
-            "--cpus-per-task=2",
-            f"--output={logs}/judge-ray-%j.out",
-            "slurm/judge_ray.sh",
-            inputs[0],
-            cfg,
-            str(out),
-            inputs[1],
-            cwd=REPO,
-        )
+        job = judge_ray_job(cluster, tmp_path, [inputs[0], cfg, str(out), inputs[1]])
         wait_for(cluster, [job], timeout_s=600)
         assert job_state(cluster, job) == "COMPLETED", _logs(logs)
         one = tmp_path / "one"
@@ -165,29 +168,15 @@ def test_judge_ray_serves_the_scorer_on_every_node_of_the_allocation(cluster, ti
     logs.mkdir()
     with spawn_fake_openai("judge") as (url, _):
         cfg = judge_config(tmp_path, {"base_url": url})
-        env = {
-            **cluster,
-            "RAY_NODE_IP": LOOPBACK_HOST,
-            "HOME": str(local_home(tmp_path)),
+        serve = {
             "KEYSHOT_VLLM_PYTHON": vllm_python,
             "SERVE_SCORER": str(checkpoint),
             "SERVE_CONFIG": "configs/serve/tiny_cpu.yaml",
             "SERVE_ARGS": f"served_model_name=webjudge-7b tmpdir={tmp_path / 'vt'} log_file={logs / 'vllm.log'}",
         }
-        job = sbatch(
-            env,
-            "--nodes=1",
-            "--cpus-per-task=2",
-            f"--output={logs}/judge-ray-%j.out",
-            "slurm/judge_ray.sh",
-            inputs[0],
-            cfg,
-            str(out),
-            inputs[1],
-            "scorer.endpoint.constrained=true",  # the untrained model's answers held to the format
-            "scorer.endpoint.max_tokens=48",
-            cwd=REPO,
-        )
+        # the untrained model's answers held to the format
+        limits = ["scorer.endpoint.constrained=true", "scorer.endpoint.max_tokens=48"]
+        job = judge_ray_job(cluster, tmp_path, [inputs[0], cfg, str(out), inputs[1], *limits], serve)
         wait_for(cluster, [job], timeout_s=900)
         assert job_state(cluster, job) == "COMPLETED", _logs(logs)
     log = "\n".join(p.read_text() for p in logs.glob("judge-ray-*.out"))
