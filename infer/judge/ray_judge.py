@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from keyshot.infer.client.cache import CallCache
 from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
+from keyshot.infer.client.pool import member_configs
 from keyshot.infer.common.errors import RunStopError
 from keyshot.infer.engines.ray_engine import ClusterLedger, EngineOptions, EnginePlan, SlotCaps, run_rows
 from keyshot.infer.judge.config import JudgeRunConfig
@@ -78,8 +79,9 @@ class JudgeStage:
 
 
 def run_endpoints(cfg: JudgeRunConfig, scorer_endpoint: EndpointConfig | None) -> list[EndpointConfig]:
-    """Every endpoint a run's actors call: the judge, the scorer's (or its pool's members), the served one."""
-    members = cfg.scorer.endpoints or [cfg.scorer.endpoint]
+    """Every endpoint a run's actors call, under the names their clients count by: the judge, the scorer's
+    (or its pool's members, named as the pool names them), the served one."""
+    members = member_configs(cfg.scorer.endpoints) if cfg.scorer.endpoints else [cfg.scorer.endpoint]
     return [e for e in (cfg.judge, *members, scorer_endpoint) if e is not None]
 
 

@@ -344,3 +344,26 @@ def test_synth_on_ray_gives_the_labels_and_rows_of_one_process(cluster, tmp_path
             {split: sorted(map(str, ds["messages"])) for split, ds in dataset.items()},
         )
     assert found[one.run_dir] == found[on_ray.run_dir] and found[one.run_dir][0]
+
+
+def test_a_pools_members_are_capped_under_the_names_their_clients_count_by():
+    """The gate's caps are keyed as the clients' ledger calls name their endpoints: a pool's members as the
+    pool names them (model@host:port), each with its own cap; a judge and a scorer of one name share the sum."""
+    from keyshot.infer.client.pool import EndpointPool
+    from keyshot.infer.client.usage import UsageLedger
+    from keyshot.infer.common.config import load_config
+    from keyshot.infer.engines.ray_engine import SlotCaps
+    from keyshot.infer.judge.config import JudgeRunConfig
+    from keyshot.infer.judge.ray_judge import run_endpoints
+    from keyshot.infer.judge.scorer_factory import scorer_served_at
+
+    urls = ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
+    cfg = scorer_served_at(load_config(JudgeRunConfig, TINY_CPU, ["scorer.endpoint.max_concurrency=3"]), urls)
+    caps = SlotCaps.of(run_endpoints(cfg, None)).caps
+    pool = EndpointPool(cfg.scorer.endpoints, None, UsageLedger())
+    assert {m.client.endpoint.name for m in pool.members} <= set(caps)
+    assert [caps[m.client.endpoint.name][0] for m in pool.members] == [3, 3]
+    same = load_config(JudgeRunConfig, TINY_CPU, ["judge.name=shared", "scorer.endpoint.name=shared"])
+    assert SlotCaps.of(run_endpoints(same, None)).caps["shared"][0] == (
+        same.judge.max_concurrency + same.scorer.endpoint.max_concurrency
+    )
