@@ -354,7 +354,7 @@ class RewardModel:
         if key not in self._pipelines:
             endpoint = None
             if scorer_url is not None or scorer_model is not None:
-                base = self.cfg.scorer.endpoint or (self.cfg.scorer.endpoints or [None])[0]
+                base = self.cfg.scorer.base_endpoint
                 if base is None:
                     base = EndpointConfig(base_url=scorer_url or "", model="webjudge-7b", api_key_env=None)
                 endpoint = dataclasses.replace(

@@ -18,7 +18,6 @@ from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.engines.ray_cluster import connect, require_ray
 from keyshot.infer.engines.ray_engine import ClusterLedger, EngineOptions, SlotCaps, run_rows
-from keyshot.infer.judge.ray_judge import run_endpoints
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.reward.model import RewardModel, RewardResult, reward_config
@@ -130,7 +129,7 @@ def score_on_ray(
     cluster = connect(engine.address)
     try:
         items = [(str(i), t) for i, t in enumerate(trajectories)]
-        caps = SlotCaps.of(run_endpoints(cfg, None)) if engine.per_actor is None else None
+        caps = SlotCaps.of(cfg.called_endpoints()) if engine.per_actor is None else None
         stage = RewardStage(config, tuple(overrides), ClusterLedger.create(caps))
         total = cfg.concurrency
         by_key = {k: r["result"] for k, r in run_rows(items, stage, engine.plan(total, cluster.nodes))}

@@ -346,6 +346,14 @@ class ClusterLedger(UsageLedger):
             return contextlib.nullcontext()
         return _ClusterSlot(self.gate, name)
 
+    def record(self) -> dict:
+        """What run.json's engine record says of the caps: held over the cluster (by the gate) or per actor,
+        and how many slots the gate took back from holders that died."""
+        state = self.gate_state()
+        if state is None:
+            return {"endpoint_caps": "per actor"}
+        return {"endpoint_caps": "cluster", "slots_taken_back": state["reclaimed"]}
+
     def gate_state(self) -> dict | None:
         """Slots lent now per endpoint, and how many were taken back from lost holders (None: no gate)."""
         import ray

@@ -60,6 +60,12 @@ class ScorerConfig:
     serve: ServeConfig | None = None  # settings for --serve-scorer
 
     @property
+    def base_endpoint(self) -> EndpointConfig | None:
+        """The configured endpoint, or the pool's first: the settings (model, answer limit, timeout,
+        concurrency) a scorer pointed elsewhere keeps (``--scorer-url``, verl's reward router)."""
+        return self.endpoint or (self.endpoints or [None])[0]
+
+    @property
     def judge_scores(self) -> bool:
         """The reference configuration: no scorer, the judge scores every screenshot itself."""
         return self.backend == JUDGE_SCORES_BACKEND
@@ -209,6 +215,13 @@ class JudgeRunConfig:
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1 (or null for all), got {self.limit}")
         self._check_constrained()
+
+    def called_endpoints(self, served: EndpointConfig | None = None) -> list[EndpointConfig]:
+        """Every endpoint a run's clients call, named as they count by in the ledger: the judge, the
+        scorer's endpoint or its pool's members (named ``model@host:port``, as the pool names them), and
+        ``served``, a scorer the run serves itself (``--serve-scorer``)."""
+        members = member_configs(self.scorer.endpoints) if self.scorer.endpoints else [self.scorer.endpoint]
+        return [e for e in (self.judge, *members, served) if e is not None]
 
     def constrained_endpoints(self) -> dict[str, EndpointConfig]:
         """The endpoints whose answers are held to the answer format (``constrained: true``), by their

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 from keyshot.infer.client.cache import CallCache
 from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
-from keyshot.infer.client.pool import member_configs
 from keyshot.infer.common.errors import RunStopError
 from keyshot.infer.engines.ray_engine import ClusterLedger, EngineOptions, EnginePlan, SlotCaps, run_rows
 from keyshot.infer.judge.config import JudgeRunConfig
@@ -78,13 +77,6 @@ class JudgeStage:
         self.ledger.flush()
 
 
-def run_endpoints(cfg: JudgeRunConfig, scorer_endpoint: EndpointConfig | None) -> list[EndpointConfig]:
-    """Every endpoint a run's actors call, under the names their clients count by: the judge, the scorer's
-    (or its pool's members, named as the pool names them), the served one."""
-    members = member_configs(cfg.scorer.endpoints) if cfg.scorer.endpoints else [cfg.scorer.endpoint]
-    return [e for e in (cfg.judge, *members, scorer_endpoint) if e is not None]
-
-
 @dataclass
 class RayJudged:
     """What judging on Ray gave: the verdicts written, the stop met (if any), cut answers, the usage."""
@@ -111,7 +103,7 @@ def judge_on_ray(
     plan = options.plan(cfg.concurrency, nodes)
     # the whole cluster keeps the one-process caps (its endpoints' slots lent by one gate), unless each
     # actor was given a cap of its own (--ray-per-actor: each endpoint's cap holds per actor)
-    caps = SlotCaps.of(run_endpoints(cfg, scorer_endpoint)) if options.per_actor is None else None
+    caps = SlotCaps.of(cfg.called_endpoints(scorer_endpoint)) if options.per_actor is None else None
     ledger = ClusterLedger.create(caps)
     stage = JudgeStage(cfg, os.path.abspath(cache_path), ledger, scorer_endpoint, checkpoint)
     items = [("\x1f".join(verdict_key(t.task_id, t.agent, t.run)), t) for t in todo]

@@ -404,7 +404,12 @@ def _judge_locked(
                         )
                     done, stop_error, cut_answers = judged.done, judged.stop_error, judged.cut_answers
                     ledger = judged.ledger.local()
-                    engine_record = {**cluster.record(), **judged.plan.record(), "start_s": cluster.start_s}
+                    engine_record = {
+                        **cluster.record(),
+                        **judged.plan.record(),
+                        **judged.ledger.record(),
+                        "start_s": cluster.start_s,
+                    }
                 else:
                     judge = JudgeClient(cfg.judge, cache, ledger)
                     scorer = build_scorer(cfg, cache, ledger, scorer_endpoint, checkpoint)

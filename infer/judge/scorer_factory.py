@@ -252,7 +252,7 @@ def scorer_served_at(cfg: JudgeRunConfig, urls: list[str]) -> JudgeRunConfig:
         return cfg
     if cfg.scorer.backend != "openai":
         raise ConfigError(f"--scorer-url needs scorer.backend=openai (the config has {cfg.scorer.backend!r})")
-    base = cfg.scorer.endpoint or (cfg.scorer.endpoints or [None])[0]
+    base = cfg.scorer.base_endpoint
     if base is None:
         raise ConfigError(
             "--scorer-url: the config has no scorer.endpoint to take the model name and settings from"

@@ -61,6 +61,7 @@ def test_equal_to_one_process(cluster, tmp_path):
     assert read_protocol(tmp_path / "ray") == read_protocol(tmp_path / "one")
     engine = read_engine(tmp_path / "ray")
     assert engine["name"] == "ray" and engine["nodes"] == 2
+    assert engine["endpoint_caps"] == "cluster" and engine["slots_taken_back"] == 0
     assert read_engine(tmp_path / "one") is None
 
 
@@ -247,6 +248,7 @@ def test_the_budget_holds_over_the_whole_cluster(cluster, tmp_path):
         assert keyshot(argv) == EXIT_BUDGET
     run = json.loads((out / "summary.json").read_text())["run"]
     assert run["budget_stop"] and run["engine"]["actors"] == 2
+    assert run["engine"]["endpoint_caps"] == "per actor"  # --ray-per-actor: each actor its own caps
     judge = run["ledger"]["fake-judge"]
     assert judge["budget_stops"] >= 1
     costliest = max(v.usage["judge"].cost_usd for v in read_verdicts(out / "verdicts.jsonl"))  # >= one call
@@ -354,16 +356,15 @@ def test_a_pools_members_are_capped_under_the_names_their_clients_count_by():
     from keyshot.infer.common.config import load_config
     from keyshot.infer.engines.ray_engine import SlotCaps
     from keyshot.infer.judge.config import JudgeRunConfig
-    from keyshot.infer.judge.ray_judge import run_endpoints
     from keyshot.infer.judge.scorer_factory import scorer_served_at
 
     urls = ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
     cfg = scorer_served_at(load_config(JudgeRunConfig, TINY_CPU, ["scorer.endpoint.max_concurrency=3"]), urls)
-    caps = SlotCaps.of(run_endpoints(cfg, None)).caps
+    caps = SlotCaps.of(cfg.called_endpoints()).caps
     pool = EndpointPool(cfg.scorer.endpoints, None, UsageLedger())
     assert {m.client.endpoint.name for m in pool.members} <= set(caps)
     assert [caps[m.client.endpoint.name][0] for m in pool.members] == [3, 3]
     same = load_config(JudgeRunConfig, TINY_CPU, ["judge.name=shared", "scorer.endpoint.name=shared"])
-    assert SlotCaps.of(run_endpoints(same, None)).caps["shared"][0] == (
+    assert SlotCaps.of(same.called_endpoints()).caps["shared"][0] == (
         same.judge.max_concurrency + same.scorer.endpoint.max_concurrency
     )
