@@ -17,7 +17,7 @@ from pathlib import Path
 from keyshot.infer.common.errors import KeyshotError
 from keyshot.infer.common.fileio import write_text_atomic
 from keyshot.infer.engines.ray_cluster import connect, require_ray
-from keyshot.infer.engines.ray_engine import ClusterLedger, EngineOptions, SlotCaps, run_rows
+from keyshot.infer.engines.ray_engine import ClusterLedger, EngineOptions, run_rows
 from keyshot.infer.loaders import load_trajectories
 from keyshot.infer.loaders.trajectory import Trajectory, TrajectoryError
 from keyshot.reward.model import RewardModel, RewardResult, reward_config
@@ -129,10 +129,12 @@ def score_on_ray(
     cluster = connect(engine.address)
     try:
         items = [(str(i), t) for i, t in enumerate(trajectories)]
-        caps = SlotCaps.of(cfg.called_endpoints()) if engine.per_actor is None else None
-        stage = RewardStage(config, tuple(overrides), ClusterLedger.create(caps))
-        total = cfg.concurrency
-        by_key = {k: r["result"] for k, r in run_rows(items, stage, engine.plan(total, cluster.nodes))}
+        stage = RewardStage(
+            config, tuple(overrides), ClusterLedger.create(engine.slot_caps(cfg.called_endpoints()))
+        )
+        by_key = {
+            k: r["result"] for k, r in run_rows(items, stage, engine.plan(cfg.concurrency, cluster.nodes))
+        }
     finally:
         cluster.close()
     return [by_key[str(i)] for i in range(len(trajectories))]

@@ -86,6 +86,12 @@ class EngineOptions:
     def plan(self, total: int, nodes: int) -> EnginePlan:
         return EnginePlan.for_cap(total, nodes, per_actor=self.per_actor, actors=self.actors)
 
+    def slot_caps(self, endpoints) -> SlotCaps | None:
+        """The caps the cluster's gate holds for ``endpoints``: each endpoint's cap over the whole cluster,
+        or None where each actor was given a cap of its own (``--ray-per-actor``: each actor its endpoints'
+        whole caps)."""
+        return SlotCaps.of(endpoints) if self.per_actor is None else None
+
 
 ENGINES = ("process", "ray")
 
@@ -244,13 +250,11 @@ class SlotCaps:
 
     @classmethod
     def of(cls, endpoints) -> SlotCaps:
-        """The caps of ``endpoints`` (EndpointConfigs; None skipped): each its ``max_concurrency``, lent
-        for its ``timeout_s`` plus :data:`SLOT_LEASE_MARGIN_S`; two clients of one name (the ledger's key)
-        share the sum of their caps, as their requests would in one process."""
+        """The caps of ``endpoints`` (EndpointConfigs): each its ``max_concurrency``, lent for its
+        ``timeout_s`` plus :data:`SLOT_LEASE_MARGIN_S`; two clients of one name (the ledger's key) share the
+        sum of their caps, as their requests would in one process."""
         caps: dict[str, tuple[int, float]] = {}
         for e in endpoints:
-            if e is None:
-                continue
             cap, lease_s = caps.get(e.name, (0, 0.0))
             caps[e.name] = (cap + e.max_concurrency, max(lease_s, e.timeout_s + SLOT_LEASE_MARGIN_S))
         return cls(caps)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from keyshot.infer.client.cache import CallCache
 from keyshot.infer.client.judge_client import EndpointConfig, JudgeClient
 from keyshot.infer.common.errors import RunStopError
-from keyshot.infer.engines.ray_engine import ClusterLedger, EngineOptions, EnginePlan, SlotCaps, run_rows
+from keyshot.infer.engines.ray_engine import ClusterLedger, EngineOptions, EnginePlan, run_rows
 from keyshot.infer.judge.config import JudgeRunConfig
 from keyshot.infer.judge.pipeline import WebJudge
 from keyshot.infer.judge.scorer_factory import build_scorer
@@ -101,10 +101,7 @@ def judge_on_ray(
 ) -> RayJudged:
     """Judge ``todo`` on the connected cluster, appending each verdict to ``writer`` as it comes back."""
     plan = options.plan(cfg.concurrency, nodes)
-    # the whole cluster keeps the one-process caps (its endpoints' slots lent by one gate), unless each
-    # actor was given a cap of its own (--ray-per-actor: each endpoint's cap holds per actor)
-    caps = SlotCaps.of(cfg.called_endpoints(scorer_endpoint)) if options.per_actor is None else None
-    ledger = ClusterLedger.create(caps)
+    ledger = ClusterLedger.create(options.slot_caps(cfg.called_endpoints(scorer_endpoint)))
     stage = JudgeStage(cfg, os.path.abspath(cache_path), ledger, scorer_endpoint, checkpoint)
     items = [("\x1f".join(verdict_key(t.task_id, t.agent, t.run)), t) for t in todo]
     written: set[str] = set()
