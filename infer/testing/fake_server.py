@@ -91,7 +91,17 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_json(self, status: int, obj: object, headers: dict[str, str] | None = None) -> None:
         self._send_raw(status, json.dumps(obj).encode(), headers)
 
+    #: a chat request counted in flight (``max_in_flight``) until its answer starts to leave: a client that
+    #: has its answer may send the next request before this handler thread returns
+    _counted = False
+
+    def _answered(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.server.fake._leave()
+
     def _send_raw(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self._answered()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -135,10 +145,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(404, {"error": {"message": f"no route {self.path}"}})
             return
         fake._enter()
+        self._counted = True
         try:
             self._chat(fake, raw)
         finally:
-            fake._leave()
+            self._answered()  # a request dropped or timed out without an answer
 
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         fake = self.server.fake
