@@ -214,7 +214,13 @@ def config(tmp_path_factory, live):
 
 
 def chromium_under(pid: int) -> list[int]:
-    return [p.pid for p in psutil.Process(pid).children(recursive=True) if "chrom" in p.name()]
+    """Chromium's processes under ``pid`` (a child that exits while they are listed is not one of them)."""
+    found = []
+    for p in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "chrom" in p.name():
+                found.append(p.pid)
+    return found
 
 
 def renderers(process) -> set[int]:
